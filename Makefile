@@ -1,0 +1,42 @@
+# slurm_amoeba — the two commands a fresh Debian 12 machine is set up by:
+#   make demo   the main job: a local Slurm cluster, an elastic job that grows and shrinks
+#   make test   lint, type-check and every test (unit, integration and e2e on a real local Slurm cluster)
+# Both install what they need themselves (scripts/bootstrap: apt packages, .venv, torch, the package).
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test demo bootstrap lint typecheck unit cluster-up cluster-down clean
+
+bootstrap:
+	scripts/bootstrap
+
+lint: bootstrap
+	$(VENV)/bin/ruff check slurm_amoeba tests scripts/*.py
+	$(VENV)/bin/ruff format --check slurm_amoeba tests
+
+typecheck: bootstrap
+	$(VENV)/bin/mypy
+
+test: bootstrap lint typecheck
+	$(PY) -m pytest tests
+
+unit: bootstrap
+	$(PY) -m pytest tests/unit
+
+demo: bootstrap
+	@echo "make demo: the elastic-job demo arrives with the launcher issue (#4)." >&2
+	@echo "It will start the local Slurm cluster, run a 2..8-worker elastic job, grow it, preempt a satellite," >&2
+	@echo "print a timeline, write a PNG plot and stop the cluster." >&2
+	@exit 2
+
+cluster-up: bootstrap
+	scripts/slurm-cluster up
+
+cluster-down:
+	scripts/slurm-cluster down
+
+clean:
+	scripts/slurm-cluster down || true
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,88 @@
+/*
+ * options.c - the one option table of the amoeba plugin, its callback, and
+ * the per-process state (site settings, the job's request).
+ *
+ * The table is registered from slurm_spank_init (not exported as
+ * spank_options) so that the site can switch the options off:
+ * enabled=0 everywhere, sbatch_support=0 in sbatch/salloc.
+ */
+#include "amoeba_plugin.h"
+
+struct amoeba_config amoeba_cfg = {
+	.enabled = AMOEBA_DEFAULT_ENABLED,
+	.max_workers = AMOEBA_DEFAULT_MAX_WORKERS,
+	.default_partition = AMOEBA_DEFAULT_PARTITION,
+	.sbatch_support = AMOEBA_DEFAULT_SBATCH_SUPPORT,
+};
+struct amoeba_request amoeba_req;
+
+/*
+ * Slurm may call this more than once with the same value (sbatch reads the
+ * command line twice); amoeba_request_apply is idempotent and the last of
+ * --elastic / --no-elastic wins.
+ */
+static int amoeba_option_cb(int val, const char *optarg, int remote)
+{
+	char err[AMOEBA_ERR_MAX];
+
+	if (amoeba_request_apply(&amoeba_req, &amoeba_cfg, val, optarg,
+				 remote != 0, err, sizeof(err)) < 0) {
+		slurm_error("amoeba: %s", err);
+		return -1;
+	}
+	return 0;
+}
+
+static struct spank_option amoeba_options[] = {
+	{ "elastic", "MIN[:MAX]",
+	  "[amoeba] Run as an elastic job of MIN to MAX workers "
+	  "(MIN alone: a fixed size, MAX=MIN).",
+	  1, AMOEBA_OPT_ELASTIC, amoeba_option_cb },
+	{ "elastic-partition", "NAME",
+	  "[amoeba] Partition for the extra workers of an elastic job "
+	  "(default: the site's).",
+	  1, AMOEBA_OPT_PARTITION, amoeba_option_cb },
+	{ "no-elastic", NULL,
+	  "[amoeba] Run as an ordinary job: undo --elastic and clear "
+	  "AMOEBA_ELASTIC_*.",
+	  0, AMOEBA_OPT_NO_ELASTIC, amoeba_option_cb },
+	SPANK_OPTIONS_TABLE_END
+};
+
+int amoeba_load_config(int ac, char **av)
+{
+	char err[AMOEBA_ERR_MAX];
+
+	amoeba_request_reset(&amoeba_req);
+	if (amoeba_config_parse(&amoeba_cfg, ac, av, err, sizeof(err)) < 0) {
+		slurm_error("amoeba: %s", err);
+		return -1;
+	}
+	return 0;
+}
+
+int amoeba_register_options(spank_t sp)
+{
+	for (struct spank_option *opt = amoeba_options; opt->name; opt++) {
+		spank_err_t rc = spank_option_register(sp, opt);
+
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("amoeba: cannot register --%s: %s",
+				    opt->name, spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int amoeba_finish_request(struct amoeba_env *env, bool *has_env)
+{
+	char err[AMOEBA_ERR_MAX];
+
+	if (amoeba_request_finish(&amoeba_req, &amoeba_cfg, env, has_env, err,
+				  sizeof(err)) < 0) {
+		slurm_error("amoeba: %s", err);
+		return -1;
+	}
+	return 0;
+}

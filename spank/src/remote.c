@@ -1,0 +1,44 @@
+/*
+ * remote.c - slurmstepd (S_CTX_REMOTE), once per step on every node.
+ *
+ * Slurm hands the job's options to each step (callbacks run with remote=1);
+ * here AMOEBA_ELASTIC_* are written into the step's environment, so the batch
+ * script and every task see them even when the job was submitted with
+ * --export=NONE. The site limit was enforced at submission and is not checked
+ * again: lowering max_workers does not break jobs already queued.
+ */
+#include "amoeba_plugin.h"
+
+int amoeba_remote_init(spank_t sp, int ac, char **av)
+{
+	if (amoeba_load_config(ac, av) < 0)
+		return -1;
+	if (!amoeba_cfg.enabled)
+		return 0;
+	return amoeba_register_options(sp);
+}
+
+int amoeba_remote_user_init(spank_t sp)
+{
+	struct amoeba_env env;
+	bool has_env;
+
+	if (amoeba_finish_request(&env, &has_env) < 0)
+		return -1;
+	if (!has_env)
+		return 0;
+	for (int i = 0; i < AMOEBA_ENV_COUNT; i++) {
+		const struct amoeba_env_var *var = &env.vars[i];
+		spank_err_t rc = env.set
+			? spank_setenv(sp, var->name, var->value, 1)
+			: spank_unsetenv(sp, var->name);
+
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("amoeba: cannot %s %s=%s in the job: %s",
+				    env.set ? "set" : "unset", var->name,
+				    var->value, spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}

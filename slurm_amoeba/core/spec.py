@@ -34,9 +34,7 @@ class ElasticSpec:
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
-            raise SpecError(
-                f"min_workers={self.min_workers} is invalid: an elastic job needs at least 1 worker"
-            )
+            raise SpecError(f"min_workers={self.min_workers} is invalid: an elastic job needs at least 1 worker")
         if self.max_workers < self.min_workers:
             raise SpecError(
                 f"max_workers={self.max_workers} is below min_workers={self.min_workers}: "

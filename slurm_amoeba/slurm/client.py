@@ -1,0 +1,197 @@
+"""The ``SlurmClient`` interface and its implementation over Slurm's command-line tools.
+
+The layers above (the job agent, the daemon's observer, the launcher) speak to Slurm only through a
+:class:`SlurmClient`. :class:`CliSlurmClient` runs ``sbatch``/``scancel``/``squeue --json``/``sinfo --json``/
+``sacct`` through :func:`~slurm_amoeba.slurm.runner.run_command` (argv lists, timeouts, typed errors). pyslurm
+cannot be built against Slurm 22.05 (DESIGN.md), so this is the implementation; the interface leaves room for
+another.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+
+from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.slurm.parsers import parse_sbatch_reply, parse_sinfo_json, parse_squeue_json
+from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord
+from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S, SlurmCommandError, run_command
+from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCapacity:
+    """GPUs of one node: how many exist and how many a new job could get now."""
+
+    node: str
+    total: int
+    free: int
+
+
+class SlurmClient(abc.ABC):
+    """What slurm_amoeba needs from Slurm. Every method may raise
+    :class:`~slurm_amoeba.slurm.runner.SlurmCommandError` (the command failed or timed out) or
+    :class:`~slurm_amoeba.core.errors.ParseError` (its output made no sense)."""
+
+    @abc.abstractmethod
+    def submit(
+        self,
+        script: Path,
+        components: SubmitOptions | Sequence[SubmitOptions],
+        script_args: Sequence[str] = (),
+    ) -> int:
+        """Submit a batch script; several components make a heterogeneous job. Returns the job id."""
+
+    @abc.abstractmethod
+    def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
+        """Cancel a job or one of its steps, or send it a signal (``signal="TERM"``).
+
+        ``full`` also signals the batch script's shell (Slurm signals only the steps otherwise).
+        """
+
+    @abc.abstractmethod
+    def jobs(
+        self,
+        *,
+        job_ids: Collection[int] | None = None,
+        name: str | None = None,
+        user: str | None = None,
+        states: Collection[JobState] | None = None,
+    ) -> list[JobRecord]:
+        """Jobs Slurm still remembers, filtered on the client side (squeue's JSON ignores its own filters)."""
+
+    @abc.abstractmethod
+    def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
+        """Nodes, optionally only those of one partition."""
+
+    @abc.abstractmethod
+    def accounting_state(self, job_id: int) -> JobState:
+        """The job's state from accounting (``sacct``); works after slurmctld has forgotten the job."""
+
+    def job(self, job_id: int) -> JobRecord | None:
+        """The job with this id, or None when Slurm no longer remembers it."""
+        found = self.jobs(job_ids=[job_id])
+        return found[0] if found else None
+
+    def het_components(self, job_id: int) -> list[JobRecord]:
+        """The components of heterogeneous job ``job_id`` (its leader's id), in offset order.
+
+        Returns one record for an ordinary job, and ``[]`` for a job Slurm does not remember.
+        """
+        records = [j for j in self.jobs() if j.het_job_id == job_id or (j.job_id == job_id and not j.het_job_id)]
+        return sorted(records, key=lambda j: j.het_job_offset)
+
+    def gpus_per_node(self, *, partition: str | None = None) -> list[GpuCapacity]:
+        """Total and free GPUs of each node (free is 0 on nodes that cannot take work)."""
+        return [GpuCapacity(n.name, n.gpus_total, n.gpus_free) for n in self.nodes(partition=partition)]
+
+
+class CliSlurmClient(SlurmClient):
+    """:class:`SlurmClient` over Slurm's command-line tools.
+
+    Args:
+        env: the environment of every command (e.g. with ``SLURM_CONF``); None: this process's.
+        timeout: seconds each command may run before it is killed and reported.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self._env = dict(env) if env is not None else dict(os.environ)
+        self._timeout = timeout
+
+    @property
+    def env(self) -> dict[str, str]:
+        """A copy of the environment commands run with."""
+        return dict(self._env)
+
+    def _run(self, argv: Sequence[str], timeout: float | None = None) -> str:
+        return run_command(argv, timeout=timeout or self._timeout, env=self._env).stdout
+
+    def submit(
+        self,
+        script: Path,
+        components: SubmitOptions | Sequence[SubmitOptions],
+        script_args: Sequence[str] = (),
+    ) -> int:
+        """See :meth:`SlurmClient.submit`.
+
+        Raises:
+            SpecError: the script does not exist, before anything is submitted.
+            SlurmCommandError: sbatch refused the job (its message says why).
+            ParseError: sbatch's reply holds no job id.
+        """
+        script = Path(script)
+        if not script.is_file():
+            raise SpecError(f"batch script {str(script)!r} does not exist or is not a file")
+        comps = [components] if isinstance(components, SubmitOptions) else list(components)
+        argv = ["sbatch", "--parsable", *het_submit_args(comps), str(script), *script_args]
+        return parse_sbatch_reply(self._run(argv))
+
+    def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
+        """See :meth:`SlurmClient.cancel`."""
+        target = f"{job_id}" if step is None else f"{job_id}.{step}"
+        argv = ["scancel"]
+        if signal is not None:
+            argv += ["--signal", signal]
+        if full:
+            argv.append("--full")
+        argv.append(target)
+        self._run(argv)
+
+    def jobs(
+        self,
+        *,
+        job_ids: Collection[int] | None = None,
+        name: str | None = None,
+        user: str | None = None,
+        states: Collection[JobState] | None = None,
+    ) -> list[JobRecord]:
+        """See :meth:`SlurmClient.jobs`."""
+        records = parse_squeue_json(self._run(["squeue", "--json"]))
+        ids = set(job_ids) if job_ids is not None else None
+        wanted_states = set(states) if states is not None else None
+        return [
+            j
+            for j in records
+            if (ids is None or j.job_id in ids)
+            and (name is None or j.name == name)
+            and (user is None or j.user == user)
+            and (wanted_states is None or j.state in wanted_states)
+        ]
+
+    def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
+        """See :meth:`SlurmClient.nodes`."""
+        records = parse_sinfo_json(self._run(["sinfo", "--json"]))
+        return [n for n in records if partition is None or partition in n.partitions]
+
+    def accounting_state(self, job_id: int) -> JobState:
+        """See :meth:`SlurmClient.accounting_state`.
+
+        Raises:
+            ParseError: sacct knows no such job.
+        """
+        out = self._run(
+            [
+                "sacct",
+                "--noheader",
+                "--parsable2",
+                "--allocations",
+                "--format=JobID,State",
+                f"--jobs={job_id}",
+            ]
+        )
+        for line in out.splitlines():
+            job, _, state = line.partition("|")
+            if job.split("+", 1)[0] == str(job_id):
+                return JobState.parse(state)
+        raise ParseError(f"accounting knows no job {job_id}", source="sacct", text=out)
+
+    def ping(self) -> bool:
+        """Whether slurmctld answers (``scontrol ping``); False instead of an error when it does not."""
+        try:
+            out = self._run(["scontrol", "ping"], timeout=min(self._timeout, 15.0))
+        except SlurmCommandError:
+            return False
+        return "UP" in out

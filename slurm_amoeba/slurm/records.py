@@ -1,0 +1,165 @@
+"""Typed records of what Slurm reports: jobs (squeue) and nodes (sinfo).
+
+Built by :mod:`slurm_amoeba.slurm.parsers` from the commands' JSON; read by the layers above (the agent, the
+daemon's observer) so that none of them touches Slurm's raw output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class JobState(str, enum.Enum):
+    """A Slurm job's base state (``job_state`` in ``squeue --json``).
+
+    Transitions: PENDING -> RUNNING -> COMPLETING -> one of the final states; a running job may also be
+    SUSPENDED, PREEMPTED or REQUEUED. States Slurm adds later read as UNKNOWN rather than failing.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REQUEUED = "REQUEUED"
+    RESIZING = "RESIZING"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, text: str) -> JobState:
+        """Read a state name; ``"CANCELLED by 0"`` style suffixes and unknown names are tolerated."""
+        head = text.strip().split(" ", 1)[0].upper() if text.strip() else ""
+        try:
+            return cls(head)
+        except ValueError:
+            return cls.UNKNOWN
+
+    def is_active(self) -> bool:
+        """Whether the job still holds or waits for resources."""
+        return self in (
+            JobState.PENDING,
+            JobState.RUNNING,
+            JobState.SUSPENDED,
+            JobState.COMPLETING,
+            JobState.REQUEUED,
+            JobState.RESIZING,
+        )
+
+    def is_final(self) -> bool:
+        """Whether the job has ended and will not run again."""
+        return not self.is_active() and self is not JobState.UNKNOWN
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    """One job (or one heterogeneous component) as squeue reports it.
+
+    Attributes:
+        job_id: Slurm's job id of this record (a heterogeneous component has its own id).
+        name: the job name (``-J``).
+        comment: the job comment (``--comment``).
+        state: the base state.
+        state_reason: why it is in that state (e.g. ``Resources``, ``JobHeldUser``).
+        user: the owner's user name.
+        uid: the owner's uid.
+        partition: the partition it runs or waits in.
+        nodes: the nodes it holds (empty while pending).
+        batch_host: the node running the batch script (empty while pending).
+        gpus_per_node: GPUs requested per node (from ``tres_per_node``).
+        gpu_indices: GPU indices held on each node, in the order of ``nodes`` (empty lists while pending).
+        cpus: CPUs requested or held.
+        node_count: nodes requested or held.
+        het_job_id: the heterogeneous job's leader id, or 0 for an ordinary job.
+        het_job_offset: the component's index within its heterogeneous job.
+        submit_time: submission time (Unix seconds).
+        start_time: start time (Unix seconds; 0 or a forecast while pending).
+        priority: the scheduling priority.
+    """
+
+    job_id: int
+    name: str
+    comment: str
+    state: JobState
+    state_reason: str
+    user: str
+    uid: int
+    partition: str
+    nodes: tuple[str, ...]
+    batch_host: str
+    gpus_per_node: int
+    gpu_indices: tuple[tuple[int, ...], ...]
+    cpus: int
+    node_count: int
+    het_job_id: int
+    het_job_offset: int
+    submit_time: int
+    start_time: int
+    priority: int
+
+    @property
+    def is_het_component(self) -> bool:
+        """Whether this record is one component of a heterogeneous job."""
+        return self.het_job_id != 0
+
+    @property
+    def gpus_held(self) -> int:
+        """GPUs the job holds now, over all its nodes."""
+        return sum(len(ix) for ix in self.gpu_indices)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRecord:
+    """One node as sinfo reports it.
+
+    Attributes:
+        name: the node name (``NodeName``).
+        address: its address (``NodeAddr``); the root namespace of the test cluster cannot resolve names.
+        hostname: its host name.
+        state: base state, lower case (``idle``, ``mixed``, ``allocated``, ``down``, ...).
+        state_flags: extra flags (``DRAIN``, ``NOT_RESPONDING``, ...).
+        partitions: partitions the node belongs to.
+        cpus: CPUs configured.
+        alloc_cpus: CPUs allocated now.
+        gpus_total: GPUs configured.
+        gpus_used: GPUs allocated now.
+    """
+
+    name: str
+    address: str
+    hostname: str
+    state: str
+    state_flags: tuple[str, ...]
+    partitions: tuple[str, ...]
+    cpus: int
+    alloc_cpus: int
+    gpus_total: int
+    gpus_used: int
+
+    @property
+    def gpus_free(self) -> int:
+        """GPUs a new job could get on this node now (0 on a node that cannot run jobs)."""
+        return self.gpus_total - self.gpus_used if self.is_usable else 0
+
+    @property
+    def is_usable(self) -> bool:
+        """Whether the node can start new work (not down, drained, or failing)."""
+        bad_states = {"down", "drained", "draining", "fail", "failing", "future", "unknown", "error"}
+        bad_flags = {
+            "DRAIN",
+            "DRAINED",
+            "DRAINING",
+            "NOT_RESPONDING",
+            "FAIL",
+            "MAINTENANCE",
+            "REBOOT_REQUESTED",
+        }
+        return self.state not in bad_states and not bad_flags.intersection(self.state_flags)

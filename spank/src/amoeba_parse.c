@@ -102,6 +102,13 @@ int amoeba_parse_range(const char *text, unsigned site_max,
 			  ELASTIC_FLAG "=%s: MIN must be at least 1 worker", q);
 		return -1;
 	}
+	if (min > max && min <= AMOEBA_WORKERS_HARD_MAX) {
+		set_error(err, errlen,
+			  ELASTIC_FLAG "=%s: MIN (%lu) is above MAX (%lu); "
+			  "write " ELASTIC_FLAG "=%lu:%lu", q, min, max, max,
+			  min);
+		return -1;
+	}
 	limit = site_max ? site_max : AMOEBA_WORKERS_HARD_MAX;
 	if (min > limit || max > limit) {
 		if (site_max)
@@ -114,13 +121,6 @@ int amoeba_parse_range(const char *text, unsigned site_max,
 				  ELASTIC_FLAG "=%s: asks for more than %lu "
 				  "workers, the most the plugin allows", q,
 				  limit);
-		return -1;
-	}
-	if (min > max) {
-		set_error(err, errlen,
-			  ELASTIC_FLAG "=%s: MIN (%lu) is above MAX (%lu); "
-			  "write " ELASTIC_FLAG "=%lu:%lu", q, min, max, max,
-			  min);
 		return -1;
 	}
 	out->min = (unsigned) min;
@@ -350,8 +350,12 @@ int amoeba_request_apply(struct amoeba_request *req,
 		if (amoeba_parse_range(optarg, remote ? 0 : cfg->max_workers,
 				       &range, err, errlen) < 0)
 			return -1;
-		req->mode = AMOEBA_MODE_ELASTIC;
-		req->range = range;
+		/* --no-elastic wins wherever it appears: slurmstepd sees the
+		 * options as a set, not in the order the user gave them. */
+		if (req->mode != AMOEBA_MODE_OFF) {
+			req->mode = AMOEBA_MODE_ELASTIC;
+			req->range = range;
+		}
 		return 0;
 	case AMOEBA_OPT_PARTITION:
 		if (amoeba_parse_partition(optarg, PARTITION_FLAG, partition,

@@ -54,11 +54,16 @@ enum amoeba_option {
 	AMOEBA_OPT_NO_ELASTIC = 3, /* --no-elastic */
 };
 
-/* What the job's options ask for; the last of --elastic / --no-elastic wins. */
+/*
+ * What the job's options ask for. --no-elastic wins over --elastic in any
+ * order: slurmstepd gets the options as a set, so "the last one wins" could
+ * not mean the same there as in sbatch.
+ */
 enum amoeba_mode {
 	AMOEBA_MODE_UNSET = 0, /* neither option: the plugin leaves the job alone */
 	AMOEBA_MODE_ELASTIC,   /* --elastic=MIN[:MAX] */
-	AMOEBA_MODE_OFF,       /* --no-elastic: clear AMOEBA_ELASTIC_* */
+	AMOEBA_MODE_OFF,       /* --no-elastic (with or without --elastic):
+				  clear AMOEBA_ELASTIC_* */
 };
 
 struct amoeba_request {

@@ -32,6 +32,7 @@ extern struct amoeba_request amoeba_req;
 int amoeba_load_config(int ac, char **av);
 int amoeba_register_options(spank_t sp);
 int amoeba_finish_request(struct amoeba_env *env, bool *has_env);
+int amoeba_options_from_job_env(spank_t sp);
 
 /* process_env.c: allocator and local contexts */
 int amoeba_export_process_env(void);

@@ -6,6 +6,8 @@
  * spank_options) so that the site can switch the options off:
  * enabled=0 everywhere, sbatch_support=0 in sbatch/salloc.
  */
+#include <stdio.h>
+
 #include "amoeba_plugin.h"
 
 struct amoeba_config amoeba_cfg = {
@@ -18,8 +20,8 @@ struct amoeba_request amoeba_req;
 
 /*
  * Slurm may call this more than once with the same value (sbatch reads the
- * command line twice); amoeba_request_apply is idempotent and the last of
- * --elastic / --no-elastic wins.
+ * command line twice); amoeba_request_apply is idempotent, and --no-elastic
+ * wins over --elastic in whatever order they come.
  */
 static int amoeba_option_cb(int val, const char *optarg, int remote)
 {
@@ -43,8 +45,8 @@ static struct spank_option amoeba_options[] = {
 	  "(default: the site's).",
 	  1, AMOEBA_OPT_PARTITION, amoeba_option_cb },
 	{ "no-elastic", NULL,
-	  "[amoeba] Run as an ordinary job: undo --elastic and clear "
-	  "AMOEBA_ELASTIC_*.",
+	  "[amoeba] Run as an ordinary job even where --elastic is given "
+	  "(e.g. by #SBATCH); clear AMOEBA_ELASTIC_*.",
 	  0, AMOEBA_OPT_NO_ELASTIC, amoeba_option_cb },
 	SPANK_OPTIONS_TABLE_END
 };
@@ -83,6 +85,43 @@ int amoeba_finish_request(struct amoeba_env *env, bool *has_env)
 				  sizeof(err)) < 0) {
 		slurm_error("amoeba: %s", err);
 		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Slurm 22.05 runs no option callback in the batch step's slurmstepd, but it
+ * leaves every option the job was submitted with in the job's environment as
+ * SLURM_SPANK__SLURM_SPANK_OPTION_<plugin>_<option, '-' as '_'> (that is how
+ * an srun inside the job inherits them). Read them from there, with the same
+ * callback as everywhere else.
+ */
+int amoeba_options_from_job_env(spank_t sp)
+{
+	for (struct spank_option *opt = amoeba_options; opt->name; opt++) {
+		char name[128], value[256];
+		spank_err_t rc;
+		int n = snprintf(name, sizeof(name),
+				 "SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_%s",
+				 opt->name);
+
+		if (n < 0 || (size_t) n >= sizeof(name))
+			return -1;
+		for (char *c = name; *c; c++)
+			if (*c == '-')
+				*c = '_';
+		rc = spank_getenv(sp, name, value, sizeof(value));
+		if (rc == ESPANK_ENV_NOEXIST)
+			continue;
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("amoeba: cannot read --%s from the job's "
+				    "environment (%s): %s", opt->name, name,
+				    spank_strerror(rc));
+			return -1;
+		}
+		if (amoeba_option_cb(opt->val, opt->has_arg ? value : NULL,
+				     1) < 0)
+			return -1;
 	}
 	return 0;
 }

@@ -1,8 +1,10 @@
 /*
  * remote.c - slurmstepd (S_CTX_REMOTE), once per step on every node.
  *
- * Slurm hands the job's options to each step (callbacks run with remote=1);
- * here AMOEBA_ELASTIC_* are written into the step's environment, so the batch
+ * Slurm hands the job's options to each srun step (callbacks run with
+ * remote=1); the batch step gets none and reads them from the job's
+ * environment instead (amoeba_options_from_job_env). Either way
+ * AMOEBA_ELASTIC_* are written into the step's environment, so the batch
  * script and every task see them even when the job was submitted with
  * --export=NONE. The site limit was enforced at submission and is not checked
  * again: lowering max_workers does not break jobs already queued.
@@ -23,6 +25,12 @@ int amoeba_remote_user_init(spank_t sp)
 	struct amoeba_env env;
 	bool has_env;
 
+	if (!amoeba_cfg.enabled)
+		return 0;
+	/* No callback ran: the batch step, or a job without our options. */
+	if (amoeba_req.mode == AMOEBA_MODE_UNSET && !amoeba_req.partition[0] &&
+	    amoeba_options_from_job_env(sp) < 0)
+		return -1;
 	if (amoeba_finish_request(&env, &has_env) < 0)
 		return -1;
 	if (!has_env)

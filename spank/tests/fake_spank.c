@@ -90,6 +90,21 @@ spank_err_t spank_setenv(spank_t sp, const char *var, const char *val,
 	return ESPANK_SUCCESS;
 }
 
+spank_err_t spank_getenv(spank_t sp, const char *var, char *buf, int len)
+{
+	const char *value = fake_step_getenv(var);
+
+	(void) sp;
+	if (fake_context != S_CTX_REMOTE)
+		return ESPANK_NOT_REMOTE;
+	if (!value)
+		return ESPANK_ENV_NOEXIST;
+	if ((int) strlen(value) >= len)
+		return ESPANK_NOSPACE;
+	memcpy(buf, value, strlen(value) + 1);
+	return ESPANK_SUCCESS;
+}
+
 spank_err_t spank_unsetenv(spank_t sp, const char *var)
 {
 	(void) sp;

@@ -47,6 +47,9 @@ static void test_range_rejects_with_flag_and_value(void)
 		const char *needle; /* besides the flag and value */
 	} cases[] = {
 		{ "5:2", 1024, "MIN (5) is above MAX (2); write --elastic=2:5" },
+		{ "5:2", 4, "MIN (5) is above MAX (2); write --elastic=2:5" },
+		{ "5000:2", 8, "MIN (5000) is above MAX (2)" },
+		{ "99999999999:2", 8, "more than 8 workers" },
 		{ "0", 1024, "at least 1" },
 		{ "0:4", 1024, "at least 1" },
 		{ "abc", 1024, "expected MIN[:MAX]" },
@@ -295,7 +298,7 @@ static void test_request_min_alone_is_fixed_size(void)
 	CHECK_STR(env.vars[1].value, "3");
 }
 
-static void test_request_is_idempotent_and_last_option_wins(void)
+static void test_request_is_idempotent_and_no_elastic_wins(void)
 {
 	struct amoeba_config cfg = site(8);
 	struct amoeba_request once, twice;
@@ -318,10 +321,53 @@ static void test_request_is_idempotent_and_last_option_wins(void)
 	CHECK(amoeba_request_apply(&twice, &cfg, AMOEBA_OPT_NO_ELASTIC, NULL,
 				   false, err, sizeof(err)) == 0);
 	CHECK(twice.mode == AMOEBA_MODE_OFF);
+	/* --no-elastic, then --elastic: still off (slurmstepd sees no order) */
 	CHECK(amoeba_request_apply(&twice, &cfg, AMOEBA_OPT_ELASTIC, "1:2",
 				   false, err, sizeof(err)) == 0);
-	CHECK(twice.mode == AMOEBA_MODE_ELASTIC);
-	CHECK(twice.range.min == 1 && twice.range.max == 2);
+	CHECK(twice.mode == AMOEBA_MODE_OFF);
+	/* ... but the value is still checked */
+	CHECK(amoeba_request_apply(&twice, &cfg, AMOEBA_OPT_ELASTIC, "2:1",
+				   false, err, sizeof(err)) == -1);
+	CHECK_HAS(err, "--elastic=2:1: MIN (2) is above MAX (1)");
+}
+
+static void test_request_result_does_not_depend_on_option_order(void)
+{
+	static const int orders[6][3] = {
+		{ 0, 1, 2 }, { 0, 2, 1 }, { 1, 0, 2 },
+		{ 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 },
+	};
+	static const int options[3] = {
+		AMOEBA_OPT_ELASTIC, AMOEBA_OPT_PARTITION, AMOEBA_OPT_NO_ELASTIC
+	};
+	static const char *values[3] = { "2:4", "spot", NULL };
+	struct amoeba_config cfg = site(8);
+
+	for (int with_off = 0; with_off < 2; with_off++) {
+		for (int o = 0; o < 6; o++) {
+			struct amoeba_request req;
+			struct amoeba_env env;
+			bool has_env;
+
+			amoeba_request_reset(&req);
+			for (int k = 0; k < 3; k++) {
+				int i = orders[o][k];
+
+				if (i == 2 && !with_off)
+					continue;
+				CHECK(amoeba_request_apply(&req, &cfg,
+							   options[i],
+							   values[i], false,
+							   err, sizeof(err)) == 0);
+			}
+			CHECK(amoeba_request_finish(&req, &cfg, &env, &has_env,
+						    err, sizeof(err)) == 0);
+			CHECK(has_env);
+			CHECK(env.set == !with_off);
+			if (!with_off)
+				CHECK_STR(env.vars[1].value, "4");
+		}
+	}
 }
 
 static void test_request_failure_leaves_request_unchanged(void)
@@ -430,7 +476,8 @@ int main(void)
 	test_config_rejects_repeated_key();
 	test_request_exports_range_and_default_partition();
 	test_request_min_alone_is_fixed_size();
-	test_request_is_idempotent_and_last_option_wins();
+	test_request_is_idempotent_and_no_elastic_wins();
+	test_request_result_does_not_depend_on_option_order();
 	test_request_failure_leaves_request_unchanged();
 	test_request_remote_skips_only_the_site_limit();
 	test_request_partition_needs_elastic();

@@ -174,6 +174,48 @@ static void test_slurmstepd_no_elastic_unsets_step_env(void)
 	CHECK(fake_step_getenv("AMOEBA_ELASTIC_MAX") == NULL);
 }
 
+#define OPT_ENV "SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_"
+
+static void test_batch_step_reads_options_from_job_env(void)
+{
+	/* Slurm runs no callback in the batch step; the options are in the
+	 * job's environment as srun would inherit them. */
+	CHECK(init(S_CTX_REMOTE, "default_partition=spot", NULL) == 0);
+	fake_step_setenv(OPT_ENV "elastic", "2:3");
+	CHECK(slurm_spank_init_post_opt(SP, 0, NULL) == 0);
+	CHECK(slurm_spank_user_init(SP, 0, NULL) == 0);
+	CHECK_STR(fake_step_getenv("AMOEBA_ELASTIC_MIN"), "2");
+	CHECK_STR(fake_step_getenv("AMOEBA_ELASTIC_MAX"), "3");
+	CHECK_STR(fake_step_getenv("AMOEBA_ELASTIC_PARTITION"), "spot");
+
+	CHECK(init(S_CTX_REMOTE, NULL, NULL) == 0);
+	fake_step_setenv(OPT_ENV "elastic", "2:3");
+	fake_step_setenv(OPT_ENV "elastic_partition", "batch");
+	CHECK(slurm_spank_user_init(SP, 0, NULL) == 0);
+	CHECK_STR(fake_step_getenv("AMOEBA_ELASTIC_PARTITION"), "batch");
+
+	CHECK(init(S_CTX_REMOTE, NULL, NULL) == 0);
+	fake_step_setenv(OPT_ENV "elastic", "2:3");
+	fake_step_setenv(OPT_ENV "no_elastic", "(null)");
+	fake_step_setenv("AMOEBA_ELASTIC_MIN", "2");
+	CHECK(slurm_spank_user_init(SP, 0, NULL) == 0);
+	CHECK(fake_step_getenv("AMOEBA_ELASTIC_MIN") == NULL);
+
+	CHECK(init(S_CTX_REMOTE, NULL, NULL) == 0);
+	fake_step_setenv(OPT_ENV "elastic", "0");
+	CHECK(slurm_spank_user_init(SP, 0, NULL) == -1);
+	CHECK_HAS(fake_last_error, "amoeba: --elastic=0: MIN must be at least 1");
+}
+
+static void test_callbacks_take_precedence_over_job_env(void)
+{
+	CHECK(init(S_CTX_REMOTE, NULL, NULL) == 0);
+	fake_step_setenv(OPT_ENV "elastic", "2:3");
+	CHECK(give("elastic", "1:5", 1) == 0);
+	CHECK(slurm_spank_user_init(SP, 0, NULL) == 0);
+	CHECK_STR(fake_step_getenv("AMOEBA_ELASTIC_MAX"), "5");
+}
+
 static void test_bad_plugstack_args_fail_init_naming_the_argument(void)
 {
 	CHECK(init(S_CTX_ALLOCATOR, "max_workers=8", "color=blue") == -1);
@@ -206,6 +248,8 @@ int main(void)
 	test_srun_exports_into_its_env();
 	test_slurmstepd_sets_step_env_without_site_limit();
 	test_slurmstepd_no_elastic_unsets_step_env();
+	test_batch_step_reads_options_from_job_env();
+	test_callbacks_take_precedence_over_job_env();
 	test_bad_plugstack_args_fail_init_naming_the_argument();
 	test_slurmd_and_prolog_contexts_do_nothing();
 	return CHECK_DONE("test_plugin");

@@ -1,0 +1,97 @@
+"""Elastic backfill: the daemon's default policy.
+
+Slurm keeps scheduling as it always does; this policy only moves the *extra* workers of elastic jobs (those above
+their minimum, which live in preemptible satellite allocations):
+
+- **shrink ahead of preemption**: when a pending job's base allocation (its requested size, or its minimum when
+  elastic) does not fit in the free GPUs but would fit in the free GPUs plus the elastic extras, extras are given
+  back, the least useful worker first, until it fits; Slurm would preempt those satellites anyway, this makes the
+  exit graceful;
+- **grow into idle GPUs**: GPUs that no pending job can use now go, one worker at a time, to the elastic job whose
+  speed gains most per GPU.
+
+In the live daemon Slurm starts pending jobs itself (``start_pending=False``): the policy then only reserves the GPUs
+those jobs will take. The simulator has no Slurm, so there the policy also plays Slurm's part (``start_pending=True``):
+pending jobs start in priority order, first fit, without reservations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+from slurm_amoeba.policy.common import base_size, distribute_spare, priority_key, realize, speedup_gain
+from slurm_amoeba.policy.types import Decision, JobInfo, PolicyError, Snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticBackfillPolicy:
+    """Grow elastic jobs into GPUs nobody else can use; shrink them before Slurm would preempt them.
+
+    Attributes:
+        start_pending: also start pending jobs (the simulator); ``False`` in the daemon, where Slurm starts them.
+        min_gain: a spare worker goes to a job only if it adds at least this much speed, in units of the job's
+            speed at its minimum size.
+        name: ``"elastic-backfill"``.
+        decides_on_events_only: ``True``: only arrivals, departures and size changes change the answer.
+    """
+
+    start_pending: bool = True
+    min_gain: float = 0.1
+    name: str = dataclasses.field(default="elastic-backfill", init=False)
+    decides_on_events_only: bool = dataclasses.field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        if self.min_gain < 0:
+            raise PolicyError(f"min_gain={self.min_gain} must be 0 or more")
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+        """Make room for pending jobs out of elastic extras, then grow elastic jobs into what is left.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time (unused: the answer depends on the queue and the sizes only).
+
+        Returns:
+            Shrink and grow decisions, and start decisions when ``start_pending``.
+        """
+        free = snapshot.free_gpus
+        sizes = {job.job_id: job.workers for job in snapshot.running()}
+        # The extra workers that may be given back, least useful first.
+        extras: list[tuple[float, str, JobInfo]] = [
+            (speedup_gain(job, job.workers - 1), job.job_id, job)
+            for job in snapshot.running()
+            if job.is_resizable and job.workers > job.min_workers
+        ]
+        heapq.heapify(extras)
+        reclaimable = sum((job.workers - job.min_workers) * job.gpus_per_worker for _, _, job in extras)
+        reasons: dict[str, str] = {}
+        started: list[JobInfo] = []
+        for job in sorted(snapshot.pending(), key=priority_key):
+            need = base_size(job) * job.gpus_per_worker
+            if need > free + reclaimable:
+                continue
+            while need > free:
+                _, key, victim = heapq.heappop(extras)
+                sizes[key] -= 1
+                free += victim.gpus_per_worker
+                reclaimable -= victim.gpus_per_worker
+                reasons[key] = f"elastic-backfill: gives GPUs back for pending job {job.job_id}"
+                if sizes[key] > victim.min_workers:
+                    heapq.heappush(extras, (speedup_gain(victim, sizes[key] - 1), key, victim))
+            free -= need
+            if self.start_pending:
+                sizes[job.job_id] = base_size(job)
+                reasons[job.job_id] = "elastic-backfill: fits (priority order, first fit)"
+                started.append(job)
+        growers = [job for job in snapshot.running() if job.job_id not in reasons] + started
+        before = dict(sizes)
+        distribute_spare(growers, sizes, free, self.min_gain)
+        for key, size in sizes.items():
+            if size != before[key]:
+                reasons[key] = "elastic-backfill: idle GPUs, largest speedup gain"
+        running = {job.job_id: job.workers for job in snapshot.running()}
+        targets = {key: size for key, size in sizes.items() if size != running.get(key, 0)}
+        order = sorted(snapshot.running(), key=priority_key) + started
+        return realize(snapshot, targets, order, reasons)

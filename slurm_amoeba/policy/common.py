@@ -1,0 +1,214 @@
+"""Building blocks the policies share: placement on nodes, queue orders, and turning target sizes into decisions.
+
+Every policy in this package decides *target sizes* (workers per job, 0 for preempted or still pending) and hands
+them to :func:`realize`, which frees what shrinks first, then places growth and starts on the nodes with the most
+free GPUs. Keeping this in one place means one placement rule for all policies and one place to test it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+
+from slurm_amoeba.policy.types import Decision, JobInfo, JobState, Snapshot
+
+
+def place_most_free(free: Mapping[str, int], workers: int, gpus_per_worker: int = 1) -> dict[str, int] | None:
+    """Place ``workers`` workers on the nodes with the most free GPUs first.
+
+    Each step takes the node with the most free GPUs (the earlier node in ``free`` on a tie) and puts as many of the
+    remaining workers there as fit. This is Tiresias's rule in the Pollux artifact.
+
+    Args:
+        free: node -> free GPUs (not modified).
+        workers: workers to place.
+        gpus_per_worker: GPUs each worker needs on one node.
+
+    Returns:
+        node -> workers, or ``None`` when they do not fit.
+    """
+    slots = {name: gpus // gpus_per_worker for name, gpus in free.items() if gpus >= gpus_per_worker}
+    if sum(slots.values()) < workers:
+        return None
+    order = sorted(slots, key=lambda name: -slots[name])
+    placement: dict[str, int] = {}
+    need = workers
+    for name in order:
+        if need == 0:
+            break
+        take = min(slots[name], need)
+        placement[name] = take
+        need -= take
+    return placement
+
+
+def grow_placement(
+    current: Mapping[str, int], free: Mapping[str, int], extra: int, gpus_per_worker: int = 1
+) -> dict[str, int] | None:
+    """Add ``extra`` workers to a placement, on the job's own nodes first, then on the most free nodes.
+
+    Args:
+        current: node -> workers the job holds now.
+        free: node -> free GPUs (not modified).
+        extra: workers to add.
+        gpus_per_worker: GPUs each worker needs on one node.
+
+    Returns:
+        The new placement, or ``None`` when the extra workers do not fit.
+    """
+    result = dict(current)
+    need = extra
+    for name in current:
+        take = min(free.get(name, 0) // gpus_per_worker, need)
+        if take > 0:
+            result[name] += take
+            need -= take
+    if need == 0:
+        return result
+    rest = {name: gpus for name, gpus in free.items() if name not in current}
+    more = place_most_free(rest, need, gpus_per_worker)
+    if more is None:
+        return None
+    result.update(more)
+    return result
+
+
+def shrink_placement(current: Mapping[str, int], remove: int) -> dict[str, int]:
+    """Take ``remove`` workers away, from the nodes where the job has the fewest workers first.
+
+    Emptying its smallest pieces first keeps a job on as few nodes as possible.
+
+    Args:
+        current: node -> workers the job holds now.
+        remove: workers to take away (at most the job's size).
+
+    Returns:
+        The new placement, without nodes left empty.
+    """
+    result = dict(current)
+    left = remove
+    for name in sorted(result, key=lambda node: result[node]):
+        if left == 0:
+            break
+        take = min(result[name], left)
+        result[name] -= take
+        left -= take
+    return {name: count for name, count in result.items() if count > 0}
+
+
+def arrival_key(job: JobInfo) -> tuple[float, str]:
+    """Sort key for first come, first served: submit time, then id."""
+    return (job.submit_time, job.job_id)
+
+
+def priority_key(job: JobInfo) -> tuple[int, float, str]:
+    """Sort key for Slurm-like priority order: higher priority first, then first come, first served."""
+    return (-job.priority, job.submit_time, job.job_id)
+
+
+def base_size(job: JobInfo) -> int:
+    """The size a job starts with: its minimum when elastic, its requested size otherwise."""
+    return job.min_workers if job.is_elastic else job.requested_workers
+
+
+def speedup_gain(job: JobInfo, workers: int) -> float:
+    """The gain in speed of one more worker at size ``workers``, in units of the job's speed at its minimum.
+
+    Without a measured rate the job is assumed to scale linearly (a gain of ``1 / min_workers``).
+
+    Args:
+        job: the job.
+        workers: its size before the extra worker.
+
+    Returns:
+        ``(rate(workers + 1) - rate(workers)) / rate(min_workers)``, per GPU of the worker.
+    """
+    base = job.rate(job.min_workers)
+    now = job.rate(workers)
+    nxt = job.rate(workers + 1)
+    if base is None or now is None or nxt is None or base <= 0.0:
+        return 1.0 / (job.min_workers * job.gpus_per_worker)
+    return (nxt - now) / base / job.gpus_per_worker
+
+
+def distribute_spare(
+    jobs: Sequence[JobInfo], sizes: dict[str, int], spare_gpus: int, min_gain: float
+) -> dict[str, int]:
+    """Give spare GPUs, one worker at a time, to the jobs whose speed gains most per GPU.
+
+    Args:
+        jobs: the candidates (only resizable jobs with a size below their maximum grow).
+        sizes: job id -> size so far; updated in place and returned.
+        spare_gpus: GPUs to hand out at most.
+        min_gain: a worker is added only if it gains at least this (see :func:`speedup_gain`).
+
+    Returns:
+        ``sizes``, with the growth added.
+    """
+    heap: list[tuple[float, int, JobInfo]] = []
+    for index, job in enumerate(jobs):
+        size = sizes.get(job.job_id, 0)
+        if job.is_resizable and 0 < size < job.max_workers:
+            heap.append((-speedup_gain(job, size), index, job))
+    heapq.heapify(heap)
+    while heap and spare_gpus > 0:
+        neg_gain, index, job = heapq.heappop(heap)
+        if -neg_gain < min_gain:
+            break
+        if job.gpus_per_worker > spare_gpus:
+            continue
+        sizes[job.job_id] += 1
+        spare_gpus -= job.gpus_per_worker
+        if sizes[job.job_id] < job.max_workers:
+            heapq.heappush(heap, (-speedup_gain(job, sizes[job.job_id]), index, job))
+    return sizes
+
+
+def realize(
+    snapshot: Snapshot, targets: Mapping[str, int], order: Iterable[JobInfo], reason: Mapping[str, str]
+) -> list[Decision]:
+    """Turn target sizes into decisions with placements.
+
+    Shrinks and preemptions free their GPUs first; then running jobs grow and pending jobs start, in ``order``,
+    on their own nodes first and then the nodes with the most free GPUs. A job whose growth or start does not fit
+    (a placement the node sizes cannot hold) keeps what it has.
+
+    Args:
+        snapshot: the cluster now.
+        targets: job id -> target size (0 = preempt or stay pending); jobs not named keep their size.
+        order: the jobs in the order in which growth and starts are placed.
+        reason: job id -> why (for the decision's ``reason``); a missing entry gives an empty reason.
+
+    Returns:
+        One decision per job whose size changes.
+    """
+    free = snapshot.free_by_node()
+    decisions: list[Decision] = []
+    by_id = {job.job_id: job for job in snapshot.jobs}
+    for job_id, target in targets.items():
+        job = by_id[job_id]
+        if job.state is not JobState.RUNNING or target >= job.workers:
+            continue
+        if target == 0:
+            new: dict[str, int] = {}
+        else:
+            new = shrink_placement(job.placement, job.workers - target)
+        if job.shared_with is None:
+            for name, count in job.placement.items():
+                if name in free:
+                    free[name] += (count - new.get(name, 0)) * job.gpus_per_worker
+        decisions.append(Decision(job_id, target, new, reason.get(job_id, "")))
+    for job in order:
+        target = targets.get(job.job_id, job.workers)
+        if target <= job.workers:
+            continue
+        if job.state is JobState.RUNNING:
+            grown = grow_placement(job.placement, free, target - job.workers, job.gpus_per_worker)
+        else:
+            grown = place_most_free(free, target, job.gpus_per_worker)
+        if grown is None:
+            continue
+        for name, count in grown.items():
+            free[name] -= (count - job.placement.get(name, 0)) * job.gpus_per_worker
+        decisions.append(Decision(job.job_id, target, grown, reason.get(job.job_id, "")))
+    return decisions

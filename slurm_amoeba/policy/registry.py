@@ -1,0 +1,94 @@
+"""The policies by name, for configuration files and command lines.
+
+``make_policy("e-tiresias", min_gain=0.2)`` builds a policy; an unknown name or an unknown knob fails loudly with
+the valid names or knobs (and their defaults).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
+from slurm_amoeba.policy.fifo import FifoPolicy
+from slurm_amoeba.policy.sharing import SjfSharingPolicy
+from slurm_amoeba.policy.srtf import SrtfPolicy
+from slurm_amoeba.policy.tiresias import ElasticTiresiasPolicy, TiresiasPolicy
+from slurm_amoeba.policy.types import Policy, PolicyError
+
+
+def _sjf_ffs(**knobs: Any) -> Policy:
+    return SjfSharingPolicy(best_benefit=False, **knobs)
+
+
+def _sjf_bsbf(**knobs: Any) -> Policy:
+    return SjfSharingPolicy(best_benefit=True, **knobs)
+
+
+_FACTORIES: dict[str, tuple[Callable[..., Policy], type]] = {
+    "fifo": (FifoPolicy, FifoPolicy),
+    "srtf": (SrtfPolicy, SrtfPolicy),
+    "tiresias": (TiresiasPolicy, TiresiasPolicy),
+    "e-tiresias": (ElasticTiresiasPolicy, ElasticTiresiasPolicy),
+    "elastic-backfill": (ElasticBackfillPolicy, ElasticBackfillPolicy),
+    "sjf-ffs": (_sjf_ffs, SjfSharingPolicy),
+    "sjf-bsbf": (_sjf_bsbf, SjfSharingPolicy),
+}
+
+#: The policy the daemon uses when its configuration names none.
+DEFAULT_POLICY = "elastic-backfill"
+
+
+def policy_names() -> list[str]:
+    """The names :func:`make_policy` accepts, in registration order."""
+    return list(_FACTORIES)
+
+
+def policy_knobs(name: str) -> dict[str, object]:
+    """The knobs a policy takes, with their defaults.
+
+    Args:
+        name: a registered policy name.
+
+    Returns:
+        knob -> default.
+
+    Raises:
+        PolicyError: the name is not registered.
+    """
+    _, cls = _lookup(name)
+    knobs: dict[str, object] = {}
+    for field in dataclasses.fields(cls):
+        if field.init and field.name != "best_benefit":
+            knobs[field.name] = field.default
+    return knobs
+
+
+def make_policy(name: str, **knobs: Any) -> Policy:
+    """Build a policy by its registered name.
+
+    Args:
+        name: one of :func:`policy_names`.
+        **knobs: the policy's settings (see :func:`policy_knobs`).
+
+    Returns:
+        The policy.
+
+    Raises:
+        PolicyError: unknown name, unknown knob, or a knob with an invalid value.
+    """
+    factory, _ = _lookup(name)
+    valid = policy_knobs(name)
+    unknown = sorted(set(knobs) - set(valid))
+    if unknown:
+        listed = ", ".join(f"{key}={value!r}" for key, value in valid.items()) or "none"
+        raise PolicyError(f"policy {name!r} has no knob {', '.join(unknown)}; its knobs (with defaults) are: {listed}")
+    return factory(**knobs)
+
+
+def _lookup(name: str) -> tuple[Callable[..., Policy], type]:
+    try:
+        return _FACTORIES[name]
+    except KeyError:
+        raise PolicyError(f"policy {name!r} is not registered; valid policies are: {', '.join(_FACTORIES)}") from None

@@ -1,0 +1,157 @@
+"""Shortest job first with GPU sharing: SJF-FFS and SJF-BSBF.
+
+Both start pending jobs shortest remaining time first (an oracle in the simulator) on free GPUs, with their
+requested size, never preempting. A job that does not fit may instead *share* the GPUs of a running job that has
+at least as many workers and no partner yet; the sharer runs with a sub-batch and gradient accumulation, so that its
+global batch stays the same, and both jobs slow down by the measured co-location factors
+(``Snapshot.colocation``).
+
+- **SJF-FFS** (first-fit sharing) shares with the first such running job, whatever it costs.
+- **SJF-BSBF** (best sharing benefit first, Ye et al., arXiv 2407.13088) shares only when the pair's summed
+  completion times are lower together than one after the other, and picks the partner with the largest benefit;
+  a pair whose slowdown was never measured is not shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from slurm_amoeba.policy.common import place_most_free
+from slurm_amoeba.policy.types import Decision, JobInfo, PolicyError, Snapshot
+
+#: The fraction of its solo speed a job keeps on a shared GPU when the pair was never measured (time slicing).
+UNMEASURED_COLOCATION = 0.5
+
+
+def sharing_benefit(mine: float, partner: float, keep_mine: float, keep_partner: float) -> float:
+    """Seconds of summed completion time saved by running two jobs together instead of one after the other.
+
+    One after the other, the running partner finishes after ``partner`` seconds and the new job after
+    ``partner + mine``. Together, both run at their co-located speeds until the first finishes; the other then runs
+    alone.
+
+    Args:
+        mine: remaining seconds of the new job alone.
+        partner: remaining seconds of the running job alone.
+        keep_mine: fraction of its speed the new job keeps while sharing (0, 1].
+        keep_partner: fraction of its speed the running job keeps while sharing (0, 1].
+
+    Returns:
+        The saving; negative when sharing is worse.
+    """
+    sequential = partner + (partner + mine)
+    t_partner = partner / keep_partner
+    t_mine = mine / keep_mine
+    if t_partner <= t_mine:
+        first = t_partner
+        second = first + (mine - keep_mine * first)
+    else:
+        first = t_mine
+        second = first + (partner - keep_partner * first)
+    return sequential - (first + second)
+
+
+def _remaining(job: JobInfo) -> float:
+    remaining = job.remaining_time()
+    return math.inf if remaining is None else remaining
+
+
+@dataclasses.dataclass(frozen=True)
+class SjfSharingPolicy:
+    """Non-preemptive shortest-remaining-first with GPU sharing, first fit or best benefit first.
+
+    Attributes:
+        best_benefit: ``True`` for SJF-BSBF, ``False`` for SJF-FFS.
+        name: ``"sjf-bsbf"`` or ``"sjf-ffs"``.
+        decides_on_events_only: ``True``: only arrivals and departures change the answer.
+    """
+
+    best_benefit: bool = True
+    name: str = dataclasses.field(default="", init=False)
+    decides_on_events_only: bool = dataclasses.field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", "sjf-bsbf" if self.best_benefit else "sjf-ffs")
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+        """Start jobs shortest first on free GPUs; place the ones that do not fit on a partner's GPUs.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time (unused).
+
+        Returns:
+            Start decisions, some of them sharing a running job's GPUs.
+        """
+        free = snapshot.free_by_node()
+        hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
+        partners = [
+            job
+            for job in sorted(snapshot.running(), key=lambda j: (j.submit_time, j.job_id))
+            if job.shared_with is None and job.job_id not in hosting
+        ]
+        decisions: list[Decision] = []
+        for job in sorted(snapshot.pending(), key=lambda j: (_remaining(j), j.submit_time, j.job_id)):
+            placement = place_most_free(free, job.requested_workers, job.gpus_per_worker)
+            if placement is not None:
+                for name, count in placement.items():
+                    free[name] -= count * job.gpus_per_worker
+                decisions.append(Decision(job.job_id, job.requested_workers, placement, f"{self.name}: fits"))
+                continue
+            partner = self._pick_partner(job, partners, snapshot.colocation)
+            if partner is None:
+                continue
+            partners.remove(partner)
+            decisions.append(
+                Decision(
+                    job.job_id,
+                    job.requested_workers,
+                    _subset(partner.placement, job.requested_workers),
+                    f"{self.name}: shares the GPUs of {partner.job_id}",
+                    share_with=partner.job_id,
+                )
+            )
+        return decisions
+
+    def _pick_partner(
+        self, job: JobInfo, partners: Sequence[JobInfo], colocation: Mapping[tuple[str, str], float]
+    ) -> JobInfo | None:
+        fitting = [
+            other
+            for other in partners
+            if other.gpus_per_worker == job.gpus_per_worker and other.workers >= job.requested_workers
+        ]
+        if not self.best_benefit:
+            return fitting[0] if fitting else None
+        best: JobInfo | None = None
+        best_gain = 0.0
+        mine = _remaining(job)
+        for other in fitting:
+            keep_mine = colocation.get((job.job_type, other.job_type))
+            keep_other = colocation.get((other.job_type, job.job_type))
+            theirs = other.remaining_time(other.workers)
+            if keep_mine is None or keep_other is None or theirs is None or math.isinf(mine):
+                continue
+            if not (0.0 < keep_mine <= 1.0 and 0.0 < keep_other <= 1.0):
+                raise PolicyError(
+                    f"co-location factors ({keep_mine}, {keep_other}) for {job.job_type}/{other.job_type} "
+                    f"must lie in (0, 1]"
+                )
+            gain = sharing_benefit(mine, theirs, keep_mine, keep_other)
+            if gain > best_gain:
+                best, best_gain = other, gain
+        return best
+
+
+def _subset(placement: Mapping[str, int], workers: int) -> dict[str, int]:
+    result: dict[str, int] = {}
+    left = workers
+    for name, count in placement.items():
+        if left == 0:
+            break
+        take = min(count, left)
+        result[name] = take
+        left -= take
+    return result

@@ -1,0 +1,64 @@
+"""Shortest remaining time first, preemptive, with an oracle for the remaining time.
+
+Every interval all jobs (running and pending) are ordered by the time they still need at their requested size
+(``JobInfo.remaining_time``, which the simulator knows exactly); jobs are admitted in that order while the cluster
+has GPUs left for their requested size, skipping those that do not fit; running jobs not admitted are preempted.
+Jobs whose remaining time is unknown go last, in submit order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from slurm_amoeba.policy.common import realize
+from slurm_amoeba.policy.types import Decision, JobInfo, JobState, Snapshot
+
+
+def _remaining_key(job: JobInfo) -> tuple[float, float, str]:
+    remaining = job.remaining_time()
+    return (math.inf if remaining is None else remaining, job.submit_time, job.job_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class SrtfPolicy:
+    """Preemptive shortest remaining time first with requested sizes.
+
+    Attributes:
+        name: ``"srtf"``.
+        decides_on_events_only: ``True``: between events remaining times shrink only for running jobs, which never
+            lets a pending job overtake them.
+    """
+
+    name: str = dataclasses.field(default="srtf", init=False)
+    decides_on_events_only: bool = dataclasses.field(default=True, init=False)
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+        """Admit jobs shortest-remaining first; preempt running jobs that lose their place.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time (unused: the order depends only on remaining work).
+
+        Returns:
+            Start and preempt decisions.
+        """
+        capacity = snapshot.total_gpus
+        order = sorted(snapshot.jobs, key=_remaining_key)
+        targets: dict[str, int] = {}
+        for job in order:
+            need = job.requested_workers * job.gpus_per_worker
+            if job.state is JobState.RUNNING:
+                need = job.gpus
+            if need <= capacity:
+                capacity -= need
+                if job.state is JobState.PENDING:
+                    targets[job.job_id] = job.requested_workers
+            elif job.state is JobState.RUNNING:
+                targets[job.job_id] = 0
+        reasons = {
+            key: "srtf: admitted by remaining time" if size else "srtf: longer than the jobs admitted"
+            for key, size in targets.items()
+        }
+        return realize(snapshot, targets, order, reasons)

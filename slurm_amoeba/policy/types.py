@@ -1,0 +1,323 @@
+"""The typed inputs and outputs of every scheduling policy.
+
+A policy sees a :class:`Snapshot` of the cluster (nodes and jobs) and the current time, and answers with
+:class:`Decision` objects (DESIGN.md, the control and simulation flows). Both worlds build these types: the live
+daemon from ``squeue``/``sinfo`` and the agents' reports (node names, partitions, Slurm job ids as strings), the
+simulator from its own state. Nothing here knows which world it is in.
+
+Sizes are counted in *workers*; a worker holds ``gpus_per_worker`` GPUs of one node. Node capacities are counted in
+GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from slurm_amoeba.core.errors import AmoebaError
+
+
+
+class PolicyError(AmoebaError, ValueError):
+    """A policy was misconfigured, or a set of decisions breaks an invariant of the cluster."""
+
+
+class JobState(str, enum.Enum):
+    """Where a job stands as far as a policy is concerned.
+
+    ``PENDING`` jobs hold no GPUs (never started, or preempted); ``RUNNING`` jobs hold ``workers`` workers. The only
+    transitions a policy asks for are PENDING -> RUNNING (start) and RUNNING -> PENDING (preempt); the job leaves the
+    snapshot when it finishes.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+
+    def is_running(self) -> bool:
+        """Whether the job holds GPUs now."""
+        return self is JobState.RUNNING
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What a policy knows about one job.
+
+    Attributes:
+        job_id: the job's identifier (a Slurm job id in the daemon, the trace's name in the simulator).
+        state: pending or running.
+        submit_time: when the job was submitted, in the same clock as ``now`` (seconds).
+        requested_workers: the size the user asked for (what a non-elastic policy gives the job).
+        min_workers: the job never runs with fewer workers.
+        max_workers: the job never runs with more workers. ``min_workers == max_workers`` means a regular,
+            non-elastic job.
+        workers: the workers it holds now (0 when pending).
+        gpus_per_worker: GPUs of one node that each worker holds.
+        placement: node name -> workers on it, for a running job; empty when pending (or unknown).
+        throughput: workers -> rate of progress at that size (any unit, the same as ``remaining_work`` per
+            second); empty when not known. The daemon fills it from the agents' measurements.
+        remaining_work: work left, in the unit of ``throughput`` times seconds (an oracle in the simulator);
+            ``None`` when unknown.
+        priority: higher runs first where a policy honours priorities (Slurm's priority in the daemon).
+        owner: the user the job belongs to.
+        partition: the partition the job runs or waits in.
+        attained_service: GPU-seconds the job has held so far.
+        executed_time: seconds the job has held GPUs so far.
+        job_type: a label for the kind of work (the application in the simulator), used to look up co-location
+            slowdowns.
+        resizing: a resize ordered earlier is still in flight; policies leave such a job alone.
+        pinned: an operator excluded the job from policy decisions (``amoebactl pin``).
+        shared_with: the job whose GPUs this job shares, or ``None`` when it has its GPUs to itself.
+    """
+
+    job_id: str
+    state: JobState
+    submit_time: float
+    requested_workers: int
+    min_workers: int
+    max_workers: int
+    workers: int = 0
+    gpus_per_worker: int = 1
+    placement: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    throughput: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    remaining_work: float | None = None
+    priority: int = 0
+    owner: str = ""
+    partition: str = ""
+    attained_service: float = 0.0
+    executed_time: float = 0.0
+    job_type: str = ""
+    resizing: bool = False
+    pinned: bool = False
+    shared_with: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise PolicyError(
+                f"job {self.job_id}: the worker range {self.min_workers}:{self.max_workers} is invalid; "
+                f"it needs 1 <= min <= max"
+            )
+        if not self.min_workers <= self.requested_workers <= self.max_workers:
+            raise PolicyError(
+                f"job {self.job_id}: requested_workers={self.requested_workers} lies outside its range "
+                f"{self.min_workers}:{self.max_workers}"
+            )
+        if self.gpus_per_worker < 1:
+            raise PolicyError(f"job {self.job_id}: gpus_per_worker={self.gpus_per_worker} must be at least 1")
+        if (self.workers > 0) != (self.state is JobState.RUNNING):
+            raise PolicyError(
+                f"job {self.job_id}: state {self.state.value} does not match workers={self.workers}; "
+                f"a running job holds at least one worker and a pending job none"
+            )
+
+    @property
+    def is_elastic(self) -> bool:
+        """Whether the job's size may change at all (its range has room)."""
+        return self.max_workers > self.min_workers
+
+    @property
+    def is_resizable(self) -> bool:
+        """Whether a policy may order this job to a new size now."""
+        return self.max_workers > self.min_workers and not self.pinned and not self.resizing
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job holds now."""
+        return self.workers * self.gpus_per_worker
+
+    def rate(self, workers: int) -> float | None:
+        """The job's rate of progress with ``workers`` workers, or ``None`` when not known.
+
+        Sizes between two known ones are interpolated linearly; sizes outside the known ones are not guessed.
+
+        Args:
+            workers: a size.
+
+        Returns:
+            The rate, in the unit of :attr:`throughput`.
+        """
+        table = self.throughput
+        if workers in table:
+            return table[workers]
+        below = [size for size in table if size < workers]
+        above = [size for size in table if size > workers]
+        if not below or not above:
+            return None
+        low, high = max(below), min(above)
+        frac = (workers - low) / (high - low)
+        return table[low] + frac * (table[high] - table[low])
+
+    def remaining_time(self, workers: int | None = None) -> float | None:
+        """Seconds of work left at a size (the requested one by default), or ``None`` when not known.
+
+        Args:
+            workers: the size to estimate for; ``None`` means ``requested_workers``.
+
+        Returns:
+            ``remaining_work / rate(workers)``, or ``None``.
+        """
+        size = self.requested_workers if workers is None else workers
+        rate = self.rate(size)
+        if self.remaining_work is None or rate is None or rate <= 0.0:
+            return None
+        return self.remaining_work / rate
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a policy knows about one node.
+
+    Attributes:
+        name: the node's name (a Slurm node name in the daemon).
+        gpus_total: GPUs the node has.
+        gpus_free: GPUs nobody holds now (Slurm's view in the daemon; every job counts, managed or not).
+        partition: the partition the node serves (empty when the cluster has one).
+    """
+
+    name: str
+    gpus_total: int
+    gpus_free: int
+    partition: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpus_free <= self.gpus_total:
+            raise PolicyError(
+                f"node {self.name}: gpus_free={self.gpus_free} must lie between 0 and gpus_total={self.gpus_total}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The cluster as a policy sees it at one moment.
+
+    Attributes:
+        nodes: every node a policy may place workers on.
+        jobs: every job that has been submitted and has not finished.
+        colocation: ``(job_type, partner_type)`` -> fraction of its solo rate a job of ``job_type`` keeps while it
+            shares GPUs with a job of ``partner_type`` (measured; empty when GPU sharing is not modelled).
+    """
+
+    nodes: tuple[NodeInfo, ...]
+    jobs: tuple[JobInfo, ...]
+    colocation: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs on all nodes."""
+        return sum(node.gpus_total for node in self.nodes)
+
+    @property
+    def free_gpus(self) -> int:
+        """GPUs nobody holds now."""
+        return sum(node.gpus_free for node in self.nodes)
+
+    def free_by_node(self) -> dict[str, int]:
+        """Node name -> free GPUs, in the order of :attr:`nodes`."""
+        return {node.name: node.gpus_free for node in self.nodes}
+
+    def job(self, job_id: str) -> JobInfo:
+        """The job with this id.
+
+        Raises:
+            PolicyError: no job in the snapshot has this id.
+        """
+        for job in self.jobs:
+            if job.job_id == job_id:
+                return job
+        raise PolicyError(f"job {job_id!r} is not in the snapshot; known jobs are the ones squeue/the trace lists")
+
+    def running(self) -> list[JobInfo]:
+        """The running jobs, in snapshot order."""
+        return [job for job in self.jobs if job.state is JobState.RUNNING]
+
+    def pending(self) -> list[JobInfo]:
+        """The pending jobs, in snapshot order."""
+        return [job for job in self.jobs if job.state is JobState.PENDING]
+
+
+class DecisionKind(str, enum.Enum):
+    """What a decision does to a job, derived from the job's state and the decision's size."""
+
+    START = "start"
+    PREEMPT = "preempt"
+    GROW = "grow"
+    SHRINK = "shrink"
+    MOVE = "move"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """One order of a policy: the size (and, where the policy chose them, the nodes) a job should have.
+
+    Attributes:
+        job_id: the job the decision is for.
+        workers: the job's new size; 0 preempts a running job.
+        placement: node name -> workers on it after the decision; empty when ``workers`` is 0 or when the
+            executor (Slurm, for a satellite allocation) picks the nodes.
+        reason: a short sentence for logs (why the policy decided so).
+        share_with: for GPU sharing: the job whose GPUs this job runs on; ``placement`` then lists a subset of that
+            job's nodes and the GPUs are not counted twice.
+    """
+
+    job_id: str
+    workers: int
+    placement: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    reason: str = ""
+    share_with: str | None = None
+
+    def kind(self, job: JobInfo) -> DecisionKind:
+        """What this decision does to ``job`` (the job it is for, as the snapshot shows it).
+
+        Args:
+            job: the job's current information.
+
+        Returns:
+            The kind of the decision.
+        """
+        if job.workers == 0:
+            return DecisionKind.START
+        if self.workers == 0:
+            return DecisionKind.PREEMPT
+        if self.workers > job.workers:
+            return DecisionKind.GROW
+        if self.workers < job.workers:
+            return DecisionKind.SHRINK
+        return DecisionKind.MOVE
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduling policy: a pure function of a snapshot and the current time.
+
+    Implementations keep no state between calls, read no clock and do no I/O, so that the daemon and the simulator
+    get the same answer from the same inputs.
+
+    Attributes:
+        name: the name the policy is registered under.
+        decides_on_events_only: ``True`` when the policy's answer cannot change while no job arrives, finishes or
+            changes size, so a caller may skip a call in which nothing happened; ``False`` when time alone matters
+            (e.g. a queue that demotes jobs by attained service).
+    """
+
+    @property
+    def name(self) -> str:
+        """The name the policy is registered under."""
+        ...
+
+    @property
+    def decides_on_events_only(self) -> bool:
+        """Whether only arrivals, departures and size changes can change the policy's answer."""
+        ...
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+        """Decide what should change.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time in seconds, in the clock of ``JobInfo.submit_time``.
+
+        Returns:
+            At most one decision per job; jobs without a decision keep what they have.
+        """
+        ...

@@ -1,0 +1,597 @@
+"""The discrete-event engine: replays a workload on a model cluster, driven by a policy of ``slurm_amoeba.policy``.
+
+Simulation flow (DESIGN.md): workload -> engine -> ``policy.decide(snapshot, now)`` -> metrics. The engine knows
+nothing about any particular policy: at every scheduling tick (multiples of ``interval``) it builds the same
+``Snapshot`` the daemon builds, asks the policy, checks the answer with ``check_decisions`` and applies it.
+
+Between ticks jobs progress analytically: a running job's speed is constant within an epoch, so its finish time
+is known in advance and kept in a heap; arrivals and finishes are events. A policy that declares
+``decides_on_events_only`` is not asked again until an event happens or its previous answer changed something, so
+quiet stretches cost nothing. Every start or move pays ``restart_cost`` seconds without progress (stop-resume from
+a checkpoint), every grow or shrink of a running job ``resize_cost`` seconds (the elastic runtime's pause).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from slurm_amoeba.policy import Decision, JobInfo, JobState, NodeInfo, Policy, Snapshot, check_decisions
+from slurm_amoeba.policy.common import place_most_free
+from slurm_amoeba.sim.application import Application
+from slurm_amoeba.sim.data import SimError
+from slurm_amoeba.sim.metrics import JobRecord, SimResult
+from slurm_amoeba.sim.workload import JobSpec
+
+#: Pause of a running elastic job while it grows or shrinks, with slurm_amoeba's runtime (new workers warm up in
+#: the background and join at a step boundary). A documented stand-in until the runtime's measured scale-out pause
+#: replaces it.
+RUNTIME_RESIZE_COST_S = 1.0
+
+#: Pause of a job at every (re)allocation in the Pollux artifact: stop, restart, restore from a checkpoint.
+ARTIFACT_RESTART_COST_S = 30.0
+
+#: Unmeasured co-location: both jobs keep half their speed (time slicing).
+DEFAULT_COLOCATION = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """The model cluster and its costs.
+
+    Attributes:
+        nodes: number of nodes.
+        gpus_per_node: GPUs per node.
+        interval: seconds between scheduling ticks.
+        resize_cost: seconds without progress when a running job grows or shrinks.
+        restart_cost: seconds without progress when a job starts, resumes after preemption or moves.
+        check: run ``check_decisions`` on every answer (a policy bug then stops the run with its message).
+        horizon: stop at this simulated time (jobs not done by then are reported as unfinished); ``None`` runs
+            until every job is done.
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval: float = 60.0
+    resize_cost: float = RUNTIME_RESIZE_COST_S
+    restart_cost: float = ARTIFACT_RESTART_COST_S
+    check: bool = True
+    horizon: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise SimError(
+                f"a cluster of {self.nodes} nodes x {self.gpus_per_node} GPUs is empty; use at least 1 of each"
+            )
+        if not self.interval > 0:
+            raise SimError(f"interval={self.interval} s must be positive (the artifact uses 60)")
+        if self.resize_cost < 0 or self.restart_cost < 0:
+            raise SimError(f"resize_cost={self.resize_cost} s and restart_cost={self.restart_cost} s must be 0 or more")
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the cluster."""
+        return self.nodes * self.gpus_per_node
+
+
+class WorkModel:
+    """How one job progresses: epoch boundaries and speed per placement.
+
+    The base class is a job that runs for a fixed time on its requested GPUs (Philly's duration jobs).
+
+    Attributes:
+        epoch_ends: cumulative progress at the end of each epoch; the last one means done.
+        job_type: label for co-location lookups.
+    """
+
+    def __init__(self, duration: float, requested: int) -> None:
+        """A duration job.
+
+        Args:
+            duration: seconds of work on the requested GPUs.
+            requested: the requested GPUs.
+        """
+        self.epoch_ends: list[float] = [max(duration, 0.0)]
+        self.job_type = ""
+        self._requested = requested
+
+    def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
+        """Progress per second on a placement during an epoch.
+
+        Args:
+            placement: workers per node.
+            epoch: the current epoch (0-based).
+            shared: the job shares its GPUs (it then runs with a halved sub-batch and gradient accumulation).
+
+        Returns:
+            The speed before any co-location slowdown.
+        """
+        return sum(placement) / self._requested
+
+    def speedups(self, low: int, high: int) -> dict[int, float]:
+        """Speed at each size ``low..high`` relative to the requested size (on the fewest nodes)."""
+        return {size: size / self._requested for size in range(low, high + 1)}
+
+    def remaining_seconds(self, epoch: int, progress: float) -> float:
+        """Seconds left at the requested size from ``progress`` in ``epoch`` (the oracle)."""
+        return max(self.epoch_ends[-1] - progress, 0.0)
+
+
+class TraceWorkModel(WorkModel):
+    """A job of one of Pollux's applications with a fixed global batch."""
+
+    def __init__(self, app: Application, batch_size: int, requested: int, gpus_per_node: int) -> None:
+        """Build the model and the oracle's table of remaining times.
+
+        Args:
+            app: the application.
+            batch_size: the job's global batch.
+            requested: the requested GPUs.
+            gpus_per_node: GPUs per node (for the compact placement of the oracle and the speedups).
+        """
+        self.epoch_ends = app.epoch_ends()
+        self.job_type = app.name
+        self._requested = requested
+        self._app = app
+        self._batch = batch_size
+        self._gpus_per_node = gpus_per_node
+        self._shared_local = max(1, app.max_local_batch // 2)
+        compact = self._compact(requested)
+        # Seconds to finish epochs 0..e-1 at the requested size, and the speed in each epoch.
+        self._req_rate = [app.rate(compact, batch_size, epoch) for epoch in range(len(self.epoch_ends))]
+        self._cum = [0.0]
+        previous = 0.0
+        for end, speed in zip(self.epoch_ends, self._req_rate, strict=True):
+            self._cum.append(self._cum[-1] + (end - previous) / speed)
+            previous = end
+        self._speedups: dict[tuple[int, int], dict[int, float]] = {}
+
+    def _compact(self, workers: int) -> tuple[int, ...]:
+        full, rest = divmod(workers, self._gpus_per_node)
+        return (self._gpus_per_node,) * full + ((rest,) if rest else ())
+
+    def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
+        """Progress per second (see :meth:`WorkModel.rate`)."""
+        return self._app.rate(placement, self._batch, epoch, self._shared_local if shared else None)
+
+    def speedups(self, low: int, high: int) -> dict[int, float]:
+        """Relative speeds per size, from the first epoch's step times (the gain barely depends on the size)."""
+        key = (low, high)
+        cached = self._speedups.get(key)
+        if cached is None:
+            base = self._req_rate[0]
+            cached = {size: self._app.rate(self._compact(size), self._batch, 0) / base for size in range(low, high + 1)}
+            self._speedups[key] = cached
+        return cached
+
+    def remaining_seconds(self, epoch: int, progress: float) -> float:
+        """Exact seconds left at the requested size (see :meth:`WorkModel.remaining_seconds`)."""
+        if epoch >= len(self.epoch_ends):
+            return 0.0
+        start = self.epoch_ends[epoch - 1] if epoch > 0 else 0.0
+        done_in_epoch = (progress - start) / self._req_rate[epoch]
+        return max(self._cum[-1] - self._cum[epoch] - done_in_epoch, 0.0)
+
+
+class _Job:
+    """The engine's mutable state of one job."""
+
+    __slots__ = (
+        "attained",
+        "completion",
+        "epoch",
+        "executed",
+        "first_start",
+        "host_of",
+        "info",
+        "model",
+        "pause_until",
+        "placement",
+        "preemptions",
+        "progress",
+        "rate",
+        "resizes",
+        "restarts",
+        "shared_with",
+        "spec",
+        "t",
+        "version",
+    )
+
+    def __init__(self, spec: JobSpec, model: WorkModel) -> None:
+        self.spec = spec
+        self.model = model
+        self.placement: dict[str, int] = {}
+        self.shared_with: str | None = None
+        self.host_of: str | None = None
+        self.progress = 0.0
+        self.epoch = 0
+        self.t = spec.submit_time
+        self.pause_until = 0.0
+        self.rate = 0.0
+        self.attained = 0.0
+        self.executed = 0.0
+        self.first_start: float | None = None
+        self.completion: float | None = None
+        self.resizes = 0
+        self.preemptions = 0
+        self.restarts = 0
+        self.version = 0
+        self.info: JobInfo | None = None
+
+    @property
+    def workers(self) -> int:
+        return sum(self.placement.values())
+
+
+ModelFactory = Callable[[JobSpec], WorkModel]
+
+
+def trace_models(applications: Mapping[str, Application], gpus_per_node: int) -> ModelFactory:
+    """A factory of work models for Pollux workloads and duration jobs.
+
+    Args:
+        applications: name -> application model.
+        gpus_per_node: GPUs per node of the simulated cluster.
+
+    Returns:
+        A function from a job to its work model.
+
+    Raises:
+        SimError: (from the returned function) a job names an unknown application.
+    """
+
+    def build(spec: JobSpec) -> WorkModel:
+        if spec.application is None:
+            return WorkModel(spec.duration, spec.requested_workers)
+        app = applications.get(spec.application)
+        if app is None:
+            raise SimError(
+                f"job {spec.name}: unknown application {spec.application!r}; known applications are "
+                f"{', '.join(sorted(applications))}"
+            )
+        return TraceWorkModel(app, spec.batch_size, spec.requested_workers, gpus_per_node)
+
+    return build
+
+
+class Simulator:
+    """One simulation run: a workload, a policy and a cluster."""
+
+    def __init__(
+        self,
+        jobs: Sequence[JobSpec],
+        policy: Policy,
+        config: SimConfig,
+        models: ModelFactory,
+        colocation: Mapping[tuple[str, str], float] | None = None,
+    ) -> None:
+        """Prepare a run.
+
+        Args:
+            jobs: the workload.
+            policy: the policy that decides.
+            config: the cluster and its costs.
+            models: builds each job's work model.
+            colocation: ``(type, partner type)`` -> fraction of speed kept while sharing (empty: unmeasured pairs
+                keep :data:`DEFAULT_COLOCATION`).
+
+        Raises:
+            SimError: a job needs more GPUs than the cluster has, or names an unknown application.
+        """
+        self.config = config
+        self.policy = policy
+        self.colocation = dict(colocation or {})
+        for spec in jobs:
+            if spec.min_workers > config.total_gpus:
+                raise SimError(
+                    f"job {spec.name} needs at least {spec.min_workers} GPUs but the cluster has "
+                    f"{config.total_gpus} ({config.nodes} nodes x {config.gpus_per_node}); use more --nodes"
+                )
+        self._jobs = {spec.name: _Job(spec, models(spec)) for spec in jobs}
+        if len(self._jobs) != len(jobs):
+            raise SimError("the workload has two jobs with the same name; names must be unique")
+        self._arrivals = sorted(self._jobs.values(), key=lambda job: (job.spec.submit_time, job.spec.name))
+        self._node_names = [f"node{i:03d}" for i in range(config.nodes)]
+        self._free = dict.fromkeys(self._node_names, config.gpus_per_node)
+        self._node_infos = {
+            name: NodeInfo(name, config.gpus_per_node, config.gpus_per_node) for name in self._node_names
+        }
+        self._nodes_tuple: tuple[NodeInfo, ...] | None = None
+        self._heap: list[tuple[float, int, str]] = []
+        self._used = 0
+        self._usage: list[tuple[float, int]] = []
+        self._decisions = 0
+
+    # -- progress -------------------------------------------------------------------------------------------
+
+    def _speed(self, job: _Job, epoch: int | None = None) -> float:
+        if not job.placement:
+            return 0.0
+        shared = job.shared_with is not None or job.host_of is not None
+        speed = job.model.rate(tuple(job.placement.values()), job.epoch if epoch is None else epoch, shared)
+        partner_id = job.shared_with or job.host_of
+        if partner_id is not None:
+            partner = self._jobs[partner_id]
+            speed *= self.colocation.get((job.model.job_type, partner.model.job_type), DEFAULT_COLOCATION)
+        return speed
+
+    def _advance(self, job: _Job, now: float) -> None:
+        """Move a running job's progress and service forward to ``now`` (never past its end)."""
+        if now <= job.t:
+            return
+        if job.placement:
+            span = now - job.t
+            job.executed += span
+            job.attained += span * job.workers
+            start = max(job.t, job.pause_until)
+            ends = job.model.epoch_ends
+            while start < now and job.epoch < len(ends):
+                need = ends[job.epoch] - job.progress
+                if job.rate * (now - start) < need:
+                    job.progress += job.rate * (now - start)
+                    break
+                start += need / job.rate if job.rate > 0 else math.inf
+                job.progress = ends[job.epoch]
+                job.epoch += 1
+                if job.epoch < len(ends):
+                    job.rate = self._speed(job)
+        job.t = now
+
+    def _predict(self, job: _Job) -> None:
+        """Push the job's finish time (at its current speeds) onto the heap, invalidating earlier entries."""
+        job.version += 1
+        if not job.placement or job.rate <= 0:
+            return
+        ends = job.model.epoch_ends
+        at = max(job.t, job.pause_until)
+        progress = job.progress
+        for epoch in range(job.epoch, len(ends)):
+            speed = job.rate if epoch == job.epoch else self._speed(job, epoch)
+            at += (ends[epoch] - progress) / speed
+            progress = ends[epoch]
+        heapq.heappush(self._heap, (at, job.version, job.spec.name))
+
+    def _record_usage(self, now: float) -> None:
+        if self._usage and self._usage[-1][0] == now:
+            self._usage[-1] = (now, self._used)
+        else:
+            self._usage.append((now, self._used))
+
+    def _set_free(self, name: str, delta: int) -> None:
+        self._free[name] += delta
+        self._used -= delta
+        self._node_infos[name] = NodeInfo(name, self.config.gpus_per_node, self._free[name])
+        self._nodes_tuple = None
+
+    # -- events ---------------------------------------------------------------------------------------------
+
+    def _finish_due(self, until: float, active: dict[str, _Job]) -> int:
+        """Complete every job whose finish time is at or before ``until``; returns how many finished."""
+        finished = 0
+        while self._heap and self._heap[0][0] <= until:
+            at, version, name = heapq.heappop(self._heap)
+            job = self._jobs[name]
+            if version != job.version or job.completion is not None:
+                continue
+            self._advance(job, at)
+            job.progress = job.model.epoch_ends[-1]
+            job.epoch = len(job.model.epoch_ends)
+            job.completion = at
+            self._release(job, at)
+            del active[name]
+            finished += 1
+        return finished
+
+    def _release(self, job: _Job, now: float) -> None:
+        """Give a finished or preempted job's GPUs back; a job sharing its GPUs keeps running on them alone."""
+        if job.shared_with is None:
+            kept: dict[str, int] = {}
+            if job.host_of is not None:
+                guest = self._jobs[job.host_of]
+                self._advance(guest, now)
+                guest.shared_with = None
+                job.host_of = None
+                guest.rate = self._speed(guest)
+                guest.info = None
+                self._predict(guest)
+                kept = guest.placement
+            for name, count in job.placement.items():
+                if count > kept.get(name, 0):
+                    self._set_free(name, count - kept.get(name, 0))
+        else:
+            host = self._jobs[job.shared_with]
+            self._advance(host, now)
+            host.host_of = None
+            host.rate = self._speed(host)
+            host.info = None
+            self._predict(host)
+            job.shared_with = None
+        job.placement = {}
+        job.rate = 0.0
+        job.info = None
+        self._record_usage(now)
+
+    def _apply(self, decision: Decision, now: float) -> None:
+        job = self._jobs[decision.job_id]
+        before = job.workers
+        if before > 0:
+            self._release(job, now)
+        if decision.workers == 0:
+            job.preemptions += 1
+            self._predict(job)
+            return
+        placement = dict(decision.placement)
+        if not placement:
+            found = place_most_free(self._free, decision.workers)
+            if found is None:
+                raise SimError(
+                    f"job {job.spec.name}: no room for {decision.workers} workers; the policy over-committed"
+                )
+            placement = found
+        job.placement = placement
+        if decision.share_with is not None:
+            host = self._jobs[decision.share_with]
+            self._advance(host, now)
+            job.shared_with = host.spec.name
+            host.host_of = job.spec.name
+            host.rate = self._speed(host)
+            host.info = None
+            self._predict(host)
+        else:
+            for name, count in placement.items():
+                self._set_free(name, -count)
+        if before == 0:
+            cost = self.config.restart_cost
+            if job.first_start is None:
+                job.first_start = now
+            else:
+                job.restarts += 1
+        elif decision.workers != before:
+            cost = self.config.resize_cost
+            job.resizes += 1
+        else:
+            cost = self.config.restart_cost
+            job.restarts += 1
+        job.pause_until = now + cost
+        job.rate = self._speed(job)
+        job.info = None
+        self._predict(job)
+        self._record_usage(now)
+
+    # -- snapshot -------------------------------------------------------------------------------------------
+
+    def _job_info(self, job: _Job) -> JobInfo:
+        if job.info is not None and not job.placement:
+            return job.info
+        spec = job.spec
+        info = JobInfo(
+            job_id=spec.name,
+            state=JobState.RUNNING if job.placement else JobState.PENDING,
+            submit_time=spec.submit_time,
+            requested_workers=spec.requested_workers,
+            min_workers=spec.min_workers,
+            max_workers=spec.max_workers,
+            workers=job.workers,
+            placement=job.placement,
+            throughput=job.model.speedups(spec.min_workers, spec.max_workers),
+            remaining_work=job.model.remaining_seconds(job.epoch, job.progress),
+            attained_service=job.attained,
+            executed_time=job.executed,
+            job_type=job.model.job_type,
+            shared_with=job.shared_with,
+        )
+        job.info = info
+        return info
+
+    def _snapshot(self, active: Mapping[str, _Job]) -> Snapshot:
+        if self._nodes_tuple is None:
+            self._nodes_tuple = tuple(self._node_infos.values())
+        jobs = tuple(self._job_info(job) for job in active.values())
+        return Snapshot(self._nodes_tuple, jobs, self.colocation)
+
+    # -- main loop ------------------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        """Run the simulation to the end (or the horizon).
+
+        Args:
+            progress: called now and then with the fraction of jobs done.
+
+        Returns:
+            The per-job records and the usage timeline.
+
+        Raises:
+            PolicyError: the policy broke an invariant (with ``config.check``).
+        """
+        started = time.perf_counter()
+        interval = self.config.interval
+        horizon = self.config.horizon if self.config.horizon is not None else math.inf
+        active: dict[str, _Job] = {}
+        next_arrival = 0
+        total = len(self._arrivals)
+        done = 0
+        now = 0.0
+        dirty = True
+        while done < total:
+            if next_arrival < total and not active:
+                first = self._arrivals[next_arrival].spec.submit_time
+                now = max(now, math.ceil(first / interval) * interval)
+            if now > horizon:
+                break
+            finished = self._finish_due(now, active)
+            done += finished
+            arrived = 0
+            while next_arrival < total and self._arrivals[next_arrival].spec.submit_time <= now:
+                job = self._arrivals[next_arrival]
+                active[job.spec.name] = job
+                next_arrival += 1
+                arrived += 1
+            dirty = dirty or finished > 0 or arrived > 0
+            if active and (dirty or not self.policy.decides_on_events_only):
+                for job in active.values():
+                    if job.placement:
+                        self._advance(job, now)
+                snapshot = self._snapshot(active)
+                decisions = self.policy.decide(snapshot, now)
+                self._decisions += 1
+                if self.config.check:
+                    check_decisions(snapshot, decisions)
+                for decision in sorted(decisions, key=self._apply_order):
+                    self._apply(decision, now)
+                dirty = bool(decisions)
+            if progress is not None and finished:
+                progress(done / total)
+            now = self._next_tick(now, next_arrival, dirty)
+        return self._result(time.perf_counter() - started)
+
+    def _apply_order(self, decision: Decision) -> int:
+        """Releases first (so that nodes never look over-full), then exclusive starts and growth, then sharers."""
+        if decision.workers < self._jobs[decision.job_id].workers:
+            return 0
+        return 1 if decision.share_with is None else 2
+
+    def _next_tick(self, now: float, next_arrival: int, dirty: bool) -> float:
+        interval = self.config.interval
+        following = now + interval
+        if dirty or not self.policy.decides_on_events_only:
+            return following
+        # Nothing can change before the next arrival or finish: jump to the tick at or after it.
+        soonest = math.inf
+        if next_arrival < len(self._arrivals):
+            soonest = self._arrivals[next_arrival].spec.submit_time
+        while self._heap:
+            at, version, name = self._heap[0]
+            if version == self._jobs[name].version and self._jobs[name].completion is None:
+                soonest = min(soonest, at)
+                break
+            heapq.heappop(self._heap)
+        if soonest == math.inf:
+            return following
+        return max(following, math.ceil(soonest / interval) * interval)
+
+    def _result(self, wall: float) -> SimResult:
+        records = [
+            JobRecord(
+                name=job.spec.name,
+                submit_time=job.spec.submit_time,
+                first_start=job.first_start,
+                completion=job.completion,
+                requested_workers=job.spec.requested_workers,
+                resizes=job.resizes,
+                preemptions=job.preemptions,
+                restarts=job.restarts,
+            )
+            for job in self._jobs.values()
+        ]
+        return SimResult(
+            policy=self.policy.name,
+            total_gpus=self.config.total_gpus,
+            jobs=records,
+            usage=list(self._usage),
+            decisions=self._decisions,
+            wall_s=wall,
+        )

@@ -7,13 +7,15 @@ and renders batch scripts. It decides nothing: the agent, the daemon and the lau
 from slurm_amoeba.slurm.client import CliSlurmClient, GpuCapacity, SlurmClient
 from slurm_amoeba.slurm.nodelist import compress_nodelist, expand_nodelist
 from slurm_amoeba.slurm.parsers import (
+    SlurmReportedError,
     parse_gpu_indices,
     parse_gres_count,
     parse_sbatch_reply,
     parse_sinfo_json,
     parse_squeue_json,
+    parse_step_lines,
 )
-from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord
+from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
 from slurm_amoeba.slurm.runner import CommandResult, SlurmCommandError, run_command
 from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args, render_batch_script
 
@@ -26,6 +28,8 @@ __all__ = [
     "NodeRecord",
     "SlurmClient",
     "SlurmCommandError",
+    "SlurmReportedError",
+    "StepRecord",
     "SubmitOptions",
     "compress_nodelist",
     "expand_nodelist",
@@ -35,6 +39,7 @@ __all__ = [
     "parse_sbatch_reply",
     "parse_sinfo_json",
     "parse_squeue_json",
+    "parse_step_lines",
     "render_batch_script",
     "run_command",
 ]

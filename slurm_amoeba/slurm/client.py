@@ -12,14 +12,24 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from slurm_amoeba.core.errors import ParseError, SpecError
-from slurm_amoeba.slurm.parsers import parse_sbatch_reply, parse_sinfo_json, parse_squeue_json
-from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord
+from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.slurm.parsers import (
+    STEP_FORMAT,
+    SlurmReportedError,
+    parse_sbatch_reply,
+    parse_sinfo_json,
+    parse_squeue_json,
+    parse_step_lines,
+)
+from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
 from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S, SlurmCommandError, run_command
 from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +74,19 @@ class SlurmClient(abc.ABC):
         """Jobs Slurm still remembers, filtered on the client side (squeue's JSON ignores its own filters)."""
 
     @abc.abstractmethod
+    def steps(self, job_id: int) -> list[StepRecord]:
+        """The running steps of a job (the batch step included)."""
+
+    @abc.abstractmethod
     def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
         """Nodes, optionally only those of one partition."""
 
     @abc.abstractmethod
     def accounting_state(self, job_id: int) -> JobState:
-        """The job's state from accounting (``sacct``); works after slurmctld has forgotten the job."""
+        """The job's state from accounting (``sacct``); works after slurmctld has forgotten the job.
+
+        UNKNOWN while accounting has no record of it (slurmdbd learns of jobs a moment after slurmctld).
+        """
 
     def job(self, job_id: int) -> JobRecord | None:
         """The job with this id, or None when Slurm no longer remembers it."""
@@ -108,6 +125,15 @@ class CliSlurmClient(SlurmClient):
 
     def _run(self, argv: Sequence[str], timeout: float | None = None) -> str:
         return run_command(argv, timeout=timeout or self._timeout, env=self._env).stdout
+
+    def _parse_json(self, argv: list[str], parse: Callable[[str], list[T]]) -> list[T]:
+        """Run a ``--json`` command and parse it; Slurm's own errors in the JSON become a command error."""
+        try:
+            return parse(self._run(argv))
+        except SlurmReportedError as exc:
+            raise SlurmCommandError(
+                argv, 0, str(exc), hint="slurmctld did not answer; is it up? `scontrol ping` tells"
+            ) from None
 
     def submit(
         self,
@@ -149,7 +175,7 @@ class CliSlurmClient(SlurmClient):
         states: Collection[JobState] | None = None,
     ) -> list[JobRecord]:
         """See :meth:`SlurmClient.jobs`."""
-        records = parse_squeue_json(self._run(["squeue", "--json"]))
+        records = self._parse_json(["squeue", "--json"], parse_squeue_json)
         ids = set(job_ids) if job_ids is not None else None
         wanted_states = set(states) if states is not None else None
         return [
@@ -161,17 +187,18 @@ class CliSlurmClient(SlurmClient):
             and (wanted_states is None or j.state in wanted_states)
         ]
 
+    def steps(self, job_id: int) -> list[StepRecord]:
+        """See :meth:`SlurmClient.steps`."""
+        out = self._run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", f"--format={STEP_FORMAT}"])
+        return [s for s in parse_step_lines(out) if s.job_id == job_id]
+
     def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
         """See :meth:`SlurmClient.nodes`."""
-        records = parse_sinfo_json(self._run(["sinfo", "--json"]))
+        records = self._parse_json(["sinfo", "--json"], parse_sinfo_json)
         return [n for n in records if partition is None or partition in n.partitions]
 
     def accounting_state(self, job_id: int) -> JobState:
-        """See :meth:`SlurmClient.accounting_state`.
-
-        Raises:
-            ParseError: sacct knows no such job.
-        """
+        """See :meth:`SlurmClient.accounting_state`; UNKNOWN while accounting has no record of the job yet."""
         out = self._run(
             [
                 "sacct",
@@ -186,7 +213,7 @@ class CliSlurmClient(SlurmClient):
             job, _, state = line.partition("|")
             if job.split("+", 1)[0] == str(job_id):
                 return JobState.parse(state)
-        raise ParseError(f"accounting knows no job {job_id}", source="sacct", text=out)
+        return JobState.UNKNOWN
 
     def ping(self) -> bool:
         """Whether slurmctld answers (``scontrol ping``); False instead of an error when it does not."""

@@ -118,10 +118,17 @@ def compress_nodelist(hosts: Iterable[str]) -> str:
     Returns:
         e.g. ``"n[1-3,5]"``.
     """
+    names = list(hosts)
+    # Zero-padded numbers fix their group's width; an unpadded number of that many digits joins it (gpu08-gpu10).
+    padded: set[tuple[str, int]] = set()
+    for host in names:
+        match = _TRAILING_NUMBER.match(host)
+        if match is not None and match.group(2).startswith("0") and len(match.group(2)) > 1:
+            padded.add((match.group(1), len(match.group(2))))
     groups: dict[tuple[str, int], set[int]] = {}
     plain: list[str] = []
     order: list[tuple[str, int] | str] = []
-    for host in hosts:
+    for host in names:
         match = _TRAILING_NUMBER.match(host)
         if match is None:
             if host not in plain:
@@ -129,7 +136,7 @@ def compress_nodelist(hosts: Iterable[str]) -> str:
                 order.append(host)
             continue
         prefix, digits = match.group(1), match.group(2)
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        width = len(digits) if (prefix, len(digits)) in padded else 0
         key = (prefix, width)
         if key not in groups:
             groups[key] = set()

@@ -14,11 +14,26 @@ from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.slurm.nodelist import expand_nodelist
-from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord
+from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
 
-_GRES_ITEM = re.compile(r"^gpu(?::(?P<type>[^:(]*))?:(?P<count>[0-9]+)(?:\((?P<detail>[^)]*)\))?$")
+_GRES_ITEM = re.compile(r"^gpu(?::(?P<type>\(null\)|[^:(]*))?:(?P<count>[0-9]+)(?:\((?P<detail>[^)]*)\))?$")
 _DIGITS = re.compile(r"[0-9]+")
 _IDX = re.compile(r"IDX:(?P<idx>[0-9,\-]*|N/A)")
+
+
+class SlurmReportedError(ParseError):
+    """The command's JSON carries Slurm's own errors (e.g. slurmctld unreachable) instead of data.
+
+    Attributes:
+        errors: Slurm's error entries, as reported.
+    """
+
+    def __init__(self, errors: list[Any], *, source: str) -> None:
+        self.errors = errors
+        described = "; ".join(
+            str(e.get("description") or e.get("error") or e) if isinstance(e, dict) else str(e) for e in errors
+        )
+        super().__init__(f"Slurm reported errors instead of data: {described}", source=source)
 
 
 def _load_document(text: str, source: str) -> Mapping[str, Any]:
@@ -30,7 +45,7 @@ def _load_document(text: str, source: str) -> Mapping[str, Any]:
         raise ParseError(f"expected a JSON object, got {type(doc).__name__}", source=source, text=text)
     errors = doc.get("errors")
     if isinstance(errors, list) and errors:
-        raise ParseError(f"Slurm reported errors: {errors!r}", source=source, text=text)
+        raise SlurmReportedError(errors, source=source)
     return doc
 
 
@@ -226,3 +241,28 @@ def parse_sbatch_reply(text: str) -> int:
     if not _DIGITS.fullmatch(head):
         raise ParseError("could not make sense of sbatch's reply: no job id", source="sbatch --parsable", text=text)
     return int(head)
+
+
+STEP_FORMAT = "%i|%N|%j"
+"""The ``squeue --steps --noheader --format`` that :func:`parse_step_lines` reads (the name last: it may hold ``|``)."""
+
+
+def parse_step_lines(text: str) -> list[StepRecord]:
+    """Parse ``squeue --steps --noheader --format='%i|%N|%j'`` into step records.
+
+    Raises:
+        ParseError: a line that is not ``JOB.STEP|NODES|NAME``.
+    """
+    steps: list[StepRecord] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("|", 2)
+        if len(parts) != 3:
+            raise ParseError(f"line {number} is not JOB.STEP|NODES|NAME", source="squeue --steps", text=line)
+        job, _, step = parts[0].strip().partition(".")
+        job = job.split("+", 1)[0]
+        if not _DIGITS.fullmatch(job) or not step:
+            raise ParseError(f"line {number}: {parts[0]!r} is not JOB.STEP", source="squeue --steps", text=line)
+        steps.append(StepRecord(job_id=int(job), step=step, name=parts[2], nodes=tuple(expand_nodelist(parts[1]))))
+    return steps

@@ -163,3 +163,25 @@ class NodeRecord:
             "REBOOT_REQUESTED",
         }
         return self.state not in bad_states and not bad_flags.intersection(self.state_flags)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One running step of a job (``squeue --steps``).
+
+    Attributes:
+        job_id: the job the step belongs to.
+        step: the step id: a number as text (``"0"``), or ``"batch"``/``"extern"``.
+        name: the step's name (``srun -J``).
+        nodes: the nodes it runs on.
+    """
+
+    job_id: int
+    step: str
+    name: str
+    nodes: tuple[str, ...]
+
+    @property
+    def number(self) -> int | None:
+        """The step's number, or None for the batch and extern steps."""
+        return int(self.step) if self.step.isascii() and self.step.isdigit() else None

@@ -1,0 +1,190 @@
+"""Parsers of squeue/sinfo JSON, GRES strings and sbatch replies, on output recorded from the test cluster.
+
+The recordings in ``tests/data/slurm`` come from ``scripts/slurm-cluster`` (Slurm 22.05.8): ``squeue-mixed.json``
+holds a satellite-like job in the elastic partition holding 2 GPUs, a running heterogeneous job of two components
+and a held job; ``squeue-finished.json`` the same jobs after ``scancel``; ``sinfo-*.json`` the 4 nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.slurm import (
+    JobState,
+    parse_gpu_indices,
+    parse_gres_count,
+    parse_sbatch_reply,
+    parse_sinfo_json,
+    parse_squeue_json,
+    parse_step_lines,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "slurm"
+
+
+def recorded(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def test_squeue_json_gives_jobs_with_states_nodes_and_gpu_indices() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(recorded("squeue-mixed.json"))}
+    assert set(jobs) == {1, 2, 3, 4}
+    sat = jobs[1]
+    assert (sat.name, sat.comment, sat.partition) == ("amoeba-sat", "amoeba-parent=123", "elastic")
+    assert sat.state is JobState.RUNNING and sat.nodes == ("n3",)
+    assert sat.gpus_per_node == 2 and sat.gpu_indices == ((0, 1),) and sat.gpus_held == 2
+    assert jobs[2].gpu_indices == ((2,),)
+    held = jobs[4]
+    assert held.state is JobState.PENDING and held.state_reason == "JobHeldUser" and held.nodes == ()
+
+
+def test_squeue_json_gives_heterogeneous_components_their_leader_and_offset() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(recorded("squeue-mixed.json"))}
+    assert (jobs[2].het_job_id, jobs[2].het_job_offset) == (2, 0)
+    assert (jobs[3].het_job_id, jobs[3].het_job_offset) == (2, 1)
+    assert jobs[3].gpus_per_node == 0 and jobs[3].nodes == ("n4",)
+    assert not jobs[1].is_het_component
+
+
+def test_squeue_json_reports_remembered_finished_jobs() -> None:
+    jobs = parse_squeue_json(recorded("squeue-finished.json"))
+    assert {j.state for j in jobs} == {JobState.CANCELLED}
+    assert all(j.state.is_final() and not j.state.is_active() for j in jobs)
+
+
+def test_sinfo_json_gives_gpus_total_used_and_free_per_node() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json(recorded("sinfo-mixed.json"))}
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    assert nodes["n1"].address == "10.77.0.11"
+    assert nodes["n3"].gpus_total == 4 and nodes["n3"].gpus_used == 3 and nodes["n3"].gpus_free == 1
+    assert nodes["n1"].partitions == ("batch", "elastic")
+    idle = parse_sinfo_json(recorded("sinfo-idle.json"))
+    assert sum(n.gpus_free for n in idle) == 16
+
+
+def test_a_drained_node_offers_no_free_gpus() -> None:
+    doc = json.loads(recorded("sinfo-idle.json"))
+    doc["nodes"][0]["state_flags"] = ["DRAIN"]
+    nodes = parse_sinfo_json(json.dumps(doc))
+    assert nodes[0].gpus_free == 0 and nodes[1].gpus_free == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("gpu:4", 4),
+        ("gpu:a100:2(S:0-1)", 2),
+        ("gpu:(null):3(IDX:0-2)", 3),
+        ("gpu:1,shard:8", 1),
+        ("", 0),
+        ("(null)", 0),
+        ("gpu:a100:2,gpu:v100:1", 3),
+    ],
+)
+def test_gres_counts(text: str, count: int) -> None:
+    assert parse_gres_count(text) == count
+
+
+def test_gpu_indices_are_node_wide() -> None:
+    assert parse_gpu_indices("gpu:2(IDX:2-3)") == (2, 3)
+    assert parse_gpu_indices("gpu:a100:3(IDX:0,2-3)") == (0, 2, 3)
+    assert parse_gpu_indices("gpu:0(IDX:N/A)") == ()
+
+
+def test_step_lines_give_job_step_nodes_and_name() -> None:
+    steps = parse_step_lines("18.0|n1|stepA\n18.1|n[1-2]|name|with|bars\n18.batch|n1|batch\n")
+    assert [(s.job_id, s.step, s.number, s.nodes, s.name) for s in steps] == [
+        (18, "0", 0, ("n1",), "stepA"),
+        (18, "1", 1, ("n1", "n2"), "name|with|bars"),
+        (18, "batch", None, ("n1",), "batch"),
+    ]
+    with pytest.raises(ParseError, match="line 1"):
+        parse_step_lines("garbage")
+
+
+def test_sbatch_replies() -> None:
+    assert parse_sbatch_reply("123\n") == 123
+    assert parse_sbatch_reply("77;amoeba\n") == 77
+    with pytest.raises(ParseError, match="no job id.*Submitted batch job"):
+        parse_sbatch_reply("Submitted batch job 12\nsomething odd")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "not json",
+        "[]",
+        '{"jobs": 3}',
+        '{"jobs": [3]}',
+        '{"jobs": [{"job_id": "x"}]}',
+        '{"errors": [{"error": "boom"}], "jobs": []}',
+        '{"jobs": [{"job_id": 1, "job_state": "RUNNING", "user_id": 0, "nodes": "n[1-"}]}',
+    ],
+)
+def test_malformed_squeue_output_raises_parse_error_naming_the_source(text: str) -> None:
+    with pytest.raises(ParseError, match="squeue --json|hostlist"):
+        parse_squeue_json(text)
+
+
+def _mangle(value: Any, draw: st.DrawFn) -> Any:
+    """Replace, drop or retype parts of a recorded document, recursively."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            action = draw(st.integers(0, 9))
+            if action == 0:
+                continue
+            out[key] = (
+                draw(st.sampled_from([None, 1, "x", [], {}, -5, "n[", True])) if action == 1 else _mangle(item, draw)
+            )
+        return out
+    if isinstance(value, list):
+        return [_mangle(v, draw) for v in value[: draw(st.integers(0, len(value)))]]
+    return value
+
+
+@st.composite
+def mangled_documents(draw: st.DrawFn, name: str) -> str:
+    return json.dumps(_mangle(json.loads(recorded(name)), draw))
+
+
+@settings(max_examples=150, deadline=None)
+@given(mangled_documents("squeue-mixed.json"))
+def test_mangled_squeue_json_raises_only_parse_error(text: str) -> None:
+    try:
+        parse_squeue_json(text)
+    except ParseError:
+        pass
+
+
+@settings(max_examples=150, deadline=None)
+@given(mangled_documents("sinfo-mixed.json"))
+def test_mangled_sinfo_json_raises_only_parse_error(text: str) -> None:
+    try:
+        parse_sinfo_json(text)
+    except ParseError:
+        pass
+
+
+@given(st.text(max_size=200))
+def test_arbitrary_text_raises_only_parse_error(text: str) -> None:
+    for parse in (
+        parse_squeue_json,
+        parse_sinfo_json,
+        parse_sbatch_reply,
+        parse_gres_count,
+        parse_gpu_indices,
+        parse_step_lines,
+    ):
+        try:
+            parse(text)
+        except ParseError:
+            pass

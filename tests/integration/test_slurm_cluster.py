@@ -144,7 +144,13 @@ def test_a_regular_job_preempts_an_elastic_job_within_its_grace_time(
     elastic = script(tmp_path, "elastic.sh", f'srun --ntasks-per-node=1 bash -c "{step}"\n')
     elastic_id = client.submit(
         elastic,
-        SubmitOptions(partition=slurm_cluster.elastic_partition, nodes=4, gpus_per_node=4, name="elastic-extra"),
+        SubmitOptions(
+            partition=slurm_cluster.elastic_partition,
+            nodes=4,
+            gpus_per_node=4,
+            name="elastic-extra",
+            output=str(tmp_path / "elastic.out"),
+        ),
     )
     wait_until("the elastic job to hold every GPU", lambda: sum(c.free for c in client.gpus_per_node()) == 0)
     started = time.time()

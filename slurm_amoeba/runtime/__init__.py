@@ -1,0 +1,72 @@
+"""The elastic runtime: what runs inside each training process (DESIGN.md, layer ``runtime/``).
+
+A DDP training script changes a few lines::
+
+    from slurm_amoeba import runtime as amoeba
+
+    amoeba.init()                                   # join the job (reads the AMOEBA_* environment)
+    model, optimizer = Net(), torch.optim.SGD(...)  # warm-up happens here, while the job keeps training
+    sampler = amoeba.ElasticSampler(len(dataset), global_batch=256, seed=0)
+    loader = amoeba.ElasticDataLoader(dataset, sampler, num_workers=2, persistent_workers=True)
+    state = amoeba.TorchState(model, optimizer, sampler)
+
+    def train(state):
+        while state.epoch < 10:
+            for step in loader:
+                for (x, y), weight in step:
+                    (loss_fn(model(x), y) * weight).backward()
+                state.step()                        # collective: all-reduce + optimizer step
+                if state.step_index % 50 == 0:
+                    state.commit()                  # collective: in-memory commit
+
+    amoeba.run(train, state)
+
+The coordinator side (:class:`Coordinator`) hosts the store and decides generations; local mode
+(:mod:`slurm_amoeba.local`) and the Slurm agent both drive it. See ``docs/runtime.md``.
+"""
+
+from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
+from slurm_amoeba.runtime.errors import (
+    BatchPlanError,
+    JobLostError,
+    MembershipChanged,
+    RuntimeConfigError,
+    RuntimeTimeout,
+    StateError,
+    WorkerFailure,
+)
+from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
+from slurm_amoeba.runtime.sampler import ElasticDataLoader, ElasticSampler, Progress, Step, StepAssignment
+from slurm_amoeba.runtime.state import TorchState
+from slurm_amoeba.runtime.worker import RunResult, RunStatus, WorkerRuntime, get_runtime, init, run
+
+__all__ = [
+    "BatchPlanError",
+    "Coordinator",
+    "CoordinatorConfig",
+    "CoordinatorView",
+    "ElasticDataLoader",
+    "ElasticSampler",
+    "GlobalBatchPlanner",
+    "JobLostError",
+    "MembershipChanged",
+    "Phase",
+    "Progress",
+    "RunResult",
+    "RunStatus",
+    "RuntimeConfigError",
+    "RuntimeTimeout",
+    "StateError",
+    "Step",
+    "StepAssignment",
+    "StepPlan",
+    "ThroughputStats",
+    "TorchState",
+    "WorkerFailure",
+    "WorkerRuntime",
+    "WorkerStatus",
+    "get_runtime",
+    "init",
+    "run",
+]

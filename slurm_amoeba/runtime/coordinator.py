@@ -1,0 +1,497 @@
+"""The coordinator: hosts a job's TCPStore and runs its membership, for local mode and the Slurm agent alike.
+
+One :class:`Coordinator` per job, in a process that never leaves (the job's agent on Slurm, DESIGN.md flow 1; the
+``amoeba-local`` process in local mode). It hosts the torch ``TCPStore`` that workers reach over TCP, reads their
+events and heartbeats, feeds them to the pure :class:`~slurm_amoeba.runtime.membership.Membership`, writes the
+resulting assignments back, and keeps the history of generations and the measured throughput per world size.
+
+The launcher side needs only this::
+
+    coordinator = Coordinator(CoordinatorConfig(job_id="job42", initial_workers=2, max_workers=8,
+                                                advertise_addr="node07"))
+    coordinator.start()
+    env = {**os.environ, **coordinator.worker_env(coordinator.new_worker_id())}
+    subprocess.Popen([sys.executable, "train.py"], env=env)   # or an srun step with these variables
+    ...
+    coordinator.request_leave("w3")      # graceful: leaves at the next step boundary
+    coordinator.mark_dead("w5", "step ended with signal 9")   # launcher saw the process die
+    coordinator.view()                   # generation, members, workers, history, throughput
+
+It never talks to Slurm (DESIGN.md, layer ``runtime/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch._C._distributed_c10d import TCPStore
+
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
+from slurm_amoeba.runtime.membership import (
+    GenerationRecord,
+    Membership,
+    MembershipConfig,
+    Phase,
+    SendAssignment,
+    SetWant,
+    WorkerInfo,
+    WorkerStatus,
+)
+from slurm_amoeba.runtime.protocol import (
+    EVENTS_KEY,
+    JOB_KEY,
+    PROGRESS_KEY,
+    WANT_KEY,
+    GenerationPlan,
+    WorkerEvent,
+    assignment_key,
+    heartbeat_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of one job's coordinator.
+
+    Attributes:
+        job_id: the job's name (letters, digits, ``-``, ``_``, ``.``).
+        initial_workers: ready workers needed before the first generation starts.
+        max_workers: the most members a generation may have.
+        advertise_addr: the address workers use to reach the store (a host name or IP reachable from every
+            worker's node); ``127.0.0.1`` is only right when all workers run on this host.
+        port: TCP port of the store; 0 picks a free one.
+        report_timeout_s: after a generation's first end report, how long to wait for the other members.
+        heartbeat_timeout_s: a worker silent for longer is declared dead.
+        collective_timeout_s: passed to workers: deadline of one collective.
+        join_timeout_s: passed to workers: how long a warm joiner waits for admission.
+        heartbeat_s: passed to workers: heartbeat interval.
+        poll_s: passed to workers: how often they look for a pending change.
+        loop_interval_s: the coordinator's own polling interval.
+    """
+
+    job_id: str
+    initial_workers: int = 1
+    max_workers: int = 64
+    advertise_addr: str = "127.0.0.1"
+    port: int = 0
+    report_timeout_s: float = 10.0
+    heartbeat_timeout_s: float = 10.0
+    collective_timeout_s: float = 30.0
+    join_timeout_s: float = 3600.0
+    heartbeat_s: float = 0.5
+    poll_s: float = 0.05
+    loop_interval_s: float = 0.005
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputStats:
+    """Measured training speed at one world size, from rank 0's progress reports.
+
+    Attributes:
+        world_size: number of workers.
+        samples_per_s: the latest reported samples per second.
+        step_time_s: the latest reported mean step time.
+        reports: how many progress reports were seen at this size.
+    """
+
+    world_size: int
+    samples_per_s: float
+    step_time_s: float
+    reports: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerView:
+    """A read-only copy of what the coordinator knows about a worker."""
+
+    worker_id: str
+    status: WorkerStatus
+    pid: int
+    host: str
+    heartbeat_age_s: float
+    leave_requested: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorView:
+    """A consistent read-only snapshot of the coordinator's state.
+
+    Attributes:
+        phase: the job's phase.
+        generation: the current generation number (0 before the first).
+        plan: the current generation's plan.
+        workers: every worker ever seen, by id.
+        history: formed generations in order.
+        throughput: measured speed per world size.
+        progress: rank 0's latest progress report (JSON object), if any.
+        lost_reason: why the job was lost, if it was.
+    """
+
+    phase: Phase
+    generation: int
+    plan: GenerationPlan | None
+    workers: dict[str, WorkerView]
+    history: tuple[GenerationRecord, ...]
+    throughput: dict[int, ThroughputStats]
+    progress: dict[str, Any]
+    lost_reason: str
+
+    @property
+    def world_size(self) -> int:
+        """Members in the current generation (0 before the first)."""
+        return 0 if self.plan is None else self.plan.world_size
+
+    def ready_workers(self) -> list[str]:
+        """Warm workers waiting for admission."""
+        return [w for w, v in self.workers.items() if v.status is WorkerStatus.READY]
+
+
+class Coordinator:
+    """Hosts a job's store and membership (see the module docstring).
+
+    Args:
+        config: the settings.
+    """
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        # Validates the job id and the worker settings early, with the contract's own messages.
+        self._env_template = WorkerEnv(
+            job_id=config.job_id,
+            worker_id="w0",
+            store_addr=config.advertise_addr,
+            store_port=config.port or 1,
+            collective_timeout_s=config.collective_timeout_s,
+            join_timeout_s=config.join_timeout_s,
+            heartbeat_s=config.heartbeat_s,
+            poll_s=config.poll_s,
+        )
+        self.membership = Membership(
+            MembershipConfig(
+                initial_workers=config.initial_workers,
+                max_workers=config.max_workers,
+                report_timeout_s=config.report_timeout_s,
+                heartbeat_timeout_s=config.heartbeat_timeout_s,
+            )
+        )
+        self._lock = threading.Condition()
+        self._store: TCPStore | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+        self._heartbeats: dict[str, bytes] = {}
+        self._progress: dict[str, Any] = {}
+        self._progress_raw = b""
+        self._throughput: dict[int, ThroughputStats] = {}
+        self._loop_error: BaseException | None = None
+        self._prefix = f"[{config.job_id}/coordinator]"
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Host the store and start the membership thread.
+
+        Raises:
+            RuntimeConfigError: the coordinator was already started, or the port cannot be bound.
+        """
+        if self._store is not None:
+            raise RuntimeConfigError(f"the coordinator of job {self.config.job_id!r} is already started")
+        try:
+            store = TCPStore(
+                "0.0.0.0",  # noqa: S104 - workers on other nodes must reach it
+                self.config.port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=30),
+                use_libuv=True,
+            )
+        except (RuntimeError, OSError) as exc:
+            raise RuntimeConfigError(
+                f"cannot host the store of job {self.config.job_id!r} on port {self.config.port}: {exc}; "
+                "choose a free port or 0"
+            ) from None
+        store.set(JOB_KEY, json.dumps({"job_id": self.config.job_id}))
+        store.set(WANT_KEY, "0")
+        self._store = store
+        self._thread = threading.Thread(target=self._loop, name=f"amoeba-coordinator-{self.config.job_id}")
+        self._thread.daemon = True
+        self._thread.start()
+        log.info("%s store on port %s, workers reach it at %s", self._prefix, self.port, self.config.advertise_addr)
+
+    def close(self) -> None:
+        """Stop the membership thread and the store (workers still connected lose it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._thread = None
+        self._store = None
+
+    def __enter__(self) -> Coordinator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        """The store's TCP port.
+
+        Raises:
+            RuntimeConfigError: the coordinator is not started.
+        """
+        if self._store is None:
+            raise RuntimeConfigError("the coordinator is not started; call start() first")
+        return int(self._store.port)
+
+    # ----------------------------------------------------------------------------------------------- launcher API
+
+    def new_worker_id(self) -> str:
+        """A fresh worker id, unique within this coordinator (``w0``, ``w1``, ...)."""
+        with self._lock:
+            while True:
+                candidate = f"w{next(self._ids)}"
+                if candidate not in self.membership.workers:
+                    return candidate
+
+    def worker_env(self, worker_id: str) -> dict[str, str]:
+        """The environment contract for a worker to launch (see :mod:`slurm_amoeba.core.runtime_env`).
+
+        Args:
+            worker_id: the worker's id (e.g. from :meth:`new_worker_id`).
+
+        Returns:
+            Variables to add to the worker's environment.
+
+        Raises:
+            SpecError: the worker id is malformed.
+            RuntimeConfigError: the coordinator is not started.
+        """
+        env = dataclasses.replace(self._env_template, worker_id=worker_id, store_port=self.port)
+        return env.to_environ()
+
+    def request_leave(self, worker_id: str) -> None:
+        """Ask a worker to leave gracefully at the next step boundary.
+
+        Args:
+            worker_id: the worker.
+
+        Raises:
+            RuntimeConfigError: the worker is not live, or it is the last member (the state would be lost).
+        """
+        with self._lock:
+            plan = self.membership.plan
+            live = self.membership.live_members()
+            leaving = [w for w in live if self.membership.workers[w].leave_requested]
+            if plan is not None and worker_id in live and len(live) - len(leaving) <= 1:
+                raise RuntimeConfigError(
+                    f"worker {worker_id!r} is the last member of job {self.config.job_id!r}: it cannot leave "
+                    "gracefully without losing the training state; add a worker first or stop the job"
+                )
+            try:
+                self.membership.request_leave(worker_id)
+            except KeyError as exc:
+                raise RuntimeConfigError(str(exc.args[0])) from None
+            self._lock.notify_all()
+        log.info("%s leave requested for %s", self._prefix, worker_id)
+
+    def mark_dead(self, worker_id: str, reason: str) -> None:
+        """Tell the coordinator that a worker's process is gone (so survivors need not wait for its heartbeat).
+
+        Args:
+            worker_id: the worker.
+            reason: e.g. ``"exited with signal 9"``.
+        """
+        with self._lock:
+            self.membership.mark_dead(worker_id, reason)
+            self._lock.notify_all()
+
+    def view(self) -> CoordinatorView:
+        """A consistent snapshot of the job's state.
+
+        Raises:
+            RuntimeConfigError: the membership thread crashed (the message carries its error).
+        """
+        with self._lock:
+            return self._view_locked()
+
+    def _view_locked(self) -> CoordinatorView:
+        if self._loop_error is not None:
+            raise RuntimeConfigError(f"the coordinator's thread crashed: {self._loop_error!r}")
+        now = time.monotonic()
+        m = self.membership
+        return CoordinatorView(
+            phase=m.phase,
+            generation=m.generation,
+            plan=m.plan,
+            workers={w: _worker_view(i, now) for w, i in m.workers.items()},
+            history=tuple(m.history),
+            throughput=dict(self._throughput),
+            progress=dict(self._progress),
+            lost_reason=m.lost_reason,
+        )
+
+    def wait_until(self, predicate: Callable[[CoordinatorView], bool], timeout_s: float, what: str) -> CoordinatorView:
+        """Block until ``predicate(view)`` holds.
+
+        Args:
+            predicate: the condition on a snapshot.
+            timeout_s: the deadline.
+            what: a description for the timeout message, e.g. ``"a generation of 3 workers"``.
+
+        Returns:
+            The first snapshot that satisfied the predicate.
+
+        Raises:
+            RuntimeTimeout: the deadline passed; the message names ``what`` and the last state seen.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                view = self._view_locked()
+                if predicate(view):
+                    return view
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    statuses = {w: v.status.value for w, v in view.workers.items()}
+                    raise RuntimeTimeout(
+                        f"job {self.config.job_id!r}: waited {timeout_s:.0f} s for {what}; the job is "
+                        f"{view.phase.value} in generation {view.generation} with members "
+                        f"{list(view.plan.members) if view.plan else []}, workers {statuses}"
+                    )
+                self._lock.wait(timeout=min(left, 0.1))
+
+    # ----------------------------------------------------------------------------------------------- the loop
+
+    def _loop(self) -> None:
+        try:
+            next_slow = 0.0
+            while not self._stop.is_set():
+                now = time.monotonic()
+                self._read_events(now)
+                if now >= next_slow:
+                    self._read_heartbeats(now)
+                    self._read_progress()
+                    next_slow = now + 0.1
+                with self._lock:
+                    actions = self.membership.decide(now)
+                    self._lock.notify_all()
+                self._apply(actions)
+                self._stop.wait(self.config.loop_interval_s)
+        except BaseException as exc:
+            log.exception("%s membership thread crashed", self._prefix)
+            with self._lock:
+                self._loop_error = exc
+                self._lock.notify_all()
+
+    @property
+    def _client(self) -> TCPStore:
+        assert self._store is not None
+        return self._store
+
+    def _read_events(self, now: float) -> None:
+        store = self._client
+        count = int(store.queue_len(EVENTS_KEY))
+        for _ in range(count):
+            raw = store.queue_pop(EVENTS_KEY, block=False)
+            try:
+                event = WorkerEvent.from_json(raw)
+            except ParseError as exc:
+                log.warning("%s ignored a malformed event: %s", self._prefix, exc)
+                continue
+            log.debug("%s event %s", self._prefix, event)
+            if event.kind.value in ("error", "left"):
+                log.info("%s worker %s %s: %s", self._prefix, event.worker, event.kind.value, event.message)
+            with self._lock:
+                self.membership.handle(event, now)
+
+    def _read_heartbeats(self, now: float) -> None:
+        with self._lock:
+            live = [w for w, i in self.membership.workers.items() if not i.status.is_gone()]
+        if not live:
+            return
+        store = self._client
+        keys = [heartbeat_key(w) for w in live]
+        present = [k for k in keys if store.check([k])]
+        if not present:
+            return
+        values = store.multi_get(present)
+        with self._lock:
+            for key, value in zip(present, values, strict=True):
+                worker = key.rsplit("/", 1)[1]
+                if self._heartbeats.get(worker) != value:
+                    self._heartbeats[worker] = value
+                    self.membership.heartbeat(worker, now)
+
+    def _read_progress(self) -> None:
+        store = self._client
+        if not store.check([PROGRESS_KEY]):
+            return
+        raw = store.get(PROGRESS_KEY)
+        if raw == self._progress_raw:
+            return
+        self._progress_raw = raw
+        try:
+            progress = json.loads(raw)
+            size = int(progress["world_size"])
+            rate = float(progress["samples_per_s"])
+            step_time = float(progress["step_time_s"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s ignored a malformed progress report: %s", self._prefix, exc)
+            return
+        with self._lock:
+            self._progress = progress
+            old = self._throughput.get(size)
+            self._throughput[size] = ThroughputStats(
+                world_size=size,
+                samples_per_s=rate,
+                step_time_s=step_time,
+                reports=1 if old is None else old.reports + 1,
+            )
+
+    def _apply(self, actions: list[SetWant | SendAssignment]) -> None:
+        store = self._client
+        for action in actions:
+            if isinstance(action, SetWant):
+                log.info("%s asking generation %s to end at its next step boundary", self._prefix, action.generation)
+                store.set(WANT_KEY, str(action.generation))
+            else:
+                assignment = action.assignment
+                if assignment.plan is not None and assignment.plan.source == action.worker:
+                    plan = assignment.plan
+                    log.info(
+                        "%s generation %s: %s members %s (joiners %s, rollback %s, start step %s)",
+                        self._prefix,
+                        plan.generation,
+                        plan.reason,
+                        list(plan.members),
+                        list(plan.joiners),
+                        plan.rollback,
+                        plan.start_step,
+                    )
+                store.set(assignment_key(action.worker, action.seq), assignment.to_json())
+
+
+def _worker_view(info: WorkerInfo, now: float) -> WorkerView:
+    return WorkerView(
+        worker_id=info.worker_id,
+        status=info.status,
+        pid=info.pid,
+        host=info.host,
+        heartbeat_age_s=now - info.last_heartbeat,
+        leave_requested=info.leave_requested,
+        reason=info.reason,
+    )

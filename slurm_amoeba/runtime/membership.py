@@ -1,0 +1,447 @@
+"""The coordinator's membership logic as a pure state machine: events in, assignments out.
+
+:class:`Membership` holds what the coordinator knows about every worker of one job and decides generations. It
+does no I/O and reads no clock: the :class:`~slurm_amoeba.runtime.coordinator.Coordinator` feeds it worker events
+and the time, and applies the :class:`Action`\\ s it returns (write an assignment, ask the current generation to
+end). Tests drive it as a plain object.
+
+A generation's life: ``RUNNING`` until the first worker reports its end (a switch at a step boundary, a graceful
+leave, or a failed collective), then ``ENDING`` until every member has reported, is known dead, or the report
+deadline passed; then the next generation is formed from the members that stay (in their old order, so rank 0
+keeps its rank) plus warm joiners, sized to what the job's global batch accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from slurm_amoeba.runtime.protocol import (
+    AssignAction,
+    Assignment,
+    EventKind,
+    GenerationPlan,
+    WorkerEvent,
+)
+
+
+class WorkerStatus(str, enum.Enum):
+    """A worker's lifecycle as the coordinator sees it.
+
+    Transitions: ``registered -> ready -> member -> reported -> member`` (next generation) ... and from any state to
+    ``left``, ``done``, ``dead`` or ``failed``. A ``reported`` worker put on standby becomes ``ready`` again.
+    """
+
+    REGISTERED = "registered"
+    READY = "ready"
+    MEMBER = "member"
+    REPORTED = "reported"
+    LEFT = "left"
+    DONE = "done"
+    DEAD = "dead"
+    FAILED = "failed"
+
+    def is_gone(self) -> bool:
+        """Whether the worker will never take part again."""
+        return self in (WorkerStatus.LEFT, WorkerStatus.DONE, WorkerStatus.DEAD, WorkerStatus.FAILED)
+
+
+class Phase(str, enum.Enum):
+    """The job's phase: ``starting -> running <-> ending`` and finally ``finished`` or ``lost``."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    ENDING = "ending"
+    FINISHED = "finished"
+    LOST = "lost"
+
+    def is_over(self) -> bool:
+        """Whether the job has ended."""
+        return self in (Phase.FINISHED, Phase.LOST)
+
+
+@dataclasses.dataclass
+class WorkerInfo:
+    """What the coordinator knows about one worker.
+
+    Attributes:
+        worker_id: the id.
+        status: lifecycle status.
+        pid: process id, when registered.
+        host: host name, when registered.
+        registered_at: when it registered.
+        ready_at: when it last became ready.
+        last_heartbeat: time of its last heartbeat (or event).
+        leave_requested: the coordinator's user asked it to leave at the next step boundary.
+        assignments_sent: number of assignments written to it (the next one gets this sequence number).
+        report: its report for the generation that is ending.
+        reason: why it left, died or failed.
+    """
+
+    worker_id: str
+    status: WorkerStatus = WorkerStatus.REGISTERED
+    pid: int = 0
+    host: str = ""
+    registered_at: float = 0.0
+    ready_at: float = 0.0
+    last_heartbeat: float = 0.0
+    leave_requested: bool = False
+    assignments_sent: int = 0
+    report: WorkerEvent | None = None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SetWant:
+    """Ask the members of ``generation`` to end it at their next step boundary."""
+
+    generation: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SendAssignment:
+    """Write ``assignment`` as the ``seq``-th assignment of ``worker``."""
+
+    worker: str
+    seq: int
+    assignment: Assignment
+
+
+Action = SetWant | SendAssignment
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRecord:
+    """History: one formed generation.
+
+    Attributes:
+        plan: the plan.
+        formed_at: when it was formed (coordinator clock).
+        ended_at: when its first end report arrived (``None`` while it runs).
+        end_reason: ``switch``, ``failure``, ``finished`` or empty.
+    """
+
+    plan: GenerationPlan
+    formed_at: float
+    ended_at: float | None = None
+    end_reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipConfig:
+    """Settings of the membership logic.
+
+    Attributes:
+        initial_workers: ready workers needed to form the first generation.
+        max_workers: the job never runs with more members.
+        report_timeout_s: after a generation's first end report, how long to wait for the other members.
+        heartbeat_timeout_s: a worker whose heartbeat is older than this is declared dead.
+    """
+
+    initial_workers: int = 1
+    max_workers: int = 1 << 16
+    report_timeout_s: float = 10.0
+    heartbeat_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        from slurm_amoeba.runtime.errors import RuntimeConfigError
+
+        if not 1 <= self.initial_workers <= self.max_workers:
+            raise RuntimeConfigError(
+                f"initial_workers={self.initial_workers} must be between 1 and max_workers={self.max_workers}"
+            )
+        if self.report_timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
+            raise RuntimeConfigError(
+                f"report_timeout_s={self.report_timeout_s} and heartbeat_timeout_s={self.heartbeat_timeout_s} "
+                "must be positive numbers of seconds"
+            )
+
+
+class Membership:
+    """Pure membership state machine of one job (see the module docstring).
+
+    Args:
+        config: the settings.
+    """
+
+    def __init__(self, config: MembershipConfig) -> None:
+        self.config = config
+        self.workers: dict[str, WorkerInfo] = {}
+        self.phase = Phase.STARTING
+        self.generation = 0
+        self.plan: GenerationPlan | None = None
+        self.history: list[GenerationRecord] = []
+        self.allowed_sizes: tuple[int, ...] = ()
+        self.lost_reason = ""
+        self._want_sent = 0
+        self._ending_since = 0.0
+        self._actions: list[Action] = []
+
+    # ----------------------------------------------------------------------------------------------- inputs
+
+    def _info(self, worker_id: str, now: float) -> WorkerInfo:
+        info = self.workers.get(worker_id)
+        if info is None:
+            info = WorkerInfo(worker_id=worker_id, registered_at=now, last_heartbeat=now)
+            self.workers[worker_id] = info
+        return info
+
+    def _assign(self, info: WorkerInfo, assignment: Assignment) -> None:
+        self._actions.append(SendAssignment(info.worker_id, info.assignments_sent, assignment))
+        info.assignments_sent += 1
+
+    def handle(self, event: WorkerEvent, now: float) -> None:
+        """Take in one worker event.
+
+        Args:
+            event: the event.
+            now: the coordinator's clock.
+        """
+        info = self._info(event.worker, now)
+        info.last_heartbeat = max(info.last_heartbeat, now)
+        kind = event.kind
+        if kind is EventKind.REGISTERED:
+            info.pid, info.host = event.pid, event.host
+            if not info.status.is_gone():
+                info.status = WorkerStatus.REGISTERED
+        elif kind is EventKind.READY:
+            if event.allowed_sizes:
+                self.allowed_sizes = event.allowed_sizes
+            self._make_ready(info, now)
+        elif kind is EventKind.REPORT:
+            self._on_report(info, event, now)
+        elif kind is EventKind.LEFT:
+            info.status, info.reason = WorkerStatus.LEFT, event.message or "left"
+        elif kind is EventKind.ERROR:
+            info.status, info.reason = WorkerStatus.FAILED, event.message
+        elif kind is EventKind.DONE:
+            info.status = WorkerStatus.DONE
+            if self.plan is not None and all(self.workers[m].status is WorkerStatus.DONE for m in self.plan.members):
+                self._finish(now, "finished", Phase.FINISHED)
+
+    def _make_ready(self, info: WorkerInfo, now: float) -> None:
+        info.status, info.ready_at = WorkerStatus.READY, now
+        if self.phase.is_over():
+            self._assign(info, Assignment(AssignAction.FINISH, reason=f"the job is {self.phase.value}"))
+        elif info.leave_requested:
+            info.status = WorkerStatus.LEFT
+            self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
+
+    def _on_report(self, info: WorkerInfo, event: WorkerEvent, now: float) -> None:
+        current = self.plan is not None and event.generation == self.generation
+        if current and info.worker_id in self.plan.members and self.phase in (Phase.RUNNING, Phase.ENDING):  # type: ignore[union-attr]
+            if self.phase is Phase.RUNNING:
+                self.phase, self._ending_since = Phase.ENDING, now
+                record = self.history[-1]
+                self.history[-1] = dataclasses.replace(
+                    record, ended_at=now, end_reason="failure" if event.failed else "switch"
+                )
+            info.report = event
+            if event.leaving:
+                info.status, info.reason = WorkerStatus.LEFT, "left at a step boundary"
+            elif info.status is not WorkerStatus.DEAD:
+                info.status = WorkerStatus.REPORTED
+            return
+        # A report for a generation that has already moved on: the worker missed the deadline but is alive and
+        # warm, so it waits as a joiner (it will receive fresh state when admitted).
+        if event.leaving:
+            info.status, info.reason = WorkerStatus.LEFT, "left after its generation ended"
+        else:
+            self._make_ready(info, now)
+
+    def heartbeat(self, worker_id: str, when: float) -> None:
+        """Record a heartbeat time read from the store."""
+        info = self.workers.get(worker_id)
+        if info is not None:
+            info.last_heartbeat = max(info.last_heartbeat, when)
+
+    def request_leave(self, worker_id: str) -> None:
+        """Ask a worker to leave at the next step boundary (or at once, if it is not a member).
+
+        Args:
+            worker_id: the worker.
+
+        Raises:
+            KeyError: the worker is unknown or already gone.
+        """
+        info = self.workers.get(worker_id)
+        if info is None or info.status.is_gone():
+            known = sorted(w for w, i in self.workers.items() if not i.status.is_gone())
+            raise KeyError(f"worker {worker_id!r} is not a live worker of this job; live workers: {known}")
+        info.leave_requested = True
+        if info.status is WorkerStatus.READY:
+            info.status, info.reason = WorkerStatus.LEFT, "leave requested while waiting"
+            self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
+
+    def mark_dead(self, worker_id: str, reason: str) -> None:
+        """Record that a worker's process is gone (seen by its launcher, or a stale heartbeat).
+
+        Args:
+            worker_id: the worker.
+            reason: why, for the history.
+        """
+        info = self.workers.get(worker_id)
+        if info is None or info.status in (WorkerStatus.LEFT, WorkerStatus.DONE, WorkerStatus.FAILED):
+            return
+        info.status, info.reason = WorkerStatus.DEAD, reason
+
+    # ----------------------------------------------------------------------------------------------- decisions
+
+    def _target_size(self, available: int) -> int:
+        limit = min(self.config.max_workers, available)
+        if self.allowed_sizes:
+            fitting = [s for s in self.allowed_sizes if s <= limit]
+            return max(fitting) if fitting else 0
+        return limit
+
+    def _ready_pool(self, exclude: set[str]) -> list[WorkerInfo]:
+        pool = [i for i in self.workers.values() if i.status is WorkerStatus.READY and i.worker_id not in exclude]
+        return sorted(pool, key=lambda i: (i.ready_at, i.worker_id))
+
+    def decide(self, now: float) -> list[Action]:
+        """Advance the state machine to ``now`` and return what the coordinator must do.
+
+        Args:
+            now: the coordinator's clock.
+
+        Returns:
+            The actions, in order.
+        """
+        for info in self.workers.values():
+            alive = info.status in (
+                WorkerStatus.REGISTERED,
+                WorkerStatus.READY,
+                WorkerStatus.MEMBER,
+                WorkerStatus.REPORTED,
+            )
+            if alive and now - info.last_heartbeat > self.config.heartbeat_timeout_s:
+                info.status = WorkerStatus.DEAD
+                info.reason = f"no heartbeat for {now - info.last_heartbeat:.1f} s"
+        if self.phase is Phase.STARTING:
+            pool = self._ready_pool(set())
+            if len(pool) >= self.config.initial_workers:
+                size = self._target_size(len(pool))
+                if size:
+                    self._form(pool[:size], survivors=[], now=now, reason="first generation")
+        elif self.phase is Phase.RUNNING:
+            self._maybe_want(now)
+        elif self.phase is Phase.ENDING:
+            self._maybe_form_next(now)
+        actions, self._actions = self._actions, []
+        return actions
+
+    def _maybe_want(self, now: float) -> None:
+        assert self.plan is not None
+        members = [self.workers[m] for m in self.plan.members]
+        if all(m.status.is_gone() for m in members):
+            self._finish(now, f"every member of generation {self.generation} is gone", Phase.LOST)
+            return
+        if self._want_sent == self.generation:
+            return
+        staying = [m for m in members if not m.leave_requested and not m.status.is_gone()]
+        pool = self._ready_pool(set(self.plan.members))
+        target = self._target_size(len(staying) + len(pool))
+        if any(m.leave_requested for m in members) or (pool and target > len(staying)):
+            self._want_sent = self.generation
+            self._actions.append(SetWant(self.generation))
+
+    def _maybe_form_next(self, now: float) -> None:
+        assert self.plan is not None
+        members = [self.workers[m] for m in self.plan.members]
+        waiting = [m for m in members if m.status is WorkerStatus.MEMBER]
+        if waiting and now - self._ending_since < self.config.report_timeout_s:
+            return
+        for info in waiting:
+            info.status = WorkerStatus.DEAD
+            info.reason = f"did not report within report_timeout_s={self.config.report_timeout_s}"
+        reports = [m.report for m in members if m.report is not None and m.report.generation == self.generation]
+        # A member that died mid-step may have left the others' state half-updated: roll back. A member that
+        # failed with an error of its own (e.g. a joiner whose model does not match) left the state untouched.
+        rollback = any(r.failed for r in reports) or any(m.status is WorkerStatus.DEAD for m in members)
+        survivors = [m for m in members if m.status is WorkerStatus.REPORTED]
+        leavers = [m for m in survivors if m.leave_requested]
+        for info in leavers:
+            info.status, info.reason = WorkerStatus.LEFT, "leave requested"
+            self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
+        survivors = [m for m in survivors if not m.leave_requested]
+        if not survivors:
+            self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)
+            return
+        pool = self._ready_pool({m.worker_id for m in survivors})
+        size = self._target_size(len(survivors) + len(pool))
+        if size == 0:
+            self._finish(now, f"no allowed world size fits {len(survivors)} workers", Phase.LOST)
+            return
+        self._form((survivors + pool)[:size], survivors=survivors, now=now, reason="", rollback=rollback)
+
+    def _form(
+        self,
+        chosen: list[WorkerInfo],
+        *,
+        survivors: list[WorkerInfo],
+        now: float,
+        reason: str,
+        rollback: bool = False,
+    ) -> None:
+        staying = [s for s in survivors if s in chosen]
+        joiners = [c.worker_id for c in chosen if c not in staying]
+        if staying:
+            assert all(s.report is not None for s in staying)
+            if rollback:
+                source = max(staying, key=lambda s: (s.report.committed_step, -staying.index(s)))  # type: ignore[union-attr]
+                start: int | None = source.report.committed_step  # type: ignore[union-attr]
+                differing = len({s.report.committed_step for s in staying}) > 1  # type: ignore[union-attr]
+            else:
+                source = staying[0]
+                start = source.report.step  # type: ignore[union-attr]
+                differing = len({s.report.step for s in staying}) > 1  # type: ignore[union-attr]
+            sync = bool(joiners) or differing
+        else:
+            source, start, sync = chosen[0], None, len(chosen) > 1
+            joiners = [c.worker_id for c in chosen[1:]]
+        if not reason:
+            parts = []
+            if rollback:
+                parts.append("rollback after a failure")
+            if joiners:
+                parts.append(f"{len(joiners)} joined")
+            reason = ", ".join(parts) or "resize"
+        self.generation += 1
+        plan = GenerationPlan(
+            generation=self.generation,
+            members=tuple(c.worker_id for c in chosen),
+            hosts=tuple(c.host for c in chosen),
+            source=source.worker_id,
+            joiners=tuple(joiners),
+            rollback=rollback,
+            sync=sync,
+            start_step=start,
+            reason=reason,
+        )
+        self.plan = plan
+        self.phase = Phase.RUNNING
+        self.history.append(GenerationRecord(plan=plan, formed_at=now))
+        for info in chosen:
+            info.status, info.report = WorkerStatus.MEMBER, None
+            self._assign(info, Assignment(AssignAction.JOIN, plan=plan))
+        for info in survivors:
+            if info not in chosen:
+                info.report = None
+                info.status, info.ready_at = WorkerStatus.READY, now
+                self._assign(info, Assignment(AssignAction.STANDBY, reason="the global batch does not fit"))
+
+    def _finish(self, now: float, reason: str, phase: Phase) -> None:
+        self.phase = phase
+        if phase is Phase.LOST:
+            self.lost_reason = reason
+        if self.history and self.history[-1].ended_at is None:
+            self.history[-1] = dataclasses.replace(self.history[-1], ended_at=now, end_reason=phase.value)
+        for info in self.workers.values():
+            if info.status in (WorkerStatus.READY, WorkerStatus.REPORTED):
+                self._assign(info, Assignment(AssignAction.FINISH, reason=f"the job is {phase.value}: {reason}"))
+
+    def live_members(self) -> list[str]:
+        """Members of the current generation that are not gone."""
+        if self.plan is None:
+            return []
+        return [m for m in self.plan.members if not self.workers[m].status.is_gone()]

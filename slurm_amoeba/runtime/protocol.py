@@ -1,0 +1,256 @@
+"""The worker <-> coordinator protocol over the job's TCPStore: key names and JSON messages.
+
+Everything in the store is JSON text (never pickle). Workers push :class:`WorkerEvent`\\ s onto one queue; the
+coordinator answers each worker with numbered :class:`Assignment`\\ s (``assign/<worker>/<seq>``), publishes the
+generation it wants to end (``want``), and reads heartbeats and progress. Process groups of generation ``g`` use
+the same store under the prefix ``gen<g>/`` (DESIGN.md, layer ``runtime/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Any
+
+from slurm_amoeba.core.errors import ParseError
+
+PREFIX = "amoeba/"
+EVENTS_KEY = PREFIX + "events"
+WANT_KEY = PREFIX + "want"
+PROGRESS_KEY = PREFIX + "progress"
+JOB_KEY = PREFIX + "job"
+
+
+def heartbeat_key(worker_id: str) -> str:
+    """Key of a worker's heartbeat (a wall-clock time as text)."""
+    return f"{PREFIX}hb/{worker_id}"
+
+
+def assignment_key(worker_id: str, seq: int) -> str:
+    """Key of the ``seq``-th assignment the coordinator gives a worker."""
+    return f"{PREFIX}assign/{worker_id}/{seq}"
+
+
+def manifest_key(generation: int) -> str:
+    """Key where the state source of a generation publishes its state manifest."""
+    return f"{PREFIX}gen{generation}/manifest"
+
+
+def group_prefix(generation: int) -> str:
+    """Store prefix of the process group of a generation."""
+    return f"{PREFIX}gen{generation}/pg"
+
+
+def _load(text: str | bytes, what: str) -> dict[str, Any]:
+    raw = text.decode() if isinstance(text, bytes) else text
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"not JSON ({exc})", source=what, text=raw) from None
+    if not isinstance(data, dict):
+        raise ParseError("expected a JSON object", source=what, text=raw)
+    return data
+
+
+class EventKind(str, enum.Enum):
+    """What a worker tells the coordinator.
+
+    A worker goes ``registered`` (warming up) -> ``ready`` (waiting for admission) -> ``report`` (once per
+    generation it leaves, by switch or failure) ... and ends with ``done``, ``left`` or ``error``.
+    """
+
+    REGISTERED = "registered"
+    READY = "ready"
+    REPORT = "report"
+    LEFT = "left"
+    ERROR = "error"
+    DONE = "done"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerEvent:
+    """One message from a worker to the coordinator.
+
+    Attributes:
+        kind: what happened.
+        worker: the worker id.
+        time: the worker's wall clock when it sent the event.
+        generation: for ``report``: the generation that ended.
+        step: for ``report``: the worker's global step now.
+        committed_step: for ``report``: the step of its last commit.
+        leaving: for ``report``: the worker leaves (SIGTERM or its own decision).
+        failed: for ``report``: a collective failed (rollback needed).
+        pid: for ``registered``: the process id.
+        host: for ``registered``: the host name.
+        allowed_sizes: for ``ready``: world sizes the job's global batch accepts (empty = unknown).
+        message: for ``error``/``left``: why.
+    """
+
+    kind: EventKind
+    worker: str
+    time: float
+    generation: int = 0
+    step: int = -1
+    committed_step: int = -1
+    leaving: bool = False
+    failed: bool = False
+    pid: int = 0
+    host: str = ""
+    allowed_sizes: tuple[int, ...] = ()
+    message: str = ""
+
+    def to_json(self) -> str:
+        """Encode as JSON text."""
+        data = dataclasses.asdict(self)
+        data["kind"] = self.kind.value
+        data["allowed_sizes"] = list(self.allowed_sizes)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> WorkerEvent:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: the text is not a valid event.
+        """
+        data = _load(text, "worker event")
+        try:
+            data["kind"] = EventKind(data["kind"])
+            data["allowed_sizes"] = tuple(int(s) for s in data.get("allowed_sizes", ()))
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParseError(f"not a worker event ({exc})", source="worker event", text=str(text)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationPlan:
+    """The membership of one generation, decided by the coordinator.
+
+    Attributes:
+        generation: its number (1 for the first).
+        members: worker ids in rank order.
+        hosts: each member's host, in rank order (for ``LOCAL_RANK``).
+        source: the member whose state every other member receives when ``sync`` is set.
+        joiners: members that hold no valid state and must receive it.
+        rollback: the previous generation failed; survivors restore their last commit first.
+        sync: the source broadcasts its state at the start of the generation.
+        start_step: the global step the generation starts at, when known (not for the first generation).
+        reason: why the generation was formed, for logs and history.
+    """
+
+    generation: int
+    members: tuple[str, ...]
+    hosts: tuple[str, ...]
+    source: str
+    joiners: tuple[str, ...] = ()
+    rollback: bool = False
+    sync: bool = False
+    start_step: int | None = None
+    reason: str = ""
+
+    @property
+    def world_size(self) -> int:
+        """Number of members."""
+        return len(self.members)
+
+    def rank_of(self, worker_id: str) -> int:
+        """Rank of a member.
+
+        Raises:
+            ValueError: the worker is not a member.
+        """
+        return self.members.index(worker_id)
+
+    def local_rank_of(self, worker_id: str) -> tuple[int, int]:
+        """A member's rank among the members on its host, and how many members that host has."""
+        rank = self.rank_of(worker_id)
+        host = self.hosts[rank]
+        same = [i for i, h in enumerate(self.hosts) if h == host]
+        return same.index(rank), len(same)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dictionary."""
+        data = dataclasses.asdict(self)
+        data["members"] = list(self.members)
+        data["hosts"] = list(self.hosts)
+        data["joiners"] = list(self.joiners)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationPlan:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ParseError: the dictionary is not a plan.
+        """
+        try:
+            return cls(
+                generation=int(data["generation"]),
+                members=tuple(str(m) for m in data["members"]),
+                hosts=tuple(str(h) for h in data["hosts"]),
+                source=str(data["source"]),
+                joiners=tuple(str(j) for j in data.get("joiners", ())),
+                rollback=bool(data.get("rollback", False)),
+                sync=bool(data.get("sync", False)),
+                start_step=None if data.get("start_step") is None else int(data["start_step"]),
+                reason=str(data.get("reason", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParseError(f"not a generation plan ({exc})", source="generation plan", text=str(data)) from None
+
+
+class AssignAction(str, enum.Enum):
+    """What the coordinator tells a waiting worker to do."""
+
+    JOIN = "join"  # become a member of the plan's generation
+    STANDBY = "standby"  # stay warm and wait for the next assignment
+    LEAVE = "leave"  # exit now (leave request, or evicted after missing a deadline)
+    FINISH = "finish"  # the job is over (finished or lost); exit
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """One answer from the coordinator to one worker.
+
+    Attributes:
+        action: what to do.
+        plan: for ``join``: the generation to join.
+        reason: why, for logs.
+    """
+
+    action: AssignAction
+    plan: GenerationPlan | None = None
+    reason: str = ""
+
+    def to_json(self) -> str:
+        """Encode as JSON text."""
+        return json.dumps(
+            {
+                "action": self.action.value,
+                "plan": None if self.plan is None else self.plan.to_dict(),
+                "reason": self.reason,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Assignment:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: the text is not an assignment.
+        """
+        data = _load(text, "assignment")
+        try:
+            action = AssignAction(data["action"])
+        except (KeyError, ValueError) as exc:
+            raise ParseError(f"not an assignment ({exc})", source="assignment", text=str(text)) from None
+        plan = data.get("plan")
+        if action is AssignAction.JOIN and not isinstance(plan, dict):
+            raise ParseError("a join assignment needs a plan", source="assignment", text=str(text))
+        return cls(
+            action=action,
+            plan=GenerationPlan.from_dict(plan) if isinstance(plan, dict) else None,
+            reason=str(data.get("reason", "")),
+        )

@@ -1,0 +1,368 @@
+"""Training state: commit, restore, and the tensor encoding used to send it to joining workers.
+
+:class:`TorchState` holds what a worker must agree on with the others: the model's parameters and buffers, the
+optimizer's state, the sampler's position (epoch, cursor, step), the torch RNG state and the user's extras
+(counters, best loss, ...). ``commit()`` keeps an in-memory copy; after a failure the survivors ``restore()`` it.
+When workers join, one member sends its state to the others as tensors over ``torch.distributed.broadcast``; the
+structure around the tensors travels as JSON (:func:`encode_tree`) — never pickle (DESIGN.md, layer ``runtime/``).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import torch
+
+from slurm_amoeba.runtime.errors import StateError
+from slurm_amoeba.runtime.sampler import ElasticSampler
+
+log = logging.getLogger(__name__)
+
+_TENSOR = "__tensor__"
+_DICT = "__dict__"
+_TUPLE = "__tuple__"
+
+
+def _check_json_scalar(value: object, path: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return  # JSON as written by Python round-trips inf and nan
+    if value is None or isinstance(value, bool | int | float | str):
+        return
+    raise StateError(
+        f"{path} holds a {type(value).__name__} ({value!r:.60}), which cannot be sent to a joining worker: "
+        "state is sent as tensors plus JSON numbers, strings, lists and dicts; keep it out of the state or store it "
+        "as one of those"
+    )
+
+
+def encode_tree(obj: object, path: str, tensors: list[torch.Tensor]) -> Any:
+    """Turn nested state into a JSON-able skeleton, moving every tensor into ``tensors``.
+
+    Dicts keep the type of their keys (``int`` or ``str``), tuples stay tuples; a tensor becomes a reference to its
+    position in ``tensors``.
+
+    Args:
+        obj: the state (dicts, lists, tuples, tensors, JSON scalars).
+        path: where ``obj`` is, for error messages (e.g. ``"optimizer.state"``).
+        tensors: receives the tensors, in order.
+
+    Returns:
+        The skeleton.
+
+    Raises:
+        StateError: something in ``obj`` cannot be sent; the message names its path and type.
+    """
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided or obj.is_quantized:
+            raise StateError(f"{path} is a {obj.layout} tensor, which cannot be sent; convert it to a dense tensor")
+        tensors.append(obj.detach())
+        return {_TENSOR: len(tensors) - 1}
+    if isinstance(obj, dict):
+        items = []
+        for key, value in obj.items():
+            if not isinstance(key, str | int) or isinstance(key, bool):
+                raise StateError(f"{path} has a key {key!r} of type {type(key).__name__}; keys must be str or int")
+            items.append([key, encode_tree(value, f"{path}[{key!r}]", tensors)])
+        return {_DICT: items}
+    if isinstance(obj, tuple):
+        return {_TUPLE: [encode_tree(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [encode_tree(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]
+    _check_json_scalar(obj, path)
+    return obj
+
+
+def decode_tree(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of :func:`encode_tree`.
+
+    Args:
+        skeleton: the skeleton.
+        tensors: the tensors it refers to.
+
+    Returns:
+        The rebuilt state.
+
+    Raises:
+        StateError: the skeleton refers to a tensor that is not there.
+    """
+    if isinstance(skeleton, dict):
+        if _TENSOR in skeleton:
+            index = int(skeleton[_TENSOR])
+            if not 0 <= index < len(tensors):
+                raise StateError(f"state skeleton refers to tensor {index} but only {len(tensors)} arrived")
+            return tensors[index]
+        if _DICT in skeleton:
+            return {key: decode_tree(value, tensors) for key, value in skeleton[_DICT]}
+        if _TUPLE in skeleton:
+            return tuple(decode_tree(v, tensors) for v in skeleton[_TUPLE])
+        raise StateError(f"state skeleton has an unknown object {sorted(skeleton)!r}")
+    if isinstance(skeleton, list):
+        return [decode_tree(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def clone_tree(obj: Any) -> Any:
+    """Deep copy of nested state, cloning tensors (the in-memory commit)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return tuple(clone_tree(v) for v in obj)
+    if isinstance(obj, list):
+        return [clone_tree(v) for v in obj]
+    return obj
+
+
+class StateExtras(MutableMapping[str, Any]):
+    """The user's extra state (``epoch``-like counters, best loss, small tensors), checked on every assignment.
+
+    Values must be tensors or JSON data (numbers, strings, booleans, ``None``, lists and dicts of them). A value
+    that cannot be sent is refused at once, and the previous value is kept.
+    """
+
+    def __init__(self, initial: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = {}
+        for key, value in (initial or {}).items():
+            self[key] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise StateError(f"state extra key {key!r} must be a str")
+        encode_tree(value, f"state extra {key!r}", [])
+        self._data[key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def replace_all(self, values: Mapping[str, Any]) -> None:
+        """Replace every extra at once (after a restore or a receive)."""
+        self._data = dict(values)
+
+
+ResetCallback = Callable[[], None]
+
+
+class TorchState:
+    """The training state of one worker (the Horovod-shaped user API).
+
+    Args:
+        model: the model (a plain ``nn.Module``; no DDP wrapper needed: the runtime reduces gradients).
+        optimizer: its optimizer.
+        sampler: the elastic sampler; its position is part of the state.
+        extras: user values that must survive resizes and rollbacks (see :class:`StateExtras`).
+
+    Raises:
+        StateError: an extra cannot be sent.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: ElasticSampler,
+        extras: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.sampler = sampler
+        self.extras = StateExtras(extras)
+        self._reset_callbacks: list[ResetCallback] = []
+        self._committed: dict[str, Any] | None = None
+
+    # ----------------------------------------------------------------------------------------------- user API
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (advanced by :meth:`step` at the end of each epoch)."""
+        return self.sampler.progress.epoch
+
+    @property
+    def step_index(self) -> int:
+        """Optimizer steps applied since the start of training."""
+        return self.sampler.progress.step
+
+    @property
+    def committed_step(self) -> int:
+        """The step of the last commit, or -1 before the first."""
+        return -1 if self._committed is None else int(self._committed["progress"]["step"])
+
+    def register_reset_callbacks(self, callbacks: collections.abc.Iterable[ResetCallback]) -> None:
+        """Add functions called after every membership change or rollback, once the state is in place.
+
+        Use them for what depends on the world size, e.g. rescaling a learning rate (the global batch itself does
+        not change). They run on every member, with the new generation already formed.
+
+        Args:
+            callbacks: functions taking no arguments.
+        """
+        self._reset_callbacks.extend(callbacks)
+
+    def step(self) -> None:
+        """Apply one optimizer step: reduce gradients over the workers, step the optimizer, advance the sampler.
+
+        **A collective**: every member calls it once per step (after the step's micro-batches). The membership
+        control word rides on the same all-reduce, so a pending resize costs nothing here.
+
+        Raises:
+            WorkerFailure: the all-reduce failed (a peer died); the elastic entry point rolls back.
+        """
+        from slurm_amoeba.runtime.worker import get_runtime
+
+        get_runtime().apply_step(self)
+
+    def commit(self) -> None:
+        """Keep an in-memory copy of the state to roll back to after a failure.
+
+        **A collective**: every member must call it at the same step (it checks that with a tiny all-reduce).
+        The runtime also commits on its own after every membership change.
+
+        Raises:
+            StateError: the state cannot be sent (the previous commit is kept).
+            RuntimeConfigError: the members called it at different steps.
+            WorkerFailure: the check failed because a peer died.
+        """
+        from slurm_amoeba.runtime.worker import get_runtime
+
+        snapshot = self.capture()
+        get_runtime().agree_on_commit(self.step_index)
+        self._committed = snapshot
+
+    # ----------------------------------------------------------------------------------------------- runtime API
+
+    def capture(self) -> dict[str, Any]:
+        """A deep copy of the whole state, after checking that it can be sent.
+
+        Raises:
+            StateError: something in the state cannot be sent.
+        """
+        tree = self.as_tree()
+        encode_tree(tree, "state", [])
+        copied: dict[str, Any] = clone_tree(tree)
+        return copied
+
+    def save(self) -> None:
+        """Commit without the collective check (the runtime calls it where all members are known to agree).
+
+        Raises:
+            StateError: the state cannot be sent (the previous commit is kept).
+        """
+        self._committed = self.capture()
+
+    def restore(self) -> None:
+        """Go back to the last commit (local; every survivor does it after a failure).
+
+        Raises:
+            StateError: there is no commit to go back to.
+        """
+        if self._committed is None:
+            raise StateError("restore() found no commit: the runtime commits at the start of every generation")
+        self.load_tree(clone_tree(self._committed))
+
+    def as_tree(self) -> dict[str, Any]:
+        """The state as nested dicts of tensors and JSON values (not copied)."""
+        rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return {
+            "model": dict(self.model.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "progress": self.sampler.state_dict(),
+            "rng": rng,
+            "extras": dict(self.extras),
+        }
+
+    def check_compatible(self, manifest: Mapping[str, Any]) -> str | None:
+        """Compare a sender's manifest with this worker's model and optimizer before receiving anything.
+
+        Args:
+            manifest: the sender's manifest (see :meth:`encode`).
+
+        Returns:
+            ``None`` if the state fits, else a sentence naming the first mismatch.
+        """
+        mine = self.model.state_dict()
+        theirs = {str(name): (dtype, list(shape)) for name, dtype, shape in manifest["model"]}
+        missing = sorted(set(theirs) - set(mine))
+        extra = sorted(set(mine) - set(theirs))
+        if missing or extra:
+            return (
+                f"the model here has entries {extra[:3]} that the running workers lack and lacks {missing[:3]}; "
+                "build the same model in every worker"
+            )
+        for name, tensor in mine.items():
+            dtype, shape = theirs[name]
+            if list(tensor.shape) != shape or str(tensor.dtype) != dtype:
+                return (
+                    f"model entry {name!r} has shape {list(tensor.shape)} and {tensor.dtype} here but {shape} and "
+                    f"{dtype} on the running workers; build the same model in every worker"
+                )
+        own_groups = [len(g["params"]) for g in self.optimizer.param_groups]
+        if own_groups != list(manifest["param_groups"]):
+            return (
+                f"the optimizer here has parameter groups of sizes {own_groups} but {manifest['param_groups']} on "
+                "the running workers; build the same optimizer in every worker"
+            )
+        return None
+
+    def encode(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """The state as a JSON manifest and the list of its tensors, for sending.
+
+        Returns:
+            ``(manifest, tensors)``; the manifest holds the skeleton, each tensor's dtype and shape, the model's
+            entries and the optimizer's group sizes (for :meth:`check_compatible`).
+
+        Raises:
+            StateError: something cannot be sent.
+        """
+        tensors: list[torch.Tensor] = []
+        skeleton = encode_tree(self.as_tree(), "state", tensors)
+        model = [[name, str(t.dtype), list(t.shape)] for name, t in self.model.state_dict().items()]
+        manifest = {
+            "skeleton": skeleton,
+            "tensors": [[str(t.dtype), list(t.shape), t.device.type] for t in tensors],
+            "model": model,
+            "param_groups": [len(g["params"]) for g in self.optimizer.param_groups],
+        }
+        json.dumps(manifest)  # fails loudly here rather than on the receivers
+        return manifest, tensors
+
+    def load_tree(self, tree: Mapping[str, Any]) -> None:
+        """Put a whole state in place (after a restore or a receive).
+
+        Args:
+            tree: a tree from :meth:`as_tree` (or decoded from a sender).
+
+        Raises:
+            StateError: the tree does not fit the model or optimizer.
+        """
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(tree["model"], strict=True)
+            self.optimizer.load_state_dict(tree["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise StateError(f"the received state does not fit this worker's model or optimizer: {exc}") from None
+        self.sampler.load_state_dict(tree["progress"])
+        torch.set_rng_state(tree["rng"]["cpu"].cpu())
+        if "cuda" in tree["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tree["rng"]["cuda"].cpu())
+        self.extras.replace_all(tree["extras"])
+
+    def run_reset_callbacks(self) -> None:
+        """Call the registered reset callbacks in order."""
+        for callback in self._reset_callbacks:
+            callback()

@@ -19,7 +19,6 @@ from typing import Protocol, runtime_checkable
 from slurm_amoeba.core.errors import AmoebaError
 
 
-
 class PolicyError(AmoebaError, ValueError):
     """A policy was misconfigured, or a set of decisions breaks an invariant of the cluster."""
 

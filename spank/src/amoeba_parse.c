@@ -339,7 +339,7 @@ void amoeba_request_reset(struct amoeba_request *req)
 
 int amoeba_request_apply(struct amoeba_request *req,
 			 const struct amoeba_config *cfg, int option,
-			 const char *optarg, bool remote, char *err,
+			 const char *optarg, bool in_job, char *err,
 			 size_t errlen)
 {
 	struct amoeba_range range;
@@ -347,7 +347,7 @@ int amoeba_request_apply(struct amoeba_request *req,
 
 	switch (option) {
 	case AMOEBA_OPT_ELASTIC:
-		if (amoeba_parse_range(optarg, remote ? 0 : cfg->max_workers,
+		if (amoeba_parse_range(optarg, in_job ? 0 : cfg->max_workers,
 				       &range, err, errlen) < 0)
 			return -1;
 		/* --no-elastic wins wherever it appears: slurmstepd sees the

@@ -129,13 +129,13 @@ void amoeba_request_reset(struct amoeba_request *req);
 /*
  * Apply one option to req, as a spank option callback does. Idempotent:
  * applying the same option with the same value twice leaves req as once.
- * remote is true in slurmstepd, where the site limit was checked at
- * submission already and only the syntax is checked again. On failure req
- * is left unchanged.
+ * in_job is true where the job exists already (slurmstepd, an srun inside
+ * an allocation): the site limit was checked when it was submitted, so only
+ * the syntax is checked again. On failure req is left unchanged.
  */
 int amoeba_request_apply(struct amoeba_request *req,
 			 const struct amoeba_config *cfg, int option,
-			 const char *optarg, bool remote, char *err,
+			 const char *optarg, bool in_job, char *err,
 			 size_t errlen);
 
 /*

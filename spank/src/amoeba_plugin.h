@@ -27,6 +27,8 @@
 /* The site's settings and the job's request, one copy per process. */
 extern struct amoeba_config amoeba_cfg;
 extern struct amoeba_request amoeba_req;
+/* srun inside an existing allocation: the job passed the site limit already. */
+extern bool amoeba_inside_allocation;
 
 /* options.c */
 int amoeba_load_config(int ac, char **av);

@@ -17,6 +17,7 @@ struct amoeba_config amoeba_cfg = {
 	.sbatch_support = AMOEBA_DEFAULT_SBATCH_SUPPORT,
 };
 struct amoeba_request amoeba_req;
+bool amoeba_inside_allocation;
 
 /*
  * Slurm may call this more than once with the same value (sbatch reads the
@@ -27,8 +28,10 @@ static int amoeba_option_cb(int val, const char *optarg, int remote)
 {
 	char err[AMOEBA_ERR_MAX];
 
-	if (amoeba_request_apply(&amoeba_req, &amoeba_cfg, val, optarg,
-				 remote != 0, err, sizeof(err)) < 0) {
+	bool in_job = remote != 0 || amoeba_inside_allocation;
+
+	if (amoeba_request_apply(&amoeba_req, &amoeba_cfg, val, optarg, in_job,
+				 err, sizeof(err)) < 0) {
 		slurm_error("amoeba: %s", err);
 		return -1;
 	}
@@ -56,6 +59,7 @@ int amoeba_load_config(int ac, char **av)
 	char err[AMOEBA_ERR_MAX];
 
 	amoeba_request_reset(&amoeba_req);
+	amoeba_inside_allocation = false;
 	if (amoeba_config_parse(&amoeba_cfg, ac, av, err, sizeof(err)) < 0) {
 		slurm_error("amoeba: %s", err);
 		return -1;

@@ -389,7 +389,7 @@ static void test_request_failure_leaves_request_unchanged(void)
 	CHECK(memcmp(&req, &before, sizeof(req)) == 0);
 }
 
-static void test_request_remote_skips_only_the_site_limit(void)
+static void test_request_in_job_skips_only_the_site_limit(void)
 {
 	struct amoeba_config cfg = site(4);
 	struct amoeba_request req;
@@ -479,7 +479,7 @@ int main(void)
 	test_request_is_idempotent_and_no_elastic_wins();
 	test_request_result_does_not_depend_on_option_order();
 	test_request_failure_leaves_request_unchanged();
-	test_request_remote_skips_only_the_site_limit();
+	test_request_in_job_skips_only_the_site_limit();
 	test_request_partition_needs_elastic();
 	test_request_without_options_exports_nothing();
 	test_request_partition_option_beats_site_default();

@@ -147,6 +147,25 @@ static void test_srun_exports_into_its_env(void)
 	clear_process_env();
 }
 
+static void test_srun_inside_a_job_is_not_held_to_the_site_limit_again(void)
+{
+	unsetenv("SLURM_JOB_ID");
+	CHECK(init(S_CTX_LOCAL, "max_workers=4", NULL) == 0);
+	CHECK(give("elastic", "2:16", 0) == -1);
+	CHECK_HAS(fake_last_error, "--elastic=2:16: asks for more than 4");
+
+	setenv("SLURM_JOB_ID", "42", 1);
+	CHECK(init(S_CTX_LOCAL, "max_workers=4", NULL) == 0);
+	CHECK(give("elastic", "2:16", 0) == 0);
+	CHECK(give("elastic", "3:1", 0) == -1); /* the syntax still counts */
+
+	/* sbatch inside a job submits a new job: the limit applies */
+	CHECK(init(S_CTX_ALLOCATOR, "max_workers=4", NULL) == 0);
+	CHECK(give("elastic", "2:16", 0) == -1);
+	unsetenv("SLURM_JOB_ID");
+	clear_process_env();
+}
+
 static void test_slurmstepd_sets_step_env_without_site_limit(void)
 {
 	CHECK(init(S_CTX_REMOTE, "max_workers=4", NULL) == 0);
@@ -246,6 +265,7 @@ int main(void)
 	test_enabled_0_registers_nothing_anywhere();
 	test_sbatch_support_0_hides_options_from_sbatch_only();
 	test_srun_exports_into_its_env();
+	test_srun_inside_a_job_is_not_held_to_the_site_limit_again();
 	test_slurmstepd_sets_step_env_without_site_limit();
 	test_slurmstepd_no_elastic_unsets_step_env();
 	test_batch_step_reads_options_from_job_env();

@@ -1,5 +1,5 @@
 /*
- * check_args.c - `amoeba-check-args KEY=VALUE...`: exit 0 when the plugin
+ * amoeba_check_args.c - `amoeba-check-args KEY=VALUE...`: exit 0 when the plugin
  * would accept these plugstack.conf arguments, else print why and exit 1.
  * `make install ARGS=...` runs it before writing plugstack.conf.d/amoeba.conf.
  */

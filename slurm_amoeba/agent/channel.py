@@ -1,0 +1,186 @@
+"""Authenticated request/reply over ZeroMQ: the wire between amoebactl, the daemon and the job agents.
+
+Every request and every reply is two frames: a munge credential (:func:`slurm_amoeba.slurm.munge.seal` over the
+payload) and the payload, a versioned JSON message (:mod:`slurm_amoeba.core.messages`); never pickle. A server
+(:class:`ChannelServer`, a ROUTER socket) hands out :class:`Request` objects that carry the sender's uid as munge
+vouches for it; what cannot be authenticated or parsed is answered with a refusal and never reaches the caller.
+:func:`request` sends one message and waits for its reply with a deadline and retries.
+
+The job agent serves directives with it; the daemon (a layer below in DESIGN.md's list) serves agents and
+``amoebactl`` with the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import zmq
+
+from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode
+from slurm_amoeba.slurm.munge import Credential, MungeError, seal, unseal
+
+logger = logging.getLogger(__name__)
+
+_MAX_FRAME = MAX_MESSAGE_BYTES + 8192  # payload + credential; larger frames are dropped by ZeroMQ itself
+
+
+class ChannelError(AmoebaError):
+    """A request got no valid reply: timed out, refused, or the reply could not be authenticated."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A request that passed authentication and parsing.
+
+    Attributes:
+        sender: uid and gid of the process that sent it, as munge vouches.
+        message: the decoded message.
+        route: ZeroMQ routing frames to answer it with.
+    """
+
+    sender: Credential
+    message: Message
+    route: tuple[bytes, ...]
+
+
+def _frames(message: Message) -> list[bytes]:
+    payload = encode(message)
+    return [seal(payload), payload]
+
+
+def _open(frames: list[bytes]) -> tuple[Credential, Message]:
+    if len(frames) != 2:
+        raise ProtocolError(f"expected 2 frames (credential, message), got {len(frames)}")
+    cred, payload = frames
+    sender = unseal(cred, payload)
+    return sender, decode(payload)
+
+
+class ChannelServer:
+    """A ROUTER socket that authenticates every request.
+
+    Args:
+        endpoint: where to bind, e.g. ``tcp://0.0.0.0:6820`` or ``tcp://127.0.0.1:*`` (a free port).
+        context: the ZeroMQ context (a new one when None).
+    """
+
+    def __init__(self, endpoint: str, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+        self._socket.bind(endpoint)
+        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.refusals = 0
+
+    def receive(self, timeout_s: float) -> Request | None:
+        """Wait up to ``timeout_s`` for a valid request.
+
+        Invalid ones (bad credential, bad JSON, unknown kind, wrong version) are answered with a refusal, logged,
+        counted in :attr:`refusals`, and skipped.
+
+        Returns:
+            The request, or None when none came in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
+                return None
+            frames = self._socket.recv_multipart()
+            try:
+                split = frames.index(b"")
+            except ValueError:
+                self.refusals += 1
+                logger.warning("[daemon/channel] dropped a message without a routing envelope")
+                continue
+            route, body = tuple(frames[: split + 1]), frames[split + 1 :]
+            try:
+                sender, message = _open(body)
+            except (MungeError, ProtocolError) as exc:
+                self.refusals += 1
+                logger.warning("[channel] refused a message: %s", exc)
+                self._send(route, Message("reply", {"ok": False, "error": f"refused: {exc}", "data": {}}))
+                continue
+            return Request(sender=sender, message=message, route=route)
+
+    def answer(self, request: Request, reply: Message) -> None:
+        """Send ``reply`` to the sender of ``request``."""
+        self._send(request.route, reply)
+
+    def refuse(self, request: Request, reason: str) -> None:
+        """Answer ``request`` with a refusal naming ``reason``, and log it."""
+        self.refusals += 1
+        logger.warning("[channel] refused %s from uid %d: %s", request.message.kind, request.sender.uid, reason)
+        self.answer(request, request.message.reply(ok=False, error=reason))
+
+    def _send(self, route: tuple[bytes, ...], message: Message) -> None:
+        try:
+            self._socket.send_multipart([*route, *_frames(message)], flags=zmq.NOBLOCK)
+        except (zmq.Again, MungeError) as exc:
+            logger.warning("[channel] could not answer: %s", exc)
+
+    def close(self) -> None:
+        """Close the socket (and the context when this server made it)."""
+        self._socket.close(linger=0)
+        if self._own_context:
+            self._context.term()
+
+
+def request(
+    endpoint: str,
+    message: Message,
+    *,
+    timeout_s: float = 5.0,
+    retries: int = 2,
+    expect_uid: int | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+) -> Message:
+    """Send ``message`` to ``endpoint`` and return the reply.
+
+    Each attempt uses a fresh socket, so a lost reply never wedges the next try. Requests should be idempotent
+    (a retried resize to the same target is).
+
+    Args:
+        endpoint: the server, e.g. ``tcp://10.77.0.11:6820``.
+        message: the request.
+        timeout_s: deadline of one attempt.
+        retries: further attempts after a timeout.
+        expect_uid: when set, a reply must come from this uid (an agent checks that directives' replies and
+            sources are the daemon's).
+        context: a ZeroMQ context to use (a shared one in long-lived processes).
+
+    Returns:
+        The reply (``kind == "reply"``; check ``body["ok"]``).
+
+    Raises:
+        ChannelError: no reply after every attempt, or a reply that fails authentication.
+    """
+    ctx = context or zmq.Context.instance()
+    last = ""
+    for attempt in range(retries + 1):
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+        try:
+            sock.connect(endpoint)
+            sock.send_multipart(_frames(message))
+            if sock.poll(int(timeout_s * 1000)):
+                try:
+                    sender, reply = _open(sock.recv_multipart())
+                except (MungeError, ProtocolError) as exc:
+                    raise ChannelError(f"the reply from {endpoint} could not be trusted: {exc}") from None
+                if expect_uid is not None and sender.uid != expect_uid:
+                    raise ChannelError(f"the reply from {endpoint} came from uid {sender.uid}, expected {expect_uid}")
+                if reply.kind != "reply" or reply.id != message.id:
+                    raise ChannelError(f"{endpoint} answered {reply.kind} {reply.id}, not the reply to {message.id}")
+                return reply
+            last = f"no reply within {timeout_s:g} s"
+            logger.info("[channel] %s to %s: %s (attempt %d)", message.kind, endpoint, last, attempt + 1)
+        finally:
+            sock.close(linger=0)
+    raise ChannelError(f"{message.kind} to {endpoint} failed: {last} after {retries + 1} attempts; is it running?")

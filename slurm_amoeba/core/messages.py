@@ -1,0 +1,169 @@
+"""The versioned JSON messages between the daemon, the job agents and ``amoebactl`` (DESIGN.md, control flow).
+
+A message is one JSON object ``{"v": 1, "kind": ..., "id": ..., "sent_at": ..., "body": {...}}``; it never holds
+anything but JSON (no pickle on the wire). :func:`encode` and :func:`decode` check the version, the kind, the size
+and every body field against :data:`SCHEMAS`; anything else raises :class:`ProtocolError` with the field and the
+value. Authentication (a munge credential over the encoded bytes) is added by the transport, not here.
+
+Kinds and who sends them:
+
+==================  ===============  ==============================================================================
+kind                sender           body
+==================  ===============  ==============================================================================
+``register``        agent -> daemon  ``job_id``, ``endpoint`` (where the agent takes directives), ``min_workers``,
+                                     ``max_workers``, ``gpus_per_worker``, ``partition``, ``elastic_partition``
+``report``          agent -> daemon  ``job_id``, ``size``, ``generation``, ``target`` (size being reached),
+                                     ``throughput`` (``{"<size>": samples/s}``), ``history`` (events),
+                                     ``satellites`` (Slurm job ids)
+``resize``          daemon/ctl ->    ``job_id``, ``target``, ``reason``; to an agent it is a directive, to the
+                                     daemon a user's request
+``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
+``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum
+``status``          ctl -> daemon    (empty)
+``jobs``            ctl -> daemon    (empty)
+``policy_show``     ctl -> daemon    (empty)
+``reply``           anyone           ``ok``, ``error`` (a sentence, or ""), ``data`` (an object)
+==================  ===============  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from slurm_amoeba.core.errors import ParseError
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB: reports with long histories fit; a flood does not
+
+
+class ProtocolError(ParseError):
+    """A message that is not valid JSON of a known kind and version, or whose body is malformed."""
+
+
+# Field name -> accepted Python types, per kind. ``int`` never accepts bool; ``float`` accepts int.
+SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
+    "register": {
+        "job_id": (str,),
+        "endpoint": (str,),
+        "min_workers": (int,),
+        "max_workers": (int,),
+        "gpus_per_worker": (int,),
+        "partition": (str,),
+        "elastic_partition": (str,),
+    },
+    "report": {
+        "job_id": (str,),
+        "size": (int,),
+        "generation": (int,),
+        "target": (int,),
+        "throughput": (dict,),
+        "history": (list,),
+        "satellites": (list,),
+    },
+    "resize": {"job_id": (str,), "target": (int,), "reason": (str,)},
+    "pin": {"job_id": (str,), "pinned": (bool,)},
+    "drain": {},
+    "status": {},
+    "jobs": {},
+    "policy_show": {},
+    "reply": {"ok": (bool,), "error": (str,), "data": (dict,)},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One protocol message.
+
+    Attributes:
+        kind: one of :data:`SCHEMAS`.
+        body: the kind's fields (checked by :func:`encode`/:func:`decode`).
+        id: a unique id; a reply carries the id of the request it answers.
+        sent_at: the sender's wall clock (Unix seconds), for logs and latency.
+        version: the protocol version.
+    """
+
+    kind: str
+    body: Mapping[str, Any]
+    id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    sent_at: float = dataclasses.field(default_factory=time.time)
+    version: int = PROTOCOL_VERSION
+
+    def reply(self, *, ok: bool = True, error: str = "", data: Mapping[str, Any] | None = None) -> Message:
+        """The reply to this message (same id)."""
+        return Message("reply", {"ok": ok, "error": error, "data": dict(data or {})}, id=self.id)
+
+
+def _check_body(kind: str, body: Any) -> dict[str, Any]:
+    schema = SCHEMAS.get(kind)
+    if schema is None:
+        raise ProtocolError(f"unknown message kind {kind!r}; known kinds: {', '.join(sorted(SCHEMAS))}")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{kind}: body is {type(body).__name__}, not an object")
+    missing = sorted(set(schema) - set(body))
+    if missing:
+        raise ProtocolError(f"{kind}: missing field(s) {', '.join(missing)}")
+    extra = sorted(set(body) - set(schema))
+    if extra:
+        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(extra)}; known: {', '.join(sorted(schema)) or '-'}")
+    for name, types in schema.items():
+        value = body[name]
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            expected = " or ".join(t.__name__ for t in types)
+            raise ProtocolError(f"{kind}: field {name!r} is {value!r}, not {expected}")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**53) < value < 2**53:
+            raise ProtocolError(f"{kind}: field {name!r} is {value!r}, out of range")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError(f"{kind}: field {name!r} is {value!r}, not a finite number")
+    return body
+
+
+def encode(message: Message) -> bytes:
+    """The message as UTF-8 JSON bytes.
+
+    Raises:
+        ProtocolError: unknown kind, a body that does not match its schema, or more than 1 MiB.
+    """
+    body = _check_body(message.kind, dict(message.body))
+    data = json.dumps(
+        {"v": message.version, "kind": message.kind, "id": message.id, "sent_at": message.sent_at, "body": body},
+        separators=(",", ":"),
+        allow_nan=False,
+    ).encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"{message.kind}: message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} limit")
+    return data
+
+
+def decode(data: bytes) -> Message:
+    """Read a message; never raises anything but :class:`ProtocolError` on bad input.
+
+    Raises:
+        ProtocolError: too large, not UTF-8 JSON, a wrong version, an unknown kind or a malformed body.
+    """
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} limit")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"message is not UTF-8 JSON ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"message is {type(doc).__name__}, not an object")
+    version = doc.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} is not supported; this side speaks {PROTOCOL_VERSION}")
+    kind, msg_id, sent_at = doc.get("kind"), doc.get("id"), doc.get("sent_at")
+    if not isinstance(kind, str):
+        raise ProtocolError(f"message kind is {kind!r}, not a string")
+    if not isinstance(msg_id, str) or not 0 < len(msg_id) <= 64:
+        raise ProtocolError(f"message id is {msg_id!r}, not a string of 1..64 characters")
+    if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)) or not math.isfinite(sent_at):
+        raise ProtocolError(f"sent_at is {sent_at!r}, not a time")
+    body = _check_body(kind, doc.get("body"))
+    return Message(kind=kind, body=body, id=msg_id, sent_at=float(sent_at), version=version)

@@ -79,20 +79,29 @@ class SpankSite:
         Returns:
             sbatch's result, with ``returncode`` replaced by the job's exit code, and the job's output.
         """
+        result, job_id, out = self.submit(*args, env=env)
+        result.returncode = self.wait(job_id)
+        return result, out.read_text() if out.exists() else ""
+
+    def submit(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.CompletedProcess[str], str, Path]:
+        """Submit a batch job; returns sbatch's result, the job id and the file the job writes its output to."""
         out = self.work / f"job-{len(list(self.work.glob('job-*.out')))}.out"
         result = self.run("sbatch", "--parsable", "-o", str(out), *args, env=env)
         assert result.returncode == 0, f"sbatch {' '.join(args)} failed: {result.stderr}"
-        job_id = result.stdout.strip().split(";")[0]
+        return result, result.stdout.strip().split(";")[0], out
+
+    def wait(self, job_id: str) -> int:
+        """Wait for a job to end; returns its exit code."""
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             show = self.run("scontrol", "-o", "show", "job", job_id).stdout
             fields = dict(word.split("=", 1) for word in show.split() if "=" in word)
             if fields.get("JobState") in TERMINAL_STATES:
-                break
+                return int(fields.get("ExitCode", "1:0").split(":")[0])
             assert time.monotonic() < deadline, f"job {job_id} still {fields.get('JobState')} after {TIMEOUT_S}s"
             time.sleep(0.1)
-        result.returncode = int(fields.get("ExitCode", "1:0").split(":")[0])
-        return result, out.read_text() if out.exists() else ""
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +202,36 @@ def test_no_elastic_on_the_command_line_beats_the_script(spank_site: SpankSite) 
     assert result.returncode == 0, result.stderr
     assert "SLURM_JOB_ID=" in output
     assert amoeba_vars(output) == {}
+
+
+def test_lowering_max_workers_does_not_break_steps_of_a_running_job(spank_site: SpankSite) -> None:
+    spank_site.install("max_workers=8")
+    flag = spank_site.work / "go"
+    script = spank_site.work / "job.sh"
+    script.write_text(f"#!/bin/bash\nfor i in $(seq 600); do [ -e {flag} ] && break; sleep 0.1; done\nsrun -n1 env\n")
+    _, job_id, out = spank_site.submit("--elastic=2:8", str(script))
+    spank_site.install("max_workers=4")
+    flag.touch()
+    assert spank_site.wait(job_id) == 0, out.read_text()
+    assert amoeba_vars(out.read_text())["AMOEBA_ELASTIC_MAX"] == "8"
+
+
+def test_jobs_submitted_inside_an_elastic_job_inherit_it_unless_no_elastic(spank_site: SpankSite) -> None:
+    spank_site.install()
+    inherit, plain = spank_site.work / "inherit.out", spank_site.work / "plain.out"
+    result, output = spank_site.sbatch_wait(
+        "--elastic=2:3",
+        "--wrap",
+        f"sbatch --parsable -o {inherit} --wrap env && sbatch --parsable --no-elastic -o {plain} --wrap env",
+    )
+    assert result.returncode == 0, output
+    inner = output.split()
+    assert len(inner) == 2, output
+    for job_id in inner:
+        assert spank_site.wait(job_id) == 0
+    assert amoeba_vars(inherit.read_text())["AMOEBA_ELASTIC_MAX"] == "3"
+    assert "SLURM_JOB_ID=" in plain.read_text()
+    assert amoeba_vars(plain.read_text()) == {}
 
 
 def test_export_none_job_still_sees_the_range(spank_site: SpankSite) -> None:

@@ -27,7 +27,6 @@ bool amoeba_inside_allocation;
 static int amoeba_option_cb(int val, const char *optarg, int remote)
 {
 	char err[AMOEBA_ERR_MAX];
-
 	bool in_job = remote != 0 || amoeba_inside_allocation;
 
 	if (amoeba_request_apply(&amoeba_req, &amoeba_cfg, val, optarg, in_job,
@@ -58,8 +57,8 @@ int amoeba_load_config(int ac, char **av)
 {
 	char err[AMOEBA_ERR_MAX];
 
-	amoeba_request_reset(&amoeba_req);
-	amoeba_inside_allocation = false;
+	/* amoeba_req is not reset here: Slurm's documentation allows remote
+	 * option callbacks to run before slurm_spank_init. */
 	if (amoeba_config_parse(&amoeba_cfg, ac, av, err, sizeof(err)) < 0) {
 		slurm_error("amoeba: %s", err);
 		return -1;

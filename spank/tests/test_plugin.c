@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amoeba_plugin.h"
 #include "check.h"
 #include "fake_spank.h"
 
@@ -22,6 +23,9 @@ static int init(spank_context_t ctx, const char *a, const char *b)
 	int ac = 0;
 
 	fake_reset(ctx);
+	/* what a freshly loaded plugin starts from */
+	amoeba_request_reset(&amoeba_req);
+	amoeba_inside_allocation = false;
 	if (a)
 		av[ac++] = (char *) a;
 	if (b)

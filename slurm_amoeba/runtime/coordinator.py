@@ -398,12 +398,18 @@ class Coordinator:
                 self._lock.notify_all()
 
     @property
-    def _client(self) -> TCPStore:
-        assert self._store is not None
+    def store(self) -> TCPStore:
+        """The hosted store (the runtime's keys live under ``amoeba/``; tools may add their own elsewhere).
+
+        Raises:
+            RuntimeConfigError: the coordinator is not started.
+        """
+        if self._store is None:
+            raise RuntimeConfigError("the coordinator is not started; call start() first")
         return self._store
 
     def _read_events(self, now: float) -> None:
-        store = self._client
+        store = self.store
         count = int(store.queue_len(EVENTS_KEY))
         for _ in range(count):
             raw = store.queue_pop(EVENTS_KEY, block=False)
@@ -423,7 +429,7 @@ class Coordinator:
             live = [w for w, i in self.membership.workers.items() if not i.status.is_gone()]
         if not live:
             return
-        store = self._client
+        store = self.store
         keys = [heartbeat_key(w) for w in live]
         present = [k for k in keys if store.check([k])]
         if not present:
@@ -437,7 +443,7 @@ class Coordinator:
                     self.membership.heartbeat(worker, now)
 
     def _read_progress(self) -> None:
-        store = self._client
+        store = self.store
         if not store.check([PROGRESS_KEY]):
             return
         raw = store.get(PROGRESS_KEY)
@@ -463,7 +469,7 @@ class Coordinator:
             )
 
     def _apply(self, actions: list[SetWant | SendAssignment]) -> None:
-        store = self._client
+        store = self.store
         for action in actions:
             if isinstance(action, SetWant):
                 log.info("%s asking generation %s to end at its next step boundary", self._prefix, action.generation)

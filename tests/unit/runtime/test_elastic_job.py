@@ -1,0 +1,108 @@
+"""Must-show: a seeded job resized 2 -> 3 -> 1 -> 4, with a graceful leave and a SIGKILL, ends where a fixed-size
+run of the same seed ends, and every sample is applied exactly once per epoch in both (CPU, gloo, local mode).
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.runtime.jobs import (
+    NEVER,
+    ToyJob,
+    applied_ledger,
+    epoch_counts,
+    final_params,
+    read_ledgers,
+)
+
+EPOCHS = 5
+DATASET = 100
+GLOBAL_BATCH = 12
+STEPS = EPOCHS * -(-DATASET // GLOBAL_BATCH)
+
+
+def assert_exactly_once(out: Path, history: tuple[object, ...]) -> None:
+    entries = applied_ledger(read_ledgers(out), history)  # type: ignore[arg-type]
+    counts = epoch_counts(entries)
+    assert sorted(counts) == list(range(EPOCHS))
+    for epoch, counter in counts.items():
+        assert sorted(counter) == list(range(DATASET)), f"epoch {epoch} misses samples"
+        assert set(counter.values()) == {1}, f"epoch {epoch} applied some samples twice"
+    per_step: dict[int, int] = collections.Counter()
+    for entry in entries:
+        per_step[entry.step] += len(entry.indices)
+        assert all(m <= 4 for m in entry.micro), "a micro-batch exceeded the memory cap"
+    assert sorted(per_step) == list(range(STEPS))
+    for step, samples in per_step.items():
+        expected = GLOBAL_BATCH if (step + 1) % 9 else DATASET % GLOBAL_BATCH
+        assert samples == expected, f"step {step} applied {samples} samples instead of {expected}"
+
+
+@pytest.mark.timeout(240)
+def test_resized_job_with_leave_and_kill_matches_fixed_size_run_exactly_once(tmp_path: Path) -> None:
+    fixed_out = tmp_path / "fixed"
+    with ToyJob(fixed_out, workers=2, hold=False) as fixed:
+        fixed_result = fixed.finish()
+    assert fixed_result.phase.value == "finished", fixed_result
+    assert len(fixed_result.view.history) == 1
+
+    out = tmp_path / "elastic"
+    with ToyJob(out, workers=2, hold=True, extra_args=["--step-delay", "0.01"]) as toy:
+        job = toy.job
+        toy.release(4)
+        toy.wait_members(2)
+        toy.wait_held(4)
+        (joiner,) = job.add(1)
+        toy.wait_ready([joiner])
+        toy.release(12)
+        view = toy.wait_members(3)
+
+        toy.wait_held(12)
+        assert view.plan is not None
+        for leaver in view.plan.members[:2]:  # rank 0 leaves too: the source moves to the last member
+            job.remove(leaver)
+        toy.release(20)
+        toy.wait_members(1)
+
+        toy.wait_held(20)
+        joiners = job.add(3)
+        toy.wait_ready(joiners)
+        toy.release(28)
+        view = toy.wait_members(4)
+
+        toy.wait_held(28)
+        assert view.plan is not None
+        job.terminate(view.plan.members[1])  # SIGTERM: graceful leave, like Slurm preemption
+        toy.release(33)
+        view = toy.wait_members(3)
+
+        toy.wait_held(33)
+        assert view.plan is not None
+        victim = view.plan.members[-1]
+        toy.release(NEVER)
+        job.kill(victim)  # SIGKILL mid-training: survivors roll back to the last commit
+        toy.wait_members(2)
+        result = toy.finish()
+
+    assert result.phase.value == "finished", result
+    sizes = [r.plan.world_size for r in result.view.history]
+    assert sizes == [2, 3, 1, 4, 3, 2], sizes
+    assert result.view.history[-1].plan.rollback
+    assert result.returncodes[victim] == -9
+
+    raw, applied = read_ledgers(out), applied_ledger(read_ledgers(out), result.view.history)
+    assert len(raw) > len(applied), "the SIGKILL after step 32 must roll back and redo steps 30..32"
+    assert_exactly_once(fixed_out, fixed_result.view.history)
+    assert_exactly_once(out, result.view.history)
+
+    reference = final_params(fixed_out)
+    elastic = final_params(out)
+    assert len(reference) == 2 and len(elastic) == 2
+    ref = next(iter(reference.values()))
+    for params in [*reference.values(), *elastic.values()]:
+        for name, tensor in ref.items():
+            torch.testing.assert_close(params[name], tensor, rtol=1e-9, atol=1e-11, msg=name)

@@ -58,7 +58,7 @@ def read_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dict[st
     try:
         handle = path.open(newline="")
     except OSError as exc:
-        raise ParseError(f"cannot read {path}: {exc.strerror}", source=str(path)) from None
+        raise ParseError(f"cannot read the file ({exc.strerror}); check the path", source=str(path)) from None
     with handle:
         reader = csv.reader(handle)
         header = next(reader, None)

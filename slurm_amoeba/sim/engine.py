@@ -417,6 +417,7 @@ class Simulator:
 
     def _apply(self, decision: Decision, now: float) -> None:
         job = self._jobs[decision.job_id]
+        self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
         if before > 0:
             self._release(job, now)

@@ -172,11 +172,12 @@ class LocalJob:
 
     # ----------------------------------------------------------------------------------------------- commands
 
-    def add(self, count: int = 1) -> list[str]:
+    def add(self, count: int = 1, *, command: Sequence[str] | None = None) -> list[str]:
         """Start ``count`` new workers; they warm up and join at a step boundary once ready.
 
         Args:
             count: how many.
+            command: a different command for these workers (default: the job's).
 
         Returns:
             Their ids.
@@ -193,7 +194,12 @@ class LocalJob:
             log_path = self.log_dir / f"{worker_id}.log"
             with open(log_path, "wb") as out:
                 process = subprocess.Popen(
-                    self.command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd, start_new_session=True
+                    list(command or self.command),
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.cwd,
+                    start_new_session=True,
                 )
             with self._lock:
                 self.workers[worker_id] = LocalWorker(worker_id, process, log_path, time.monotonic())

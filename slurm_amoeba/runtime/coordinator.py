@@ -197,6 +197,7 @@ class Coordinator:
         self._progress_raw = b""
         self._throughput: dict[int, ThroughputStats] = {}
         self._loop_error: BaseException | None = None
+        self._deaths: list[tuple[str, str]] = []
         self._prefix = f"[{config.job_id}/coordinator]"
 
     # ----------------------------------------------------------------------------------------------- lifecycle
@@ -315,9 +316,10 @@ class Coordinator:
             worker_id: the worker.
             reason: e.g. ``"exited with signal 9"``.
         """
+        # Applied by the loop right after it reads the events, so that anything the worker said before it died
+        # (a leave report, an error) is taken in first.
         with self._lock:
-            self.membership.mark_dead(worker_id, reason)
-            self._lock.notify_all()
+            self._deaths.append((worker_id, reason))
 
     def view(self) -> CoordinatorView:
         """A consistent snapshot of the job's state.
@@ -381,7 +383,12 @@ class Coordinator:
             next_slow = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
+                with self._lock:
+                    deaths, self._deaths = self._deaths, []
                 self._read_events(now)
+                with self._lock:
+                    for worker_id, reason in deaths:
+                        self.membership.mark_dead(worker_id, reason)
                 if now >= next_slow:
                     self._read_heartbeats(now)
                     self._read_progress()

@@ -24,15 +24,18 @@ DEADLINE_S = 90.0
 NEVER = 10**9
 
 
+def toy_command(out: Path, extra_args: list[str], *, hold: bool) -> list[str]:
+    """The worker command of the toy trainer."""
+    return [sys.executable, str(TOY), "--out", str(out), *extra_args, *(["--hold"] if hold else [])]
+
+
 class ToyJob:
     """A local job of the toy trainer that a test steers step by step."""
 
     def __init__(self, out: Path, *, workers: int, hold: bool, extra_args: list[str] | None = None) -> None:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, str(TOY), "--out", str(out), *(extra_args or [])]
-        if hold:
-            command.append("--hold")
+        command = toy_command(out, extra_args or [], hold=hold)
         self.job = LocalJob(
             command,
             initial_workers=workers,

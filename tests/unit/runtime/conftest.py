@@ -1,0 +1,34 @@
+"""Fixtures of the runtime tests: the fixed-size reference run that elastic runs are compared with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_amoeba.local import LocalJobResult
+from tests.unit.runtime.jobs import ToyJob, final_params
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """A finished fixed-size run of the toy job (2 workers, no resize)."""
+
+    out: Path
+    result: LocalJobResult
+    params: dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="session")
+def fixed_run(tmp_path_factory: pytest.TempPathFactory) -> ReferenceRun:
+    """The toy job at a fixed size of 2 workers, run once per session."""
+    out = tmp_path_factory.mktemp("fixed")
+    with ToyJob(out, workers=2, hold=False) as fixed:
+        result = fixed.finish()
+    assert result.phase.value == "finished", result
+    assert len(result.view.history) == 1
+    params = final_params(out)
+    assert len(params) == 2
+    return ReferenceRun(out=out, result=result, params=next(iter(params.values())))

@@ -2,7 +2,8 @@
 
 Each test installs the plugin with ``make -C spank install`` into the cluster's ``plugstack.conf.d`` (sbatch, srun and
 salloc read plugstack.conf on every call; slurmstepd on every step), submits real jobs, and puts back whatever
-``amoeba.conf`` was there before, so the cluster is left as it was found.
+``amoeba.conf`` was there before (normally the default one that ``scripts/slurm-cluster up`` installs), so the
+cluster is left as it was found.
 """
 
 from __future__ import annotations
@@ -123,6 +124,22 @@ def spank_site(slurm_cluster: ClusterHandle, spank_files: tuple[Path, Path], tmp
             conf.unlink(missing_ok=True)
         else:
             conf.write_text(before)
+
+
+def test_cluster_loads_the_plugin_by_default(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    """`scripts/slurm-cluster up` installs the plugin with no arguments; each test here puts that back."""
+    conf = slurm_cluster.plugstack_dir / "amoeba.conf"
+    assert conf.exists(), f"no {conf}: this cluster was started before `up` installed the plugin; restart it"
+    lines = [line for line in conf.read_text().splitlines() if not line.startswith("#")]
+    assert lines == [f"required {slurm_cluster.root / 'lib' / 'amoeba_spank.so'}"]
+    assert "--elastic=MIN[:MAX]" in run(["sbatch", "--help"], slurm_cluster.env, tmp_path).stdout
+    srun = run(["srun", "-N1", "-n1", "--elastic=1:2", "env"], slurm_cluster.env, tmp_path)
+    assert srun.returncode == 0, srun.stderr
+    assert amoeba_vars(srun.stdout) == {
+        "AMOEBA_ELASTIC_MIN": "1",
+        "AMOEBA_ELASTIC_MAX": "2",
+        "AMOEBA_ELASTIC_PARTITION": slurm_cluster.elastic_partition,
+    }
 
 
 def test_sbatch_elastic_2_4_job_sees_min_max_and_partition(spank_site: SpankSite) -> None:

@@ -140,7 +140,26 @@ def request(
     expect_uid: int | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
 ) -> Message:
-    """Send ``message`` to ``endpoint`` and return the reply.
+    """Send ``message`` to ``endpoint`` and return the reply (see :func:`request_from`).
+
+    Raises:
+        ChannelError: no reply after every attempt, or a reply that fails authentication.
+    """
+    return request_from(
+        endpoint, message, timeout_s=timeout_s, retries=retries, expect_uid=expect_uid, context=context
+    )[1]
+
+
+def request_from(
+    endpoint: str,
+    message: Message,
+    *,
+    timeout_s: float = 5.0,
+    retries: int = 2,
+    expect_uid: int | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+) -> tuple[Credential, Message]:
+    """Send ``message`` to ``endpoint``; return who answered (as munge vouches) and the reply.
 
     Each attempt uses a fresh socket, so a lost reply never wedges the next try. Requests should be idempotent
     (a retried resize to the same target is).
@@ -150,12 +169,11 @@ def request(
         message: the request.
         timeout_s: deadline of one attempt.
         retries: further attempts after a timeout.
-        expect_uid: when set, a reply must come from this uid (an agent checks that directives' replies and
-            sources are the daemon's).
+        expect_uid: when set, a reply must come from this uid.
         context: a ZeroMQ context to use (a shared one in long-lived processes).
 
     Returns:
-        The reply (``kind == "reply"``; check ``body["ok"]``).
+        The replier's credential and the reply (``kind == "reply"``; check ``body["ok"]``).
 
     Raises:
         ChannelError: no reply after every attempt, or a reply that fails authentication.
@@ -178,7 +196,7 @@ def request(
                     raise ChannelError(f"the reply from {endpoint} came from uid {sender.uid}, expected {expect_uid}")
                 if reply.kind != "reply" or reply.id != message.id:
                     raise ChannelError(f"{endpoint} answered {reply.kind} {reply.id}, not the reply to {message.id}")
-                return reply
+                return sender, reply
             last = f"no reply within {timeout_s:g} s"
             logger.info("[channel] %s to %s: %s (attempt %d)", message.kind, endpoint, last, attempt + 1)
         finally:

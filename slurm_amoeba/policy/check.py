@@ -17,9 +17,10 @@ def check_decisions(snapshot: Snapshot, decisions: Sequence[Decision]) -> None:
     """Raise if applying ``decisions`` to ``snapshot`` would break an invariant.
 
     The invariants: every decision names a job of the snapshot, at most once; no job is sized outside
-    ``min_workers..max_workers`` (0 preempts); a non-elastic, pinned or resizing job is never resized; a placement
-    names known nodes and adds up to the size; no node and no cluster ends up with more GPUs held than it has; a
-    sharing job shares with a job that runs exclusively afterwards, on a subset of its nodes, one sharer per job.
+    ``min_workers..max_workers`` (0 preempts); a non-elastic, pinned, resizing or sharing job is never resized;
+    a placement names known nodes and adds up to the size; no node and no cluster ends up with more GPUs held
+    than it has; a sharing job shares with a job that runs exclusively afterwards, on a subset of its nodes, one
+    sharer per job.
 
     Args:
         snapshot: the cluster the decisions were made for.
@@ -82,16 +83,16 @@ def _check_size(job: JobInfo, decision: Decision) -> None:
         if job.state is JobState.PENDING:
             raise PolicyError(f"job {job.job_id} is pending and cannot be preempted (decision for 0 workers)")
         return
+    resized = job.state is JobState.RUNNING and decision.workers != job.workers
+    if resized and not job.is_elastic:
+        raise PolicyError(f"job {job.job_id} is not elastic and cannot be resized to {decision.workers} workers")
     if not job.min_workers <= decision.workers <= job.max_workers:
         raise PolicyError(
             f"job {job.job_id}: {decision.workers} workers lies outside its range {job.min_workers}:{job.max_workers}"
         )
-    if job.state is JobState.RUNNING and decision.workers != job.workers:
-        if not job.is_elastic:
-            raise PolicyError(f"job {job.job_id} is not elastic and cannot be resized to {decision.workers} workers")
-        if job.pinned or job.resizing:
-            why = "pinned by an operator" if job.pinned else "still resizing"
-            raise PolicyError(f"job {job.job_id} is {why} and cannot be resized to {decision.workers} workers")
+    if resized and (job.pinned or job.resizing or job.shared_with is not None):
+        why = "pinned by an operator" if job.pinned else "still resizing" if job.resizing else "sharing GPUs"
+        raise PolicyError(f"job {job.job_id} is {why} and cannot be resized to {decision.workers} workers")
 
 
 def _check_sharing(jobs: dict[str, JobInfo], decided: dict[str, Decision]) -> None:

@@ -185,7 +185,15 @@ def realize(
     free = snapshot.free_by_node()
     decisions: list[Decision] = []
     by_id = {job.job_id: job for job in snapshot.jobs}
+    guests = {job.shared_with: job.job_id for job in snapshot.jobs if job.shared_with is not None}
+    releases = dict(targets)
     for job_id, target in targets.items():
+        guest = guests.get(job_id)
+        if guest is not None and target < by_id[job_id].workers and releases.get(guest, 1) != 0:
+            # A guest cannot stay on GPUs its host gives up.
+            releases[guest] = 0
+            reason = {**reason, guest: f"its host {job_id} gives up the GPUs it shares"}
+    for job_id, target in releases.items():
         job = by_id[job_id]
         if job.state is not JobState.RUNNING or target >= job.workers:
             continue
@@ -199,8 +207,8 @@ def realize(
                     free[name] += (count - new.get(name, 0)) * job.gpus_per_worker
         decisions.append(Decision(job_id, target, new, reason.get(job_id, "")))
     for job in order:
-        target = targets.get(job.job_id, job.workers)
-        if target <= job.workers:
+        target = releases.get(job.job_id, job.workers)
+        if target <= job.workers or job.shared_with is not None:
             continue
         if job.state is JobState.RUNNING:
             grown = grow_placement(job.placement, free, target - job.workers, job.gpus_per_worker)

@@ -117,8 +117,10 @@ class JobInfo:
 
     @property
     def is_resizable(self) -> bool:
-        """Whether a policy may order this job to a new size now."""
-        return self.max_workers > self.min_workers and not self.pinned and not self.resizing
+        """Whether a policy may order this job to a new size now (elastic, not pinned, resizing or sharing)."""
+        return (
+            self.max_workers > self.min_workers and not self.pinned and not self.resizing and self.shared_with is None
+        )
 
     @property
     def gpus(self) -> int:

@@ -1,0 +1,48 @@
+"""Placement helpers and the JobInfo/NodeInfo checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, PolicyError
+from slurm_amoeba.policy.common import grow_placement, place_most_free, shrink_placement
+
+from .helpers import job
+
+
+def test_place_most_free_fills_the_freest_node_first_and_breaks_ties_by_order() -> None:
+    assert place_most_free({"a": 2, "b": 4, "c": 4}, 6) == {"b": 4, "c": 2}
+    assert place_most_free({"a": 2, "b": 1}, 4) is None
+
+
+def test_place_most_free_counts_whole_workers_per_node() -> None:
+    assert place_most_free({"a": 3, "b": 3}, 2, gpus_per_worker=2) == {"a": 1, "b": 1}
+    assert place_most_free({"a": 3, "b": 1}, 2, gpus_per_worker=2) is None
+
+
+def test_grow_uses_the_jobs_own_nodes_first() -> None:
+    assert grow_placement({"b": 1}, {"a": 4, "b": 2}, 3) == {"b": 3, "a": 1}
+
+
+def test_shrink_empties_the_smallest_pieces_first() -> None:
+    assert shrink_placement({"a": 3, "b": 1, "c": 2}, 2) == {"a": 3, "c": 1}
+
+
+def test_job_info_rejects_inconsistent_values() -> None:
+    with pytest.raises(PolicyError, match="worker range 3:2"):
+        job("x", 2, low=3, high=2)
+    with pytest.raises(PolicyError, match="requested_workers=5 lies outside"):
+        job("x", 5, low=1, high=4)
+    with pytest.raises(PolicyError, match="does not match workers=0"):
+        JobInfo("x", JobState.RUNNING, 0.0, 1, 1, 1)
+    with pytest.raises(PolicyError, match="gpus_free=5"):
+        NodeInfo("n", 4, 5)
+
+
+def test_rate_interpolates_between_known_sizes_and_never_extrapolates() -> None:
+    info = job("x", 2, low=1, high=8, throughput={2: 2.0, 4: 3.0})
+    assert info.rate(3) == pytest.approx(2.5)
+    assert info.rate(8) is None
+    assert info.remaining_time() is None
+    timed = job("y", 2, throughput={2: 4.0}, remaining_work=100.0)
+    assert timed.remaining_time() == pytest.approx(25.0)

@@ -1,0 +1,60 @@
+"""Every registered policy keeps the cluster's invariants on random snapshots (hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_amoeba.policy import (
+    DecisionKind,
+    ElasticBackfillPolicy,
+    JobState,
+    Snapshot,
+    check_decisions,
+    make_policy,
+    policy_names,
+)
+
+from .strategies import snapshots
+
+_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("name", policy_names())
+@_SETTINGS
+@given(snapshot=snapshots(), now=st.floats(0, 100_000))
+def test_decisions_never_break_an_invariant(name: str, snapshot: Snapshot, now: float) -> None:
+    decisions = make_policy(name).decide(snapshot, now)
+    check_decisions(snapshot, decisions)
+    jobs = {job.job_id: job for job in snapshot.jobs}
+    held_after = snapshot.total_gpus - snapshot.free_gpus
+    for decision in decisions:
+        job = jobs[decision.job_id]
+        kind = decision.kind(job)
+        if kind in (DecisionKind.GROW, DecisionKind.SHRINK):
+            assert job.is_elastic and not job.pinned and not job.resizing
+        if decision.workers:
+            assert job.min_workers <= decision.workers <= job.max_workers
+        if job.shared_with is None and job.state is JobState.RUNNING:
+            held_after -= job.gpus
+        if decision.share_with is None:
+            held_after += decision.workers * job.gpus_per_worker
+    assert held_after <= snapshot.total_gpus
+
+
+@_SETTINGS
+@given(snapshot=snapshots(), now=st.floats(0, 100_000))
+def test_backfill_in_the_daemon_never_starts_a_job(snapshot: Snapshot, now: float) -> None:
+    decisions = ElasticBackfillPolicy(start_pending=False).decide(snapshot, now)
+    jobs = {job.job_id: job for job in snapshot.jobs}
+    assert all(jobs[decision.job_id].state is JobState.RUNNING for decision in decisions)
+    check_decisions(snapshot, decisions)
+
+
+@pytest.mark.parametrize("name", policy_names())
+@settings(max_examples=40, deadline=None)
+@given(snapshot=snapshots(), now=st.floats(0, 100_000))
+def test_policies_are_pure_functions_of_snapshot_and_time(name: str, snapshot: Snapshot, now: float) -> None:
+    policy = make_policy(name)
+    assert list(policy.decide(snapshot, now)) == list(policy.decide(snapshot, now))

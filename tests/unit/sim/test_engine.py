@@ -1,0 +1,110 @@
+"""The event engine on small workloads whose outcome can be worked out by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from slurm_amoeba.policy import Decision, PolicyError, Snapshot, make_policy
+from slurm_amoeba.sim.application import load_applications
+from slurm_amoeba.sim.data import SimError
+from slurm_amoeba.sim.engine import SimConfig, Simulator, trace_models
+from slurm_amoeba.sim.workload import JobSpec
+
+
+def _run(jobs: Sequence[JobSpec], policy: str, **config: float) -> Simulator:
+    return Simulator(jobs, make_policy(policy), SimConfig(**config), trace_models({}, 4))  # type: ignore[arg-type]
+
+
+def test_a_lone_job_waits_for_the_tick_pays_the_restart_and_runs_its_duration() -> None:
+    result = _run([JobSpec("a", 10, 2, duration=100)], "fifo", nodes=1).run()
+    (record,) = result.jobs
+    assert record.first_start == 60
+    assert record.completion == pytest.approx(60 + 30 + 100)
+    assert result.summary()["avg_queue_s"] == pytest.approx(50)
+    assert result.gpu_util() == pytest.approx(2 * 130 / (4 * 180))
+
+
+def test_growing_pays_the_resize_cost_and_speeds_the_job_up() -> None:
+    elastic = JobSpec("e", 0, 2, duration=400, min_workers=1, max_workers=4)
+    regular = JobSpec("r", 0, 2, duration=50)
+    ends = {}
+    for cost in (1.0, 30.0):
+        result = _run([elastic, regular], "elastic-backfill", nodes=1, resize_cost=cost).run()
+        record = {job.name: job for job in result.jobs}
+        ends[cost] = record["e"].completion
+        assert record["e"].resizes == 1
+        assert record["r"].completion == pytest.approx(80)
+    # e starts with 2 workers (its minimum plus the GPU r leaves), paused until 30; r finishes at 80, so at the
+    # tick at 120 e grows to 4 workers (twice the speed) with 90 of its 400 done.
+    assert ends[1.0] == pytest.approx(120 + 1 + (400 - 90) / 2)
+    assert ends[30.0] == pytest.approx(120 + 30 + (400 - 90) / 2)
+
+
+def test_a_guest_shares_its_hosts_gpus_and_runs_alone_once_the_host_is_done() -> None:
+    jobs = [JobSpec("a", 0, 2, duration=100), JobSpec("b", 0, 2, duration=100)]
+    result = _run(jobs, "sjf-ffs", nodes=1, gpus_per_node=2).run()
+    done = {record.name: record.completion for record in result.jobs}
+    # a: alone 30..60 (30 done), then at half speed: 70 left -> 200. b: joins at 60, paused to 90, half speed
+    # until 200 (55 done), then alone: 45 left -> 245.
+    assert done == pytest.approx({"a": 200.0, "b": 245.0})
+
+
+def test_a_job_larger_than_the_cluster_is_refused_with_the_fix() -> None:
+    with pytest.raises(SimError, match="job big needs at least 80 GPUs but the cluster has 64 .* use more --nodes"):
+        _run([JobSpec("big", 0, 80, duration=1)], "fifo")
+
+
+def test_an_unknown_application_is_refused() -> None:
+    with pytest.raises(SimError, match="unknown application 'gpt'"):
+        _run([JobSpec("x", 0, 1, "gpt", 64)], "fifo")
+
+
+def test_the_horizon_leaves_late_jobs_unfinished() -> None:
+    result = _run([JobSpec("a", 0, 1, duration=10), JobSpec("b", 0, 1, duration=10_000)], "fifo", horizon=600).run()
+    assert result.summary()["unfinished"] == 1
+
+
+def test_an_event_driven_policy_is_not_asked_between_events() -> None:
+    jobs = [JobSpec("a", 0, 1, duration=10), JobSpec("b", 1_000_000, 1, duration=10)]
+    sim = _run(jobs, "fifo")
+    result = sim.run()
+    assert result.decisions <= 4
+    assert all(record.completion is not None for record in result.jobs)
+
+
+class _Greedy:
+    """A broken policy: starts every pending job whatever the room."""
+
+    name = "greedy"
+    decides_on_events_only = False
+
+    def decide(self, snapshot: Snapshot, now: float) -> list[Decision]:
+        node = snapshot.nodes[0].name
+        return [
+            Decision(job.job_id, job.requested_workers, {node: job.requested_workers}) for job in snapshot.pending()
+        ]
+
+
+def test_a_policy_that_over_commits_stops_the_run_with_the_invariant() -> None:
+    jobs = [JobSpec("a", 0, 3, duration=10), JobSpec("b", 0, 3, duration=10)]
+    sim = Simulator(jobs, _Greedy(), SimConfig(nodes=1), trace_models({}, 4))
+    with pytest.raises(PolicyError, match="node node000 would hold 6 GPUs"):
+        sim.run()
+
+
+def test_trace_jobs_run_for_their_modelled_time(data_dir: Path) -> None:
+    apps = load_applications(data_dir / "pollux" / "traces")
+    spec = JobSpec("c", 0, 4, "cifar10", 512)
+    sim = Simulator([spec], make_policy("fifo"), SimConfig(), trace_models(apps, 4))
+    model = trace_models(apps, 4)(spec)
+    result = sim.run()
+    assert result.jobs[0].completion == pytest.approx(30 + model.remaining_seconds(0, 0.0), rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [{"nodes": 0}, {"interval": 0}, {"resize_cost": -1}])
+def test_bad_cluster_settings_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(SimError):
+        SimConfig(**bad)  # type: ignore[arg-type]

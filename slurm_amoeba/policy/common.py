@@ -96,6 +96,15 @@ def shrink_placement(current: Mapping[str, int], remove: int) -> dict[str, int]:
     return {name: count for name, count in result.items() if count > 0}
 
 
+def managed_capacity(snapshot: Snapshot) -> int:
+    """GPUs the policy may hand out: the free ones plus those its running jobs hold exclusively.
+
+    In the simulator this is every GPU; in the daemon, GPUs held by work the policy does not manage are left out.
+    """
+    held = sum(job.gpus for job in snapshot.jobs if job.workers > 0 and job.shared_with is None)
+    return snapshot.free_gpus + held
+
+
 def arrival_key(job: JobInfo) -> tuple[float, str]:
     """Sort key for first come, first served: submit time, then id."""
     return (job.submit_time, job.job_id)

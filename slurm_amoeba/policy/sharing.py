@@ -1,8 +1,9 @@
 """Shortest job first with GPU sharing: SJF-FFS and SJF-BSBF.
 
-Both start pending jobs shortest remaining time first (an oracle in the simulator) on free GPUs, with their
-requested size, never preempting. A job that does not fit may instead *share* the GPUs of a running job that has
-at least as many workers and no partner yet; the sharer runs with a sub-batch and gradient accumulation, so that its
+Both admit jobs shortest remaining time first (an oracle in the simulator) with their requested size, preempting
+running jobs that lose their place, exactly as :class:`~slurm_amoeba.policy.srtf.SrtfPolicy` does. A pending job
+that is not admitted may instead *share* the GPUs of a running job that keeps running, has at least as many
+workers and no partner yet; the sharer runs with a sub-batch and gradient accumulation, so that its
 global batch stays the same, and both jobs slow down by the measured co-location factors
 (``Snapshot.colocation``).
 
@@ -18,8 +19,9 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from slurm_amoeba.policy.common import place_most_free
-from slurm_amoeba.policy.types import Decision, JobInfo, PolicyError, Snapshot
+from slurm_amoeba.policy.common import realize
+from slurm_amoeba.policy.srtf import admit_shortest_first
+from slurm_amoeba.policy.types import Decision, JobInfo, JobState, PolicyError, Snapshot
 
 #: The fraction of its solo speed a job keeps on a shared GPU when the pair was never measured (time slicing).
 UNMEASURED_COLOCATION = 0.5
@@ -60,7 +62,7 @@ def _remaining(job: JobInfo) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class SjfSharingPolicy:
-    """Non-preemptive shortest-remaining-first with GPU sharing, first fit or best benefit first.
+    """Preemptive shortest-remaining-first with GPU sharing, first fit or best benefit first.
 
     Attributes:
         best_benefit: ``True`` for SJF-BSBF, ``False`` for SJF-FFS.
@@ -76,29 +78,27 @@ class SjfSharingPolicy:
         object.__setattr__(self, "name", "sjf-bsbf" if self.best_benefit else "sjf-ffs")
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
-        """Start jobs shortest first on free GPUs; place the ones that do not fit on a partner's GPUs.
+        """Admit jobs shortest first; place the ones left waiting on a partner's GPUs where allowed.
 
         Args:
             snapshot: the cluster now.
             now: the current time (unused).
 
         Returns:
-            Start decisions, some of them sharing a running job's GPUs.
+            Start and preempt decisions, some starts sharing a running job's GPUs.
         """
-        free = snapshot.free_by_node()
+        targets, order = admit_shortest_first(snapshot)
+        reasons = {key: f"{self.name}: admitted by remaining time" for key, size in targets.items() if size}
+        decisions = realize(snapshot, targets, order, reasons)
+        decided = {decision.job_id: decision for decision in decisions}
         hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
         partners = [
             job
             for job in sorted(snapshot.running(), key=lambda j: (j.submit_time, j.job_id))
-            if job.shared_with is None and job.job_id not in hosting
+            if job.shared_with is None and job.job_id not in hosting and job.job_id not in decided
         ]
-        decisions: list[Decision] = []
-        for job in sorted(snapshot.pending(), key=lambda j: (_remaining(j), j.submit_time, j.job_id)):
-            placement = place_most_free(free, job.requested_workers, job.gpus_per_worker)
-            if placement is not None:
-                for name, count in placement.items():
-                    free[name] -= count * job.gpus_per_worker
-                decisions.append(Decision(job.job_id, job.requested_workers, placement, f"{self.name}: fits"))
+        for job in order:
+            if job.state is not JobState.PENDING or job.job_id in decided:
                 continue
             partner = self._pick_partner(job, partners, snapshot.colocation)
             if partner is None:

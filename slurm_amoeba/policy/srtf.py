@@ -12,13 +12,38 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from slurm_amoeba.policy.common import realize
+from slurm_amoeba.policy.common import managed_capacity, realize
 from slurm_amoeba.policy.types import Decision, JobInfo, JobState, Snapshot
 
 
 def _remaining_key(job: JobInfo) -> tuple[float, float, str]:
     remaining = job.remaining_time()
     return (math.inf if remaining is None else remaining, job.submit_time, job.job_id)
+
+
+def admit_shortest_first(snapshot: Snapshot) -> tuple[dict[str, int], list[JobInfo]]:
+    """Target sizes of preemptive shortest-remaining-time-first with requested sizes.
+
+    Jobs sharing another job's GPUs are left out (they follow their host).
+
+    Args:
+        snapshot: the cluster now.
+
+    Returns:
+        (job id -> target size for the jobs that change, the jobs in admission order).
+    """
+    capacity = managed_capacity(snapshot)
+    order = sorted((job for job in snapshot.jobs if job.shared_with is None), key=_remaining_key)
+    targets: dict[str, int] = {}
+    for job in order:
+        need = job.gpus if job.state is JobState.RUNNING else job.requested_workers * job.gpus_per_worker
+        if need <= capacity:
+            capacity -= need
+            if job.state is JobState.PENDING:
+                targets[job.job_id] = job.requested_workers
+        elif job.state is JobState.RUNNING:
+            targets[job.job_id] = 0
+    return targets, order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,19 +69,7 @@ class SrtfPolicy:
         Returns:
             Start and preempt decisions.
         """
-        capacity = snapshot.total_gpus
-        order = sorted(snapshot.jobs, key=_remaining_key)
-        targets: dict[str, int] = {}
-        for job in order:
-            need = job.requested_workers * job.gpus_per_worker
-            if job.state is JobState.RUNNING:
-                need = job.gpus
-            if need <= capacity:
-                capacity -= need
-                if job.state is JobState.PENDING:
-                    targets[job.job_id] = job.requested_workers
-            elif job.state is JobState.RUNNING:
-                targets[job.job_id] = 0
+        targets, order = admit_shortest_first(snapshot)
         reasons = {
             key: "srtf: admitted by remaining time" if size else "srtf: longer than the jobs admitted"
             for key, size in targets.items()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from slurm_amoeba.policy.common import base_size, distribute_spare, realize
+from slurm_amoeba.policy.common import base_size, distribute_spare, managed_capacity, realize
 from slurm_amoeba.policy.types import Decision, JobInfo, JobState, PolicyError, Snapshot
 
 #: The artifact's threshold between the two queues: 16 GPU-hours of attained service.
@@ -69,8 +69,8 @@ class TiresiasPolicy:
         Returns:
             Start and preempt decisions.
         """
-        capacity = snapshot.total_gpus
-        order = las_order(snapshot.jobs, self.threshold_gpu_s)
+        capacity = managed_capacity(snapshot)
+        order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
         targets: dict[str, int] = {}
         for job in order:
             need = job.gpus if job.state is JobState.RUNNING else job.requested_workers * job.gpus_per_worker
@@ -119,8 +119,8 @@ class ElasticTiresiasPolicy:
         Returns:
             Start, preempt, grow and shrink decisions.
         """
-        capacity = snapshot.total_gpus
-        order = las_order(snapshot.jobs, self.threshold_gpu_s)
+        capacity = managed_capacity(snapshot)
+        order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:
@@ -138,7 +138,7 @@ class ElasticTiresiasPolicy:
                 sizes[job.job_id] += extra
                 capacity -= extra * job.gpus_per_worker
         distribute_spare(admitted, sizes, capacity, self.min_gain)
-        targets = {job.job_id: sizes[job.job_id] for job in snapshot.jobs if sizes[job.job_id] != job.workers}
+        targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
         by_id = {job.job_id: job for job in snapshot.jobs}
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
         return realize(snapshot, targets, admitted, reasons)

@@ -120,8 +120,8 @@ def test_sharing_benefit_compares_together_with_one_after_the_other(
 
 def _sharing_case(keep: float) -> tuple[list[str], list[str | None]]:
     """(policy names, the partner each one picked or None) for a guest that may share a host's GPUs."""
-    host = job("host", 4, placement={"n0": 4}, throughput={4: 1.0}, remaining_work=1000.0, job_type="x")
-    guest = job("guest", 2, submit=5, throughput={2: 1.0}, remaining_work=500.0, job_type="y")
+    host = job("host", 4, placement={"n0": 4}, throughput={4: 1.0}, remaining_work=300.0, job_type="x")
+    guest = job("guest", 2, submit=5, throughput={2: 1.0}, remaining_work=1000.0, job_type="y")
     colocation = {("x", "y"): keep, ("y", "x"): keep}
     snap = snapshot([4], [host, guest], colocation=colocation)
     results = []

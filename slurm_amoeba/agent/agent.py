@@ -345,7 +345,10 @@ class Agent:
             extra=(f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else (),
         )
         script.write_text(render_batch_script([options], [entry]))
-        client = CliSlurmClient(self._worker_env(), timeout=30)
+        # A satellite is a job of its own: the parent's SLURM_* variables (its heterogeneous components, its SPANK
+        # options) must not leak into it, or its srun looks for components it does not have.
+        env = {k: v for k, v in self._worker_env().items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        client = CliSlurmClient(env, timeout=30)
         try:
             job = client.submit(script, SubmitOptions())
         except (SlurmCommandError, AmoebaError) as exc:

@@ -1,0 +1,146 @@
+"""``amoeba-run``: the in-job entry, like ``torchrun`` but elastic (``amoeba-run python train.py ...``).
+
+In the batch script of an elastic job (submitted with ``amoeba-sbatch``, ``#SBATCH --elastic`` or
+:class:`~slurm_amoeba.launcher.executor.ElasticExecutor`) it becomes the job's **agent**: it hosts the rendezvous,
+starts the minimum workers in component 1 of the job and grows or shrinks the job on directive
+(:mod:`slurm_amoeba.agent.agent`). Each worker runs the given command with the torchrun environment contract
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), valid for each generation, plus the
+``AMOEBA_*`` variables the elastic runtime reads.
+
+Every option can also come from the environment: ``AMOEBA_ELASTIC_MIN``/``AMOEBA_ELASTIC_MAX`` (set by
+``amoeba-sbatch`` and by the SPANK plugin), ``AMOEBA_ELASTIC_PARTITION``, ``AMOEBA_GPUS_PER_WORKER``,
+``AMOEBA_CPUS_PER_WORKER``, ``AMOEBA_STATE_DIR``, ``AMOEBA_DAEMON_ENDPOINT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from slurm_amoeba.agent.agent import Agent, AgentConfig
+from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.slurm import CliSlurmClient
+
+log = logging.getLogger(__name__)
+
+
+def elastic_from_env(env: Mapping[str, str]) -> str | None:
+    """The worker range the environment gives (``MIN:MAX``), or None."""
+    low, high = env.get("AMOEBA_ELASTIC_MIN", ""), env.get("AMOEBA_ELASTIC_MAX", "")
+    if not low:
+        return None
+    return f"{low}:{high}" if high else low
+
+
+def advertise_address() -> str:
+    """An address of this host that other nodes reach (its name resolved; the name itself as a fallback)."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        return name
+    return name if address.startswith("127.") else address
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``amoeba-run``."""
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="amoeba-run",
+        description="Run an elastic training job's workers inside a Slurm job (like torchrun, but elastic).",
+        epilog="Example, in a batch script submitted with `amoeba-sbatch --elastic 2:8 job.sh`:\n"
+        "    amoeba-run python train.py --epochs 10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--elastic",
+        default=elastic_from_env(env),
+        metavar="MIN[:MAX]",
+        help="worker range (default: AMOEBA_ELASTIC_MIN/MAX from amoeba-sbatch or the SPANK plugin)",
+    )
+    parser.add_argument("--gpus-per-worker", type=int, default=int(env.get("AMOEBA_GPUS_PER_WORKER", "0") or 0))
+    parser.add_argument("--cpus-per-worker", type=int, default=int(env.get("AMOEBA_CPUS_PER_WORKER", "1") or 1))
+    parser.add_argument(
+        "--elastic-partition",
+        default=env.get("AMOEBA_ELASTIC_PARTITION") or "elastic",
+        help="partition of the satellites that grow the job (default: elastic)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="status file and logs (default: AMOEBA_STATE_DIR or ./amoeba-<jobid>)",
+    )
+    parser.add_argument(
+        "--daemon",
+        default=env.get("AMOEBA_DAEMON_ENDPOINT") or None,
+        help="the amoebad endpoint to register with (default: AMOEBA_DAEMON_ENDPOINT; none: no daemon)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
+    """Check the command line against the job Slurm started, and build the agent's settings.
+
+    Raises:
+        SpecError: not inside a Slurm job, no worker range, no command, or a job without a worker component.
+    """
+    command = list(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    if not command:
+        raise SpecError("amoeba-run needs a command to run, e.g. `amoeba-run python train.py`")
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id:
+        raise SpecError(
+            "amoeba-run runs inside a Slurm job: submit the script with `amoeba-sbatch --elastic MIN:MAX job.sh` "
+            "(or run locally with `amoeba-local`)"
+        )
+    if args.elastic is None:
+        raise SpecError(
+            "amoeba-run does not know the worker range: pass --elastic MIN:MAX or submit with amoeba-sbatch"
+        )
+    spec = ElasticSpec.parse(args.elastic, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    het_size = int(env.get("SLURM_HET_SIZE", "1") or 1)
+    if het_size < 2:
+        raise SpecError(
+            f"job {job_id} has no worker component (SLURM_HET_SIZE={het_size}); amoeba-sbatch submits the agent and "
+            "the minimum workers as one heterogeneous job: use it instead of plain sbatch"
+        )
+    tasks = int(env.get("SLURM_NTASKS_HET_GROUP_1", "0") or 0)
+    if tasks and tasks < spec.min_workers:
+        raise SpecError(
+            f"component 1 of job {job_id} has {tasks} tasks but --elastic asks for at least {spec.min_workers} workers"
+        )
+    state_dir = args.state_dir or Path(env.get("AMOEBA_STATE_DIR") or f"amoeba-{job_id}")
+    return AgentConfig(
+        job_id=job_id,
+        spec=spec,
+        command=tuple(command),
+        state_dir=state_dir.absolute(),
+        advertise_addr=advertise_address(),
+        elastic_partition=args.elastic_partition,
+        daemon_endpoint=args.daemon,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``amoeba-run``: run the job's agent (see the module docstring)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args, os.environ)
+    except SpecError as exc:
+        print(f"amoeba-run: error: {exc}", file=sys.stderr)
+        return 2
+    return Agent(config, CliSlurmClient(timeout=30)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

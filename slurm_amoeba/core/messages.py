@@ -18,7 +18,8 @@ kind                sender           body
 ``resize``          daemon/ctl ->    ``job_id``, ``target``, ``reason``; to an agent it is a directive, to the
                                      daemon a user's request
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
-``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum
+``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
+``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
 ``status``          ctl -> daemon    (empty)
 ``jobs``            ctl -> daemon    (empty)
 ``policy_show``     ctl -> daemon    (empty)
@@ -69,6 +70,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "resize": {"job_id": (str,), "target": (int,), "reason": (str,)},
     "pin": {"job_id": (str,), "pinned": (bool,)},
     "drain": {},
+    "resume": {},
     "status": {},
     "jobs": {},
     "policy_show": {},

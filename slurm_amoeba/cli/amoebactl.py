@@ -1,0 +1,168 @@
+"""``amoebactl``: ask the control daemon what it sees, and tell it what to do.
+
+``amoebactl status | jobs | resize JOB N | pin JOB | unpin JOB | drain | resume | policy show``, with ``--json`` for
+the raw reply. The daemon is found at ``--endpoint``, else ``AMOEBA_DAEMON_ENDPOINT``, else
+``tcp://127.0.0.1:6820``. Every request is signed with munge: the daemon knows who asks. Exit status: 0 done,
+1 refused (the reason is printed), 2 bad usage, 3 the daemon did not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurm_amoeba.agent.channel import ChannelError, request
+from slurm_amoeba.core.messages import Message
+from slurm_amoeba.slurm.munge import MungeError
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:6820"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="amoebactl", description="Talk to amoebad, the elastic-job daemon.")
+    parser.add_argument(
+        "--endpoint",
+        default=os.environ.get("AMOEBA_DAEMON_ENDPOINT", DEFAULT_ENDPOINT),
+        help=f"the daemon (env AMOEBA_DAEMON_ENDPOINT; default {DEFAULT_ENDPOINT})",
+    )
+    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the answer (default 15)")
+    parser.add_argument("--json", action="store_true", help="print the daemon's reply data as JSON")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="the daemon, the cluster, resizes in flight, orphan satellites")
+    sub.add_parser("jobs", help="elastic jobs: sizes, throughput, history")
+    resize = sub.add_parser("resize", help="resize an elastic job (its owner or an operator)")
+    resize.add_argument("job", help="Slurm job id")
+    resize.add_argument("workers", type=int, help="the new size, within the job's range")
+    resize.add_argument("--reason", default="", help="a note for the logs")
+    pin = sub.add_parser("pin", help="keep the policy off a job (its owner or an operator)")
+    pin.add_argument("job", help="Slurm job id")
+    unpin = sub.add_parser("unpin", help="let the policy resize a job again")
+    unpin.add_argument("job", help="Slurm job id")
+    sub.add_parser("drain", help="shrink every elastic job to its minimum and keep it there (operators)")
+    sub.add_parser("resume", help="end a drain (operators)")
+    policy = sub.add_parser("policy", help="the daemon's policy")
+    policy.add_argument("what", choices=["show"], help="show: name, knobs, the policies available")
+    return parser
+
+
+def _message(args: argparse.Namespace) -> Message:
+    command = args.command
+    if command == "resize":
+        return Message("resize", {"job_id": args.job, "target": args.workers, "reason": args.reason})
+    if command in ("pin", "unpin"):
+        return Message("pin", {"job_id": args.job, "pinned": command == "pin"})
+    if command == "policy":
+        return Message("policy_show", {})
+    return Message(command, {})
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _throughput(table: Mapping[str, Any]) -> str:
+    return " ".join(f"{size}:{float(rate):.0f}" for size, rate in table.items()) or "-"
+
+
+def _format_jobs(data: Mapping[str, Any]) -> str:
+    jobs = data.get("jobs", [])
+    if not jobs:
+        return "no elastic job is registered with the daemon"
+    rows = [["JOB", "USER", "SIZE", "TARGET", "RANGE", "GPU/W", "SATELLITES", "PINNED", "REPORT", "THROUGHPUT"]]
+    for job in jobs:
+        age = job.get("last_report_age_s")
+        rows.append(
+            [
+                str(job["job_id"]),
+                str(job["user"]),
+                "-" if job["size"] is None else str(job["size"]),
+                "-" if job["target"] is None else str(job["target"]),
+                f"{job['min_workers']}..{job['max_workers']}",
+                str(job["gpus_per_worker"]),
+                ",".join(job["satellites"]) or "-",
+                "yes" if job["pinned"] else "no",
+                "never" if age is None else f"{age:.0f} s ago",
+                _throughput(job["throughput"]),
+            ]
+        )
+    lines = [_table(rows)]
+    for job in jobs:
+        if job["history"]:
+            lines.append(f"\njob {job['job_id']} history (newest last):")
+            lines.extend(f"  {json.dumps(event) if not isinstance(event, str) else event}" for event in job["history"])
+    return "\n".join(lines)
+
+
+def _format_status(data: Mapping[str, Any]) -> str:
+    jobs = data["jobs"]
+    last = data.get("last_round") or {}
+    lines = [
+        f"daemon      pid {data['pid']}, uid {data['uid']}, up {data['uptime_s']:.0f} s, listening on {data['listen']}",
+        f"policy      {data['policy']} every {data['interval_s']:g} s" + ("  (DRAINING)" if data["draining"] else ""),
+        f"jobs        {jobs['elastic']} elastic ({data['workers']} workers), {jobs['regular_running']} regular "
+        f"running, {jobs['regular_pending']} regular pending",
+        f"gpus        {data['gpus']['free']} free of {data['gpus']['total']}",
+        f"agents      {data['agents']} registered",
+        "in flight   " + (", ".join(f"{job} -> {n}" for job, n in data["in_flight"].items()) or "none"),
+        "pinned      " + (", ".join(data["pinned"]) or "none"),
+    ]
+    if last:
+        error = f", error: {last['error']}" if last.get("error") else ""
+        lines.append(
+            f"last round  {last['duration_s'] * 1000:.1f} ms (policy {last['policy_s'] * 1000:.1f} ms), "
+            f"{len(last['ordered'])} resize(s) ordered{error}"
+        )
+    orphans = data.get("orphans", [])
+    lines.append(f"orphans     {len(orphans)}")
+    for sat in orphans:
+        lines.append(f"  satellite {sat['job_id']} of gone job {sat['parent']} (user {sat['user']}): scancel it")
+    for sat in data.get("unclaimed", []):
+        lines.append(f"  satellite {sat['job_id']} of job {sat['parent']} is not listed by its agent")
+    return "\n".join(lines)
+
+
+def _format(command: str, data: Mapping[str, Any]) -> str:
+    if command == "status":
+        return _format_status(data)
+    if command == "jobs":
+        return _format_jobs(data)
+    if command == "policy":
+        knobs = ", ".join(f"{k}={v!r}" for k, v in data["knobs"].items()) or "defaults"
+        return f"{data['name']} ({knobs}); available: {', '.join(data['available'])}"
+    if command == "resize":
+        note = f" ({data['note']})" if data.get("note") else ""
+        return f"the job's agent accepted: size {data.get('size')} -> target {data.get('target')}{note}"
+    if command in ("pin", "unpin"):
+        return f"job {data['job_id']} is {'pinned' if data['pinned'] else 'no longer pinned'}"
+    return "draining: every elastic job goes to its minimum" if data.get("draining") else "resumed: the policy decides"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``amoebactl``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.timeout <= 0:
+        print(f"amoebactl: --timeout {args.timeout} must be more than 0 seconds", file=sys.stderr)
+        return 2
+    try:
+        reply = request(args.endpoint, _message(args), timeout_s=args.timeout, retries=0)
+    except (ChannelError, MungeError) as exc:
+        print(f"amoebactl: {exc}", file=sys.stderr)
+        return 3
+    body = reply.body
+    if not body["ok"]:
+        print(f"amoebactl: refused: {body['error']}", file=sys.stderr)
+        return 1
+    data = body["data"]
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else _format(args.command, data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

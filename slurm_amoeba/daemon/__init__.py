@@ -1,0 +1,28 @@
+"""``amoebad``, the control daemon (DESIGN.md, layer ``daemon/``, the control flow).
+
+observer (``squeue``/``sinfo`` JSON + the agents' reports) -> :class:`~slurm_amoeba.policy.Snapshot` -> policy ->
+actuator -> authenticated ``resize`` directives to the job agents over ZeroMQ. The daemon runs unprivileged and never
+submits or cancels other users' jobs: every Slurm action on a job is its agent's, as the job's owner.
+
+Modules: :mod:`.config` (``amoebad.yaml``), :mod:`.observer` (snapshot), :mod:`.agents` (registrations and reports),
+:mod:`.actuator` (directives), :mod:`.daemon` (loop, API, authorization), :mod:`.state` (restart recovery),
+:mod:`.metrics` (Prometheus).
+"""
+
+from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, load_config, parse_config
+from slurm_amoeba.daemon.daemon import Daemon, RoundSummary
+from slurm_amoeba.daemon.observer import ClusterView, Observation, build_snapshot, observe, satellite_parent
+
+__all__ = [
+    "ClusterView",
+    "ConfigError",
+    "Daemon",
+    "DaemonConfig",
+    "Observation",
+    "RoundSummary",
+    "build_snapshot",
+    "load_config",
+    "observe",
+    "parse_config",
+    "satellite_parent",
+]

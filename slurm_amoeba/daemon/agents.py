@@ -1,0 +1,224 @@
+"""What the daemon knows about each elastic job's agent: its registration, its last report, its resize in flight.
+
+Records are built from ``register`` and ``report`` messages (DESIGN.md, control flow); they live only in the
+daemon's memory and are rebuilt after a restart when the agents re-register. The body fields were type-checked by
+:mod:`slurm_amoeba.core.messages`; here their *values* are checked (ranges, ids, endpoints), and a bad value raises
+:class:`AgentMessageError` whose message the daemon sends back as the refusal's reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from slurm_amoeba.core.errors import AmoebaError
+
+_JOB_ID = re.compile(r"^[0-9]{1,12}$")
+_AGENT_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:[0-9]{1,5}$|^tcp://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}$")
+#: Events kept per job for ``amoebactl jobs`` (the agent sends its recent history with each report).
+HISTORY_KEPT = 50
+#: Largest worker count the daemon accepts in a registration (a sanity bound, not a site policy).
+MAX_WORKERS = 100_000
+
+
+class AgentMessageError(AmoebaError, ValueError):
+    """A register or report message carries a value the daemon cannot accept."""
+
+
+def check_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it looks like a Slurm job id.
+
+    Raises:
+        AgentMessageError: it is not 1..12 digits.
+    """
+    if not _JOB_ID.match(job_id):
+        raise AgentMessageError(f"job_id {job_id!r} is not a Slurm job id (digits only, e.g. '1234')")
+    return job_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """An agent's ``register`` message, checked.
+
+    Attributes:
+        job_id: the Slurm job id (of the heterogeneous job's leader).
+        endpoint: where the agent takes directives.
+        min_workers: the job's minimum size.
+        max_workers: its maximum size.
+        gpus_per_worker: GPUs of one node each worker holds.
+        partition: the partition of the job's own allocation.
+        elastic_partition: where its satellites run.
+    """
+
+    job_id: str
+    endpoint: str
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: int
+    partition: str
+    elastic_partition: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Registration:
+        """Check a ``register`` body.
+
+        Raises:
+            AgentMessageError: an id, endpoint, range or partition that cannot be right.
+        """
+        job_id = check_job_id(str(body["job_id"]))
+        endpoint = str(body["endpoint"])
+        if not _AGENT_ENDPOINT.match(endpoint) or not 1 <= int(endpoint.rsplit(":", 1)[1]) <= 65535:
+            raise AgentMessageError(f"endpoint {endpoint!r} is not tcp://HOST:PORT; the daemon sends directives there")
+        low, high, gpw = int(body["min_workers"]), int(body["max_workers"]), int(body["gpus_per_worker"])
+        if not 1 <= low <= high <= MAX_WORKERS:
+            raise AgentMessageError(f"worker range {low}:{high} is invalid; it needs 1 <= min <= max <= {MAX_WORKERS}")
+        if not 1 <= gpw <= 1024:
+            raise AgentMessageError(f"gpus_per_worker={gpw} is invalid; give 1 to 1024")
+        for field in ("partition", "elastic_partition"):
+            value = str(body[field])
+            if not re.match(r"^[A-Za-z0-9_.\-]{1,64}$", value):
+                raise AgentMessageError(f"{field}={value!r} is not a Slurm partition name")
+        return cls(job_id, endpoint, low, high, gpw, str(body["partition"]), str(body["elastic_partition"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """An agent's ``report`` message, checked.
+
+    Attributes:
+        size: workers the job runs with now.
+        generation: the membership generation (grows with every resize).
+        target: the size the job is moving to (``== size`` when no resize is in flight).
+        throughput: workers -> samples per second measured at that size.
+        satellites: Slurm job ids of the satellites the agent holds.
+        history: the agent's recent events (JSON objects or strings), newest last.
+        received_at: when the daemon received it (its clock).
+    """
+
+    size: int
+    generation: int
+    target: int
+    throughput: Mapping[int, float]
+    satellites: tuple[str, ...]
+    history: tuple[Any, ...]
+    received_at: float
+
+    @property
+    def resizing(self) -> bool:
+        """Whether the agent is still moving to another size."""
+        return self.target != self.size
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], received_at: float) -> Report:
+        """Check a ``report`` body.
+
+        Raises:
+            AgentMessageError: a negative size, a throughput entry that is not ``"<size>": rate``, or a satellite id
+                that is not a Slurm job id.
+        """
+        size, generation, target = int(body["size"]), int(body["generation"]), int(body["target"])
+        if not 0 <= size <= MAX_WORKERS or not 0 <= target <= MAX_WORKERS or generation < 0:
+            raise AgentMessageError(
+                f"size={size}, target={target}, generation={generation}: sizes lie in 0..{MAX_WORKERS} and the "
+                f"generation is 0 or more"
+            )
+        throughput: dict[int, float] = {}
+        for key, value in dict(body["throughput"]).items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and 0 < int(key) <= MAX_WORKERS):
+                raise AgentMessageError(f'throughput key {key!r} is not a worker count like "4"')
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise AgentMessageError(f"throughput[{key!r}] = {value!r} is not a rate (a finite number >= 0)")
+            throughput[int(key)] = float(value)
+        satellites: list[str] = []
+        for item in body["satellites"]:
+            if isinstance(item, bool) or not isinstance(item, (str, int)):
+                raise AgentMessageError(f"satellite {item!r} is not a Slurm job id")
+            satellites.append(check_job_id(str(item)))
+        history = tuple(body["history"])[-HISTORY_KEPT:]
+        return cls(size, generation, target, throughput, tuple(satellites), history, received_at)
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A resize the daemon ordered and the job has not yet reached.
+
+    Attributes:
+        target: the ordered size.
+        ordered_at: when it was ordered (the daemon's clock).
+        source: ``policy``, ``ctl`` or ``drain``.
+        reason: why, as sent to the agent.
+        acknowledged: the agent accepted it (False while the directive is still being sent).
+    """
+
+    target: int
+    ordered_at: float
+    source: str
+    reason: str
+    acknowledged: bool = False
+
+
+@dataclasses.dataclass
+class AgentRecord:
+    """One registered elastic job.
+
+    Attributes:
+        registration: what the agent registered with.
+        uid: the job owner's uid (the only uid whose reports are accepted).
+        user: the owner's user name.
+        registered_at: when the agent (last) registered.
+        report: the agent's latest report, or None before its first.
+        history: the latest events of the job, newest last.
+        in_flight: a resize ordered and not yet reached, or None.
+        backoff_until: the policy leaves the job alone until then (after a refused or unanswered directive).
+    """
+
+    registration: Registration
+    uid: int
+    user: str
+    registered_at: float
+    report: Report | None = None
+    history: collections.deque[Any] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=HISTORY_KEPT))
+    in_flight: InFlight | None = None
+    backoff_until: float = 0.0
+
+    @property
+    def job_id(self) -> str:
+        """The job's Slurm id."""
+        return self.registration.job_id
+
+    def accept_report(self, report: Report) -> None:
+        """Keep ``report`` as the latest and take its history."""
+        self.report = report
+        self.history.clear()
+        self.history.extend(report.history)
+
+    def is_fresh(self, now: float, stale_after_s: float) -> bool:
+        """Whether the agent has reported within ``stale_after_s``."""
+        return self.report is not None and now - self.report.received_at <= stale_after_s
+
+    def summary(self, now: float, pinned: bool) -> dict[str, Any]:
+        """The job as ``amoebactl jobs`` shows it (JSON-ready)."""
+        reg = self.registration
+        report = self.report
+        return {
+            "job_id": reg.job_id,
+            "user": self.user,
+            "uid": self.uid,
+            "min_workers": reg.min_workers,
+            "max_workers": reg.max_workers,
+            "gpus_per_worker": reg.gpus_per_worker,
+            "size": report.size if report else None,
+            "target": report.target if report else None,
+            "generation": report.generation if report else None,
+            "throughput": {str(k): v for k, v in sorted(report.throughput.items())} if report else {},
+            "satellites": list(report.satellites) if report else [],
+            "history": list(self.history),
+            "pinned": pinned,
+            "in_flight": dataclasses.asdict(self.in_flight) if self.in_flight else None,
+            "last_report_age_s": round(now - report.received_at, 3) if report else None,
+            "endpoint": reg.endpoint,
+        }

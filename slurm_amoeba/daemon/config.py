@@ -1,0 +1,378 @@
+"""The daemon's configuration (``configs/amoebad.yaml``): read, validated, typed.
+
+Every key has a default except none is required; an unknown key, a wrong type or a value out of range fails with
+:class:`ConfigError` naming the file, the key's full path (``agents.timeout_s``), the value and what would be
+valid. The policy's name and knobs are checked against the policy registry (DESIGN.md, layer ``policy/``), so a
+typo in a knob is caught when the daemon starts, not at its first decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import grp
+import ipaddress
+import pwd
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.policy import DEFAULT_POLICY, PolicyError, make_policy, policy_knobs, policy_names
+
+_ENDPOINT = re.compile(r"^tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(AmoebaError, ValueError):
+    """The daemon's configuration is invalid; the message names the key, the value and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSettings:
+    """How the daemon talks to job agents.
+
+    Attributes:
+        timeout_s: deadline of one directive attempt.
+        retries: further attempts after a timeout.
+        parallel: directives in flight at once (threads of the actuator).
+        stale_after_s: a job whose agent has not reported for this long is left alone by the policy.
+        backoff_s: after an agent refused or missed a directive, the job is left alone this long.
+    """
+
+    timeout_s: float = 3.0
+    retries: int = 1
+    parallel: int = 8
+    stale_after_s: float = 10.0
+    backoff_s: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonConfig:
+    """Everything ``amoebad`` is configured with (see ``configs/amoebad.yaml`` for the annotated file).
+
+    Attributes:
+        interval_s: seconds between two observe -> decide -> act rounds.
+        listen: the ZeroMQ endpoint agents and ``amoebactl`` talk to (``tcp://HOST:PORT``).
+        metrics_address: address of the Prometheus HTTP endpoint.
+        metrics_port: its port; 0 switches it off.
+        policy: the registered policy name.
+        policy_knobs: the policy's settings (checked against the registry).
+        regular_partitions: partitions whose pending jobs elastic extras make room for.
+        elastic_partition: the preemptible partition satellites run in.
+        operators: user names or uids that may resize, pin and drain any job.
+        operator_uids: ``operators`` resolved to uids.
+        operator_gids: groups (``@group`` entries in ``operators``) whose members are operators.
+        agents: how directives are sent.
+        resize_timeout_s: a resize not completed within this long is considered abandoned.
+        orphan_grace_s: a satellite whose parent is gone is reported after this long.
+        slurm_timeout_s: deadline of one Slurm command.
+        slurm_conf: ``SLURM_CONF`` for Slurm's commands; None: the environment's.
+        state_file: where pins, the drain switch and acknowledged resizes survive a restart; None: nowhere.
+        log_level: ``debug``, ``info``, ``warning`` or ``error``.
+        source: the file the configuration came from (for messages).
+    """
+
+    interval_s: float = 5.0
+    listen: str = "tcp://0.0.0.0:6820"
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9820
+    policy: str = DEFAULT_POLICY
+    policy_knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    regular_partitions: tuple[str, ...] = ("batch",)
+    elastic_partition: str = "elastic"
+    operators: tuple[str, ...] = ()
+    operator_uids: frozenset[int] = frozenset()
+    operator_gids: frozenset[int] = frozenset()
+    agents: AgentSettings = dataclasses.field(default_factory=AgentSettings)
+    resize_timeout_s: float = 120.0
+    orphan_grace_s: float = 30.0
+    slurm_timeout_s: float = 30.0
+    slurm_conf: str | None = None
+    state_file: str | None = None
+    log_level: str = "info"
+    source: str = "<defaults>"
+
+    def effective_knobs(self) -> dict[str, Any]:
+        """The knobs the daemon builds its policy with.
+
+        In the live daemon Slurm starts pending jobs itself, so a policy that can also start them
+        (``start_pending``) is told not to unless the configuration says otherwise.
+        """
+        knobs = dict(self.policy_knobs)
+        if "start_pending" in policy_knobs(self.policy) and "start_pending" not in knobs:
+            knobs["start_pending"] = False
+        return knobs
+
+
+_TOP_KEYS = {
+    "interval_s": "seconds between two policy rounds",
+    "listen": "ZeroMQ endpoint, tcp://HOST:PORT",
+    "metrics": "Prometheus endpoint: address, port",
+    "policy": "name and knobs",
+    "partitions": "regular (list) and elastic (name)",
+    "operators": "users (names, uids, @groups) allowed to act on any job",
+    "agents": "timeout_s, retries, parallel, stale_after_s, backoff_s",
+    "resize_timeout_s": "seconds before an unfinished resize is abandoned",
+    "orphan_grace_s": "seconds before a satellite without parent is reported",
+    "slurm": "timeout_s, conf",
+    "state_file": "path of the daemon's state across restarts",
+    "log_level": "debug, info, warning or error",
+}
+
+
+class _Section:
+    """One mapping of the YAML document, read key by key with checks that name the key's full path."""
+
+    def __init__(self, data: Any, path: str, known: Mapping[str, str], source: str) -> None:
+        self.path = path
+        self.source = source
+        where = path or "the top level"
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.fail(path, data, f"{where} must be a mapping of keys to values")
+        for key in data:
+            if not isinstance(key, str) or key not in known:
+                valid = ", ".join(f"{name} ({what})" for name, what in known.items())
+                raise ConfigError(f"{source}: unknown key {self.full(str(key))!r}; valid keys in {where} are: {valid}")
+        self.data: dict[str, Any] = data
+
+    def full(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, value: Any, why: str) -> NoReturn:
+        raise ConfigError(f"{self.source}: {key} = {value!r} is invalid: {why}")
+
+    def number(self, key: str, default: float, *, positive: bool = True, maximum: float | None = None) -> float:
+        value = self.data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(self.full(key), value, "give a number of seconds")
+        number = float(value)
+        if number != number or (positive and number <= 0) or (not positive and number < 0):
+            self.fail(self.full(key), value, "give a number greater than 0" if positive else "give 0 or more")
+        if maximum is not None and number > maximum:
+            self.fail(self.full(key), value, f"give at most {maximum:g}")
+        return number
+
+    def integer(self, key: str, default: int, low: int, high: int) -> int:
+        value = self.data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.fail(self.full(key), value, f"give a whole number from {low} to {high}")
+        return int(value)
+
+    def string(self, key: str, default: str) -> str:
+        value = self.data.get(key, default)
+        if not isinstance(value, str) or not value or "\0" in value or "\n" in value:
+            self.fail(self.full(key), value, "give a non-empty string on one line")
+        return str(value)
+
+    def optional_string(self, key: str) -> str | None:
+        if self.data.get(key) is None:
+            return None
+        return self.string(key, "")
+
+    def section(self, key: str, known: Mapping[str, str]) -> _Section:
+        return _Section(self.data.get(key), self.full(key), known, self.source)
+
+
+def _check_endpoint(section: _Section, key: str, value: str) -> None:
+    match = _ENDPOINT.match(value)
+    if match is None or not 1 <= int(match.group("port")) <= 65535:
+        section.fail(
+            section.full(key), value, "give tcp://HOST:PORT with a port from 1 to 65535, e.g. tcp://0.0.0.0:6820"
+        )
+
+
+def _check_address(section: _Section, key: str, value: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        section.fail(section.full(key), value, "give an IP address to listen on, e.g. 0.0.0.0 or 127.0.0.1")
+
+
+def _partition(section: _Section, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        section.fail(key, value, "give a Slurm partition name (letters, digits, _ . -)")
+    return str(value)
+
+
+def _operators(section: _Section) -> tuple[tuple[str, ...], frozenset[int], frozenset[int]]:
+    raw = section.data.get("operators", [])
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        section.fail("operators", raw, "give a list of user names, uids or @groups")
+    names: list[str] = []
+    uids: set[int] = set()
+    gids: set[int] = set()
+    for item in raw:
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            section.fail("operators", item, "each operator is a user name, a uid or @group")
+        if isinstance(item, int):
+            if item < 0:
+                section.fail("operators", item, "a uid is 0 or more")
+            uids.add(item)
+        elif item.startswith("@"):
+            try:
+                gids.add(grp.getgrnam(item[1:]).gr_gid)
+            except KeyError:
+                section.fail("operators", item, f"there is no group {item[1:]!r} on this host")
+        else:
+            try:
+                uids.add(pwd.getpwnam(item).pw_uid)
+            except KeyError:
+                section.fail("operators", item, f"there is no user {item!r} on this host (`getent passwd {item}`)")
+        names.append(str(item))
+    return tuple(names), frozenset(uids), frozenset(gids)
+
+
+def _knob_type_ok(default: object, value: object) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
+def _policy(section: _Section) -> tuple[str, dict[str, Any]]:
+    policy = section.section(
+        "policy", {"name": f"one of {', '.join(policy_names())}", "knobs": "the policy's settings"}
+    )
+    name = policy.string("name", DEFAULT_POLICY)
+    if name not in policy_names():
+        policy.fail("policy.name", name, f"valid policies are: {', '.join(policy_names())}")
+    knobs_raw = policy.data.get("knobs", {}) or {}
+    if not isinstance(knobs_raw, dict):
+        policy.fail("policy.knobs", knobs_raw, "give a mapping of knob names to values")
+    valid = policy_knobs(name)
+    for key, value in knobs_raw.items():
+        if key not in valid:
+            listed = ", ".join(f"{k} (default {v!r})" for k, v in valid.items()) or "none"
+            raise ConfigError(
+                f"{section.source}: unknown key 'policy.knobs.{key}' for policy {name!r}; its knobs are: {listed}"
+            )
+        if not _knob_type_ok(valid[key], value):
+            policy.fail(f"policy.knobs.{key}", value, f"give a value like its default {valid[key]!r}")
+    try:
+        make_policy(name, **knobs_raw)
+    except PolicyError as exc:
+        raise ConfigError(f"{section.source}: policy.knobs {knobs_raw!r} is invalid: {exc}") from None
+    return name, dict(knobs_raw)
+
+
+def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
+    """Validate a parsed YAML document and build the configuration.
+
+    Args:
+        data: the document (a mapping; None or empty means every default).
+        source: where it came from, for messages.
+
+    Returns:
+        The configuration.
+
+    Raises:
+        ConfigError: an unknown key, a wrong type or a bad value, named with its full key path.
+    """
+    top = _Section(data, "", _TOP_KEYS, source)
+    defaults = DaemonConfig()
+    interval = top.number("interval_s", defaults.interval_s, maximum=3600)
+    listen = top.string("listen", defaults.listen)
+    _check_endpoint(top, "listen", listen)
+    metrics = top.section("metrics", {"address": "IP address to listen on", "port": "TCP port, 0 = off"})
+    metrics_address = metrics.string("address", defaults.metrics_address)
+    _check_address(metrics, "address", metrics_address)
+    metrics_port = metrics.integer("port", defaults.metrics_port, 0, 65535)
+    name, knobs = _policy(top)
+    partitions = top.section("partitions", {"regular": "list of partitions", "elastic": "the preemptible one"})
+    regular_raw = partitions.data.get("regular", list(defaults.regular_partitions))
+    if isinstance(regular_raw, str):
+        regular_raw = [regular_raw]
+    if not isinstance(regular_raw, list) or not regular_raw:
+        partitions.fail("partitions.regular", regular_raw, "give a non-empty list of partition names")
+    regular = tuple(_partition(partitions, "partitions.regular", item) for item in regular_raw)
+    elastic = _partition(partitions, "partitions.elastic", partitions.data.get("elastic", defaults.elastic_partition))
+    if elastic in regular:
+        partitions.fail(
+            "partitions.elastic", elastic, "the elastic partition must not also be a regular one (partitions.regular)"
+        )
+    operators, uids, gids = _operators(top)
+    agents = top.section(
+        "agents",
+        {
+            "timeout_s": "deadline of one directive attempt",
+            "retries": "further attempts",
+            "parallel": "directives in flight at once",
+            "stale_after_s": "report age after which a job is left alone",
+            "backoff_s": "pause after a refused directive",
+        },
+    )
+    base = AgentSettings()
+    agent_settings = AgentSettings(
+        timeout_s=agents.number("timeout_s", base.timeout_s, maximum=300),
+        retries=agents.integer("retries", base.retries, 0, 10),
+        parallel=agents.integer("parallel", base.parallel, 1, 256),
+        stale_after_s=agents.number("stale_after_s", base.stale_after_s),
+        backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
+    )
+    slurm = top.section("slurm", {"timeout_s": "deadline of one Slurm command", "conf": "SLURM_CONF path"})
+    slurm_timeout = slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600)
+    slurm_conf = slurm.optional_string("conf")
+    if slurm_conf is not None and not Path(slurm_conf).is_file():
+        slurm.fail("slurm.conf", slurm_conf, "no such file; give the path of slurm.conf or leave the key out")
+    state_file = top.optional_string("state_file")
+    if state_file is not None and not Path(state_file).is_absolute():
+        top.fail("state_file", state_file, "give an absolute path, e.g. /var/lib/amoebad/state.json")
+    log_level = top.string("log_level", defaults.log_level)
+    if log_level not in LOG_LEVELS:
+        top.fail("log_level", log_level, f"give one of {', '.join(LOG_LEVELS)}")
+    return DaemonConfig(
+        interval_s=interval,
+        listen=listen,
+        metrics_address=metrics_address,
+        metrics_port=metrics_port,
+        policy=name,
+        policy_knobs=knobs,
+        regular_partitions=regular,
+        elastic_partition=elastic,
+        operators=operators,
+        operator_uids=uids,
+        operator_gids=gids,
+        agents=agent_settings,
+        resize_timeout_s=top.number("resize_timeout_s", defaults.resize_timeout_s),
+        orphan_grace_s=top.number("orphan_grace_s", defaults.orphan_grace_s, positive=False),
+        slurm_timeout_s=slurm_timeout,
+        slurm_conf=slurm_conf,
+        state_file=state_file,
+        log_level=log_level,
+        source=source,
+    )
+
+
+def load_config(path: str | Path) -> DaemonConfig:
+    """Read and validate a configuration file.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The configuration.
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or holds an invalid key or value.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the daemon's configuration {source!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from None
+    return parse_config(data, source)

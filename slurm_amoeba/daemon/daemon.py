@@ -159,7 +159,7 @@ class Daemon:
     def close(self) -> None:
         """Stop the actuator, the metrics endpoint and the socket, and save the state."""
         self.actuator.close()
-        self._apply_outcomes()
+        self.apply_outcomes()
         self._save()
         if self.metrics_server is not None:
             self.metrics_server.stop()
@@ -180,7 +180,7 @@ class Daemon:
             if time.monotonic() >= next_round:
                 self.run_round()
                 next_round = max(next_round + self.config.interval_s, time.monotonic())
-            self._apply_outcomes()
+            self.apply_outcomes()
             self.serve(min(0.05, max(0.001, next_round - time.monotonic())))
 
     def serve(self, timeout_s: float) -> int:
@@ -373,7 +373,7 @@ class Daemon:
         user_reason = str(body.get("reason") or "")
         reason = f"amoebactl resize by uid {req.sender.uid}" + (f": {user_reason}" if user_reason else "")
         self._order(agent, target, reason, "ctl", token=req)
-        return None  # answered when the agent answers (see _apply_outcomes)
+        return None  # answered when the agent answers (see apply_outcomes)
 
     def _on_pin(self, req: Request) -> Message | None:
         job_id = check_job_id(str(req.message.body["job_id"]))
@@ -615,7 +615,8 @@ class Daemon:
             )
         )
 
-    def _apply_outcomes(self) -> None:
+    def apply_outcomes(self) -> None:
+        """Apply the outcomes of directives that came back since the last call (the loop calls it)."""
         for outcome in self.actuator.completed():
             self._apply(outcome)
 

@@ -1,0 +1,113 @@
+"""The daemon's configuration: the shipped file is valid; every mistake is named with its key and value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_amoeba.daemon import ConfigError, DaemonConfig, load_config, parse_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_shipped_config_is_valid_and_asks_slurm_to_start_pending_jobs_itself() -> None:
+    config = load_config(REPO / "configs" / "amoebad.yaml")
+    assert config.policy == "elastic-backfill"
+    assert config.regular_partitions == ("batch",)
+    assert config.elastic_partition == "elastic"
+    assert config.effective_knobs() == {"min_gain": 0.1, "start_pending": False}
+
+
+def test_an_empty_document_means_every_default() -> None:
+    assert parse_config(None) == DaemonConfig(source="<config>")
+
+
+@pytest.mark.parametrize(
+    ("doc", "named"),
+    [
+        ({"interval": 5}, "'interval'"),
+        ({"agents": {"timout_s": 3}}, "'agents.timout_s'"),
+        ({"metrics": {"host": "x"}}, "'metrics.host'"),
+        ({"policy": {"name": "e-tiresias", "knobs": {"min_gian": 0.2}}}, "'policy.knobs.min_gian'"),
+    ],
+)
+def test_an_unknown_key_is_refused_with_its_full_path_and_the_valid_keys(doc: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match="unknown key") as info:
+        parse_config(doc, "site.yaml")
+    assert named in str(info.value)
+    assert str(info.value).startswith("site.yaml: ")
+
+
+@pytest.mark.parametrize(
+    ("doc", "key", "value"),
+    [
+        ({"interval_s": -1}, "interval_s", "-1"),
+        ({"interval_s": "fast"}, "interval_s", "'fast'"),
+        ({"listen": "0.0.0.0:6820"}, "listen", "'0.0.0.0:6820'"),
+        ({"listen": "tcp://0.0.0.0:70000"}, "listen", "'tcp://0.0.0.0:70000'"),
+        ({"metrics": {"port": 99999}}, "metrics.port", "99999"),
+        ({"metrics": {"address": "everywhere"}}, "metrics.address", "'everywhere'"),
+        ({"policy": {"name": "lottery"}}, "policy.name", "'lottery'"),
+        ({"policy": {"knobs": {"min_gain": "high"}}}, "policy.knobs.min_gain", "'high'"),
+        ({"partitions": {"regular": []}}, "partitions.regular", "[]"),
+        ({"partitions": {"regular": ["batch"], "elastic": "batch"}}, "partitions.elastic", "'batch'"),
+        ({"operators": ["no-such-user-here"]}, "operators", "'no-such-user-here'"),
+        ({"operators": "root"}, "operators", "'root'"),
+        ({"agents": {"retries": True}}, "agents.retries", "True"),
+        ({"agents": {"parallel": 0}}, "agents.parallel", "0"),
+        ({"state_file": "state.json"}, "state_file", "'state.json'"),
+        ({"log_level": "loud"}, "log_level", "'loud'"),
+        ({"slurm": {"conf": "/nonexistent/slurm.conf"}}, "slurm.conf", "'/nonexistent/slurm.conf'"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_key_and_the_value(doc: dict[str, Any], key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, "site.yaml")
+    assert f"site.yaml: {key} = {value} is invalid" in str(info.value)
+
+
+def test_a_policy_knob_out_of_range_is_refused_with_the_policys_reason() -> None:
+    with pytest.raises(ConfigError, match=r"policy.knobs .*min_gain=-1"):
+        parse_config({"policy": {"name": "elastic-backfill", "knobs": {"min_gain": -1}}})
+
+
+def test_operators_resolve_to_uids_and_groups() -> None:
+    config = parse_config({"operators": ["root", 4242, "@root"]})
+    assert config.operator_uids == frozenset({0, 4242})
+    assert config.operator_gids == frozenset({0})
+
+
+def test_a_file_that_is_not_yaml_or_missing_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("interval_s: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_amoebad_check_exits_2_and_names_the_unknown_key(tmp_path: Path) -> None:
+    path = tmp_path / "amoebad.yaml"
+    path.write_text("interval_s: 5\npolicy:\n  name: elastic-backfill\n  colour: blue\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "slurm_amoeba.cli.amoebad", "--config", str(path), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2
+    assert "unknown key 'policy.colour'" in run.stderr
+    good = subprocess.run(
+        [sys.executable, "-m", "slurm_amoeba.cli.amoebad", "--config", str(REPO / "configs/amoebad.yaml"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert good.returncode == 0, good.stderr
+    assert "elastic-backfill" in good.stdout

@@ -97,6 +97,7 @@ class WorkModel:
         self.epoch_ends: list[float] = [max(duration, 0.0)]
         self.job_type = ""
         self._requested = requested
+        self._linear: dict[tuple[int, int], dict[int, float]] = {}
 
     def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
         """Progress per second on a placement during an epoch.
@@ -113,7 +114,11 @@ class WorkModel:
 
     def speedups(self, low: int, high: int) -> dict[int, float]:
         """Speed at each size ``low..high`` relative to the requested size (on the fewest nodes)."""
-        return {size: size / self._requested for size in range(low, high + 1)}
+        table = self._linear.get((low, high))
+        if table is None:
+            table = {size: size / self._requested for size in range(low, high + 1)}
+            self._linear[(low, high)] = table
+        return table
 
     def remaining_seconds(self, epoch: int, progress: float) -> float:
         """Seconds left at the requested size from ``progress`` in ``epoch`` (the oracle)."""
@@ -199,12 +204,14 @@ class _Job:
         "spec",
         "t",
         "version",
+        "workers",
     )
 
     def __init__(self, spec: JobSpec, model: WorkModel) -> None:
         self.spec = spec
         self.model = model
         self.placement: dict[str, int] = {}
+        self.workers = 0
         self.shared_with: str | None = None
         self.host_of: str | None = None
         self.progress = 0.0
@@ -222,9 +229,10 @@ class _Job:
         self.version = 0
         self.info: JobInfo | None = None
 
-    @property
-    def workers(self) -> int:
-        return sum(self.placement.values())
+    def place(self, placement: dict[str, int]) -> None:
+        """Set the job's placement (a new dict every time: snapshots share the old one)."""
+        self.placement = placement
+        self.workers = sum(placement.values())
 
 
 ModelFactory = Callable[[JobSpec], WorkModel]
@@ -410,7 +418,7 @@ class Simulator:
             host.info = None
             self._predict(host)
             job.shared_with = None
-        job.placement = {}
+        job.place({})
         job.rate = 0.0
         job.info = None
         self._record_usage(now)
@@ -433,7 +441,7 @@ class Simulator:
                     f"job {job.spec.name}: no room for {decision.workers} workers; the policy over-committed"
                 )
             placement = found
-        job.placement = placement
+        job.place(placement)
         if decision.share_with is not None:
             host = self._jobs[decision.share_with]
             self._advance(host, now)

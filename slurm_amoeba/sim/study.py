@@ -1,0 +1,189 @@
+"""The study behind ``docs/simulator.md``: fidelity against the Pollux artifact, the claims, and speed.
+
+``scripts/sim-report`` runs :func:`main`; every number in the document comes from here, nothing is typed in by hand.
+
+- *Fidelity*: our Tiresias in the artifact's setting (30 s per reallocation, requested sizes, 16 x 4 GPUs, 60 s
+  interval) against the artifact's own Tiresias, per workload, at the four loads.
+- *Claims*: every policy against Tiresias and Pollux's 0.764 h at 1.0x load, with the artifact's 30 s resize cost
+  and with the runtime's (``RUNTIME_RESIZE_COST_S``); elastic backfill also against itself without elastic jobs.
+- *Speed*: all workloads x all policies at 1.0x, and FIFO over the full ``philly.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from slurm_amoeba.policy import policy_names
+from slurm_amoeba.sim.data import data_dir
+from slurm_amoeba.sim.engine import ARTIFACT_RESTART_COST_S, RUNTIME_RESIZE_COST_S, SimConfig
+from slurm_amoeba.sim.report import plot
+from slurm_amoeba.sim.runner import RunOutcome, RunSpec, run_many
+
+LOADS = ("0.5", "1.0", "1.5", "2.0")
+
+#: Pollux's mean average JCT over the 8 workloads at 1.0x (artifact README), checked against its summary.json.
+POLLUX_MEAN_H = 0.764
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One line of the claims table: a policy with its settings."""
+
+    label: str
+    policy: str
+    resize_cost: float
+    elastic_fraction: float = 1.0
+
+
+def _workloads(load: str) -> list[Path]:
+    folder = data_dir() / "pollux" / ("workloads" if load == "1.0" else f"workloads-{load}")
+    return sorted(folder.glob("workload-*.csv"), key=lambda path: int(path.stem.split("-")[1]))
+
+
+def _reference(policy: str, load: str) -> dict[str, object]:
+    path = data_dir() / "pollux" / "results-jobload" / f"{policy}-{load}" / "summary.json"
+    loaded: dict[str, object] = json.loads(path.read_text())
+    return loaded
+
+
+def _mean_jct(outcomes: Sequence[RunOutcome]) -> float:
+    return sum(outcome.summary["avg_jct_s"] for outcome in outcomes) / len(outcomes)
+
+
+def fidelity(processes: int | None) -> str:
+    """Markdown: our Tiresias beside the artifact's, per workload and load (hours)."""
+    config = SimConfig(resize_cost=ARTIFACT_RESTART_COST_S, restart_cost=ARTIFACT_RESTART_COST_S)
+    specs = [RunSpec("tiresias", path, config, elastic_fraction=0.0) for load in LOADS for path in _workloads(load)]
+    outcomes = run_many(specs, processes)
+    lines = [
+        "| load | " + " | ".join(f"w{i}" for i in range(1, 9)) + " | mean (ours / artifact) | difference |",
+        "|---|" + "---|" * 8 + "---|---|",
+    ]
+    for index, load in enumerate(LOADS):
+        ours = outcomes[index * 8 : index * 8 + 8]
+        avgs = _reference("tiresias", load)["avgs"]
+        assert isinstance(avgs, dict)
+        cells = [
+            f"{outcome.summary['avg_jct_s'] / 3600:.3f} / {float(avgs[outcome.workload]) / 3600:.3f}"
+            for outcome in ours
+        ]
+        mine = _mean_jct(ours) / 3600
+        theirs = sum(float(value) for value in avgs.values()) / len(avgs) / 3600
+        lines.append(
+            f"| {load}x | "
+            + " | ".join(cells)
+            + f" | **{mine:.3f} / {theirs:.3f}** | {100 * (mine / theirs - 1):+.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def claims(processes: int | None, plot_path: Path | None) -> str:
+    """Markdown: each policy against Tiresias and Pollux at 1.0x, with both resize costs."""
+    files = _workloads("1.0")
+    variants: list[Variant] = []
+    for cost in (ARTIFACT_RESTART_COST_S, RUNTIME_RESIZE_COST_S):
+        variants += [
+            Variant("tiresias", "tiresias", cost, 0.0),
+            Variant("e-tiresias", "e-tiresias", cost),
+            Variant("elastic-backfill", "elastic-backfill", cost),
+            Variant("backfill without elastic jobs", "elastic-backfill", cost, 0.0),
+            Variant("sjf-bsbf", "sjf-bsbf", cost, 0.0),
+            Variant("sjf-ffs", "sjf-ffs", cost, 0.0),
+            Variant("srtf (oracle)", "srtf", cost, 0.0),
+            Variant("fifo", "fifo", cost, 0.0),
+        ]
+    specs = [
+        RunSpec(v.policy, path, SimConfig(resize_cost=v.resize_cost), elastic_fraction=v.elastic_fraction)
+        for v in variants
+        for path in files
+    ]
+    outcomes = run_many(specs, processes)
+    pollux = _reference("pollux", "1.0")["mean"]
+    assert isinstance(pollux, float)
+    lines = [
+        "| resize cost | policy | mean avg JCT (h) | vs Tiresias | vs Pollux (0.764 h) | p99 JCT (h) | avg queue (h) "
+        "| GPU util | resizes / workload |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    baseline = 0.0
+    for index, variant in enumerate(variants):
+        runs = outcomes[index * len(files) : (index + 1) * len(files)]
+        mean = _mean_jct(runs)
+        if variant.policy == "tiresias":
+            baseline = mean
+
+        def avg(key: str, runs: Sequence[RunOutcome] = runs) -> float:
+            return sum(run.summary[key] for run in runs) / len(runs)
+
+        lines.append(
+            f"| {variant.resize_cost:g} s | {variant.label} | {mean / 3600:.3f} | {100 * (mean / baseline - 1):+.1f}% "
+            f"| {100 * (mean / pollux - 1):+.1f}% | {avg('p99_jct_s') / 3600:.2f} | {avg('avg_queue_s') / 3600:.3f} "
+            f"| {avg('gpu_util'):.3f} | {avg('resizes'):.0f} |"
+        )
+    if plot_path is not None:
+        shown = [
+            outcome
+            for variant, start in zip(variants, range(0, len(outcomes), len(files)), strict=True)
+            if variant.resize_cost == RUNTIME_RESIZE_COST_S and variant.label != "backfill without elastic jobs"
+            for outcome in outcomes[start : start + len(files)]
+        ]
+        plot(shown, plot_path, title=f"Pollux workloads at 1.0x, 16 x 4 GPUs, resize cost {RUNTIME_RESIZE_COST_S:g} s")
+    return "\n".join(lines)
+
+
+def speed(processes: int | None, philly: bool) -> str:
+    """Markdown: wall-clock seconds of the two speed targets on this machine."""
+    files = _workloads("1.0")
+    specs = [RunSpec(policy, path) for policy in policy_names() for path in files]
+    started = time.perf_counter()
+    run_many(specs, processes)
+    batch = time.perf_counter() - started
+    lines = [
+        "| run | wall time |",
+        "|---|---|",
+        f"| all {len(files)} workloads x {len(policy_names())} policies at 1.0x ({len(specs)} runs) | {batch:.1f} s |",
+    ]
+    if philly:
+        trace = data_dir() / "pollux" / "traces" / "philly.csv"
+        spec = RunSpec("fifo", trace, SimConfig(nodes=128, gpus_per_node=8))
+        started = time.perf_counter()
+        (outcome,) = run_many([spec], 1)
+        elapsed = time.perf_counter() - started
+        jobs = int(outcome.summary["jobs"])
+        lines.append(f"| FIFO over philly.csv ({jobs} jobs, 128 x 8 GPUs) | {elapsed:.1f} s |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the document's tables as Markdown; write the plot.
+
+    Args:
+        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|speed]``.
+
+    Returns:
+        0.
+    """
+    parser = argparse.ArgumentParser(prog="sim-report", description=__doc__.splitlines()[0])
+    parser.add_argument("--plot", type=Path, default=Path("docs/img/sim-jobload-1.0.png"))
+    parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--no-philly", action="store_true", help="skip the (one-minute) Philly speed run")
+    parser.add_argument("--only", choices=("fidelity", "claims", "speed"), default=None)
+    args = parser.parse_args(argv)
+    sections: dict[str, Callable[[], str]] = {
+        "fidelity": lambda: fidelity(args.processes),
+        "claims": lambda: claims(args.processes, args.plot),
+        "speed": lambda: speed(args.processes, not args.no_philly),
+    }
+    for name, section in sections.items():
+        if args.only in (None, name):
+            print(f"## {name}\n")
+            print(section())
+            print()
+            sys.stdout.flush()
+    return 0

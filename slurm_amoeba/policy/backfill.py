@@ -31,8 +31,8 @@ class ElasticBackfillPolicy:
 
     Attributes:
         start_pending: also start pending jobs (the simulator); ``False`` in the daemon, where Slurm starts them.
-        min_gain: a spare worker goes to a job only if it adds at least this much speed, in units of the job's
-            speed at its minimum size.
+        min_gain: a spare worker goes to a job only if it adds at least this fraction of a worker's speed at the
+            job's minimum size (keeps the policy from paying a resize for a negligible gain).
         name: ``"elastic-backfill"``.
         decides_on_events_only: ``True``: only arrivals, departures and size changes change the answer.
     """

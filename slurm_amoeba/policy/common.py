@@ -140,16 +140,36 @@ def speedup_gain(job: JobInfo, workers: int) -> float:
     return (nxt - now) / base / job.gpus_per_worker
 
 
+def marginal_efficiency(job: JobInfo, workers: int) -> float:
+    """What one more worker at size ``workers`` adds, as a fraction of a worker's speed at the minimum size.
+
+    1.0 means the extra worker is as useful as each worker is at the minimum (linear scaling); without a measured
+    rate the job is assumed to scale linearly.
+
+    Args:
+        job: the job.
+        workers: its size before the extra worker.
+
+    Returns:
+        ``(rate(workers + 1) - rate(workers)) / (rate(min_workers) / min_workers)``.
+    """
+    return speedup_gain(job, workers) * job.min_workers * job.gpus_per_worker
+
+
 def distribute_spare(
     jobs: Sequence[JobInfo], sizes: dict[str, int], spare_gpus: int, min_gain: float
 ) -> dict[str, int]:
     """Give spare GPUs, one worker at a time, to the jobs whose speed gains most per GPU.
 
+    The order is by :func:`speedup_gain` (relative to each job's speed at its minimum, which favours the jobs whose
+    completion time shrinks most); a job stops growing once an extra worker would add less than ``min_gain`` of a
+    worker's worth (:func:`marginal_efficiency`).
+
     Args:
         jobs: the candidates (only resizable jobs with a size below their maximum grow).
         sizes: job id -> size so far; updated in place and returned.
         spare_gpus: GPUs to hand out at most.
-        min_gain: a worker is added only if it gains at least this (see :func:`speedup_gain`).
+        min_gain: the smallest marginal efficiency worth a resize.
 
     Returns:
         ``sizes``, with the growth added.
@@ -161,15 +181,14 @@ def distribute_spare(
             heap.append((-speedup_gain(job, size), index, job))
     heapq.heapify(heap)
     while heap and spare_gpus > 0:
-        neg_gain, index, job = heapq.heappop(heap)
-        if -neg_gain < min_gain:
-            break
-        if job.gpus_per_worker > spare_gpus:
+        _, index, job = heapq.heappop(heap)
+        size = sizes[job.job_id]
+        if job.gpus_per_worker > spare_gpus or marginal_efficiency(job, size) < min_gain:
             continue
-        sizes[job.job_id] += 1
+        sizes[job.job_id] = size + 1
         spare_gpus -= job.gpus_per_worker
-        if sizes[job.job_id] < job.max_workers:
-            heapq.heappush(heap, (-speedup_gain(job, sizes[job.job_id]), index, job))
+        if size + 1 < job.max_workers:
+            heapq.heappush(heap, (-speedup_gain(job, size + 1), index, job))
     return sizes
 
 

@@ -93,8 +93,8 @@ class ElasticTiresiasPolicy:
 
     Attributes:
         threshold_gpu_s: attained GPU-seconds that demote a job to the low-priority queue.
-        min_gain: a spare worker goes to a job only if it adds at least this much speed, in units of the job's
-            speed at its minimum size (keeps the policy from paying a resize for a negligible gain).
+        min_gain: a spare worker goes to a job only if it adds at least this fraction of a worker's speed at the
+            job's minimum size (keeps the policy from paying a resize for a negligible gain).
         name: ``"e-tiresias"``.
         decides_on_events_only: ``False``: demotion happens with time alone.
     """

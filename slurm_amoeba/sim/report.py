@@ -7,6 +7,7 @@ policy over all workloads, and GPU utilization over time per policy on one workl
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -153,7 +154,42 @@ def _format(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def plot(outcomes: Sequence[RunOutcome], path: Path, title: str = "", timeline_workload: str | None = None) -> None:
+def binned_utilization(
+    usage: Sequence[tuple[float, int]], total_gpus: int, bin_s: float
+) -> tuple[list[float], list[float]]:
+    """Mean fraction of GPUs held in consecutive bins of ``bin_s`` seconds, from a (time, GPUs held) step function.
+
+    Args:
+        usage: (time, GPUs held from then on), in time order; the last entry holds until its own time.
+        total_gpus: GPUs in the cluster.
+        bin_s: bin width in seconds.
+
+    Returns:
+        (bin start times, mean utilization per bin).
+    """
+    if not usage:
+        return [], []
+    start, end = usage[0][0], usage[-1][0]
+    count = max(1, math.ceil((end - start) / bin_s))
+    held = [0.0] * count
+    for (t0, used), (t1, _) in itertools.pairwise(usage):
+        while t0 < t1:
+            index = min(int((t0 - start) // bin_s), count - 1)
+            edge = min(t1, start + (index + 1) * bin_s)
+            held[index] += used * (edge - t0)
+            if edge <= t0:
+                break
+            t0 = edge
+    return [start + i * bin_s for i in range(count)], [value / (bin_s * total_gpus) for value in held]
+
+
+def plot(
+    outcomes: Sequence[RunOutcome],
+    path: Path,
+    title: str = "",
+    timeline_workload: str | None = None,
+    bin_s: float = 900.0,
+) -> None:
     """Write a PNG: the JCT CDF per policy, and GPU utilization over time on one workload.
 
     Args:
@@ -161,6 +197,7 @@ def plot(outcomes: Sequence[RunOutcome], path: Path, title: str = "", timeline_w
         path: the PNG to write.
         title: a title over both panels.
         timeline_workload: the workload whose utilization is drawn (the first one by name when ``None``).
+        bin_s: width of the bins utilization is averaged over, in seconds.
     """
     import matplotlib
 
@@ -178,9 +215,8 @@ def plot(outcomes: Sequence[RunOutcome], path: Path, title: str = "", timeline_w
             cdf_ax.step(jcts, fractions, where="post", label=policy)
         for outcome in outcomes:
             if outcome.policy == policy and outcome.workload == chosen and outcome.usage:
-                times = [t / 3600 for t, _ in outcome.usage]
-                util = [used / outcome.total_gpus for _, used in outcome.usage]
-                util_ax.step(times, util, where="post", label=policy, linewidth=1)
+                starts, means = binned_utilization(outcome.usage, outcome.total_gpus, bin_s)
+                util_ax.plot([t / 3600 for t in starts], means, label=policy, linewidth=1.2)
     cdf_ax.set_xscale("log")
     cdf_ax.set_xlabel("job completion time (hours, log scale)")
     cdf_ax.set_ylabel("fraction of jobs")
@@ -190,7 +226,7 @@ def plot(outcomes: Sequence[RunOutcome], path: Path, title: str = "", timeline_w
     util_ax.set_xlabel("time (hours)")
     util_ax.set_ylabel("GPUs held / GPUs")
     util_ax.set_ylim(0, 1.05)
-    util_ax.set_title(f"GPU utilization over time ({chosen})")
+    util_ax.set_title(f"GPU utilization over time ({chosen}, {bin_s / 60:.0f}-minute means)")
     util_ax.grid(True, alpha=0.3)
     util_ax.legend(fontsize=8)
     if title:

@@ -11,7 +11,7 @@ import pytest
 from slurm_amoeba.cli.sim import main
 from slurm_amoeba.sim.data import SimError
 from slurm_amoeba.sim.progress import ProgressBar
-from slurm_amoeba.sim.report import infer_load, load_reference
+from slurm_amoeba.sim.report import binned_utilization, infer_load, load_reference
 
 KEYS = {"avg_jct_s", "p99_jct_s", "makespan_s", "avg_queue_s", "gpu_util", "resizes"}
 
@@ -113,3 +113,9 @@ def test_reference_loading_and_load_names(pollux: Path, tmp_path: Path) -> None:
 def test_the_progress_bar_shows_done_out_of_total() -> None:
     bar = ProgressBar(8, width=8)
     assert bar.render(2, "tiresias w1").startswith("[##------] 2/8  tiresias w1")
+
+
+def test_utilization_is_averaged_per_bin_from_the_step_function() -> None:
+    starts, means = binned_utilization([(0.0, 4), (50.0, 2), (150.0, 0)], 4, 100.0)
+    assert starts == [0.0, 100.0]
+    assert means == pytest.approx([0.75, 0.25])

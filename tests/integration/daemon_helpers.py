@@ -1,0 +1,319 @@
+"""Helpers for the daemon's cluster tests: ``amoebad`` as a real process, and an agent that speaks the protocol.
+
+:class:`FakeAgent` follows the agent contract (register, report every second, re-register on "unknown job", take
+``resize`` only from the daemon's uid, grow with real satellite jobs in the elastic partition named and commented as
+the real agent names them, shrink by cancelling them) without running any training, so that the daemon's GPU
+accounting is tested against real Slurm jobs. A resize can be slowed down on purpose (``resize_delay_s``) to kill
+the daemon while one is in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+import zmq
+
+from slurm_amoeba.agent.channel import ChannelError, ChannelServer, request, request_from
+from slurm_amoeba.core.messages import Message, decode, encode
+from slurm_amoeba.slurm import CliSlurmClient, JobState, SubmitOptions
+from slurm_amoeba.slurm.munge import unseal
+from tests.conftest import ClusterHandle
+
+
+def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0, every: float = 0.2) -> None:
+    """Poll ``predicate``; fail the test with ``what`` when it stays false past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+class DaemonProcess:
+    """``amoebad`` started with ``python -m slurm_amoeba.cli.amoebad`` and a configuration written for the test."""
+
+    def __init__(
+        self, cluster: ClusterHandle, workdir: Path, *, interval_s: float = 2.0, host: str = "127.0.0.1"
+    ) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.endpoint = f"tcp://{host}:{self.port}"
+        self.config = workdir / "amoebad.yaml"
+        self.log = workdir / "amoebad.log"
+        self.state = workdir / "state.json"
+        self.interval_s = interval_s
+        doc = {
+            "interval_s": interval_s,
+            "listen": self.endpoint,
+            "metrics": {"address": "127.0.0.1", "port": free_port()},
+            "policy": {"name": "elastic-backfill"},
+            "partitions": {"regular": [cluster.regular_partition], "elastic": cluster.elastic_partition},
+            "agents": {"timeout_s": 2, "retries": 0, "stale_after_s": 8, "backoff_s": 10},
+            "resize_timeout_s": 90,
+            "orphan_grace_s": 0,
+            "slurm": {"conf": str(cluster.conf), "timeout_s": 20},
+            "state_file": str(self.state),
+            "log_level": "debug",
+        }
+        self.config.write_text(yaml.safe_dump(doc))
+        self.metrics_port = int(doc["metrics"]["port"])  # type: ignore[index]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "slurm_amoeba.cli.amoebad", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until("amoebad to answer status", lambda: self.ask("status", timeout_s=1) is not None, timeout=20)
+
+    def ask(self, kind: str, body: dict[str, Any] | None = None, timeout_s: float = 10) -> Message | None:
+        """A request to the daemon as this (root) process; None when it does not answer."""
+        try:
+            return request(self.endpoint, Message(kind, body or {}), timeout_s=timeout_s, retries=0)
+        except ChannelError:
+            return None
+
+    def status(self) -> dict[str, Any]:
+        reply = self.ask("status")
+        assert reply is not None and reply.body["ok"], reply
+        data: dict[str, Any] = reply.body["data"]
+        return data
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def foreign_request(endpoint: str, message: Message, user: str = "nobody", timeout_s: float = 10) -> Message:
+    """Send ``message`` signed by another user's munge credential (``runuser -u USER -- munge``).
+
+    The venv's python lives under /root, which other users cannot traverse, so only the credential is made as
+    that user: ``munge`` reads the payload (the SHA-256 of the message bytes, as :func:`seal` does) from stdin.
+    """
+    payload = encode(message)
+    made = subprocess.run(
+        ["runuser", "-u", user, "--", "munge"],
+        input=hashlib.sha256(payload).digest(),
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    credential = made.stdout.strip()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = context.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart([credential, payload])
+        if not sock.poll(int(timeout_s * 1000)):
+            pytest.fail(f"the daemon did not answer a request signed by {user} within {timeout_s} s")
+        cred, reply_payload = sock.recv_multipart()
+        unseal(cred, reply_payload)  # the daemon's answer is authenticated too
+        return decode(reply_payload)
+    finally:
+        sock.close(linger=0)
+
+
+class FakeAgent:
+    """An elastic job's agent per the contract, with satellites that are real Slurm jobs (see the module docstring).
+
+    Args:
+        cluster: the test cluster.
+        job_id: the parent job (already submitted, holding ``min_workers`` workers).
+        daemon_endpoint: where to register and report.
+        workdir: where satellites write their output.
+        min_workers: the job's minimum (held by the parent job).
+        max_workers: its maximum.
+        gpus_per_worker: GPUs per worker (one satellite per extra worker).
+        resize_delay_s: seconds between accepting a directive and acting on it.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterHandle,
+        job_id: int,
+        daemon_endpoint: str,
+        workdir: Path,
+        *,
+        min_workers: int = 1,
+        max_workers: int = 4,
+        gpus_per_worker: int = 1,
+        resize_delay_s: float = 0.0,
+    ) -> None:
+        self.cluster = cluster
+        self.client: CliSlurmClient = cluster.client()
+        self.job_id = str(job_id)
+        self.daemon_endpoint = daemon_endpoint
+        self.workdir = workdir
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.gpus_per_worker = gpus_per_worker
+        self.resize_delay_s = resize_delay_s
+        self.server = ChannelServer("tcp://127.0.0.1:*")
+        self.daemon_uid: int | None = None
+        self.size = min_workers
+        self.target = min_workers
+        self.generation = 0
+        self.satellites: list[int] = []
+        self.directives: list[tuple[float, Message]] = []
+        self.registrations = 0
+        self.history: list[dict[str, Any]] = []
+        self._counter = 0
+        self._act_at = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._serve, daemon=True),
+            threading.Thread(target=self._work, daemon=True),
+        ]
+
+    def start(self) -> None:
+        self.register()
+        for thread in self._threads:
+            thread.start()
+
+    def register(self) -> None:
+        message = Message(
+            "register",
+            {
+                "job_id": self.job_id,
+                "endpoint": self.server.endpoint,
+                "min_workers": self.min_workers,
+                "max_workers": self.max_workers,
+                "gpus_per_worker": self.gpus_per_worker,
+                "partition": self.cluster.regular_partition,
+                "elastic_partition": self.cluster.elastic_partition,
+            },
+        )
+        try:
+            daemon, reply = request_from(self.daemon_endpoint, message, timeout_s=3, retries=0)
+        except ChannelError:
+            return
+        if reply.body["ok"]:
+            self.daemon_uid = daemon.uid
+            self.registrations += 1
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            req = self.server.receive(0.1)
+            if req is None:
+                continue
+            if req.sender.uid != self.daemon_uid or req.message.kind != "resize":
+                self.server.refuse(req, f"uid {req.sender.uid} may not direct job {self.job_id}")
+                continue
+            target = int(req.message.body["target"])
+            with self._lock:
+                self.directives.append((time.time(), req.message))
+                if not self.min_workers <= target <= self.max_workers:
+                    self.server.answer(req, req.message.reply(ok=False, error=f"{target} is outside the range"))
+                    continue
+                self.target = target
+                self._act_at = time.monotonic() + self.resize_delay_s
+                self.history.append({"t": time.time(), "event": "resize_requested", "target": target})
+                self.server.answer(req, req.message.reply(data={"size": self.size, "target": target}))
+
+    def _satellite_states(self) -> dict[int, JobState]:
+        records = {r.job_id: r.state for r in self.client.jobs(job_ids=self.satellites)}
+        return {sat: records.get(sat, JobState.UNKNOWN) for sat in self.satellites}
+
+    def _work(self) -> None:
+        next_report = 0.0
+        while not self._stop.is_set():
+            with self._lock:
+                states = self._satellite_states()
+                self.satellites = [s for s, state in states.items() if state.is_active()]
+                running = sum(1 for s in self.satellites if states[s] is JobState.RUNNING)
+                if self.min_workers + running != self.size:
+                    self.size = self.min_workers + running
+                    self.generation += 1
+                if time.monotonic() >= self._act_at:
+                    self._act()
+            if time.monotonic() >= next_report:
+                self._report()
+                next_report = time.monotonic() + 1.0
+            self._stop.wait(0.3)
+
+    def _act(self) -> None:
+        wanted = self.target - self.min_workers
+        while len(self.satellites) < wanted:
+            self._counter += 1
+            name = f"amoeba-sat-{self.job_id}-g{self._counter}"
+            sat = script(self.workdir / f"{name}.sh", "exec sleep 600\n")
+            self.satellites.append(
+                self.client.submit(
+                    sat,
+                    SubmitOptions(
+                        name=name,
+                        comment=f"amoeba-parent={self.job_id}",
+                        partition=self.cluster.elastic_partition,
+                        nodes=1,
+                        ntasks=1,
+                        gpus_per_node=self.gpus_per_worker,
+                        output=str(self.workdir / f"{name}.out"),
+                    ),
+                )
+            )
+        while len(self.satellites) > wanted:
+            self.client.cancel(self.satellites.pop())
+
+    def _report(self) -> None:
+        with self._lock:
+            body = {
+                "job_id": self.job_id,
+                "size": self.size,
+                "generation": self.generation,
+                "target": self.target,
+                "throughput": {str(n): 100.0 * n for n in range(self.min_workers, self.size + 1)},
+                "history": self.history[-20:],
+                "satellites": [str(s) for s in self.satellites],
+            }
+        try:
+            reply = request(self.daemon_endpoint, Message("report", body), timeout_s=1.5, retries=0)
+        except ChannelError:
+            return  # the daemon is down: keep going, as the real agent does
+        if not reply.body["ok"] and "unknown job" in str(reply.body["error"]):
+            self.register()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(10)
+        self.server.close()
+        for sat in self.satellites:
+            with contextlib.suppress(Exception):
+                self.client.cancel(sat)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -27,8 +28,75 @@ def build_dataset(size: int) -> TensorDataset:
     return TensorDataset(x, x @ w + 0.05 * torch.randn(size, 1, generator=generator))
 
 
+def train(
+    epochs: int = 3,
+    dataset_size: int = 2048,
+    global_batch: int = 64,
+    step_delay: float = 0.0,
+    sample_delay: float = 0.0,
+    ledger: Path | None = None,
+) -> dict[str, object]:
+    """Train through the elastic runtime (on every worker); return how it ended on this worker.
+
+    This is also the function an :class:`~slurm_amoeba.launcher.ElasticExecutor` submits: ``job.result()`` is rank
+    0's return value.
+    """
+    runtime = amoeba.init()  # joins the job; a new worker warms up below while the others keep training
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dataset = build_dataset(dataset_size)
+    sampler = amoeba.ElasticSampler(len(dataset), global_batch, seed=1)
+    loader = amoeba.ElasticDataLoader(dataset, sampler)
+    state = amoeba.TorchState(model, optimizer, sampler, extras={"loss": 0.0, "samples": 0})
+    loss_fn = torch.nn.MSELoss()
+    out = None
+    if ledger is not None:
+        ledger.mkdir(parents=True, exist_ok=True)
+        out = open(ledger / f"ledger-{runtime.worker_id}.jsonl", "a")  # noqa: SIM115 - open for the whole run
+
+    def loop(state: amoeba.TorchState) -> None:
+        while state.epoch < epochs:
+            for step in loader:
+                total = 0.0
+                local = 0
+                for (x, y), weight in step:
+                    local += len(x)
+                    loss = loss_fn(model(x), y) * weight
+                    loss.backward()
+                    total += float(loss)
+                if step_delay or sample_delay:
+                    time.sleep(step_delay + sample_delay * local)
+                state.step()
+                state.extras["loss"] = total
+                state.extras["samples"] += step.assignment.plan.step_samples
+                if out is not None:
+                    entry = {
+                        "generation": runtime.generation,
+                        "step": step.index,
+                        "epoch": step.epoch,
+                        "rank": runtime.rank,
+                        "world_size": runtime.world_size,
+                        "indices": step.indices,
+                    }
+                    out.write(json.dumps(entry) + "\n")
+                    out.flush()
+                if state.step_index % 10 == 0:
+                    state.commit()
+
+    result = amoeba.run(loop, state)
+    print(f"worker {runtime.worker_id}: {result.status.value}, generations {list(result.generations)}", flush=True)
+    return {
+        "status": result.status.value,
+        "loss": float(state.extras["loss"]),
+        "samples": int(state.extras["samples"]),
+        "epochs": epochs,
+        "generations": len(result.generations),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Train; return 0 when training finished or this worker left gracefully."""
+    """The command line; rank 0 writes its result to ``LEDGER/result.json``."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--dataset-size", type=int, default=2048)
@@ -42,53 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ledger", type=Path, default=None, help="directory for per-sample ledgers")
     args = parser.parse_args(argv)
-
-    runtime = amoeba.init()  # joins the job; a new worker warms up below while the others keep training
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    dataset = build_dataset(args.dataset_size)
-    sampler = amoeba.ElasticSampler(len(dataset), args.global_batch, seed=1)
-    loader = amoeba.ElasticDataLoader(dataset, sampler)
-    state = amoeba.TorchState(model, optimizer, sampler, extras={"loss": 0.0})
-    loss_fn = torch.nn.MSELoss()
-    ledger = None
-    if args.ledger is not None:
-        args.ledger.mkdir(parents=True, exist_ok=True)
-        ledger = open(args.ledger / f"ledger-{runtime.worker_id}.jsonl", "a")  # noqa: SIM115 - open for the run
-
-    def train(state: amoeba.TorchState) -> None:
-        while state.epoch < args.epochs:
-            for step in loader:
-                total = 0.0
-                local = 0
-                for (x, y), weight in step:
-                    local += len(x)
-                    loss = loss_fn(model(x), y) * weight
-                    loss.backward()
-                    total += float(loss)
-                if args.step_delay or args.sample_delay:
-                    time.sleep(args.step_delay + args.sample_delay * local)
-                state.step()
-                state.extras["loss"] = total
-                if ledger is not None:
-                    entry = {
-                        "generation": runtime.generation,
-                        "step": step.index,
-                        "epoch": step.epoch,
-                        "rank": runtime.rank,
-                        "world_size": runtime.world_size,
-                        "indices": step.indices,
-                    }
-                    ledger.write(json.dumps(entry) + "\n")
-                    ledger.flush()
-                if state.step_index % 10 == 0:
-                    state.commit()
-
-    result = amoeba.run(train, state)
-    if result.status is amoeba.RunStatus.FINISHED and runtime.rank == 0 and args.ledger is not None:
-        (args.ledger / "result.json").write_text(json.dumps({"loss": state.extras["loss"], "epochs": args.epochs}))
-    print(f"worker {runtime.worker_id}: {result.status.value}, generations {list(result.generations)}", flush=True)
+    result = train(args.epochs, args.dataset_size, args.global_batch, args.step_delay, args.sample_delay, args.ledger)
+    if result["status"] == amoeba.RunStatus.FINISHED.value and os.environ.get("RANK") == "0" and args.ledger:
+        (args.ledger / "result.json").write_text(json.dumps(result))
     return 0
 
 

@@ -434,9 +434,7 @@ class Agent:
                     reason = "satellite gone"
                 log.warning("%s satellite %d (%s) ended: %s", self.prefix, group.slurm_job, group.name, reason)
                 self._release(group, reason)
-                # Lost workers lower the size; the target follows so the job does not fight Slurm for them.
-                with self._lock:
-                    self.target = max(self.config.spec.min_workers, min(self.target, self.planned_size()))
+                self._follow_losses()
 
     def _watch_workers(self, view: CoordinatorView) -> None:
         for group in self.groups:
@@ -445,16 +443,26 @@ class Agent:
             statuses = [view.workers[w].status if w in view.workers else None for w in group.worker_ids]
             gone = [s is not None and s.is_gone() for s in statuses]
             if all(gone):
-                reason = "shrink" if group.leaving else "its workers ended"
-                self._release(group, reason)
+                asked = set(group.leaving) >= set(group.worker_ids)
+                self._release(group, "shrink" if asked else "its workers left (preempted or failed)")
+                if not asked:
+                    self._follow_losses()
             elif group.state is GroupState.RUNNING:
                 # Workers that left on their own (SIGTERM from preemption) no longer count toward the size.
                 for worker, status in zip(group.worker_ids, statuses, strict=True):
-                    if status is WorkerStatus.LEFT and worker not in group.leaving:
+                    if status is not None and status.is_gone() and worker not in group.leaving:
                         group.leaving.add(worker)
-                        self._event("worker_left", group=group.name, worker=worker)
-                        with self._lock:
-                            self.target = max(self.config.spec.min_workers, min(self.target, self.planned_size()))
+                        self._event("worker_lost", group=group.name, worker=worker, status=status.value)
+                        self._follow_losses()
+
+    def _follow_losses(self) -> None:
+        """Workers lost without a shrink (preemption, failure) lower the target: the job does not fight Slurm for
+        them; the daemon or the user may grow it again."""
+        with self._lock:
+            target = max(self.config.spec.min_workers, min(self.target, self.planned_size()))
+            if target != self.target:
+                self._event("target_lowered", target=target, previous=self.target)
+                self.target = target
 
     # ----------------------------------------------------------------------------------------------- directives
 
@@ -587,6 +595,7 @@ class Agent:
                     "reason": record.plan.reason,
                     "rollback": record.plan.rollback,
                     "pause_s": pause,
+                    "start_step": record.plan.start_step,
                 }
             )
             previous_end = record.ended_at

@@ -17,7 +17,6 @@ the function under the elastic runtime. ``result()`` is rank 0's return value.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shlex
 import sys
@@ -29,11 +28,9 @@ from pathlib import Path
 import cloudpickle
 from submitit.core import core, utils
 
-from slurm_amoeba.agent.agent import STATUS_FILE
-from slurm_amoeba.agent.channel import ChannelError, request
 from slurm_amoeba.core.errors import AmoebaError, SpecError
-from slurm_amoeba.core.messages import Message
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.launcher.submission import ElasticJobShape
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmCommandError, parse_sbatch_reply, render_batch_script
 from slurm_amoeba.slurm.runner import run_command
@@ -62,9 +59,6 @@ class ElasticParameters:
 class ElasticInfoWatcher(core.InfoWatcher):
     """submitit's state watcher, fed by slurm_amoeba's Slurm client (one ``squeue --json`` for all jobs)."""
 
-    def __init__(self, delay_s: int = 60) -> None:
-        super().__init__(delay_s)
-        self.slurm = CliSlurmClient(timeout=30)
 
     def get_state(self, job_id: str, mode: str = "standard") -> str:
         """Slurm's state of ``job_id`` (``UNKNOWN`` until known)."""
@@ -73,11 +67,12 @@ class ElasticInfoWatcher(core.InfoWatcher):
     def update(self) -> None:
         """Read every registered job's state: squeue for remembered jobs, accounting for the others."""
         self._num_calls += 1
+        slurm = CliSlurmClient(timeout=30)  # this process's environment now (SLURM_CONF may change)
         try:
             ids = {int(j) for j in self._registered}
-            records = {str(r.job_id): r.state.value for r in self.slurm.jobs(job_ids=ids)}
+            records = {str(r.job_id): r.state.value for r in slurm.jobs(job_ids=ids)}
             for job_id in self._registered - set(records):
-                state = self.slurm.accounting_state(int(job_id))
+                state = slurm.accounting_state(int(job_id))
                 if state is not JobState.UNKNOWN:
                     records[job_id] = state.value
         except (SlurmCommandError, AmoebaError) as exc:
@@ -101,31 +96,22 @@ class ElasticJob(core.Job[R]):
         """Where the job's agent keeps its status and the workers' logs."""
         return self.paths.folder / f"{self.job_id}_amoeba"
 
+    @property
+    def agent(self) -> AgentHandle:
+        """The handle on the job's agent (status, resize)."""
+        return AgentHandle(self.job_id, self.state_dir)
+
     def status(self) -> dict[str, tp.Any]:
         """The agent's latest status (empty until the agent has started)."""
-        path = self.state_dir / STATUS_FILE
-        try:
-            return dict(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            return {}
+        return self.agent.status()
 
     def workers(self) -> int:
         """Workers training in the current generation (0 before the first)."""
-        return int(self.status().get("size", 0))
+        return self.agent.workers()
 
     def history(self) -> dict[str, tp.Any]:
         """Generations (size, members, pause before each), resize events, and throughput per worker count."""
-        status = self.status()
-        return {
-            key: status.get(key, default)
-            for key, default in (
-                ("generations", []),
-                ("history", []),
-                ("throughput", {}),
-                ("groups", []),
-                ("series", []),
-            )
-        }
+        return self.agent.history()
 
     def resize(self, workers: int, *, reason: str = "user request", timeout_s: float = 10.0) -> int:
         """Ask the job's agent for ``workers`` workers; it grows or shrinks in the background.
@@ -137,22 +123,7 @@ class ElasticJob(core.Job[R]):
             SpecError: ``workers`` is outside the job's range, or the agent refused.
             AmoebaError: the agent is not running yet (or any more), or did not answer.
         """
-        deadline = time.monotonic() + timeout_s
-        endpoint = ""
-        while not endpoint:
-            endpoint = str(self.status().get("endpoint", ""))
-            if not endpoint:
-                if time.monotonic() > deadline:
-                    raise AmoebaError(f"job {self.job_id}: its agent has not started (no {STATUS_FILE} yet)")
-                time.sleep(0.2)
-        message = Message("resize", {"job_id": self.job_id, "target": workers, "reason": reason})
-        try:
-            reply = request(endpoint, message, timeout_s=max(1.0, deadline - time.monotonic()), retries=1)
-        except ChannelError as exc:
-            raise AmoebaError(f"job {self.job_id}: the agent did not take the resize: {exc}") from None
-        if not reply.body["ok"]:
-            raise SpecError(f"job {self.job_id}: {reply.body['error']}")
-        return int(reply.body["data"].get("target", workers))
+        return self.agent.resize(workers, reason=reason, timeout_s=timeout_s)
 
     def cancel(self, check: bool = True) -> None:
         """Cancel the job; its agent releases every satellite on the way out."""
@@ -238,22 +209,16 @@ class ElasticExecutor(core.PicklingExecutor):
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         shape = self._shape()
-        folder = str(utils.JobPaths(self.folder).folder)
         python = str(self.parameters["python"])
-        agent = [
-            python,
-            "-m",
-            "slurm_amoeba.launcher.run",
-            "--",
-            python,
-            "-m",
-            "slurm_amoeba.launcher.fn_worker",
-            folder,
-        ]
+        agent = [python, "-m", "slurm_amoeba.launcher.run", "--", python, "-m", "slurm_amoeba.launcher.fn_worker"]
         text = render_batch_script(shape.components(), [agent])
+        # The folder may hold %j (submitit's convention): the batch script knows the id, so the shell fills it in.
+        template = str(utils.JobPaths(self.folder).folder)
+        folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in template.split("%j"))
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in shape.environment().items())
-        state = f'export AMOEBA_STATE_DIR={shlex.quote(folder)}/"$SLURM_JOB_ID"_amoeba\n'
-        return text.replace("set -euo pipefail\n", "set -euo pipefail\n" + exports + state, 1)
+        exports += f"export AMOEBA_JOB_FOLDER={folder}\n"
+        exports += 'export AMOEBA_STATE_DIR="$AMOEBA_JOB_FOLDER/${SLURM_JOB_ID}_amoeba"\n'
+        return text.replace("set -euo pipefail\n", "set -euo pipefail\n" + exports, 1)
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         return ["sbatch", "--parsable", str(submission_file_path)]

@@ -1,6 +1,6 @@
 """The worker side of :class:`~slurm_amoeba.launcher.executor.ElasticExecutor`: run the submitted function.
 
-``python -m slurm_amoeba.launcher.fn_worker FOLDER`` runs in every worker of the job (started by the agent). It
+``python -m slurm_amoeba.launcher.fn_worker`` runs in every worker of the job (started by the agent). It
 loads the function submitit pickled into the job folder (a file, never a socket), calls it, and, on the worker that
 is rank 0 when the function returns, writes submitit's result file, so that ``job.result()`` is rank 0's return
 value. A failure on rank 0 is written as submitit's error outcome (the traceback), so ``job.result()`` raises it.
@@ -27,11 +27,15 @@ def _is_rank_zero() -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the job's function (see the module docstring)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m slurm_amoeba.launcher.fn_worker FOLDER", file=sys.stderr)
+    folder = os.environ.get("AMOEBA_JOB_FOLDER", "")
+    if args or not folder:
+        print(
+            "usage: AMOEBA_JOB_FOLDER=DIR python -m slurm_amoeba.launcher.fn_worker (the executor sets it)",
+            file=sys.stderr,
+        )
         return 2
     job_id = os.environ.get("AMOEBA_PARENT_JOB") or os.environ.get("SLURM_JOB_ID", "")
-    paths = utils.JobPaths(Path(args[0]), job_id=job_id, task_id=0)
+    paths = utils.JobPaths(Path(folder), job_id=job_id, task_id=0)
     deadline = time.monotonic() + PICKLE_WAIT_S
     while not paths.submitted_pickle.exists():  # submitit moves it into place right after sbatch returns
         if time.monotonic() > deadline:

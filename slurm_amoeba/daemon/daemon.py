@@ -24,6 +24,7 @@ resizes the previous daemon had ordered.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -60,6 +61,8 @@ logger = logging.getLogger(__name__)
 REFRESH_MIN_S = 1.0
 #: Requests handled before the loop looks at outcomes and the round clock again.
 BATCH = 256
+#: Recent rounds kept for ``status`` and benchmarks.
+ROUNDS_KEPT = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +115,7 @@ class Daemon:
         self.view: ClusterView | None = None
         self.last_observation: Observation | None = None
         self.last_round: RoundSummary | None = None
+        self.rounds: collections.deque[RoundSummary] = collections.deque(maxlen=ROUNDS_KEPT)
         self.started_at = clock()
         self.uid = os.getuid()
         self._orphans_seen: dict[str, float] = {}
@@ -483,6 +487,7 @@ class Daemon:
             logger.exception("[daemon] the round failed; the next one starts afresh")
             summary = RoundSummary(now, time.perf_counter() - started, 0.0, {}, f"internal error: {exc}")
         self.last_round = summary
+        self.rounds.append(summary)
         self.metrics.loop_time.observe(summary.duration_s)
         if not summary.error:
             self.metrics.last_round.set(now)

@@ -1,0 +1,496 @@
+"""Benchmarks of the daemon's decision path and loop (``scripts/bench-policy``).
+
+Two measurements on a synthetic cluster (1,000 nodes x 8 GPUs and 2,000 jobs by default, half of them elastic,
+deterministic for a seed):
+
+- **decision time**: Slurm's records and the agents' records -> :func:`build_snapshot` -> ``policy.decide`` ->
+  :func:`check_decisions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
+  snapshot and the check are reported beside it);
+- **loop time under load**: the real :class:`Daemon` loop on a real ZeroMQ socket, with every elastic job's agent
+  simulated in a separate process that registers, then reports at 1 Hz with munge-signed messages and answers
+  directives; ``loop_s`` is the median round time (observe + snapshot + policy + orders), reported with the worst
+  round, how late rounds started, and how many reports per second the daemon answered and how fast.
+
+Slurm itself is replaced by the synthetic records (no real cluster has 1,000 nodes here); everything after
+``squeue``/``sinfo`` is the daemon's real code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from slurm_amoeba.agent.channel import ChannelServer, request
+from slurm_amoeba.core.messages import Message, decode, encode
+from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
+from slurm_amoeba.daemon.config import AgentSettings, DaemonConfig
+from slurm_amoeba.daemon.daemon import Daemon
+from slurm_amoeba.daemon.observer import ClusterView, build_snapshot
+from slurm_amoeba.policy import check_decisions, make_policy
+from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
+from slurm_amoeba.slurm.munge import seal
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticCluster:
+    """Slurm's records of a synthetic cluster and the registrations of its elastic jobs' agents.
+
+    Attributes:
+        jobs: squeue's records.
+        nodes: sinfo's records.
+        elastic: job id -> (registration, current size).
+    """
+
+    jobs: list[JobRecord]
+    nodes: list[NodeRecord]
+    elastic: dict[str, tuple[Registration, int]]
+
+
+class SyntheticSlurm:
+    """A :class:`~slurm_amoeba.daemon.observer.ClusterSource` over a synthetic cluster."""
+
+    def __init__(self, cluster: SyntheticCluster) -> None:
+        self.cluster = cluster
+
+    def jobs(self) -> list[JobRecord]:
+        """Every job."""
+        return list(self.cluster.jobs)
+
+    def nodes(self) -> list[NodeRecord]:
+        """Every node."""
+        return list(self.cluster.nodes)
+
+
+def _record(job_id: int, uid: int, state: JobState, held: dict[str, int], want: int, submit: int) -> JobRecord:
+    nodes = tuple(held)
+    return JobRecord(
+        job_id=job_id,
+        name="bench",
+        comment="",
+        state=state,
+        state_reason="Resources" if state is JobState.PENDING else "None",
+        user="bench",
+        uid=uid,
+        partition="batch",
+        nodes=nodes,
+        batch_host=nodes[0] if nodes else "",
+        gpus_per_node=want,
+        gpu_indices=tuple(tuple(range(count)) for count in held.values()),
+        cpus=1,
+        node_count=max(1, len(nodes)),
+        het_job_id=0,
+        het_job_offset=0,
+        submit_time=submit,
+        start_time=submit + 10 if state is JobState.RUNNING else 0,
+        priority=1000 - job_id % 1000,
+    )
+
+
+def synthetic_cluster(
+    nodes: int = 1000, gpus_per_node: int = 8, jobs: int = 2000, elastic_share: float = 0.5, seed: int = 0
+) -> SyntheticCluster:
+    """A busy cluster: elastic and regular jobs running on ~85% of the GPUs, regular jobs pending for more.
+
+    Args:
+        nodes: node count.
+        gpus_per_node: GPUs per node.
+        jobs: job count (running and pending together).
+        elastic_share: the share of jobs that are elastic (all running, each with a registered agent).
+        seed: the random seed.
+
+    Returns:
+        The cluster.
+    """
+    rng = random.Random(seed)
+    uid = os.getuid()
+    free = {f"n{i:04d}": gpus_per_node for i in range(nodes)}
+    names = list(free)
+    budget = int(nodes * gpus_per_node * 0.85)
+    records: list[JobRecord] = []
+    elastic: dict[str, tuple[Registration, int]] = {}
+    n_elastic = int(jobs * elastic_share)
+    cursor = 0
+    now = int(time.time())
+
+    def take(gpus: int, per_node_max: int, unit: int = 1) -> dict[str, int]:
+        nonlocal cursor
+        held: dict[str, int] = {}
+        for _ in range(len(names)):
+            if gpus == 0:
+                break
+            name = names[cursor % len(names)]
+            grab = min(free[name], gpus, per_node_max) // unit * unit
+            if grab:
+                held[name] = held.get(name, 0) + grab
+                free[name] -= grab
+                gpus -= grab
+            if free[name] < unit or gpus:
+                cursor += 1
+        return held
+
+    for index in range(jobs):
+        job_id = 1000 + index
+        submit = now - rng.randrange(60, 86_400)
+        if index < n_elastic:
+            gpw = rng.choice((1, 1, 2))
+            low = rng.choice((1, 2, 4))
+            high = low * rng.choice((2, 4))
+            size = rng.randint(low, high)
+            if budget < size * gpw:
+                size = low
+            held = take(size * gpw, gpus_per_node - gpus_per_node % gpw, gpw)
+            size = sum(g // gpw for g in held.values())
+            low = min(low, max(size, 1))
+            high = max(high, low)
+            if size == 0:
+                records.append(_record(job_id, uid, JobState.PENDING, {}, gpw * low, submit))
+                continue
+            budget -= size * gpw
+            records.append(_record(job_id, uid, JobState.RUNNING, held, gpw, submit))
+            reg = Registration(str(job_id), "tcp://127.0.0.1:1", low, high, gpw, "batch", "elastic")
+            elastic[str(job_id)] = (reg, size)
+        elif budget > 0 and rng.random() < 0.6:
+            want = rng.choice((1, 2, 4, 8))
+            held = take(want, want)
+            budget -= sum(held.values())
+            records.append(_record(job_id, uid, JobState.RUNNING, held, want, submit))
+        else:
+            want = rng.choice((1, 2, 4, 8))
+            records.append(_record(job_id, uid, JobState.PENDING, {}, want, submit))
+    node_records = [
+        NodeRecord(
+            name=name,
+            address="127.0.0.1",
+            hostname=name,
+            state="mixed",
+            state_flags=(),
+            partitions=("batch", "elastic"),
+            cpus=64,
+            alloc_cpus=0,
+            gpus_total=gpus_per_node,
+            gpus_used=gpus_per_node - free[name],
+        )
+        for name in names
+    ]
+    return SyntheticCluster(records, node_records, elastic)
+
+
+def _throughput(size: int, high: int) -> dict[int, float]:
+    return {n: 100.0 * n**0.9 for n in range(1, high + 1) if n <= size + 1}
+
+
+def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) -> dict[str, float]:
+    """Median times of snapshot building, the policy's decision and the invariant check.
+
+    Args:
+        cluster: the synthetic cluster.
+        policy_name: a registered policy.
+        repeats: how many times to measure.
+
+    Returns:
+        ``snapshot_s``, ``decision_s``, ``check_s`` (medians), ``decisions`` (how many the policy made) and ``jobs``.
+    """
+    now = time.time()
+    agents: dict[str, AgentRecord] = {}
+    for job_id, (reg, size) in cluster.elastic.items():
+        record = AgentRecord(registration=reg, uid=os.getuid(), user="bench", registered_at=now)
+        record.accept_report(Report(size, 1, size, _throughput(size, reg.max_workers), (), (), now))
+        agents[job_id] = record
+    knobs: dict[str, Any] = {"start_pending": False} if policy_name == "elastic-backfill" else {}
+    policy = make_policy(policy_name, **knobs)
+    view = ClusterView(tuple(cluster.jobs), tuple(cluster.nodes), now)
+    snap_t, decide_t, check_t = [], [], []
+    made = 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        obs = build_snapshot(
+            view,
+            agents,
+            pinned=(),
+            regular_partitions=("batch",),
+            elastic_partition="elastic",
+            stale_after_s=60.0,
+            now=now,
+        )
+        t1 = time.perf_counter()
+        decisions = policy.decide(obs.snapshot, now)
+        t2 = time.perf_counter()
+        check_decisions(obs.snapshot, decisions)
+        t3 = time.perf_counter()
+        snap_t.append(t1 - t0)
+        decide_t.append(t2 - t1)
+        check_t.append(t3 - t2)
+        made = len(decisions)
+    return {
+        "snapshot_s": statistics.median(snap_t),
+        "decision_s": statistics.median(decide_t),
+        "check_s": statistics.median(check_t),
+        "decisions": made,
+        "jobs": len(obs.snapshot.jobs),
+    }
+
+
+def bench_loop(cluster: SyntheticCluster, interval_s: float, duration_s: float, policy_name: str) -> dict[str, Any]:
+    """Run the real daemon loop with every elastic job's agent simulated in another process.
+
+    Args:
+        cluster: the synthetic cluster.
+        interval_s: the daemon's round interval.
+        duration_s: how long the agents report (after all have registered).
+        policy_name: the daemon's policy.
+
+    Returns:
+        ``loop_s`` (median round), ``loop_max_s``, ``late_max_s`` (how late the latest round started),
+        ``rounds``, ``reports_per_s`` answered, report reply latency ``report_p50_s``/``report_p99_s``,
+        ``agents`` and ``interval_s``.
+
+    Raises:
+        RuntimeError: the simulated agents failed.
+    """
+    config = DaemonConfig(
+        interval_s=interval_s,
+        listen="tcp://127.0.0.1:*",
+        metrics_port=0,
+        policy=policy_name,
+        agents=AgentSettings(timeout_s=2.0, retries=0, parallel=8, stale_after_s=5.0, backoff_s=30.0),
+    )
+    daemon = Daemon(config, SyntheticSlurm(cluster))
+    daemon.start()
+    assert daemon.server is not None
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run, args=(stop,), name="amoebad-loop", daemon=True)
+    thread.start()
+    spec = [
+        {"job_id": job_id, "min": reg.min_workers, "max": reg.max_workers, "gpw": reg.gpus_per_worker, "size": size}
+        for job_id, (reg, size) in cluster.elastic.items()
+    ]
+    spec_path = Path(f"/tmp/amoeba-bench-agents-{os.getpid()}.json")
+    spec_path.write_text(json.dumps(spec))
+    try:
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "slurm_amoeba.daemon.bench",
+                "--agents-child",
+                daemon.server.endpoint,
+                str(spec_path),
+                str(duration_s),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=duration_s + 600,
+            check=False,
+        )
+    finally:
+        spec_path.unlink(missing_ok=True)
+        stop.set()
+        thread.join(30)
+        daemon.close()
+    if child.returncode != 0:
+        raise RuntimeError(f"the simulated agents failed (exit {child.returncode}): {child.stderr[-2000:]}")
+    agents_result = json.loads(child.stdout.strip().splitlines()[-1])
+    start, end = agents_result["reporting_from"], agents_result["reporting_to"]
+    rounds = [r for r in daemon.rounds if start <= r.at <= end]
+    starts = sorted(r.at for r in rounds)
+    late = max((b - a - interval_s for a, b in itertools.pairwise(starts)), default=0.0)
+    durations = [r.duration_s for r in rounds]
+    return {
+        "loop_s": statistics.median(durations) if durations else float("nan"),
+        "loop_max_s": max(durations, default=float("nan")),
+        "late_max_s": max(0.0, late),
+        "rounds": len(rounds),
+        "interval_s": interval_s,
+        "agents": len(spec),
+        **{k: v for k, v in agents_result.items() if k not in ("reporting_from", "reporting_to")},
+    }
+
+
+def _agents_child(endpoint: str, spec_file: str, duration_s: float) -> int:
+    """The simulated agents: register each job, answer directives, report every job once a second."""
+    spec = json.loads(Path(spec_file).read_text())
+    directives = ChannelServer("tcp://127.0.0.1:*")
+    stop = threading.Event()
+    answered = [0]
+
+    def answer_directives() -> None:
+        while not stop.is_set():
+            req = directives.receive(0.1)
+            if req is not None:
+                answered[0] += 1
+                directives.answer(req, req.message.reply(data={"size": 0, "target": int(req.message.body["target"])}))
+
+    responder = threading.Thread(target=answer_directives, daemon=True)
+    responder.start()
+    for job in spec:
+        body = {
+            "job_id": job["job_id"],
+            "endpoint": directives.endpoint,
+            "min_workers": job["min"],
+            "max_workers": job["max"],
+            "gpus_per_worker": job["gpw"],
+            "partition": "batch",
+            "elastic_partition": "elastic",
+        }
+        reply = request(endpoint, Message("register", body), timeout_s=30, retries=0)
+        if not reply.body["ok"]:
+            print(f"registration of {job['job_id']} refused: {reply.body['error']}", file=sys.stderr)
+            return 1
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    sent: dict[str, float] = {}
+    latencies: list[float] = []
+    errors = 0
+    per_report = 1.0 / len(spec)
+    begin = time.time()
+    end = begin + duration_s
+    index = 0
+    while True:
+        now = time.time()
+        if now >= end:
+            break
+        due = begin + index * per_report
+        if now >= due:
+            job = spec[index % len(spec)]
+            size = job["size"]
+            body = {
+                "job_id": job["job_id"],
+                "size": size,
+                "generation": 1,
+                "target": size,
+                "throughput": {str(n): 100.0 * n**0.9 for n in range(1, size + 2)},
+                "history": [{"t": now, "event": "report"}],
+                "satellites": [],
+            }
+            message = Message("report", body)
+            payload = encode(message)
+            sent[message.id] = time.perf_counter()
+            sock.send_multipart([b"", seal(payload), payload])
+            index += 1
+        while sock.poll(0):
+            frames = sock.recv_multipart()
+            reply = decode(frames[-1])
+            started = sent.pop(reply.id, None)
+            if started is not None:
+                latencies.append(time.perf_counter() - started)
+            if not reply.body["ok"]:
+                errors += 1
+        if now < due:
+            sock.poll(max(0, int((due - time.time()) * 1000)))
+    drain_until = time.time() + 5
+    while sent and time.time() < drain_until:
+        if sock.poll(100):
+            reply = decode(sock.recv_multipart()[-1])
+            started = sent.pop(reply.id, None)
+            if started is not None:
+                latencies.append(time.perf_counter() - started)
+    stop.set()
+    responder.join(5)
+    sock.close(linger=0)
+    directives.close()
+    latencies.sort()
+    result = {
+        "reporting_from": begin,
+        "reporting_to": end,
+        "reports_sent": index,
+        "reports_per_s": len(latencies) / duration_s,
+        "reports_unanswered": len(sent),
+        "report_errors": errors,
+        "report_p50_s": latencies[len(latencies) // 2] if latencies else float("nan"),
+        "report_p99_s": latencies[int(len(latencies) * 0.99)] if latencies else float("nan"),
+        "directives_answered": answered[0],
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key.ljust(width)}  {value}" for key, value in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``scripts/bench-policy``: print a table, or JSON with ``--json``."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--agents-child"]:
+        return _agents_child(args_list[1], args_list[2], float(args_list[3]))
+    parser = argparse.ArgumentParser(prog="bench-policy", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--agents", type=int, default=1000, help="elastic jobs, each with a simulated agent")
+    parser.add_argument("--policy", default="elastic-backfill")
+    parser.add_argument("--repeats", type=int, default=15, help="decision measurements (median)")
+    parser.add_argument("--interval", type=float, default=5.0, help="the daemon's round interval in the loop run")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds the agents report in the loop run")
+    parser.add_argument("--skip-loop", action="store_true", help="measure the decision time only")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(args_list)
+    cluster = synthetic_cluster(args.nodes, args.gpus_per_node, args.jobs, args.agents / max(args.jobs, 1))
+    result: dict[str, Any] = {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "jobs": len(cluster.jobs),
+        "elastic_jobs": len(cluster.elastic),
+        "policy": args.policy,
+        **bench_decision(cluster, args.policy, args.repeats),
+    }
+    if not args.skip_loop:
+        loop = bench_loop(cluster, args.interval, args.duration, args.policy)
+        result.update({key: value for key, value in loop.items() if key not in ("agents",)})
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+    rows = [
+        (
+            "cluster",
+            f"{args.nodes} nodes x {args.gpus_per_node} GPUs, {result['jobs']} jobs ({result['elastic_jobs']} elastic)",
+        ),
+        ("policy", args.policy),
+        ("snapshot (median)", f"{result['snapshot_s'] * 1000:.1f} ms"),
+        (
+            "decision (median)",
+            f"{result['decision_s'] * 1000:.1f} ms  (target <= 50 ms; {result['decisions']} decisions)",
+        ),
+        ("invariant check", f"{result['check_s'] * 1000:.1f} ms"),
+    ]
+    if not args.skip_loop:
+        rows += [
+            ("loop round (median)", f"{result['loop_s'] * 1000:.1f} ms of a {args.interval:g} s interval"),
+            (
+                "loop round (worst)",
+                f"{result['loop_max_s'] * 1000:.1f} ms; rounds late by at most "
+                f"{result['late_max_s'] * 1000:.0f} ms ({result['rounds']} rounds)",
+            ),
+            (
+                "reports answered",
+                f"{result['reports_per_s']:.0f}/s from {result['elastic_jobs']} agents at 1 Hz "
+                f"({result['reports_unanswered']} unanswered, {result['report_errors']} refused)",
+            ),
+            (
+                "report latency",
+                f"p50 {result['report_p50_s'] * 1000:.1f} ms, p99 {result['report_p99_s'] * 1000:.1f} ms",
+            ),
+        ]
+    print(_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -642,7 +642,7 @@ class Daemon:
             logger.warning(
                 "[daemon/actuator] the agent of job %s %s the resize to %d: %s; leaving the job alone for %g s",
                 directive.job_id,
-                why,
+                "did not answer" if outcome.unreachable else "refused",
                 directive.target,
                 outcome.error,
                 self.config.agents.backoff_s,

@@ -111,3 +111,16 @@ def test_amoebad_check_exits_2_and_names_the_unknown_key(tmp_path: Path) -> None
     )
     assert good.returncode == 0, good.stderr
     assert "elastic-backfill" in good.stdout
+
+
+def test_the_systemd_unit_runs_the_daemon_unprivileged_after_checking_its_config() -> None:
+    unit = (REPO / "configs" / "systemd" / "amoebad.service").read_text()
+    settings = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.lstrip().startswith("#")
+    )
+    assert settings["User"] == "amoebad" and settings["Group"] == "amoebad"
+    assert settings["CapabilityBoundingSet"] == "" and settings["NoNewPrivileges"] == "yes"
+    assert settings["ExecStartPre"].endswith("--config /etc/amoebad/amoebad.yaml --check")
+    assert settings["ExecStart"].endswith("amoebad --config /etc/amoebad/amoebad.yaml")
+    assert settings["StateDirectory"] == "amoebad"
+    assert load_config(REPO / "configs" / "amoebad.yaml").state_file == "/var/lib/amoebad/state.json"

@@ -74,6 +74,7 @@ class CoordinatorConfig:
         port: TCP port of the store; 0 picks a free one.
         report_timeout_s: after a generation's first end report, how long to wait for the other members.
         heartbeat_timeout_s: a worker silent for longer is declared dead.
+        admit_batch_window_s: how long ready joiners wait for joiners still warming up, to join in one switch.
         collective_timeout_s: passed to workers: deadline of one collective.
         join_timeout_s: passed to workers: how long a warm joiner waits for admission.
         heartbeat_s: passed to workers: heartbeat interval.
@@ -88,6 +89,7 @@ class CoordinatorConfig:
     port: int = 0
     report_timeout_s: float = 10.0
     heartbeat_timeout_s: float = 10.0
+    admit_batch_window_s: float = 30.0
     collective_timeout_s: float = 30.0
     join_timeout_s: float = 3600.0
     heartbeat_s: float = 0.5
@@ -185,6 +187,7 @@ class Coordinator:
                 max_workers=config.max_workers,
                 report_timeout_s=config.report_timeout_s,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
+                admit_batch_window_s=config.admit_batch_window_s,
             )
         )
         self._lock = threading.Condition()

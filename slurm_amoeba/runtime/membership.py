@@ -136,12 +136,15 @@ class MembershipConfig:
         max_workers: the job never runs with more members.
         report_timeout_s: after a generation's first end report, how long to wait for the other members.
         heartbeat_timeout_s: a worker whose heartbeat is older than this is declared dead.
+        admit_batch_window_s: while other joiners are still warming up, ready joiners wait for them up to this long,
+            so that workers added together join in one switch (one pause) instead of one switch each.
     """
 
     initial_workers: int = 1
     max_workers: int = 1 << 16
     report_timeout_s: float = 10.0
     heartbeat_timeout_s: float = 10.0
+    admit_batch_window_s: float = 30.0
 
     def __post_init__(self) -> None:
         from slurm_amoeba.runtime.errors import RuntimeConfigError
@@ -341,7 +344,10 @@ class Membership:
         staying = [m for m in members if not m.leave_requested and not m.status.is_gone()]
         pool = self._ready_pool(set(self.plan.members))
         target = self._target_size(len(staying) + len(pool))
-        if any(m.leave_requested for m in members) or (pool and target > len(staying)):
+        warming = any(i.status is WorkerStatus.REGISTERED for i in self.workers.values())
+        waited = now - min((i.ready_at for i in pool), default=now)
+        admit = bool(pool) and target > len(staying) and (not warming or waited >= self.config.admit_batch_window_s)
+        if admit or any(m.leave_requested for m in members):
             self._want_sent = self.generation
             self._actions.append(SetWant(self.generation))
 

@@ -368,6 +368,9 @@ class WorkerRuntime:
 
     def _failure(self, what: str, exc: BaseException) -> WorkerFailure:
         log.warning("%s %s failed in generation %s: %s", self.prefix, what, self.generation, exc)
+        # Closing our connections at once makes peers still blocked in the collective fail too, instead of
+        # waiting for their timeout (gloo only notices a peer's death on the connections to that peer).
+        self._teardown_group()
         return WorkerFailure(f"{what} failed in generation {self.generation}: {exc}", generation=self.generation)
 
     def apply_step(self, state: TorchState) -> None:

@@ -44,6 +44,7 @@ class ToyJob:
             collective_timeout_s=20,
             report_timeout_s=10,
             heartbeat_timeout_s=15,
+            poll_s=0.01,
         )
         self.hold = hold
 
@@ -71,9 +72,11 @@ class ToyJob:
             time.sleep(0.02)
 
     def wait_ready(self, workers: list[str]) -> None:
-        """Wait until the given workers are warm and waiting for admission."""
+        """Wait until the given workers are warm (waiting for admission, or already admitted)."""
         self.job.wait_for(
-            lambda v: all(v.workers.get(w) is not None and v.workers[w].status.value == "ready" for w in workers),
+            lambda v: all(
+                v.workers.get(w) is not None and v.workers[w].status.value in ("ready", "member") for w in workers
+            ),
             DEADLINE_S,
             f"workers {workers} to be ready",
         )

@@ -5,10 +5,13 @@ run of the same seed ends, and every sample is applied exactly once per epoch in
 from __future__ import annotations
 
 import collections
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.unit.runtime.conftest import ReferenceRun
 from tests.unit.runtime.jobs import (
@@ -108,3 +111,44 @@ def assert_same_params(
     for worker, tensors in params.items():
         for name, tensor in reference.params.items():
             torch.testing.assert_close(tensors[name], tensor, rtol=1e-9, atol=1e-11, msg=f"{worker} {name}")
+
+
+RESIZES = st.lists(st.sampled_from(["add", "add2", "remove", "term", "kill"]), min_size=1, max_size=3)
+
+
+@pytest.mark.timeout(240)
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=RESIZES)
+def test_random_resizes_and_kills_of_real_workers_keep_exactly_once_and_the_global_batch(
+    fixed_run: ReferenceRun, ops: list[str]
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="amoeba-prop-") as tmp:
+        out = Path(tmp)
+        with ToyJob(out, workers=2, hold=True) as toy:
+            job = toy.job
+            size, hold = 2, 4
+            toy.release(hold)
+            for op in ops:
+                view = toy.wait_members(size)
+                toy.wait_held(hold)
+                assert view.plan is not None
+                members = list(view.plan.members)
+                if op.startswith("add"):
+                    added = job.add(2 if op == "add2" else 1)
+                    toy.wait_ready(added)
+                    size += len(added)
+                elif size > 1:
+                    if op == "remove":
+                        job.remove(members[0])
+                    elif op == "term":
+                        job.terminate(members[-1])
+                    else:
+                        job.kill(members[len(members) // 2])
+                    size -= 1
+                hold += 6
+                toy.release(hold)
+            toy.wait_members(size)
+            result = toy.finish()
+        assert result.phase.value == "finished", result
+        assert_exactly_once(out, result.view.history)
+        assert_same_params(fixed_run, final_params(out), expected_workers=size)

@@ -250,3 +250,35 @@ def test_random_resize_and_kill_sequences_keep_membership_invariants(
         job.want = 0 if job.want != job.m.generation else job.want
     statuses = collections.Counter(i.status for i in job.m.workers.values())
     assert statuses[WorkerStatus.MEMBER] <= max_workers
+
+
+def test_joiners_added_together_wait_for_each_other_to_join_in_one_switch() -> None:
+    job = SimJob(initial=1)
+    job.apply_assignments()
+    job.event("w1", EventKind.REGISTERED, pid=2, host="h")
+    job.event("w2", EventKind.REGISTERED, pid=3, host="h")
+    job.workers["w1"], job.workers["w2"] = SimWorker("w1"), SimWorker("w2")
+    job.event("w1", EventKind.READY)
+    job.tick()
+    assert job.want == 0, "w2 is still warming up"
+    job.event("w2", EventKind.READY)
+    job.tick()
+    assert job.want == 1
+    job.boundary()
+    job.tick()
+    assert job.plan.members == ("w0", "w1", "w2")
+
+
+def test_ready_joiner_stops_waiting_for_a_slow_one_after_the_batch_window() -> None:
+    job = SimJob(initial=1)
+    job.apply_assignments()
+    job.event("w1", EventKind.REGISTERED, pid=2, host="h")
+    job.event("w2", EventKind.REGISTERED, pid=3, host="h")
+    job.workers["w1"], job.workers["w2"] = SimWorker("w1"), SimWorker("w2")
+    job.event("w1", EventKind.READY)
+    job.tick()
+    assert job.want == 0
+    job.tick(29)
+    assert job.want == 0
+    job.tick(2)
+    assert job.want == 1

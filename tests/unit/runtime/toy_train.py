@@ -3,7 +3,8 @@
 It trains a float64 MLP on a synthetic regression set through the elastic runtime, and writes what the tests
 check: a per-sample ledger (one JSON line per applied step: generation, step, epoch, this rank's indices) and the
 final parameters. A test can hold the job at a step boundary: every rank waits before step ``s`` while the store
-key ``test/release`` is ``<= s`` (rank 0 announces the step in ``test/held``), so resizes land at known steps.
+key ``test/release`` is ``<= s`` (rank 0 announces the step in ``test/held``), so resizes land at known steps; a
+hold does not apply while the coordinator waits for the generation to end, since the switch needs steps.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
+from slurm_amoeba.runtime.protocol import WANT_KEY
 
 RELEASE_KEY = "test/release"
 HELD_KEY = "test/held"
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + 120
         store = runtime.store
         while int(store.get(RELEASE_KEY)) <= step:
+            if int(store.get(WANT_KEY)) == runtime.generation:
+                return  # a membership change is pending: it needs steps to be agreed on
             if runtime.rank == 0:
                 store.set(HELD_KEY, str(step))
             if time.monotonic() > deadline:

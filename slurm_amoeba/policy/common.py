@@ -42,37 +42,6 @@ def place_most_free(free: Mapping[str, int], workers: int, gpus_per_worker: int 
     return placement
 
 
-def grow_placement(
-    current: Mapping[str, int], free: Mapping[str, int], extra: int, gpus_per_worker: int = 1
-) -> dict[str, int] | None:
-    """Add ``extra`` workers to a placement, on the job's own nodes first, then on the most free nodes.
-
-    Args:
-        current: node -> workers the job holds now.
-        free: node -> free GPUs (not modified).
-        extra: workers to add.
-        gpus_per_worker: GPUs each worker needs on one node.
-
-    Returns:
-        The new placement, or ``None`` when the extra workers do not fit.
-    """
-    result = dict(current)
-    need = extra
-    for name in current:
-        take = min(free.get(name, 0) // gpus_per_worker, need)
-        if take > 0:
-            result[name] += take
-            need -= take
-    if need == 0:
-        return result
-    rest = {name: gpus for name, gpus in free.items() if name not in current}
-    more = place_most_free(rest, need, gpus_per_worker)
-    if more is None:
-        return None
-    result.update(more)
-    return result
-
-
 def shrink_placement(current: Mapping[str, int], remove: int) -> dict[str, int]:
     """Take ``remove`` workers away, from the nodes where the job has the fewest workers first.
 
@@ -94,6 +63,91 @@ def shrink_placement(current: Mapping[str, int], remove: int) -> dict[str, int]:
         result[name] -= take
         left -= take
     return {name: count for name, count in result.items() if count > 0}
+
+
+class FreeGpus:
+    """Free GPUs per node, with the node that has the most of them always at hand.
+
+    A heap keyed by (most free, earlier node) makes each placement cost O(nodes used x log nodes) instead of a sort
+    of all nodes, which keeps decisions on clusters of a thousand nodes within the daemon's budget.
+    """
+
+    def __init__(self, free: Mapping[str, int]) -> None:
+        """Start from node -> free GPUs (the mapping's order breaks ties)."""
+        self.free = dict(free)
+        self._index = {name: i for i, name in enumerate(self.free)}
+        self._version = dict.fromkeys(self.free, 0)
+        self._heap = [(-gpus, self._index[name], 0, name) for name, gpus in self.free.items()]
+        heapq.heapify(self._heap)
+
+    def change(self, name: str, delta: int) -> None:
+        """Add ``delta`` GPUs (negative: take) to a node's free count."""
+        if name not in self.free:
+            return
+        self.free[name] += delta
+        self._version[name] += 1
+        heapq.heappush(self._heap, (-self.free[name], self._index[name], self._version[name], name))
+
+    def place(self, workers: int, gpus_per_worker: int = 1) -> dict[str, int] | None:
+        """Place workers on the nodes with the most free GPUs first, and take those GPUs.
+
+        Args:
+            workers: workers to place.
+            gpus_per_worker: GPUs each worker needs on one node.
+
+        Returns:
+            node -> workers, or ``None`` (nothing taken) when they do not fit.
+        """
+        placement: dict[str, int] = {}
+        popped: list[tuple[int, int, int, str]] = []
+        need = workers
+        while need > 0 and self._heap:
+            entry = heapq.heappop(self._heap)
+            neg, _, version, name = entry
+            if version != self._version[name]:
+                continue
+            popped.append(entry)
+            slots = -neg // gpus_per_worker
+            if slots == 0:
+                if gpus_per_worker == 1:
+                    break
+                continue
+            take = min(slots, need)
+            placement[name] = take
+            need -= take
+        for entry in popped:
+            heapq.heappush(self._heap, entry)
+        if need > 0:
+            return None
+        for name, count in placement.items():
+            self.change(name, -count * gpus_per_worker)
+        return placement
+
+    def grow(self, current: Mapping[str, int], extra: int, gpus_per_worker: int = 1) -> dict[str, int] | None:
+        """Add workers to a placement, on its own nodes first, then on the most free nodes; take those GPUs.
+
+        Returns:
+            The new placement, or ``None`` (nothing taken) when the extra workers do not fit.
+        """
+        own: dict[str, int] = {}
+        need = extra
+        for name in current:
+            take = min(self.free.get(name, 0) // gpus_per_worker, need)
+            if take > 0:
+                own[name] = take
+                need -= take
+        for name, count in own.items():
+            self.change(name, -count * gpus_per_worker)
+        more = self.place(need, gpus_per_worker) if need > 0 else {}
+        if more is None:
+            for name, count in own.items():
+                self.change(name, count * gpus_per_worker)
+            return None
+        result = dict(current)
+        for part in (own, more):
+            for name, count in part.items():
+                result[name] = result.get(name, 0) + count
+        return result
 
 
 def managed_capacity(snapshot: Snapshot) -> int:
@@ -210,7 +264,7 @@ def realize(
     Returns:
         One decision per job whose size changes.
     """
-    free = snapshot.free_by_node()
+    free = FreeGpus(snapshot.free_by_node())
     decisions: list[Decision] = []
     by_id = {job.job_id: job for job in snapshot.jobs}
     guests = {job.shared_with: job.job_id for job in snapshot.jobs if job.shared_with is not None}
@@ -231,20 +285,17 @@ def realize(
             new = shrink_placement(job.placement, job.workers - target)
         if job.shared_with is None:
             for name, count in job.placement.items():
-                if name in free:
-                    free[name] += (count - new.get(name, 0)) * job.gpus_per_worker
+                free.change(name, (count - new.get(name, 0)) * job.gpus_per_worker)
         decisions.append(Decision(job_id, target, new, reason.get(job_id, "")))
     for job in order:
         target = releases.get(job.job_id, job.workers)
         if target <= job.workers or job.shared_with is not None:
             continue
         if job.state is JobState.RUNNING:
-            grown = grow_placement(job.placement, free, target - job.workers, job.gpus_per_worker)
+            grown = free.grow(job.placement, target - job.workers, job.gpus_per_worker)
         else:
-            grown = place_most_free(free, target, job.gpus_per_worker)
+            grown = free.place(target, job.gpus_per_worker)
         if grown is None:
             continue
-        for name, count in grown.items():
-            free[name] -= (count - job.placement.get(name, 0)) * job.gpus_per_worker
         decisions.append(Decision(job.job_id, target, grown, reason.get(job.job_id, "")))
     return decisions

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, PolicyError
-from slurm_amoeba.policy.common import grow_placement, place_most_free, shrink_placement
+from slurm_amoeba.policy.common import FreeGpus, place_most_free, shrink_placement
 
 from .helpers import job
 
@@ -18,10 +20,6 @@ def test_place_most_free_fills_the_freest_node_first_and_breaks_ties_by_order() 
 def test_place_most_free_counts_whole_workers_per_node() -> None:
     assert place_most_free({"a": 3, "b": 3}, 2, gpus_per_worker=2) == {"a": 1, "b": 1}
     assert place_most_free({"a": 3, "b": 1}, 2, gpus_per_worker=2) is None
-
-
-def test_grow_uses_the_jobs_own_nodes_first() -> None:
-    assert grow_placement({"b": 1}, {"a": 4, "b": 2}, 3) == {"b": 3, "a": 1}
 
 
 def test_shrink_empties_the_smallest_pieces_first() -> None:
@@ -46,3 +44,29 @@ def test_rate_interpolates_between_known_sizes_and_never_extrapolates() -> None:
     assert info.remaining_time() is None
     timed = job("y", 2, throughput={2: 4.0}, remaining_work=100.0)
     assert timed.remaining_time() == pytest.approx(25.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 8), min_size=1, max_size=12),
+    requests=st.lists(st.integers(1, 20), max_size=8),
+)
+def test_free_gpus_places_like_place_most_free_and_keeps_counts(free: list[int], requests: list[int]) -> None:
+    table = {f"n{i}": gpus for i, gpus in enumerate(free)}
+    index = FreeGpus(table)
+    for workers in requests:
+        expected = place_most_free(table, workers)
+        assert index.place(workers) == expected
+        if expected is not None:
+            for name, count in expected.items():
+                table[name] -= count
+        assert index.free == table
+        assert all(gpus >= 0 for gpus in index.free.values())
+
+
+def test_free_gpus_grows_on_own_nodes_first_and_takes_nothing_when_it_cannot() -> None:
+    index = FreeGpus({"a": 4, "b": 2, "c": 1})
+    assert index.grow({"b": 1}, 3) == {"b": 3, "a": 1}
+    assert index.free == {"a": 3, "b": 0, "c": 1}
+    assert index.grow({"c": 1}, 9) is None
+    assert index.free == {"a": 3, "b": 0, "c": 1}

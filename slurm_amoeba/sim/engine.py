@@ -552,6 +552,11 @@ class Simulator:
                 for decision in sorted(decisions, key=self._apply_order):
                     self._apply(decision, now)
                 dirty = bool(decisions)
+                if not decisions and next_arrival == total and not any(job.workers for job in active.values()):
+                    raise SimError(
+                        f"policy {self.policy.name} starts none of the {len(active)} waiting jobs on an idle cluster "
+                        f"at t={now:.0f} s and no job is left to arrive; the run would never end"
+                    )
             if progress is not None and finished:
                 progress(done / total)
             now = self._next_tick(now, next_arrival, dirty)

@@ -108,3 +108,19 @@ def test_trace_jobs_run_for_their_modelled_time(data_dir: Path) -> None:
 def test_bad_cluster_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(SimError):
         SimConfig(**bad)  # type: ignore[arg-type]
+
+
+class _Idle:
+    """A broken policy: never starts anything."""
+
+    name = "idle"
+    decides_on_events_only = False
+
+    def decide(self, snapshot: Snapshot, now: float) -> list[Decision]:
+        return []
+
+
+def test_a_policy_that_leaves_jobs_waiting_on_an_idle_cluster_stops_the_run() -> None:
+    sim = Simulator([JobSpec("a", 0, 1, duration=10)], _Idle(), SimConfig(nodes=1), trace_models({}, 4))
+    with pytest.raises(SimError, match="policy idle starts none of the 1 waiting jobs on an idle cluster"):
+        sim.run()

@@ -13,8 +13,8 @@ bootstrap:
 	scripts/bootstrap
 
 lint: bootstrap
-	$(VENV)/bin/ruff check slurm_amoeba tests scripts/*.py
-	$(VENV)/bin/ruff format --check slurm_amoeba tests
+	$(VENV)/bin/ruff check slurm_amoeba tests examples scripts/demo
+	$(VENV)/bin/ruff format --check slurm_amoeba tests examples
 
 typecheck: bootstrap
 	$(VENV)/bin/mypy
@@ -26,10 +26,7 @@ unit: bootstrap
 	$(PY) -m pytest tests/unit
 
 demo: bootstrap
-	@echo "make demo: the elastic-job demo arrives with the launcher issue (#4)." >&2
-	@echo "It will start the local Slurm cluster, run a 2..8-worker elastic job, grow it, preempt a satellite," >&2
-	@echo "print a timeline, write a PNG plot and stop the cluster." >&2
-	@exit 2
+	$(PY) scripts/demo
 
 cluster-up: bootstrap
 	scripts/slurm-cluster up

@@ -123,6 +123,7 @@ class Agent:
         self._mono0 = time.monotonic()
         self._wall0 = time.time()
         self._seen_generations = 0
+        self._node_gpus: int | None = None
         self.coordinator = Coordinator(
             CoordinatorConfig(
                 job_id=f"job{config.job_id}",
@@ -310,6 +311,29 @@ class Agent:
                 self._shrink(planned - self.target)
 
     def _grow(self, count: int) -> None:
+        # One satellite per node's worth of workers, each on one node: when Slurm preempts a node for a regular job
+        # it takes one satellite, not every worker the job gained.
+        per_node = self._workers_per_node()
+        while count > 0:
+            chunk = min(count, per_node)
+            if not self._submit_satellite(chunk):
+                return
+            count -= chunk
+
+    def _workers_per_node(self) -> int:
+        spec = self.config.spec
+        if spec.gpus_per_worker == 0:
+            return spec.max_workers
+        if self._node_gpus is None:
+            try:
+                nodes = self.slurm.nodes(partition=self.config.elastic_partition)
+                self._node_gpus = max((n.gpus_total for n in nodes), default=0)
+            except (SlurmCommandError, AmoebaError) as exc:
+                log.warning("%s could not read the elastic partition's nodes: %s", self.prefix, exc)
+                return 1
+        return max(1, self._node_gpus // spec.gpus_per_worker)
+
+    def _submit_satellite(self, count: int) -> bool:
         spec = self.config.spec
         name = f"g{len(self.groups)}"
         script = self.config.state_dir / f"satellite-{name}.sh"
@@ -337,6 +361,7 @@ class Agent:
             name=satellite_name(self.config.job_id, name),
             comment=parent_comment(self.config.job_id),
             partition=self.config.elastic_partition,
+            nodes=1,
             ntasks=count,
             cpus_per_task=spec.cpus_per_worker,
             time_min=self.config.satellite_time_min,
@@ -355,11 +380,12 @@ class Agent:
             log.error("%s could not submit a satellite for %d workers: %s", self.prefix, count, exc)
             self._event("grow_failed", workers=count, error=str(exc))
             self.target = self.planned_size()
-            return
+            return False
         group = WorkerGroup(name, True, worker_ids(name, count), job, GroupState.PENDING, time.time())
         self.groups.append(group)
         log.info("%s satellite %d (%s) submitted for %d workers", self.prefix, job, name, count)
         self._event("satellite_submitted", group=name, slurm_job=job, workers=count)
+        return True
 
     def _shrink(self, count: int) -> None:
         for group, leavers in choose_leavers(self.groups, count):
@@ -444,8 +470,13 @@ class Agent:
             gone = [s is not None and s.is_gone() for s in statuses]
             if all(gone):
                 asked = set(group.leaving) >= set(group.worker_ids)
-                self._release(group, "shrink" if asked else "its workers left (preempted or failed)")
-                if not asked:
+                finished = all(s is WorkerStatus.DONE for s in statuses)
+                if asked:
+                    self._release(group, "shrink")
+                elif finished:
+                    self._release(group, "training finished")
+                else:
+                    self._release(group, "its workers left (preempted or failed)")
                     self._follow_losses()
             elif group.state is GroupState.RUNNING:
                 # Workers that left on their own (SIGTERM from preemption) no longer count toward the size.

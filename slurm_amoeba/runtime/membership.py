@@ -284,7 +284,9 @@ class Membership:
             reason: why, for the history.
         """
         info = self.workers.get(worker_id)
-        if info is None or info.status in (WorkerStatus.LEFT, WorkerStatus.DONE, WorkerStatus.FAILED):
+        if info is None:  # died before it could register
+            info = self.workers[worker_id] = WorkerInfo(worker_id=worker_id)
+        if info.status in (WorkerStatus.LEFT, WorkerStatus.DONE, WorkerStatus.FAILED):
             return
         info.status, info.reason = WorkerStatus.DEAD, reason
 
@@ -322,7 +324,10 @@ class Membership:
                 info.reason = f"no heartbeat for {now - info.last_heartbeat:.1f} s"
         if self.phase is Phase.STARTING:
             pool = self._ready_pool(set())
-            if len(pool) >= self.config.initial_workers:
+            warming = any(i.status is WorkerStatus.REGISTERED for i in self.workers.values())
+            # Start with the initial workers, or with every worker still alive once one of them died early.
+            lost_one = any(i.status.is_gone() for i in self.workers.values())
+            if len(pool) >= self.config.initial_workers or (pool and lost_one and not warming):
                 size = self._target_size(len(pool))
                 if size:
                     self._form(pool[:size], survivors=[], now=now, reason="first generation")

@@ -398,8 +398,10 @@ class WorkerRuntime:
         now = time.perf_counter()
         if self._last_step_end:
             elapsed = now - self._last_step_end
-            self._step_time_s = elapsed if not self._step_time_s else 0.8 * self._step_time_s + 0.2 * elapsed
-            self._samples_per_s = consumed / self._step_time_s if self._step_time_s > 0 else 0.0
+            rate = consumed / elapsed if elapsed > 0 else 0.0
+            first = not self._step_time_s
+            self._step_time_s = elapsed if first else 0.8 * self._step_time_s + 0.2 * elapsed
+            self._samples_per_s = rate if first else 0.8 * self._samples_per_s + 0.2 * rate
         self._last_step_end = now
         self._progress = state.sampler.state_dict()
         if agreed:

@@ -282,3 +282,13 @@ def test_ready_joiner_stops_waiting_for_a_slow_one_after_the_batch_window() -> N
     assert job.want == 0
     job.tick(2)
     assert job.want == 1
+
+
+def test_first_generation_starts_without_an_initial_worker_that_died_before_registering() -> None:
+    m = Membership(MembershipConfig(initial_workers=2))
+    m.handle(WorkerEvent(kind=EventKind.REGISTERED, worker="w0", time=0.0), 0.0)
+    m.mark_dead("w1", "process exited with signal 9")
+    m.handle(WorkerEvent(kind=EventKind.READY, worker="w0", time=0.1), 0.1)
+    m.decide(0.2)
+    assert m.plan is not None and m.plan.members == ("w0",)
+    assert m.workers["w1"].status is WorkerStatus.DEAD

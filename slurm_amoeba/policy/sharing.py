@@ -97,10 +97,11 @@ class SjfSharingPolicy:
             for job in sorted(snapshot.running(), key=lambda j: (j.submit_time, j.job_id))
             if job.shared_with is None and job.job_id not in hosting and job.job_id not in decided
         ]
+        remaining = {job.job_id: job.remaining_time(job.workers) for job in partners}
         for job in order:
             if job.state is not JobState.PENDING or job.job_id in decided:
                 continue
-            partner = self._pick_partner(job, partners, snapshot.colocation)
+            partner = self._pick_partner(job, partners, snapshot.colocation, remaining)
             if partner is None:
                 continue
             partners.remove(partner)
@@ -116,7 +117,11 @@ class SjfSharingPolicy:
         return decisions
 
     def _pick_partner(
-        self, job: JobInfo, partners: Sequence[JobInfo], colocation: Mapping[tuple[str, str], float]
+        self,
+        job: JobInfo,
+        partners: Sequence[JobInfo],
+        colocation: Mapping[tuple[str, str], float],
+        remaining: Mapping[str, float | None],
     ) -> JobInfo | None:
         fitting = [
             other
@@ -128,11 +133,13 @@ class SjfSharingPolicy:
         best: JobInfo | None = None
         best_gain = 0.0
         mine = _remaining(job)
+        if math.isinf(mine) or not colocation:
+            return None  # no oracle or no measured slowdowns: the benefit cannot be known
         for other in fitting:
             keep_mine = colocation.get((job.job_type, other.job_type))
             keep_other = colocation.get((other.job_type, job.job_type))
-            theirs = other.remaining_time(other.workers)
-            if keep_mine is None or keep_other is None or theirs is None or math.isinf(mine):
+            theirs = remaining[other.job_id]
+            if keep_mine is None or keep_other is None or theirs is None:
                 continue
             if not (0.0 < keep_mine <= 1.0 and 0.0 < keep_other <= 1.0):
                 raise PolicyError(

@@ -6,7 +6,8 @@
   interval) against the artifact's own Tiresias, per workload, at the four loads.
 - *Claims*: every policy against Tiresias and Pollux's 0.764 h at 1.0x load, with the artifact's 30 s resize cost
   and with the runtime's (``RUNTIME_RESIZE_COST_S``); elastic backfill also against itself without elastic jobs.
-- *Speed*: all workloads x all policies at 1.0x, and FIFO over the full ``philly.csv``.
+- *Speed*: all workloads x all policies at 1.0x, FIFO over the full ``philly.csv``, and one decision of each policy
+  on a snapshot of 1,000 nodes x 8 GPUs and 2,000 jobs.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from slurm_amoeba.policy import policy_names
+from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, Snapshot, make_policy, policy_names
 from slurm_amoeba.sim.data import data_dir
 from slurm_amoeba.sim.engine import ARTIFACT_RESTART_COST_S, RUNTIME_RESIZE_COST_S, SimConfig
 from slurm_amoeba.sim.report import plot
@@ -149,6 +152,13 @@ def speed(processes: int | None, philly: bool) -> str:
         "|---|---|",
         f"| all {len(files)} workloads x {len(policy_names())} policies at 1.0x ({len(specs)} runs) | {batch:.1f} s |",
     ]
+    big = synthetic_snapshot(1000, 8, 2000)
+    for name, seconds in decision_times(big).items():
+        role = " (daemon role, start_pending=False)" if name == "elastic-backfill" else ""
+        lines.append(
+            f"| one decision of {name}{role}, 1,000 nodes x 8 GPUs, 2,000 jobs (median of 5) "
+            f"| {1000 * seconds:.1f} ms |"
+        )
     if philly:
         trace = data_dir() / "pollux" / "traces" / "philly.csv"
         spec = RunSpec("fifo", trace, SimConfig(nodes=128, gpus_per_node=8))
@@ -158,6 +168,72 @@ def speed(processes: int | None, philly: bool) -> str:
         jobs = int(outcome.summary["jobs"])
         lines.append(f"| FIFO over philly.csv ({jobs} jobs, 128 x 8 GPUs) | {elapsed:.1f} s |")
     return "\n".join(lines)
+
+
+def synthetic_snapshot(nodes: int, gpus_per_node: int, jobs: int, seed: int = 1) -> Snapshot:
+    """A large random snapshot for timing decisions: 60% of the jobs running where they fit, elastic ranges.
+
+    Args:
+        nodes: node count.
+        gpus_per_node: GPUs per node.
+        jobs: job count.
+        seed: random seed (the same seed gives the same snapshot).
+
+    Returns:
+        The snapshot.
+    """
+    rng = random.Random(seed)
+    names = [f"node{i:04d}" for i in range(nodes)]
+    free = dict.fromkeys(names, gpus_per_node)
+    infos = []
+    for index in range(jobs):
+        low = rng.randint(1, 4)
+        high = low + rng.randint(0, 8)
+        placement: dict[str, int] = {}
+        if rng.random() < 0.6:
+            need = rng.randint(low, high)
+            for name in rng.sample(names, min(20, nodes)):
+                take = min(free[name], need)
+                if take:
+                    placement[name] = take
+                    need -= take
+                if need == 0:
+                    break
+            if need:
+                placement = {}
+            for name, count in placement.items():
+                free[name] -= count
+        infos.append(
+            JobInfo(
+                job_id=str(index),
+                state=JobState.RUNNING if placement else JobState.PENDING,
+                submit_time=float(index),
+                requested_workers=rng.randint(low, high),
+                min_workers=low,
+                max_workers=high,
+                workers=sum(placement.values()),
+                placement=placement,
+                throughput={size: size**0.8 for size in range(low, high + 1)},
+                remaining_work=rng.uniform(60, 1e5),
+                attained_service=rng.uniform(0, 1e5),
+            )
+        )
+    node_infos = tuple(NodeInfo(name, gpus_per_node, free[name]) for name in names)
+    return Snapshot(node_infos, tuple(infos))
+
+
+def decision_times(snapshot: Snapshot, repeats: int = 5) -> dict[str, float]:
+    """Median seconds per decision of every policy on a snapshot (elastic backfill in its daemon role)."""
+    times: dict[str, float] = {}
+    for name in policy_names():
+        policy = make_policy(name, start_pending=False) if name == "elastic-backfill" else make_policy(name)
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            policy.decide(snapshot, 1e5)
+            samples.append(time.perf_counter() - started)
+        times[name] = statistics.median(samples)
+    return times
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,6 +57,8 @@ def parent_alive(client: CliSlurmClient, parent: int) -> bool:
 def run_satellite(args: argparse.Namespace) -> int:
     """Run a satellite's worker step and watch its parent (see the module docstring)."""
     prefix = f"[{args.parent}/satellite {args.group}]"
+    # When Slurm started the satellite, for the job's history and scripts/bench-grow (Slurm's part of a grow).
+    (Path(args.log_dir) / f"satellite-{args.group}.started").write_text(f"{time.time():.6f}\n")
     stop: list[str] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

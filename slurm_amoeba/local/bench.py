@@ -1,0 +1,366 @@
+"""``scripts/bench-runtime``: the elastic runtime against plain DDP, stop-resume and torchrun, side by side.
+
+On one small model and data set (:mod:`slurm_amoeba.local.bench_worker`: an MLP of 1.06 M parameters, global batch
+64, gloo on CPU) it measures, in one run:
+
+* ``overhead_ratio``: median steady step time of the runtime at 2 workers over that of a plain DDP loop at 2
+  workers, minus 1 (0.01 = 1 % slower).
+* ``scale_out_pause_s``: 1 -> 2 workers, one joiner warms up in the background; the pause seen by the current
+  worker = end of its last step in the old generation to end of its first step in the new one.
+* ``stop_resume_pause_s``: the same 1 -> 2 by stop-resume: SIGTERM, checkpoint to disk, exit, relaunch 2 DDP
+  processes at once, restore; end of the last old step to end of the first new step.
+* ``torchrun_restart_pause_s``: the same 1 -> 2 by torchrun's elastic restart (``--nnodes=1:2``, c10d rendezvous,
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` because the default shared store deadlocks on scale-out in torch 2.13,
+  ``last_call_timeout=1``): a second agent starts; same gap, measured on the first agent's workers.
+* ``scale_in_pause_s``: 2 -> 1 by SIGTERM to one worker (graceful leave); the survivor's gap.
+* ``failure_recovery_s``: 2 -> 1 by SIGKILL of one worker; from the kill to the end of the survivor's first step
+  in the new generation (it rolled back to its last commit).
+
+Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_amoeba.local.bench_worker import read_steps
+from slurm_amoeba.local.job import LocalJob
+from slurm_amoeba.runtime.coordinator import CoordinatorView
+
+WORKER = [sys.executable, "-m", "slurm_amoeba.local.bench_worker"]
+DEADLINE_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench-runtime: waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.05)
+
+
+def _records(out: Path, pattern: str) -> list[list[float]]:
+    records: list[list[float]] = []
+    for path in sorted(out.glob(pattern)):
+        records.extend(read_steps(path))
+    return sorted(records)
+
+
+def _median_step(records: list[list[float]], skip: int = 20) -> float:
+    times = [r[0] for r in records]
+    gaps = [b - a for a, b in itertools.pairwise(times)][skip:]
+    if not gaps:
+        raise RuntimeError("bench-runtime: too few steps were recorded to time a step")
+    return statistics.median(gaps)
+
+
+def _stall(records: list[list[float]], old_world: int, new_world: int) -> float:
+    """End of the last old-world step to the end of the first new-world step after it."""
+    first_new = next(i for i, r in enumerate(records) if int(r[2]) == new_world and i > 0)
+    last_old = max(r[0] for r in records[:first_new] if int(r[2]) == old_world)
+    return records[first_new][0] - last_old
+
+
+# --------------------------------------------------------------------------------------------------- steady state
+
+
+def ddp_step_time(out: Path, world: int, steps: int) -> float:
+    """Median step time of a plain DDP loop with ``world`` processes."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = _env(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_RANK="0")
+        command = [*WORKER, "--mode", "ddp", "--out", str(out), "--steps", str(steps)]
+        procs.append(_spawn(command, env, out / f"ddp-{rank}.log"))
+    try:
+        for proc in procs:
+            if proc.wait(timeout=DEADLINE_S) != 0:
+                raise RuntimeError(f"bench-runtime: the DDP baseline failed; see {out}")
+    finally:
+        for proc in procs:
+            _stop(proc)
+    return _median_step(_records(out, "steps-ddp-rank0-*.jsonl"))
+
+
+def _amoeba_job(out: Path, workers: int, extra: list[str]) -> LocalJob:
+    command = [*WORKER, "--mode", "amoeba", "--out", str(out), *extra]
+    return LocalJob(
+        command,
+        initial_workers=workers,
+        job_id="bench",
+        log_dir=out / "logs",
+        collective_timeout_s=30,
+        poll_s=0.02,
+    )
+
+
+def amoeba_step_time(out: Path, world: int, steps: int) -> float:
+    """Median step time of the elastic runtime at a fixed size of ``world`` workers."""
+    with _amoeba_job(out, world, ["--steps", str(steps)]) as job:
+        result = job.wait(DEADLINE_S)
+    if result.phase.value != "finished":
+        raise RuntimeError(f"bench-runtime: the runtime job ended {result.phase.value}; see {out}")
+    return _median_step(_records(out, "steps-amoeba-w0.jsonl"))
+
+
+# --------------------------------------------------------------------------------------------------- events
+
+
+def _progress_step(view: CoordinatorView) -> int:
+    return int(view.progress.get("step", -1)) if view.progress else -1
+
+
+def amoeba_event(out: Path, event: str) -> dict[str, float]:
+    """One resize of a running runtime job: ``join`` (1 -> 2), ``leave`` (2 -> 1, SIGTERM) or ``kill`` (2 -> 1)."""
+    workers = 1 if event == "join" else 2
+    job = _amoeba_job(out, workers, ["--flush", "--commit-every", "20"])
+    with job:
+        job.wait_for(lambda v: v.world_size == workers and _progress_step(v) >= 40, DEADLINE_S, "training to run")
+        before = job.view()
+        assert before.plan is not None
+        survivor = before.plan.members[0]
+        killed_at = 0.0
+        if event == "join":
+            job.add(1)
+            target = 2
+        elif event == "leave":
+            job.terminate(before.plan.members[1])
+            target = 1
+        else:
+            killed_at = time.time()
+            job.kill(before.plan.members[1])
+            target = 1
+        view = job.wait_for(lambda v: v.generation > before.generation and v.world_size == target, DEADLINE_S, "resize")
+        switched = view.generation
+        job.wait_for(
+            lambda v: v.generation == switched and _progress_step(v) >= _progress_step(view) + 30, DEADLINE_S, "steps"
+        )
+        job.coordinator.store.set("bench/stop_at", str(_progress_step(job.view()) + 40))
+        job.wait(DEADLINE_S)
+    records = _records(out, f"steps-amoeba-{survivor}.jsonl")
+    old_generation = before.generation
+    first_new = next(r for r in records if int(r[3]) > old_generation)
+    last_old = max(r[0] for r in records if int(r[3]) == old_generation and r[0] < first_new[0])
+    result = {"stall_s": first_new[0] - last_old, "step_s": _median_step(records)}
+    if event == "kill":
+        result["recovery_s"] = first_new[0] - killed_at
+    return result
+
+
+def stop_resume(out: Path) -> dict[str, float]:
+    """1 -> 2 by stop-resume: SIGTERM, checkpoint, exit, relaunch 2 processes at once, restore."""
+    port = str(_free_port())
+    base = [*WORKER, "--mode", "stopresume", "--out", str(out), "--flush"]
+    env = _env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_RANK="0")
+    first = _spawn(base, env, out / "stopresume-1.log")
+    procs = [first]
+    try:
+        _wait(lambda: len(_records(out, "steps-stopresume-*.jsonl")) >= 40, "stop-resume to train")
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=DEADLINE_S)
+        port = str(_free_port())
+        for rank in range(2):
+            env = _env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_RANK="0")
+            procs.append(_spawn(base, env, out / f"stopresume-2-{rank}.log"))
+        _wait(
+            lambda: sum(1 for r in _records(out, "steps-stopresume-rank0-*.jsonl") if int(r[2]) == 2) >= 10,
+            "the relaunched processes to train",
+        )
+    finally:
+        for proc in procs:
+            _stop(proc)
+    records = _records(out, "steps-stopresume-rank0-*.jsonl")
+    return {"stall_s": _stall(records, 1, 2)}
+
+
+def torchrun_restart(out: Path) -> dict[str, float]:
+    """1 -> 2 by torchrun's elastic restart when a second agent joins (c10d rendezvous)."""
+    port = str(_free_port())
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=bench",
+        "--rdzv-conf=last_call_timeout=1",
+        "--max-restarts=3",
+        "--monitor-interval=0.1",
+        "-m",
+        "slurm_amoeba.local.bench_worker",
+        "--mode",
+        "torchrun",
+        "--out",
+        str(out),
+        "--flush",
+    ]
+    env = _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    agents = [_spawn(command, env, out / "torchrun-agent-1.log")]
+    try:
+        _wait(lambda: len(_records(out, "steps-torchrun-*.jsonl")) >= 40, "the first torchrun agent to train")
+        agents.append(_spawn(command, env, out / "torchrun-agent-2.log"))
+        _wait(
+            lambda: sum(1 for r in _records(out, "steps-torchrun-rank0-*.jsonl") if int(r[2]) == 2) >= 10,
+            "torchrun to train at 2 workers",
+        )
+    finally:
+        for agent in agents:
+            _stop(agent)
+    # Rank 0 of the new world may be either agent's worker; both agents' rank-0 files are merged by time.
+    records = _records(out, "steps-torchrun-rank0-*.jsonl")
+    return {"stall_s": _stall(records, 1, 2)}
+
+
+# --------------------------------------------------------------------------------------------------- driver
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run every measurement; returns the JSON report."""
+    ddp_steps: list[float] = []
+    amoeba_steps: list[float] = []
+    for rep in range(reps):
+        progress(f"steady state, repetition {rep + 1}/{reps}: plain DDP and the runtime at 2 workers")
+        ddp_dir, amoeba_dir = work / f"ddp-{rep}", work / f"amoeba-{rep}"
+        ddp_dir.mkdir()
+        amoeba_dir.mkdir()
+        ddp_steps.append(ddp_step_time(ddp_dir, 2, steps))
+        amoeba_steps.append(amoeba_step_time(amoeba_dir, 2, steps))
+    events: dict[str, list[dict[str, float]]] = {"join": [], "leave": [], "kill": [], "stop": [], "torchrun": []}
+    for rep in range(reps):
+        for name, measure in (
+            ("join", lambda d: amoeba_event(d, "join")),
+            ("stop", stop_resume),
+            ("torchrun", torchrun_restart),
+            ("leave", lambda d: amoeba_event(d, "leave")),
+            ("kill", lambda d: amoeba_event(d, "kill")),
+        ):
+            progress(f"{name}, repetition {rep + 1}/{reps}")
+            directory = work / f"{name}-{rep}"
+            directory.mkdir()
+            events[name].append(measure(directory))
+    ddp_step, amoeba_step = _median(ddp_steps), _median(amoeba_steps)
+    report: dict[str, Any] = {
+        "overhead_ratio": amoeba_step / ddp_step - 1.0,
+        "scale_out_pause_s": _median([e["stall_s"] for e in events["join"]]),
+        "stop_resume_pause_s": _median([e["stall_s"] for e in events["stop"]]),
+        "torchrun_restart_pause_s": _median([e["stall_s"] for e in events["torchrun"]]),
+        "scale_in_pause_s": _median([e["stall_s"] for e in events["leave"]]),
+        "failure_recovery_s": _median([e["recovery_s"] for e in events["kill"]]),
+        "details": {
+            "ddp_step_s": ddp_steps,
+            "amoeba_step_s": amoeba_steps,
+            "events": events,
+            "reps": reps,
+            "steady_steps": steps,
+            "model": "MLP 512-1024-512-10 (1.06 M parameters), global batch 64, SGD, gloo on CPU",
+            "torchrun": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, --rdzv-conf last_call_timeout=1, c10d rendezvous",
+            "stall": "end of the last step in the old world to the end of the first step in the new world",
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "host": platform.node(),
+        },
+    }
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a plain-text table."""
+    details = report["details"]
+    rows = [
+        (
+            "overhead_ratio",
+            f"{report['overhead_ratio'] * 100:+.2f} %",
+            f"step {_median(details['amoeba_step_s']) * 1000:.2f} ms vs DDP "
+            f"{_median(details['ddp_step_s']) * 1000:.2f} ms",
+        ),
+        ("scale_out_pause_s", f"{report['scale_out_pause_s']:.3f} s", "1 -> 2, joiner warmed up in the background"),
+        ("stop_resume_pause_s", f"{report['stop_resume_pause_s']:.3f} s", "1 -> 2, checkpoint + relaunch + restore"),
+        ("torchrun_restart_pause_s", f"{report['torchrun_restart_pause_s']:.3f} s", "1 -> 2, second torchrun agent"),
+        ("scale_in_pause_s", f"{report['scale_in_pause_s']:.3f} s", "2 -> 1, SIGTERM (graceful leave)"),
+        ("failure_recovery_s", f"{report['failure_recovery_s']:.3f} s", "2 -> 1, SIGKILL to training again"),
+    ]
+    out = report["scale_out_pause_s"]
+    rows.append(("scale-out / stop-resume", f"{out / report['stop_resume_pause_s'] * 100:.1f} %", "target <= 5 %"))
+    rows.append(("scale-out / torchrun", f"{out / report['torchrun_restart_pause_s'] * 100:.1f} %", "target <= 5 %"))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'measure'.ljust(width)}  {'value':>12}  notes", "-" * (width + 60)]
+    lines += [f"{name.ljust(width)}  {value:>12}  {note}" for name, value, note in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``scripts/bench-runtime``."""
+    parser = argparse.ArgumentParser(prog="bench-runtime", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one repetition, fewer steps (a few minutes)")
+    parser.add_argument("--reps", type=int, default=0, help="repetitions (default 3, or 1 with --quick)")
+    parser.add_argument("--json", type=Path, help="also write the report as JSON to this file")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory with logs")
+    args = parser.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 3)
+    steps = 200 if args.quick else 600
+    work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
+    started = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
+
+    report = run_benchmark(work, reps, steps, progress)
+    report["details"]["wall_s"] = time.monotonic() - started
+    print(format_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.keep:
+        print(f"work directory: {work}", file=sys.stderr)
+    else:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,7 +59,6 @@ class ElasticParameters:
 class ElasticInfoWatcher(core.InfoWatcher):
     """submitit's state watcher, fed by slurm_amoeba's Slurm client (one ``squeue --json`` for all jobs)."""
 
-
     def get_state(self, job_id: str, mode: str = "standard") -> str:
         """Slurm's state of ``job_id`` (``UNKNOWN`` until known)."""
         return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"

@@ -152,6 +152,7 @@ class InFlight:
         source: ``policy``, ``ctl`` or ``drain``.
         reason: why, as sent to the agent.
         acknowledged: the agent accepted it (False while the directive is still being sent).
+        acknowledged_at: when the acceptance came back (the daemon's clock; 0 before).
     """
 
     target: int
@@ -159,6 +160,7 @@ class InFlight:
     source: str
     reason: str
     acknowledged: bool = False
+    acknowledged_at: float = 0.0
 
 
 @dataclasses.dataclass

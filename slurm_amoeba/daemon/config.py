@@ -68,6 +68,8 @@ class DaemonConfig:
         operator_gids: groups (``@group`` entries in ``operators``) whose members are operators.
         agents: how directives are sent.
         resize_timeout_s: a resize not completed within this long is considered abandoned.
+        make_room_after_s: a pending regular job younger than this is left to Slurm (which starts it, or preempts
+            elastic extras for it, at once); after it the daemon shrinks elastic jobs for it.
         orphan_grace_s: a satellite whose parent is gone is reported after this long.
         slurm_timeout_s: deadline of one Slurm command.
         slurm_conf: ``SLURM_CONF`` for Slurm's commands; None: the environment's.
@@ -89,6 +91,7 @@ class DaemonConfig:
     operator_gids: frozenset[int] = frozenset()
     agents: AgentSettings = dataclasses.field(default_factory=AgentSettings)
     resize_timeout_s: float = 120.0
+    make_room_after_s: float = 5.0
     orphan_grace_s: float = 30.0
     slurm_timeout_s: float = 30.0
     slurm_conf: str | None = None
@@ -117,6 +120,7 @@ _TOP_KEYS = {
     "operators": "users (names, uids, @groups) allowed to act on any job",
     "agents": "timeout_s, retries, parallel, stale_after_s, backoff_s",
     "resize_timeout_s": "seconds before an unfinished resize is abandoned",
+    "make_room_after_s": "seconds a pending regular job is left to Slurm before elastic jobs shrink for it",
     "orphan_grace_s": "seconds before a satellite without parent is reported",
     "slurm": "timeout_s, conf",
     "state_file": "path of the daemon's state across restarts",
@@ -345,6 +349,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         operator_gids=gids,
         agents=agent_settings,
         resize_timeout_s=top.number("resize_timeout_s", defaults.resize_timeout_s),
+        make_room_after_s=top.number("make_room_after_s", defaults.make_room_after_s, positive=False, maximum=3600),
         orphan_grace_s=top.number("orphan_grace_s", defaults.orphan_grace_s, positive=False),
         slurm_timeout_s=slurm_timeout,
         slurm_conf=slurm_conf,

@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 REFRESH_MIN_S = 1.0
 #: Requests handled before the loop looks at outcomes and the round clock again.
 BATCH = 256
+#: A report this long after the agent accepted a resize that shows it settled elsewhere means it changed course.
+SETTLED_AFTER_S = 3.0
 #: Recent rounds kept for ``status`` and benchmarks.
 ROUNDS_KEPT = 1000
 
@@ -343,6 +345,26 @@ class Daemon:
             )
             agent.in_flight = None
             self._save()
+        elif (
+            flight is not None
+            and flight.acknowledged
+            and not report.resizing
+            and report.size != flight.target
+            and now - flight.acknowledged_at >= SETTLED_AFTER_S
+        ):
+            pause = min(self.config.agents.backoff_s, 2 * self.config.interval_s)
+            logger.warning(
+                "[daemon/actuator] job %s settled at %d workers instead of the ordered %d (its agent changed course: "
+                "a satellite was preempted or failed, see `amoebactl jobs`); deciding for it again in %g s",
+                job_id,
+                report.size,
+                flight.target,
+                pause,
+            )
+            self.metrics.directive_failures.inc(labels={"reason": "abandoned"})
+            agent.in_flight = None
+            agent.backoff_until = now + pause
+            self._save()
         return req.message.reply(data={"interval_s": self.config.interval_s})
 
     def _on_resize(self, req: Request) -> Message | None:
@@ -510,6 +532,7 @@ class Daemon:
             elastic_partition=self.config.elastic_partition,
             stale_after_s=self.config.agents.stale_after_s,
             now=now,
+            make_room_after_s=self.config.make_room_after_s,
         )
         self.last_observation = obs
         self._forget(obs, view)
@@ -632,6 +655,7 @@ class Daemon:
         ours = flight is not None and flight.ordered_at == directive.ordered_at and flight.target == directive.target
         if outcome.ok and agent is not None and flight is not None and ours:
             flight.acknowledged = True
+            flight.acknowledged_at = self.clock()
             report = agent.report
             if report is not None and report.size == flight.target and report.target == flight.target:
                 agent.in_flight = None

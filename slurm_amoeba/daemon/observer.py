@@ -237,8 +237,18 @@ def build_snapshot(
     elastic_partition: str,
     stale_after_s: float,
     now: float,
+    make_room_after_s: float = 0.0,
 ) -> Observation:
     """Turn Slurm's view and the agents' records into the policy's snapshot (see the module docstring).
+
+    Two adjustments make the snapshot show the near future rather than the last second:
+
+    - GPUs a managed job is **giving back** (Slurm still lists them for the job, but its agent reports a size that
+      no longer needs them and is not growing: a satellite on its way out after a shrink or a preemption) are
+      shown free, so that nobody else is shrunk for GPUs that are about to be free anyway;
+    - a pending regular job younger than ``make_room_after_s`` asks only for what is free now: Slurm starts it or
+      preempts elastic extras for it by itself at once, and the agents report that within seconds; the daemon
+      makes room for it (shrinks elastic jobs) only if it is still waiting after that.
 
     Args:
         view: Slurm's jobs and nodes.
@@ -248,6 +258,7 @@ def build_snapshot(
         elastic_partition: the satellites' partition (its nodes are placeable too).
         stale_after_s: a managed job whose agent has not reported for this long is left alone.
         now: the daemon's clock (Unix seconds).
+        make_room_after_s: see above; 0 makes room for every pending job at once.
 
     Returns:
         The observation.
@@ -287,13 +298,17 @@ def build_snapshot(
     managed: dict[str, JobInfo] = {}
     running_count = pending_count = 0
     gone = [job_id for job_id in agents if job_id not in groups]
+    releasing: dict[str, int] = {}
+    young: list[tuple[JobInfo, int]] = []
     for key, records in groups.items():
         agent = agents.get(key)
         is_running = any(r.state is SlurmState.RUNNING for r in records)
         if agent is not None and is_running:
-            info = _managed_job(key, records, satellites.get(key, []), agent, key in pins, stale_after_s, now)
+            info, leaving = _managed_job(key, records, satellites.get(key, []), agent, key in pins, stale_after_s, now)
             managed[key] = info
             jobs.append(info)
+            for name, gpus in leaving.items():
+                releasing[name] = releasing.get(name, 0) + gpus
             continue
         held = _gpus_by_node(records)
         first = min(records, key=lambda r: r.het_job_offset)
@@ -326,20 +341,34 @@ def build_snapshot(
                 r.state_reason in BLOCKED_REASONS for r in records
             )
             if wanted > 0 and waits_for_gpus:
-                jobs.append(
-                    JobInfo(
-                        job_id=key,
-                        state=JobState.PENDING,
-                        submit_time=submit,
-                        requested_workers=wanted,
-                        min_workers=wanted,
-                        max_workers=wanted,
-                        priority=priority,
-                        owner=first.user,
-                        partition=first.partition,
-                    )
+                info = JobInfo(
+                    job_id=key,
+                    state=JobState.PENDING,
+                    submit_time=submit,
+                    requested_workers=wanted,
+                    min_workers=wanted,
+                    max_workers=wanted,
+                    priority=priority,
+                    owner=first.user,
+                    partition=first.partition,
                 )
+                if make_room_after_s > 0 and now - submit < make_room_after_s:
+                    young.append((info, len(jobs)))
+                jobs.append(info)
                 pending_count += 1
+    for name, gpus in releasing.items():
+        node_info = nodes.get(name)
+        if node_info is not None:
+            nodes[name] = dataclasses.replace(
+                node_info, gpus_free=min(node_info.gpus_total, node_info.gpus_free + gpus)
+            )
+    free_now = sum(node_info.gpus_free for node_info in nodes.values())
+    for info, index in reversed(young):
+        capped = min(info.requested_workers, free_now)
+        if capped <= 0:
+            del jobs[index]
+        else:
+            jobs[index] = dataclasses.replace(info, requested_workers=capped, min_workers=capped, max_workers=capped)
     snapshot = Snapshot(nodes=tuple(nodes.values()), jobs=tuple(jobs))
     return Observation(
         snapshot=snapshot,
@@ -352,6 +381,28 @@ def build_snapshot(
     )
 
 
+def _split_leaving(
+    records: Sequence[JobRecord], satellites: Sequence[JobRecord], keep_gpus: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Split a job's GPUs into the ``keep_gpus`` it keeps and those it is giving back.
+
+    The job's own allocation is kept first, then its satellites in the order they were submitted; what is left
+    over belongs to satellites on their way out (a shrink or a preemption the agent has already counted).
+    """
+    kept: dict[str, int] = {}
+    leaving: dict[str, int] = {}
+    room = keep_gpus
+    for record in [*records, *sorted(satellites, key=lambda r: r.job_id)]:
+        for name, gpus in _gpus_by_node([record]).items():
+            take = min(gpus, room)
+            room -= take
+            if take:
+                kept[name] = kept.get(name, 0) + take
+            if gpus > take:
+                leaving[name] = leaving.get(name, 0) + gpus - take
+    return kept, leaving
+
+
 def _managed_job(
     key: str,
     records: Sequence[JobRecord],
@@ -360,15 +411,19 @@ def _managed_job(
     pinned: bool,
     stale_after_s: float,
     now: float,
-) -> JobInfo:
+) -> tuple[JobInfo, dict[str, int]]:
+    """The managed job as the policy sees it, and node -> GPUs it is giving back (see :func:`build_snapshot`)."""
     reg = agent.registration
     held = _gpus_by_node([*records, *satellites])
     report = agent.report
     fresh = agent.is_fresh(now, stale_after_s)
+    leaving: dict[str, int] = {}
     if report is not None and fresh:
         workers = report.size
         resizing = report.resizing or not reg.min_workers <= report.size <= reg.max_workers
         throughput = dict(report.throughput)
+        if report.target <= report.size:
+            held, leaving = _split_leaving(records, satellites, report.size * reg.gpus_per_worker)
     else:
         workers = sum(gpus // reg.gpus_per_worker for gpus in held.values())
         resizing = True  # no recent word from the agent: leave the job alone until it reports
@@ -378,7 +433,7 @@ def _managed_job(
     workers = min(max(workers, 1), max(reg.max_workers, 1))
     first = min(records, key=lambda r: r.het_job_offset)
     started = float(first.start_time) if first.start_time else now
-    return JobInfo(
+    info = JobInfo(
         job_id=key,
         state=JobState.RUNNING,
         submit_time=float(first.submit_time),
@@ -397,3 +452,4 @@ def _managed_job(
         resizing=resizing,
         pinned=pinned,
     )
+    return info, leaving

@@ -75,6 +75,7 @@ class DaemonState:
                 source=str(entry.get("source", "policy")),
                 reason=str(entry.get("reason", "")),
                 acknowledged=True,
+                acknowledged_at=float(entry.get("acknowledged_at") or ordered_at),
             )
         return cls({check_job_id(str(job)) for job in pinned}, draining, in_flight)
 

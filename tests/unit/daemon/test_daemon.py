@@ -96,7 +96,9 @@ def agent() -> Iterator[FakeAgent]:
     fake.close()
 
 
-def make_daemon(tmp_path: Path, slurm: FakeSlurm, **overrides: object) -> Daemon:
+def make_daemon(
+    tmp_path: Path, slurm: FakeSlurm, clock: Callable[[], float] = time.time, **overrides: object
+) -> Daemon:
     settings = {
         "interval_s": 1.0,
         "listen": "tcp://127.0.0.1:*",
@@ -105,7 +107,7 @@ def make_daemon(tmp_path: Path, slurm: FakeSlurm, **overrides: object) -> Daemon
         "agents": AgentSettings(timeout_s=1.0, retries=0, parallel=2, stale_after_s=10.0, backoff_s=30.0),
     }
     settings.update(overrides)
-    daemon = Daemon(dataclasses.replace(DaemonConfig(), **settings), slurm)  # type: ignore[arg-type]
+    daemon = Daemon(dataclasses.replace(DaemonConfig(), **settings), slurm, clock=clock)  # type: ignore[arg-type]
     daemon.server = RecordingServer()
     return daemon
 
@@ -358,5 +360,28 @@ def test_metrics_are_served_in_the_prometheus_text_format(tmp_path: Path, agent:
         assert 'amoeba_decisions_total{kind="grow",source="policy"} 1' in text
         assert "amoeba_policy_seconds_count 1" in text
         assert 'amoeba_resize_latency_seconds_bucket{le="+Inf"} 0' in text
+    finally:
+        d.close()
+
+
+def test_a_job_whose_agent_settles_elsewhere_is_decided_for_again_after_a_short_pause(
+    tmp_path: Path, agent: FakeAgent
+) -> None:
+    now = [1_000_000.0]
+    d = make_daemon(tmp_path, cluster(), clock=lambda: now[0])
+    try:
+        register_and_report(d, agent.endpoint)
+        assert d.run_round().ordered == {"100": 4}
+        settle(d, "100")
+        assert ask(d, "report", report_body("100", 2)).body["ok"]  # an old report, sent before the agent acted
+        assert d.agents["100"].in_flight is not None
+        now[0] += 5
+        assert ask(d, "report", report_body("100", 3)).body["ok"]  # the agent settled at 3 (a satellite failed)
+        assert d.agents["100"].in_flight is None
+        assert d.metrics.directive_failures.value({"reason": "abandoned"}) == 1
+        assert d.run_round().ordered == {}  # a short pause ...
+        now[0] += 2 * d.config.interval_s + 1
+        assert ask(d, "report", report_body("100", 3)).body["ok"]
+        assert d.run_round().ordered == {"100": 4}  # ... then the policy decides again
     finally:
         d.close()

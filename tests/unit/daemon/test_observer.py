@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
 from slurm_amoeba.daemon.observer import ClusterView, Observation, build_snapshot, fit_placement, satellite_parent
 from slurm_amoeba.policy import JobState, check_decisions, make_policy
@@ -24,7 +22,11 @@ def agent(job_id: str, low: int = 2, high: int = 8, size: int | None = 2, target
 
 
 def snapshot_of(
-    jobs: list[JobRecord], nodes: list[NodeRecord], agents: dict[str, AgentRecord], pinned: tuple[str, ...] = ()
+    jobs: list[JobRecord],
+    nodes: list[NodeRecord],
+    agents: dict[str, AgentRecord],
+    pinned: tuple[str, ...] = (),
+    make_room_after_s: float = 0.0,
 ) -> Observation:
     view = ClusterView(tuple(jobs), tuple(nodes), NOW)
     return build_snapshot(
@@ -35,6 +37,7 @@ def snapshot_of(
         elastic_partition="elastic",
         stale_after_s=10.0,
         now=NOW,
+        make_room_after_s=make_room_after_s,
     )
 
 
@@ -151,10 +154,34 @@ def test_the_default_policy_grows_into_idle_gpus_and_shrinks_for_a_pending_regul
     jobs = [
         *elastic_job(),
         satellite(200, 100, gpus={"n2": 4}),
-        job(300, state=SlurmState.PENDING, gpus_per_node=4, reason="Resources", submit_time=int(time.time())),
+        job(300, state=SlurmState.PENDING, gpus_per_node=4, reason="Resources", submit_time=int(NOW) - 60),
     ]
     busy = snapshot_of(jobs, [node("n1", used=2), node("n2", used=4)], {"100": agent("100", size=6)})
     assert busy.snapshot.job("300").state is JobState.PENDING
     decisions = policy.decide(busy.snapshot, NOW)
     check_decisions(busy.snapshot, decisions)
     assert [(d.job_id, d.workers) for d in decisions] == [("100", 4)]
+
+
+def test_gpus_a_job_is_giving_back_are_shown_free_so_nobody_else_shrinks_for_them() -> None:
+    # The agent reports 2 workers (a satellite was preempted or shrunk) but Slurm still lists the satellite.
+    jobs = [*elastic_job(), satellite(200, 100, gpus={"n2": 4}), job(300, state=SlurmState.PENDING, gpus_per_node=4)]
+    nodes = [node("n1", used=2), node("n2", used=4)]
+    obs = snapshot_of(jobs, nodes, {"100": agent("100", size=2)})
+    assert obs.snapshot.free_by_node() == {"n1": 2, "n2": 4}
+    assert dict(obs.managed["100"].placement) == {"n1": 2}
+    growing = snapshot_of(jobs, nodes, {"100": agent("100", size=2, target=6)})
+    assert growing.snapshot.free_by_node() == {"n1": 2, "n2": 0}  # a satellite whose workers are still joining
+
+
+def test_a_young_pending_job_asks_only_for_what_is_free_until_it_has_waited_long_enough() -> None:
+    young = job(300, state=SlurmState.PENDING, gpus_per_node=4, submit_time=int(NOW) - 2)
+    jobs = [*elastic_job(), satellite(200, 100, gpus={"n2": 4}), young]
+    nodes = [node("n1", used=2), node("n2", used=4)]
+    policy = make_policy("elastic-backfill", start_pending=False)
+    fresh = snapshot_of(jobs, nodes, {"100": agent("100", size=6)}, make_room_after_s=5)
+    assert fresh.snapshot.job("300").requested_workers == 2  # holds back the 2 free GPUs, shrinks nobody
+    assert policy.decide(fresh.snapshot, NOW) == []
+    waited = snapshot_of(jobs, nodes, {"100": agent("100", size=6)}, make_room_after_s=1)
+    assert waited.snapshot.job("300").requested_workers == 4
+    assert [(d.job_id, d.workers) for d in policy.decide(waited.snapshot, NOW)] == [("100", 4)]

@@ -211,3 +211,24 @@ def test_amoeba_sbatch_and_amoeba_run_grow_and_shrink_a_shell_job(
         assert not satellites_of(client, job_id)
     finally:
         subprocess.run(["rm", "-rf", str(REPO / f"amoeba-{job_id}")], check=False)
+
+
+def test_a_satellite_whose_parent_is_gone_exits_by_itself(
+    tmp_path: Path, slurm_cluster: ClusterHandle, job_env: dict[str, str]
+) -> None:
+    client = CliSlurmClient(job_env)
+    executor = ElasticExecutor(folder=tmp_path / "jobs" / "%j")
+    executor.update_parameters(min_workers=1, max_workers=2, gpus_per_worker=slurm_cluster.gpus_per_node)
+    job = executor.submit(
+        train, epochs=1000, dataset_size=DATASET, global_batch=GLOBAL_BATCH, sample_delay=SAMPLE_DELAY
+    )
+    wait_until("1 worker training", lambda: job.workers() == 1, timeout=90)
+    job.resize(2)
+    wait_until("2 workers training", lambda: job.workers() == 2, timeout=90)
+    (satellite,) = satellites_of(client, job.job_id)
+    # SIGKILL to the agent and every step: the agent cannot clean up, so the satellite must notice on its own.
+    client.cancel(int(job.job_id), signal="KILL", full=True)
+    wait_until("the parent to end", lambda: client.accounting_state(int(job.job_id)).is_final(), timeout=30)
+    gone_s = wait_until("the orphan satellite to exit", lambda: not satellites_of(client, job.job_id), timeout=30)
+    assert gone_s < 15, f"the orphan satellite took {gone_s:.1f} s to exit"
+    assert client.accounting_state(satellite).is_final()

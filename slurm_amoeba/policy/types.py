@@ -39,7 +39,7 @@ class JobState(str, enum.Enum):
         return self is JobState.RUNNING
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class JobInfo:
     """What a policy knows about one job.
 

@@ -474,8 +474,19 @@ class Simulator:
     # -- snapshot -------------------------------------------------------------------------------------------
 
     def _job_info(self, job: _Job) -> JobInfo:
-        if job.info is not None and not job.placement:
-            return job.info
+        """The job as the policy sees it.
+
+        One ``JobInfo`` per job is kept until the job changes state, size, placement or partner; in between, only
+        the fields that move with time are brought up to date. Policies keep nothing between calls, so reusing the
+        object is safe, and it keeps snapshots of hundreds of running jobs cheap.
+        """
+        info = job.info
+        if info is not None:
+            if job.workers:
+                info.remaining_work = job.model.remaining_seconds(job.epoch, job.progress)
+                info.attained_service = job.attained
+                info.executed_time = job.executed
+            return info
         spec = job.spec
         info = JobInfo(
             job_id=spec.name,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import statistics
 import sys
@@ -140,33 +141,41 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
     return "\n".join(lines)
 
 
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def speed(processes: int | None, philly: bool) -> str:
-    """Markdown: wall-clock seconds of the two speed targets on this machine."""
+    """Markdown: wall-clock and CPU seconds of the speed targets on this machine, and decision times."""
     files = _workloads("1.0")
     specs = [RunSpec(policy, path) for policy in policy_names() for path in files]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_seconds()
     run_many(specs, processes)
-    batch = time.perf_counter() - started
+    batch, batch_cpu = time.perf_counter() - started, _cpu_seconds() - cpu
     lines = [
-        "| run | wall time |",
-        "|---|---|",
-        f"| all {len(files)} workloads x {len(policy_names())} policies at 1.0x ({len(specs)} runs) | {batch:.1f} s |",
+        "| run | wall time | CPU time |",
+        "|---|---|---|",
+        f"| all {len(files)} workloads x {len(policy_names())} policies at 1.0x ({len(specs)} runs) | {batch:.1f} s "
+        f"| {batch_cpu:.1f} s |",
     ]
     big = synthetic_snapshot(1000, 8, 2000)
     for name, seconds in decision_times(big).items():
         role = " (daemon role, start_pending=False)" if name == "elastic-backfill" else ""
         lines.append(
             f"| one decision of {name}{role}, 1,000 nodes x 8 GPUs, 2,000 jobs (median of 5) "
-            f"| {1000 * seconds:.1f} ms |"
+            f"| {1000 * seconds:.1f} ms | |"
         )
     if philly:
         trace = data_dir() / "pollux" / "traces" / "philly.csv"
         spec = RunSpec("fifo", trace, SimConfig(nodes=128, gpus_per_node=8))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _cpu_seconds()
         (outcome,) = run_many([spec], 1)
-        elapsed = time.perf_counter() - started
+        elapsed, used = time.perf_counter() - started, _cpu_seconds() - cpu
         jobs = int(outcome.summary["jobs"])
-        lines.append(f"| FIFO over philly.csv ({jobs} jobs, 128 x 8 GPUs) | {elapsed:.1f} s |")
+        lines.append(f"| FIFO over philly.csv ({jobs} jobs, 128 x 8 GPUs) | {elapsed:.1f} s | {used:.1f} s |")
+    load = os.getloadavg()[0]
+    lines.append(f"\nLoad average when measured: {load:.1f} on {os.cpu_count()} CPUs.")
     return "\n".join(lines)
 
 

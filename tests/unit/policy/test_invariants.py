@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -57,4 +59,6 @@ def test_backfill_in_the_daemon_never_starts_a_job(snapshot: Snapshot, now: floa
 @given(snapshot=snapshots(), now=st.floats(0, 100_000))
 def test_policies_are_pure_functions_of_snapshot_and_time(name: str, snapshot: Snapshot, now: float) -> None:
     policy = make_policy(name)
+    before = copy.deepcopy(snapshot)
     assert list(policy.decide(snapshot, now)) == list(policy.decide(snapshot, now))
+    assert snapshot == before  # the inputs are left as they were

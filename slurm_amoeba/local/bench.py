@@ -3,8 +3,10 @@
 On one small model and data set (:mod:`slurm_amoeba.local.bench_worker`: an MLP of 1.06 M parameters, global batch
 64, gloo on CPU) it measures, in one run:
 
-* ``overhead_ratio``: median steady step time of the runtime at 2 workers over that of a plain DDP loop at 2
-  workers, minus 1 (0.01 = 1 % slower).
+* ``overhead_ratio``: step time of the runtime at 2 workers over that of a plain ``DistributedDataParallel`` loop
+  at 2 workers, minus 1 (0.01 = 1 % slower). Both run in the same two processes in alternating blocks of 10 steps
+  (the DDP loop on a copy of the model, same process group, data and batch), and the ratio is the median over
+  neighbouring block pairs, so that the load of a shared machine cancels out.
 * ``scale_out_pause_s``: 1 -> 2 workers, one joiner warms up in the background; the pause seen by the current
   worker = end of its last step in the old generation to end of its first step in the new one.
 * ``stop_resume_pause_s``: the same 1 -> 2 by stop-resume: SIGTERM, checkpoint to disk, exit, relaunch 2 DDP
@@ -103,24 +105,6 @@ def _stall(records: list[list[float]], old_world: int, new_world: int) -> float:
 # --------------------------------------------------------------------------------------------------- steady state
 
 
-def ddp_step_time(out: Path, world: int, steps: int) -> float:
-    """Median step time of a plain DDP loop with ``world`` processes."""
-    port = str(_free_port())
-    procs = []
-    for rank in range(world):
-        env = _env(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_RANK="0")
-        command = [*WORKER, "--mode", "ddp", "--out", str(out), "--steps", str(steps)]
-        procs.append(_spawn(command, env, out / f"ddp-{rank}.log"))
-    try:
-        for proc in procs:
-            if proc.wait(timeout=DEADLINE_S) != 0:
-                raise RuntimeError(f"bench-runtime: the DDP baseline failed; see {out}")
-    finally:
-        for proc in procs:
-            _stop(proc)
-    return _median_step(_records(out, "steps-ddp-rank0-*.jsonl"))
-
-
 def _amoeba_job(out: Path, workers: int, extra: list[str]) -> LocalJob:
     command = [*WORKER, "--mode", "amoeba", "--out", str(out), *extra]
     return LocalJob(
@@ -133,13 +117,37 @@ def _amoeba_job(out: Path, workers: int, extra: list[str]) -> LocalJob:
     )
 
 
-def amoeba_step_time(out: Path, world: int, steps: int) -> float:
-    """Median step time of the elastic runtime at a fixed size of ``world`` workers."""
-    with _amoeba_job(out, world, ["--steps", str(steps)]) as job:
+def interleaved_step_times(out: Path, steps: int, block: int) -> dict[str, list[float]]:
+    """Step times of the runtime and of a plain DDP loop, in alternating blocks in the same 2 processes.
+
+    The job trains ``block`` steps through the runtime, then ``block`` steps of a plain ``DistributedDataParallel``
+    loop on a copy of the model (same process group, data and batch), and so on; comparing neighbouring blocks
+    cancels the drift of a shared machine's load. The first block of each kind is warm-up and dropped.
+
+    Returns:
+        ``{"amoeba": [...], "ddp": [...]}``: the median step time of each block, in order.
+    """
+    with _amoeba_job(out, 2, ["--steps", str(steps), "--compare-ddp", str(block)]) as job:
         result = job.wait(DEADLINE_S)
     if result.phase.value != "finished":
         raise RuntimeError(f"bench-runtime: the runtime job ended {result.phase.value}; see {out}")
-    return _median_step(_records(out, "steps-amoeba-w0.jsonl"))
+    amoeba_blocks: list[list[float]] = [[]]
+    records = _records(out, "steps-amoeba-w0.jsonl")
+    for before, after in itertools.pairwise(records):
+        if after[1] < 0:  # the end of a DDP block: that gap is the DDP block, not a runtime step
+            amoeba_blocks.append([])
+        else:
+            amoeba_blocks[-1].append(after[0] - before[0])
+    ddp_blocks: dict[float, list[float]] = {}
+    for before, after in itertools.pairwise(_records(out, "steps-ddpblock-w0.jsonl")):
+        if after[1] == before[1]:
+            ddp_blocks.setdefault(after[1], []).append(after[0] - before[0])
+    amoeba = [statistics.median(b) for b in amoeba_blocks if len(b) >= block // 2][1:]
+    ddp = [statistics.median(b) for _, b in sorted(ddp_blocks.items())][1:]
+    count = min(len(amoeba), len(ddp))
+    if count == 0:
+        raise RuntimeError(f"bench-runtime: too few blocks to compare step times; see {out}")
+    return {"amoeba": amoeba[:count], "ddp": ddp[:count]}
 
 
 # --------------------------------------------------------------------------------------------------- events
@@ -261,15 +269,15 @@ def _median(values: list[float]) -> float:
 
 def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement; returns the JSON report."""
-    ddp_steps: list[float] = []
-    amoeba_steps: list[float] = []
+    ratios: list[float] = []
+    blocks: list[dict[str, list[float]]] = []
     for rep in range(reps):
-        progress(f"steady state, repetition {rep + 1}/{reps}: plain DDP and the runtime at 2 workers")
-        ddp_dir, amoeba_dir = work / f"ddp-{rep}", work / f"amoeba-{rep}"
-        ddp_dir.mkdir()
-        amoeba_dir.mkdir()
-        ddp_steps.append(ddp_step_time(ddp_dir, 2, steps))
-        amoeba_steps.append(amoeba_step_time(amoeba_dir, 2, steps))
+        progress(f"steady state, repetition {rep + 1}/{reps}: runtime and plain DDP blocks at 2 workers")
+        directory = work / f"steady-{rep}"
+        directory.mkdir()
+        times = interleaved_step_times(directory, steps, block=10)
+        blocks.append(times)
+        ratios.extend(a / d for a, d in zip(times["amoeba"], times["ddp"], strict=True))
     events: dict[str, list[dict[str, float]]] = {"join": [], "leave": [], "kill": [], "stop": [], "torchrun": []}
     for rep in range(reps):
         for name, measure in (
@@ -283,17 +291,17 @@ def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], N
             directory = work / f"{name}-{rep}"
             directory.mkdir()
             events[name].append(measure(directory))
-    ddp_step, amoeba_step = _median(ddp_steps), _median(amoeba_steps)
     report: dict[str, Any] = {
-        "overhead_ratio": amoeba_step / ddp_step - 1.0,
+        "overhead_ratio": _median(ratios) - 1.0,
         "scale_out_pause_s": _median([e["stall_s"] for e in events["join"]]),
         "stop_resume_pause_s": _median([e["stall_s"] for e in events["stop"]]),
         "torchrun_restart_pause_s": _median([e["stall_s"] for e in events["torchrun"]]),
         "scale_in_pause_s": _median([e["stall_s"] for e in events["leave"]]),
         "failure_recovery_s": _median([e["recovery_s"] for e in events["kill"]]),
         "details": {
-            "ddp_step_s": ddp_steps,
-            "amoeba_step_s": amoeba_steps,
+            "ddp_step_s": _median([t for b in blocks for t in b["ddp"]]),
+            "amoeba_step_s": _median([t for b in blocks for t in b["amoeba"]]),
+            "block_ratios": ratios,
             "events": events,
             "reps": reps,
             "steady_steps": steps,
@@ -316,8 +324,8 @@ def format_table(report: dict[str, Any]) -> str:
         (
             "overhead_ratio",
             f"{report['overhead_ratio'] * 100:+.2f} %",
-            f"step {_median(details['amoeba_step_s']) * 1000:.2f} ms vs DDP "
-            f"{_median(details['ddp_step_s']) * 1000:.2f} ms",
+            f"step {details['amoeba_step_s'] * 1000:.2f} ms vs DDP {details['ddp_step_s'] * 1000:.2f} ms "
+            f"(median of {len(details['block_ratios'])} block pairs)",
         ),
         ("scale_out_pause_s", f"{report['scale_out_pause_s']:.3f} s", "1 -> 2, joiner warmed up in the background"),
         ("stop_resume_pause_s", f"{report['stop_resume_pause_s']:.3f} s", "1 -> 2, checkpoint + relaunch + restore"),
@@ -343,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory with logs")
     args = parser.parse_args(argv)
     reps = args.reps or (1 if args.quick else 3)
-    steps = 200 if args.quick else 600
+    steps = 400 if args.quick else 1000
     work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
     started = time.monotonic()
 

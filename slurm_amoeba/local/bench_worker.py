@@ -59,7 +59,7 @@ class StepLog:
         self.records: list[list[float]] = []
         self.stream: TextIO | None = open(path, "a") if flush else None  # noqa: SIM115 - closed in dump()
 
-    def record(self, step: int, world_size: int, generation: int = 0) -> None:
+    def record(self, step: float, world_size: int, generation: int = 0) -> None:
         entry = [time.time(), float(step), float(world_size), float(generation)]
         self.records.append(entry)
         if self.stream is not None:
@@ -90,6 +90,25 @@ def run_amoeba(args: argparse.Namespace) -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     limit = [args.steps]
 
+    block = args.compare_ddp
+    ddp_log = StepLog(args.out / f"steps-ddpblock-{runtime.worker_id}.jsonl", False)
+
+    def ddp_block(count: int) -> None:
+        """``count`` steps of a plain DDP loop on a copy of the model, in the same processes and process group."""
+        twin = build_model()
+        twin.load_state_dict(model.state_dict())
+        ddp = torch.nn.parallel.DistributedDataParallel(twin)
+        twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
+        world, rank = runtime.world_size, runtime.rank
+        ddp_sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=2)
+        batches = iter(DataLoader(dataset, batch_size=GLOBAL_BATCH // world, sampler=ddp_sampler))
+        for _ in range(count):
+            x, y = next(batches)
+            twin_optimizer.zero_grad()
+            loss_fn(ddp(x), y).backward()
+            twin_optimizer.step()
+            ddp_log.record(state.step_index, world, runtime.generation)
+
     def train(state: amoeba.TorchState) -> None:
         while state.step_index < limit[0]:
             for step in loader:
@@ -97,6 +116,9 @@ def run_amoeba(args: argparse.Namespace) -> None:
                     (loss_fn(model(x), y) * weight).backward()
                 state.step()
                 log.record(state.step_index, runtime.world_size, runtime.generation)
+                if block and state.step_index % block == 0:
+                    ddp_block(block)
+                    log.record(-1.0, runtime.world_size, runtime.generation)  # marks the end of a DDP block
                 if args.commit_every and state.step_index % args.commit_every == 0:
                     state.commit()
                 if state.step_index % 10 == 0 and runtime.store.check(["bench/stop_at"]):
@@ -106,6 +128,7 @@ def run_amoeba(args: argparse.Namespace) -> None:
 
     amoeba.run(train, state)
     log.dump()
+    ddp_log.dump()
 
 
 def _checkpoint_path(args: argparse.Namespace) -> Path:
@@ -177,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush", action="store_true", help="write each step's time at once")
     parser.add_argument("--commit-every", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument(
+        "--compare-ddp", type=int, default=0, metavar="N", help="amoeba: after every N steps, N plain DDP steps"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.mode == "amoeba":

@@ -279,6 +279,7 @@ class Step:
 
     assignment: StepAssignment
     _next_batch: Callable[[], Any]
+    _before_last: Callable[[], None] | None = None
     consumed: int = 0
 
     @property
@@ -297,8 +298,11 @@ class Step:
         return self.assignment.indices
 
     def __iter__(self) -> Iterator[tuple[Any, float]]:
-        while self.consumed < len(self.assignment.micro_indices):
+        count = len(self.assignment.micro_indices)
+        while self.consumed < count:
             batch = self._next_batch()
+            if self.consumed == count - 1 and self._before_last is not None:
+                self._before_last()  # the runtime starts reducing gradients during this backward
             weight = self.assignment.weight(self.consumed)
             self.consumed += 1
             yield batch, weight
@@ -389,7 +393,8 @@ class ElasticDataLoader:
                     f"the sampler moved to step {self.sampler.progress.step} while the loader was at step "
                     f"{assignment.step}; do not advance the sampler outside state.step()"
                 )
-            previous = Step(assignment=assignment, _next_batch=lambda: next(batches))
+            hook = getattr(topology, "before_last_micro_batch", None)
+            previous = Step(assignment=assignment, _next_batch=lambda: next(batches), _before_last=hook)
             yield previous
 
 

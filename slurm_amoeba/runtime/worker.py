@@ -46,6 +46,7 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
+from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
     JOB_KEY,
@@ -157,53 +158,6 @@ class _GenerationAborted(Exception):
     """Another member refused the state sync; the generation is dropped without touching this worker's state."""
 
 
-class _GradientBuffer:
-    """Every gradient of a model as views into flat buffers (one per dtype and device), plus the control word."""
-
-    CONTROL = 1
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
-            raise RuntimeConfigError("the model has no parameter that requires a gradient: nothing to train")
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-        for p in self.params:
-            groups.setdefault((p.dtype, p.device), []).append(p)
-        self.flats: list[torch.Tensor] = []
-        self.views: dict[int, torch.Tensor] = {}
-        for index, ((dtype, device), params) in enumerate(groups.items()):
-            total = sum(p.numel() for p in params) + (self.CONTROL if index == 0 else 0)
-            flat = torch.zeros(total, dtype=dtype, device=device)
-            offset = 0
-            for p in params:
-                view = flat[offset : offset + p.numel()].view_as(p)
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                p.grad = view
-                self.views[id(p)] = view
-                offset += p.numel()
-            self.flats.append(flat)
-        self.control = self.flats[0][-self.CONTROL :]
-
-    def capture(self) -> None:
-        """Make sure every gradient lives in the buffer (the user may have set some to ``None`` or replaced them)."""
-        for p in self.params:
-            view = self.views[id(p)]
-            grad = p.grad
-            if grad is None:
-                view.zero_()
-                p.grad = view
-            elif grad.data_ptr() != view.data_ptr():
-                view.copy_(grad)
-                p.grad = view
-
-    def zero(self) -> None:
-        """Zero every gradient and the control word."""
-        for flat in self.flats:
-            flat.zero_()
-
-
 class WorkerRuntime:
     """The elastic runtime of one worker process (see the module docstring); create it with :func:`init`.
 
@@ -228,7 +182,7 @@ class WorkerRuntime:
         self._switch_agreed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._grad: _GradientBuffer | None = None
+        self._grad: GradientBuckets | None = None
         self._step_time_s = 0.0
         self._samples_per_s = 0.0
         self._last_step_end = 0.0
@@ -373,6 +327,14 @@ class WorkerRuntime:
         self._teardown_group()
         return WorkerFailure(f"{what} failed in generation {self.generation}: {exc}", generation=self.generation)
 
+    def _control_word(self) -> float:
+        return 1.0 if self._change_seen_in == self.generation or self._leave.is_set() else 0.0
+
+    def before_last_micro_batch(self) -> None:
+        """Called by the loader before a step's last micro-batch: reduce gradient buckets as backward fills them."""
+        if self._grad is not None and self.generation:
+            self._grad.arm(self._control_word())
+
     def apply_step(self, state: TorchState) -> None:
         """Reduce gradients (+ control word), step the optimizer, zero gradients, advance the sampler.
 
@@ -383,15 +345,10 @@ class WorkerRuntime:
         grad = self._grad
         if grad is None or self.generation == 0:
             raise RuntimeConfigError(f"{self.prefix} state.step() was called outside slurm_amoeba.runtime.run()")
-        grad.capture()
-        wants_change = self._change_seen_in == self.generation or self._leave.is_set()
-        grad.control.fill_(1.0 if wants_change else 0.0)
         try:
-            for flat in grad.flats:
-                dist.all_reduce(flat)
+            agreed = grad.finish(self._control_word()) > 0
         except RuntimeError as exc:
             raise self._failure("gradient all-reduce", exc) from None
-        agreed = bool(grad.control.item() > 0)
         state.optimizer.step()
         grad.zero()
         consumed = state.sampler.advance()
@@ -497,7 +454,9 @@ class WorkerRuntime:
             self._sync(plan, state)
         state.save()
         if self._grad is None or self._grad.model is not state.model:
-            self._grad = _GradientBuffer(state.model)
+            if self._grad is not None:
+                self._grad.close()
+            self._grad = GradientBuckets(state.model)
         else:
             self._grad.zero()
         self._last_step_end = 0.0

@@ -16,7 +16,7 @@ from pathlib import Path
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.policy import make_policy, policy_names
 from slurm_amoeba.sim.data import SimError
-from slurm_amoeba.sim.engine import ARTIFACT_RESTART_COST_S, RUNTIME_RESIZE_COST_S, SimConfig
+from slurm_amoeba.sim.engine import ARTIFACT_RESTART_COST_S, RUNTIME_GROW_LAG_S, RUNTIME_RESIZE_COST_S, SimConfig
 from slurm_amoeba.sim.progress import ProgressBar
 from slurm_amoeba.sim.report import (
     infer_load,
@@ -37,8 +37,16 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         "--resize-cost",
         type=float,
         default=RUNTIME_RESIZE_COST_S,
-        help=f"seconds a running job pauses to grow or shrink (default {RUNTIME_RESIZE_COST_S}, the runtime's "
-        f"scale-out pause; {ARTIFACT_RESTART_COST_S:.0f} for the Pollux artifact's setting)",
+        help=f"seconds a running job's training pauses to grow or shrink (default {RUNTIME_RESIZE_COST_S}, the "
+        f"runtime's measured pause; the Pollux artifact's setting is --resize-cost {ARTIFACT_RESTART_COST_S:.0f} "
+        f"--grow-lag 0)",
+    )
+    parser.add_argument(
+        "--grow-lag",
+        type=float,
+        default=RUNTIME_GROW_LAG_S,
+        help=f"seconds from a grow order until the new workers train, the job training at its old size meanwhile "
+        f"(default {RUNTIME_GROW_LAG_S}, measured by scripts/bench-grow)",
     )
     parser.add_argument(
         "--restart-cost",
@@ -111,6 +119,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         gpus_per_node=args.gpus_per_node,
         interval=args.interval,
         resize_cost=args.resize_cost,
+        grow_lag=args.grow_lag,
         restart_cost=args.restart_cost,
     )
 

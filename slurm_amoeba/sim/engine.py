@@ -8,7 +8,8 @@ Between ticks jobs progress analytically: a running job's speed is constant with
 is known in advance and kept in a heap; arrivals and finishes are events. A policy that declares
 ``decides_on_events_only`` is not asked again until an event happens or its previous answer changed something, so
 quiet stretches cost nothing. Every start or move pays ``restart_cost`` seconds without progress (stop-resume from
-a checkpoint), every grow or shrink of a running job ``resize_cost`` seconds (the elastic runtime's pause).
+a checkpoint), every grow or shrink of a running job ``resize_cost`` seconds (the elastic runtime's pause), and a grow
+takes effect only ``grow_lag`` seconds after it was ordered (the job trains at its old size meanwhile).
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from slurm_amoeba.sim.data import SimError
 from slurm_amoeba.sim.metrics import JobRecord, SimResult
 from slurm_amoeba.sim.workload import JobSpec
 
-#: Pause of a running elastic job while it grows or shrinks, with slurm_amoeba's runtime (new workers warm up in
-#: the background and join at a step boundary). A documented stand-in until the runtime's measured scale-out pause
-#: replaces it.
-RUNTIME_RESIZE_COST_S = 1.0
+#: Pause of a running elastic job's training when it grows or shrinks, with slurm_amoeba's runtime: new workers warm
+#: up in the background and join at a step boundary, leaving ones drop out at one. Measured by ``scripts/bench-grow``
+#: on the local cluster (README: "training workers' pause at the switch: under 10 ms").
+RUNTIME_RESIZE_COST_S = 0.01
+
+#: Seconds from a grow order to the generation with the new workers, during which the job keeps training at its old
+#: size (README, ``scripts/bench-grow``: 6.7 s, of which Slurm 0.68 s and the runtime 5.8 s, mostly starting Python
+#: and importing torch in the new processes). Shrinks take 0.03 s and are not delayed.
+RUNTIME_GROW_LAG_S = 6.7
 
 #: Pause of a job at every (re)allocation in the Pollux artifact: stop, restart, restore from a checkpoint.
 ARTIFACT_RESTART_COST_S = 30.0
@@ -47,6 +53,8 @@ class SimConfig:
         gpus_per_node: GPUs per node.
         interval: seconds between scheduling ticks.
         resize_cost: seconds without progress when a running job grows or shrinks.
+        grow_lag: seconds from a grow order until the new workers train; the job keeps its old speed meanwhile
+            (modelled as the equivalent pause at the new speed). The artifact's setting has none.
         restart_cost: seconds without progress when a job starts, resumes after preemption or moves.
         check: run ``check_decisions`` on every answer (a policy bug then stops the run with its message).
         horizon: stop at this simulated time (jobs not done by then are reported as unfinished); ``None`` runs
@@ -57,6 +65,7 @@ class SimConfig:
     gpus_per_node: int = 4
     interval: float = 60.0
     resize_cost: float = RUNTIME_RESIZE_COST_S
+    grow_lag: float = RUNTIME_GROW_LAG_S
     restart_cost: float = ARTIFACT_RESTART_COST_S
     check: bool = True
     horizon: float | None = None
@@ -68,8 +77,11 @@ class SimConfig:
             )
         if not self.interval > 0:
             raise SimError(f"interval={self.interval} s must be positive (the artifact uses 60)")
-        if self.resize_cost < 0 or self.restart_cost < 0:
-            raise SimError(f"resize_cost={self.resize_cost} s and restart_cost={self.restart_cost} s must be 0 or more")
+        if self.resize_cost < 0 or self.restart_cost < 0 or self.grow_lag < 0:
+            raise SimError(
+                f"resize_cost={self.resize_cost} s, restart_cost={self.restart_cost} s and grow_lag={self.grow_lag} s "
+                f"must be 0 or more"
+            )
 
     @property
     def total_gpus(self) -> int:
@@ -427,6 +439,7 @@ class Simulator:
         job = self._jobs[decision.job_id]
         self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
+        old_speed = self._speed(job) if before else 0.0
         if before > 0:
             self._release(job, now)
         if decision.workers == 0:
@@ -462,6 +475,11 @@ class Simulator:
         elif decision.workers != before:
             cost = self.config.resize_cost
             job.resizes += 1
+            new_speed = self._speed(job)
+            if decision.workers > before and new_speed > old_speed > 0.0:
+                # Training goes on at the old speed until the new workers join: the same progress as pausing for
+                # this long at the new speed.
+                cost += self.config.grow_lag * (1.0 - old_speed / new_speed)
         else:
             cost = self.config.restart_cost
             job.restarts += 1

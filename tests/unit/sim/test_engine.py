@@ -27,20 +27,22 @@ def test_a_lone_job_waits_for_the_tick_pays_the_restart_and_runs_its_duration() 
     assert result.gpu_util() == pytest.approx(2 * 130 / (4 * 180))
 
 
-def test_growing_pays_the_resize_cost_and_speeds_the_job_up() -> None:
+def test_growing_pays_the_resize_cost_and_the_grow_lag_and_speeds_the_job_up() -> None:
     elastic = JobSpec("e", 0, 2, duration=400, min_workers=1, max_workers=4)
     regular = JobSpec("r", 0, 2, duration=50)
     ends = {}
-    for cost in (1.0, 30.0):
-        result = _run([elastic, regular], "elastic-backfill", nodes=1, resize_cost=cost).run()
+    for cost, lag in ((1.0, 0.0), (30.0, 0.0), (0.01, 10.0)):
+        result = _run([elastic, regular], "elastic-backfill", nodes=1, resize_cost=cost, grow_lag=lag).run()
         record = {job.name: job for job in result.jobs}
-        ends[cost] = record["e"].completion
+        ends[cost, lag] = record["e"].completion
         assert record["e"].resizes == 1
         assert record["r"].completion == pytest.approx(80)
     # e starts with 2 workers (its minimum plus the GPU r leaves), paused until 30; r finishes at 80, so at the
     # tick at 120 e grows to 4 workers (twice the speed) with 90 of its 400 done.
-    assert ends[1.0] == pytest.approx(120 + 1 + (400 - 90) / 2)
-    assert ends[30.0] == pytest.approx(120 + 30 + (400 - 90) / 2)
+    assert ends[1.0, 0.0] == pytest.approx(120 + 1 + (400 - 90) / 2)
+    assert ends[30.0, 0.0] == pytest.approx(120 + 30 + (400 - 90) / 2)
+    # With a lag, it trains 10 s more at half the new speed: the same as pausing 5 s at the new speed.
+    assert ends[0.01, 10.0] == pytest.approx(120 + 0.01 + 5 + (400 - 90) / 2)
 
 
 def test_a_guest_shares_its_hosts_gpus_and_runs_alone_once_the_host_is_done() -> None:
@@ -104,7 +106,7 @@ def test_trace_jobs_run_for_their_modelled_time(data_dir: Path) -> None:
     assert result.jobs[0].completion == pytest.approx(30 + model.remaining_seconds(0, 0.0), rel=1e-9)
 
 
-@pytest.mark.parametrize("bad", [{"nodes": 0}, {"interval": 0}, {"resize_cost": -1}])
+@pytest.mark.parametrize("bad", [{"nodes": 0}, {"interval": 0}, {"resize_cost": -1}, {"grow_lag": -1}])
 def test_bad_cluster_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(SimError):
         SimConfig(**bad)  # type: ignore[arg-type]

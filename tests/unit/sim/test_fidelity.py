@@ -17,7 +17,7 @@ from slurm_amoeba.sim.runner import RunSpec, run_many
 
 def test_tiresias_matches_the_artifact_within_ten_percent(pollux: Path) -> None:
     reference = json.loads((pollux / "results-jobload" / "tiresias-1.0" / "summary.json").read_text())
-    config = SimConfig(resize_cost=ARTIFACT_RESTART_COST_S, restart_cost=ARTIFACT_RESTART_COST_S)
+    config = SimConfig(resize_cost=ARTIFACT_RESTART_COST_S, restart_cost=ARTIFACT_RESTART_COST_S, grow_lag=0.0)
     files = sorted((pollux / "workloads").glob("workload-*.csv"))
     specs = [RunSpec("tiresias", path, config, elastic_fraction=0.0) for path in files]
     outcomes = run_many(specs, processes=1)

@@ -9,9 +9,10 @@ daemon, then with it:
 
 Without the daemon the elastic jobs stay at their minimum and the GPUs nobody asked for stay idle. With it they grow
 into idle GPUs, and give them back (gracefully, or through Slurm's preemption within GraceTime) when a regular job
-queues. Utilization is the share of GPUs allocated, sampled every second over the measured window; a regular job's
-wait is its start time minus its submit time. The promise checked: no regular job waits longer with the daemon
-than without it plus the elastic partition's GraceTime (and one daemon interval).
+queues. Utilization is the share of the cluster's GPUs that the benchmark's own jobs hold (the elastic jobs with
+their satellites, and the regular jobs), sampled every second over the measured window; a regular job's wait is its
+start time minus its submit time. The promise checked: no regular job waits longer with the daemon than without it
+plus the elastic partition's GraceTime (and one daemon interval).
 
 Prints a table, or JSON with ``--json`` (keys ``util_without``, ``util_with``, ``regular_wait_without_s``,
 ``regular_wait_with_s`` and more). Exit status 0, 1 when the promise is broken, 3 when the cluster is busy.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -88,6 +90,7 @@ class Phase:
         grows: grow directives the daemon sent (0 without it).
         shrinks: shrink directives the daemon sent.
         samples: utilization samples taken.
+        elastic_drops: how often the elastic jobs' GPUs went down from one sample to the next (they shrank).
     """
 
     util: float
@@ -96,6 +99,7 @@ class Phase:
     grows: int = 0
     shrinks: int = 0
     samples: int = 0
+    elastic_drops: int = 0
 
 
 def free_port() -> int:
@@ -246,18 +250,22 @@ class Bench:
             samples: list[tuple[float, float]] = []
             stop = threading.Event()
 
+            total = sum(n.gpus_total for n in self.client.nodes())
+
             def sample() -> None:
+                # Only this benchmark's jobs count: the cluster may be shared, and others' jobs are not ours to
+                # measure (they still take capacity, which is why the run waits for an idle cluster first).
                 while not stop.is_set():
-                    nodes = self.client.nodes()
-                    total = sum(n.gpus_total for n in nodes)
-                    used = sum(n.gpus_used for n in nodes)
-                    samples.append((used / total if total else 0.0, self._elastic_gpus(self.client.jobs(), elastic)))
+                    records = self.client.jobs()
+                    held_elastic = self._elastic_gpus(records, elastic)
+                    held_regular = sum(r.gpus_held for r in records if r.job_id in regular)
+                    samples.append(((held_elastic + held_regular) / total if total else 0.0, held_elastic))
                     stop.wait(1.0)
 
+            regular: list[int] = []
             sampler = threading.Thread(target=sample, daemon=True)
             start = time.monotonic()
             sampler.start()
-            regular: list[int] = []
             regular_script = phase_dir / "regular.sh"
             regular_script.write_text(f"#!/bin/bash\nexec sleep {wl.regular_runtime_s:g}\n")
             regular_script.chmod(0o755)
@@ -304,6 +312,7 @@ class Bench:
             grows=grows,
             shrinks=shrinks,
             samples=len(samples),
+            elastic_drops=sum(1 for (_, a), (_, b) in itertools.pairwise(samples) if b < a),
         )
 
     def _waits(self, regular: list[int]) -> list[float]:
@@ -412,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         "grace_time_s": grace,
         "elastic_gpus_without": round(without.elastic_gpus, 2),
         "elastic_gpus_with": round(with_.elastic_gpus, 2),
+        "elastic_drops_with": with_.elastic_drops,
         "grows": with_.grows,
         "shrinks": with_.shrinks,
         "window_s": workload.window_s,

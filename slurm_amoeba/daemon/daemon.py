@@ -353,7 +353,7 @@ class Daemon:
             and now - flight.acknowledged_at >= SETTLED_AFTER_S
         ):
             pause = min(self.config.agents.backoff_s, 2 * self.config.interval_s)
-            logger.warning(
+            logger.info(
                 "[daemon/actuator] job %s settled at %d workers instead of the ordered %d (its agent changed course: "
                 "a satellite was preempted or failed, see `amoebactl jobs`); deciding for it again in %g s",
                 job_id,

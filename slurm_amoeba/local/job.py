@@ -74,6 +74,8 @@ class LocalJob:
         env: extra environment for every worker (on top of this process's environment).
         log_dir: where worker logs go (a new temporary directory by default).
         cwd: working directory of the workers.
+        cuda_devices: GPU indices to hand out, one per worker (``AMOEBA_CUDA_DEVICE``), the lowest one no live worker
+            holds; ``None`` leaves the choice to the workers (``LOCAL_RANK`` or 0).
         **coordinator_settings: further :class:`CoordinatorConfig` fields (timeouts, port, ...).
 
     Raises:
@@ -90,6 +92,7 @@ class LocalJob:
         env: Mapping[str, str] | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        cuda_devices: Sequence[int] | None = None,
         **coordinator_settings: float | int | str,
     ) -> None:
         if not command:
@@ -111,6 +114,8 @@ class LocalJob:
         self.env = dict(env or {})
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"amoeba-{job_id}-"))
         self.cwd = cwd
+        self.cuda_devices = list(cuda_devices) if cuda_devices is not None else None
+        self._device_of: dict[str, int] = {}
         self.workers: dict[str, LocalWorker] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -191,6 +196,10 @@ class LocalJob:
         for _ in range(count):
             worker_id = self.coordinator.new_worker_id()
             env = {**os.environ, "OMP_NUM_THREADS": "1", **self.env, **self.coordinator.worker_env(worker_id)}
+            if self.cuda_devices is not None:
+                device = self._free_device()
+                self._device_of[worker_id] = device
+                env["AMOEBA_CUDA_DEVICE"] = str(device)
             log_path = self.log_dir / f"{worker_id}.log"
             with open(log_path, "wb") as out:
                 process = subprocess.Popen(
@@ -206,6 +215,17 @@ class LocalJob:
             ids.append(worker_id)
             log.info("%s started worker %s (pid %s)", self._prefix, worker_id, process.pid)
         return ids
+
+    def _free_device(self) -> int:
+        assert self.cuda_devices is not None
+        with self._lock:
+            busy = {self._device_of.get(w) for w, worker in self.workers.items() if worker.process.poll() is None}
+        free = [d for d in self.cuda_devices if d not in busy]
+        if not free:
+            raise RuntimeConfigError(
+                f"every GPU in cuda_devices={self.cuda_devices} is held by a live worker; free one or list more"
+            )
+        return free[0]
 
     def _worker(self, worker_id: str) -> LocalWorker:
         with self._lock:

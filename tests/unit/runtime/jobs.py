@@ -32,7 +32,16 @@ def toy_command(out: Path, extra_args: list[str], *, hold: bool) -> list[str]:
 class ToyJob:
     """A local job of the toy trainer that a test steers step by step."""
 
-    def __init__(self, out: Path, *, workers: int, hold: bool, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        *,
+        workers: int,
+        hold: bool,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cuda_devices: list[int] | None = None,
+    ) -> None:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
         command = toy_command(out, extra_args or [], hold=hold)
@@ -40,6 +49,8 @@ class ToyJob:
             command,
             initial_workers=workers,
             job_id="toy",
+            env=env,
+            cuda_devices=cuda_devices,
             log_dir=out / "logs",
             collective_timeout_s=20,
             report_timeout_s=10,

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime = amoeba.init()
     worker = runtime.worker_id
-    model = build_model(args.hidden)
+    device = runtime.device
+    model = build_model(args.hidden).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     dataset = build_dataset(args.dataset_size)
     sampler = amoeba.ElasticSampler(len(dataset), args.global_batch, seed=7, max_local_batch=args.max_local_batch)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.hold:
                         hold(step.index)
                     for (x, y), weight in step:
-                        (loss_fn(model(x), y) * weight).backward()
+                        (loss_fn(model(x.to(device)), y.to(device)) * weight).backward()
                     if args.step_delay:
                         time.sleep(args.step_delay)
                     state.step()
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = amoeba.run(train, state)
     if result.status is amoeba.RunStatus.FINISHED:
-        params = {name: p.detach().clone() for name, p in model.state_dict().items()}
+        params = {name: p.detach().cpu().clone() for name, p in model.state_dict().items()}
         torch.save(params, args.out / f"params-{worker}.pt")
         (args.out / f"extras-{worker}.json").write_text(json.dumps(dict(state.extras)))
     print(f"worker {worker} {result.status.value} generations {list(result.generations)}", flush=True)

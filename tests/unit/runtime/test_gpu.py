@@ -1,0 +1,50 @@
+"""The GPU path: NCCL process groups and CUDA tensors (skips cleanly without a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.runtime.conftest import ReferenceRun
+from tests.unit.runtime.jobs import NEVER, ToyJob, final_params
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def assert_close_to_reference(out: Path, reference: ReferenceRun, workers: int) -> None:
+    params = final_params(out)
+    assert len(params) == workers
+    for tensors in params.values():
+        for name, tensor in reference.params.items():
+            torch.testing.assert_close(tensors[name], tensor, rtol=1e-7, atol=1e-9, msg=name)
+
+
+@pytest.mark.timeout(180)
+def test_one_gpu_worker_trains_over_nccl_to_the_cpu_run_parameters(tmp_path: Path, fixed_run: ReferenceRun) -> None:
+    with ToyJob(tmp_path, workers=1, hold=False, env={"AMOEBA_DEVICE": "cuda"}, cuda_devices=[0]) as toy:
+        result = toy.finish()
+    assert result.phase.value == "finished", toy.job.log_tail("w0")
+    assert "device cuda:0" in (tmp_path / "logs" / "w0.log").read_text()
+    assert_close_to_reference(tmp_path, fixed_run, workers=1)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_second_gpu_worker_warms_up_and_joins_over_nccl(tmp_path: Path, fixed_run: ReferenceRun) -> None:
+    devices = list(range(torch.cuda.device_count()))
+    with ToyJob(tmp_path, workers=1, hold=True, env={"AMOEBA_DEVICE": "cuda"}, cuda_devices=devices) as toy:
+        toy.release(5)
+        toy.wait_held(5)
+        (joiner,) = toy.job.add(1)
+        toy.wait_ready([joiner])
+        toy.release(NEVER)
+        toy.wait_members(2)
+        result = toy.finish()
+    assert result.phase.value == "finished"
+    assert [r.plan.world_size for r in result.view.history] == [1, 2]
+    assert_close_to_reference(tmp_path, fixed_run, workers=2)

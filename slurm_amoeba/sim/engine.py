@@ -440,8 +440,12 @@ class Simulator:
         self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
         old_speed = self._speed(job) if before else 0.0
+        # A host that keeps running keeps its guest (the policy placed the guest inside the host's new nodes).
+        guest = job.host_of if decision.workers > 0 else None
         if before > 0:
+            job.host_of = None
             self._release(job, now)
+            job.host_of = guest
         if decision.workers == 0:
             job.preemptions += 1
             self._predict(job)

@@ -126,3 +126,30 @@ def test_a_policy_that_leaves_jobs_waiting_on_an_idle_cluster_stops_the_run() ->
     sim = Simulator([JobSpec("a", 0, 1, duration=10)], _Idle(), SimConfig(nodes=1), trace_models({}, 4))
     with pytest.raises(SimError, match="policy idle starts none of the 1 waiting jobs on an idle cluster"):
         sim.run()
+
+
+class _Script:
+    """A policy that plays back fixed decisions at given ticks."""
+
+    name = "script"
+    decides_on_events_only = False
+
+    def __init__(self, plan: dict[float, list[Decision]]) -> None:
+        self.plan = plan
+
+    def decide(self, snapshot: Snapshot, now: float) -> list[Decision]:
+        return self.plan.get(now, [])
+
+
+def test_a_host_that_grows_keeps_its_guest_and_the_gpus_add_up() -> None:
+    jobs = [JobSpec("h", 0, 2, duration=1000, min_workers=2, max_workers=4), JobSpec("g", 0, 2, duration=1000)]
+    plan = {
+        0.0: [Decision("h", 2, {"node000": 2})],
+        60.0: [Decision("g", 2, {"node000": 2}, share_with="h")],
+        120.0: [Decision("h", 4, {"node000": 4})],
+    }
+    sim = Simulator(jobs, _Script(plan), SimConfig(nodes=1, horizon=200), trace_models({}, 4))
+    result = sim.run()
+    # Two GPUs held from 0, four from 120 (the guest's GPUs are the host's, never counted twice).
+    assert result.usage[-1] == (120.0, 4)
+    assert max(used for _, used in result.usage) == 4

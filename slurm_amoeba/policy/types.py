@@ -43,6 +43,9 @@ class JobState(str, enum.Enum):
 class JobInfo:
     """What a policy knows about one job.
 
+    Policies treat it as read-only. It is not frozen so that a caller that asks every interval (the simulator) may
+    bring the time-dependent fields of one object up to date instead of building a new one per job per interval.
+
     Attributes:
         job_id: the job's identifier (a Slurm job id in the daemon, the trace's name in the simulator).
         state: pending or running.

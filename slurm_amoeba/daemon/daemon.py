@@ -51,7 +51,7 @@ from slurm_amoeba.daemon.observer import (
     observe,
 )
 from slurm_amoeba.daemon.state import DaemonState, load_state, save_state
-from slurm_amoeba.policy import JobInfo, PolicyError, check_decisions, make_policy, policy_names
+from slurm_amoeba.policy import JobInfo, PolicyError, check_decisions, make_policy, policy_knobs, policy_names
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 from slurm_amoeba.slurm.munge import Credential
 
@@ -490,7 +490,7 @@ class Daemon:
         return req.message.reply(
             data={
                 "name": self.policy.name,
-                "knobs": self.config.effective_knobs(),
+                "knobs": {**policy_knobs(self.config.policy), **self.config.effective_knobs()},
                 "decides_on_events_only": self.policy.decides_on_events_only,
                 "available": policy_names(),
                 "interval_s": self.config.interval_s,

@@ -202,8 +202,8 @@ class AgentRecord:
         """Whether the agent has reported within ``stale_after_s``."""
         return self.report is not None and now - self.report.received_at <= stale_after_s
 
-    def summary(self, now: float, pinned: bool) -> dict[str, Any]:
-        """The job as ``amoebactl jobs`` shows it (JSON-ready)."""
+    def summary(self, now: float, pinned: bool, history: int = HISTORY_KEPT) -> dict[str, Any]:
+        """The job as ``amoebactl jobs`` shows it (JSON-ready), with its latest ``history`` events."""
         reg = self.registration
         report = self.report
         return {
@@ -218,7 +218,7 @@ class AgentRecord:
             "generation": report.generation if report else None,
             "throughput": {str(k): v for k, v in sorted(report.throughput.items())} if report else {},
             "satellites": list(report.satellites) if report else [],
-            "history": list(self.history),
+            "history": list(self.history)[-history:] if history > 0 else [],
             "pinned": pinned,
             "in_flight": dataclasses.asdict(self.in_flight) if self.in_flight else None,
             "last_report_age_s": round(now - report.received_at, 3) if report else None,

@@ -39,7 +39,15 @@ from slurm_amoeba.agent.channel import ChannelServer, Request
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message
 from slurm_amoeba.daemon.actuator import Actuator, Directive, Outcome, Sender
-from slurm_amoeba.daemon.agents import AgentMessageError, AgentRecord, InFlight, Registration, Report, check_job_id
+from slurm_amoeba.daemon.agents import (
+    HISTORY_KEPT,
+    AgentMessageError,
+    AgentRecord,
+    InFlight,
+    Registration,
+    Report,
+    check_job_id,
+)
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
 from slurm_amoeba.daemon.observer import (
@@ -63,6 +71,8 @@ REFRESH_MIN_S = 1.0
 BATCH = 256
 #: A report this long after the agent accepted a resize that shows it settled elsewhere means it changed course.
 SETTLED_AFTER_S = 3.0
+#: History events in one ``jobs`` reply, over all jobs (keeps the reply far below the 1 MiB message limit).
+JOBS_REPLY_EVENTS = 2000
 #: Recent rounds kept for ``status`` and benchmarks.
 ROUNDS_KEPT = 1000
 
@@ -269,9 +279,9 @@ class Daemon:
 
     def _slurm_job(self, job_id: str) -> list[JobRecord]:
         """The active records of a job, reading Slurm again when the last view does not know it."""
-        groups = self.view.active_groups() if self.view is not None else {}
-        if job_id in groups:
-            return groups[job_id]
+        known = self.view.active_job(job_id) if self.view is not None else []
+        if known:
+            return known
         now = self.clock()
         if now - self._last_refresh >= REFRESH_MIN_S:
             self._last_refresh = now
@@ -280,7 +290,7 @@ class Daemon:
             except (SlurmCommandError, ParseError) as exc:
                 logger.warning("[daemon/observer] could not read Slurm: %s", exc)
                 return []
-            return self.view.active_groups().get(job_id, [])
+            return self.view.active_job(job_id)
         return []
 
     def _on_register(self, req: Request) -> Message | None:
@@ -483,7 +493,11 @@ class Daemon:
 
     def _on_jobs(self, req: Request) -> Message:
         now = self.clock()
-        jobs = [agent.summary(now, job_id in self.state.pinned) for job_id, agent in sorted(self.agents.items())]
+        # Many jobs share one reply (at most 1 MiB): fewer history events each as the list grows.
+        events = max(1, min(HISTORY_KEPT, JOBS_REPLY_EVENTS // max(1, len(self.agents))))
+        jobs = [
+            agent.summary(now, job_id in self.state.pinned, events) for job_id, agent in sorted(self.agents.items())
+        ]
         return req.message.reply(data={"jobs": jobs})
 
     def _on_policy_show(self, req: Request) -> Message:

@@ -19,6 +19,7 @@ per GPU), which is all the policies need of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
@@ -76,12 +77,20 @@ class ClusterView:
     taken_at: float
 
     def active_groups(self) -> dict[str, list[JobRecord]]:
-        """Active jobs grouped by job id (a heterogeneous job's components under their leader's id)."""
+        """Active jobs grouped by job id (a heterogeneous job's components under their leader's id); a fresh copy."""
+        return {key: list(records) for key, records in self._groups.items()}
+
+    def active_job(self, job_id: str) -> list[JobRecord]:
+        """The active records of one job (empty when it is not active); cheap, for each registration."""
+        return list(self._groups.get(job_id, ()))
+
+    @functools.cached_property
+    def _groups(self) -> dict[str, tuple[JobRecord, ...]]:
         groups: dict[str, list[JobRecord]] = {}
         for record in self.jobs:
             if record.state.is_active():
                 groups.setdefault(group_id(record), []).append(record)
-        return groups
+        return {key: tuple(records) for key, records in groups.items()}
 
 
 def observe(source: ClusterSource, now: float) -> ClusterView:

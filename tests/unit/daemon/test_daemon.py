@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurm_amoeba.agent.channel import ChannelServer
-from slurm_amoeba.core.messages import Message
+from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, encode
 from slurm_amoeba.daemon import Daemon, DaemonConfig
 from slurm_amoeba.daemon.config import AgentSettings
 from slurm_amoeba.daemon.metrics import MetricsServer
@@ -383,5 +383,41 @@ def test_a_job_whose_agent_settles_elsewhere_is_decided_for_again_after_a_short_
         now[0] += 2 * d.config.interval_s + 1
         assert ask(d, "report", report_body("100", 3)).body["ok"]
         assert d.run_round().ordered == {"100": 4}  # ... then the policy decides again
+    finally:
+        d.close()
+
+
+def test_with_e_tiresias_only_the_managed_elastic_jobs_are_ordered(tmp_path: Path, agent: FakeAgent) -> None:
+    slurm = cluster()
+    slurm.job_list.append(job(300, state=SlurmState.PENDING, gpus_per_node=2, reason="Priority"))
+    slurm.job_list.append(job(301, gpus={"n2": 1}, user="bob"))
+    slurm.set_used()
+    d = make_daemon(tmp_path, slurm, policy="e-tiresias")
+    try:
+        register_and_report(d, agent.endpoint)
+        summary = d.run_round()
+        assert summary.error == ""
+        assert set(summary.ordered) <= {"100"}  # never a start for 300 nor anything for bob's job: Slurm's business
+        assert d.last_observation is not None and d.last_observation.regular_pending == 1
+    finally:
+        d.close()
+
+
+def test_the_jobs_reply_stays_under_the_message_limit_with_a_thousand_jobs(tmp_path: Path) -> None:
+    slurm = FakeSlurm(node_list=[node(f"n{i}", total=8) for i in range(250)])
+    slurm.job_list = [job(1000 + i, gpus={f"n{i // 4}": 2}) for i in range(1000)]
+    slurm.set_used()
+    d = make_daemon(tmp_path, slurm)
+    try:
+        d.run_round()
+        fat = [{"t": 1.0, "event": "generation", "reason": "x" * 200}] * 20
+        for i in range(1000):
+            job_id = str(1000 + i)
+            assert ask(d, "register", register_body(job_id)).body["ok"]
+            assert ask(d, "report", {**report_body(job_id, 2), "history": fat}).body["ok"]
+        reply = ask(d, "jobs", {})
+        assert len(reply.body["data"]["jobs"]) == 1000
+        assert len(encode(reply)) < MAX_MESSAGE_BYTES
+        assert all(len(j["history"]) == 2 for j in reply.body["data"]["jobs"])
     finally:
         d.close()

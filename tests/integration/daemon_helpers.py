@@ -105,6 +105,13 @@ class DaemonProcess:
         data: dict[str, Any] = reply.body["data"]
         return data
 
+    def status_jobs(self) -> list[dict[str, Any]]:
+        """``amoebactl jobs`` as data."""
+        reply = self.ask("jobs")
+        assert reply is not None and reply.body["ok"], reply
+        jobs: list[dict[str, Any]] = reply.body["data"]["jobs"]
+        return jobs
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)

@@ -1,0 +1,119 @@
+"""kill -9 of amoebad while a real elastic job grows, then a restart: the real agent registers again, the job reaches
+the ordered size, the resize is not ordered twice, and no satellite is orphaned or unaccounted for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_amoeba.slurm import CliSlurmClient
+from tests.conftest import REPO, ClusterHandle
+from tests.integration.daemon_helpers import DaemonProcess, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def env(slurm_cluster: ClusterHandle) -> dict[str, str]:
+    """The cluster's environment with the venv's commands first, once the shared cluster is idle."""
+    environ = dict(os.environ)
+    environ["SLURM_CONF"] = str(slurm_cluster.conf)
+    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
+    environ.pop("AMOEBA_DAEMON_ENDPOINT", None)
+    client = CliSlurmClient(environ)
+    deadline = time.monotonic() + 120
+    while any(j.state.is_active() for j in client.jobs()) and time.monotonic() < deadline:
+        time.sleep(1)
+    if any(j.state.is_active() for j in client.jobs()):
+        pytest.skip("the shared cluster stayed busy with others' jobs; this test needs it idle")
+    return environ
+
+
+def agent_history(state_dir: Path) -> list[dict[str, Any]]:
+    path = state_dir / "agent-status.json"
+    if not path.exists():
+        return []
+    try:
+        history: list[dict[str, Any]] = json.loads(path.read_text())["history"]
+    except (json.JSONDecodeError, KeyError):
+        return []  # caught mid-write
+    return history
+
+
+def test_kill_9_while_a_real_job_grows_then_restart_orders_nothing_twice(
+    slurm_cluster: ClusterHandle, env: dict[str, str], tmp_path: Path
+) -> None:
+    daemon = DaemonProcess(slurm_cluster, tmp_path, host="10.77.0.1")
+    daemon.start()
+    client = CliSlurmClient(env)
+    job_id = ""
+    try:
+        job_script = tmp_path / "job.sh"
+        job_script.write_text(
+            f'#!/bin/bash\nexec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
+        )
+        job_script.chmod(0o755)
+        submitted = subprocess.run(
+            [
+                "amoeba-sbatch",
+                "--elastic",
+                "1:3",
+                "--gpus-per-worker",
+                str(slurm_cluster.gpus_per_node),
+                f"--output={tmp_path}/agent-%j.out",
+                str(job_script),
+                "--epochs",
+                "100000",
+                "--sample-delay",
+                "0.006",
+            ],
+            capture_output=True,
+            text=True,
+            env={**env, "AMOEBA_DAEMON_ENDPOINT": daemon.endpoint},
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip().splitlines()[-1]
+        state_dir = tmp_path / f"amoeba-{job_id}"
+        wait_until("the daemon to order the grow", lambda: f"job {job_id}: grow 1 -> 3" in daemon.log_text(), 60)
+        daemon.kill()  # kill -9 in the middle of the resize
+        daemon.start()
+        wait_until(
+            "the agent to register again", lambda: daemon.log_text().count(f"job {job_id} (user root) registered") == 2
+        )
+        wait_until(
+            "the job to reach 3 workers",
+            lambda: [(j["size"], j["target"]) for j in daemon.status_jobs()] == [(3, 3)],
+            timeout=90,
+        )
+        time.sleep(daemon.interval_s * 1.5)  # one interval more
+        status = daemon.status()
+        assert status["orphans"] == [] and status["unclaimed"] == [] and status["in_flight"] == {}
+        requested = [e for e in agent_history(state_dir) if e.get("event") == "resize_requested"]
+        assert [e["target"] for e in requested] == [3], f"ordered more than once: {requested}"
+        satellites = [j for j in client.jobs() if j.state.is_active() and j.comment == f"amoeba-parent={job_id}"]
+        assert satellites and all(j.partition == slurm_cluster.elastic_partition for j in satellites)
+        assert sorted(str(j.job_id) for j in satellites) == sorted(daemon.status_jobs()[0]["satellites"])
+    finally:
+        daemon.stop()
+        if job_id:
+            client.cancel(int(job_id))
+            wait_until(
+                "the job and its satellites to end",
+                lambda: (
+                    not any(
+                        j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
+                        for j in client.jobs()
+                    )
+                ),
+                timeout=60,
+            )

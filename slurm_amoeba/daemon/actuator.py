@@ -13,16 +13,12 @@ import concurrent.futures
 import dataclasses
 import logging
 import queue
-from collections.abc import Callable
 from typing import Any
 
 from slurm_amoeba.agent.channel import ChannelError, request
 from slurm_amoeba.core.messages import Message
 
 logger = logging.getLogger(__name__)
-
-#: Sends one message and returns the reply (``request`` with its keyword arguments).
-Sender = Callable[..., Message]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +70,12 @@ class Actuator:
         parallel: directives in flight at once.
         timeout_s: deadline of one attempt.
         retries: further attempts after a timeout.
-        sender: the function that sends (tests pass their own; the default is the authenticated channel).
     """
 
-    def __init__(self, parallel: int, timeout_s: float, retries: int, sender: Sender = request) -> None:
+    def __init__(self, parallel: int, timeout_s: float, retries: int) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="amoebad-act")
         self._timeout_s = timeout_s
         self._retries = retries
-        self._sender = sender
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
 
     def send(self, directive: Directive) -> None:
@@ -93,7 +87,7 @@ class Actuator:
             "resize", {"job_id": directive.job_id, "target": directive.target, "reason": directive.reason}
         )
         try:
-            reply = self._sender(
+            reply = request(
                 directive.endpoint,
                 message,
                 timeout_s=self._timeout_s,

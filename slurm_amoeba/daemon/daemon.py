@@ -38,7 +38,7 @@ from typing import Any
 from slurm_amoeba.agent.channel import ChannelServer, Request
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message
-from slurm_amoeba.daemon.actuator import Actuator, Directive, Outcome, Sender
+from slurm_amoeba.daemon.actuator import Actuator, Directive, Outcome
 from slurm_amoeba.daemon.agents import (
     HISTORY_KEPT,
     AgentMessageError,
@@ -103,7 +103,6 @@ class Daemon:
         config: the validated configuration.
         slurm: where jobs and nodes are read from.
         clock: the wall clock (Unix seconds); tests pass their own.
-        sender: how directives are sent (the authenticated channel unless a test passes another).
     """
 
     def __init__(
@@ -112,7 +111,6 @@ class Daemon:
         slurm: ClusterSource,
         *,
         clock: Callable[[], float] = time.time,
-        sender: Sender | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
@@ -135,11 +133,7 @@ class Daemon:
         self._last_refresh = 0.0
         self.server: ChannelServer | None = None
         self.metrics_server: MetricsServer | None = None
-        agent_cfg = config.agents
-        if sender is None:
-            self.actuator = Actuator(agent_cfg.parallel, agent_cfg.timeout_s, agent_cfg.retries)
-        else:
-            self.actuator = Actuator(agent_cfg.parallel, agent_cfg.timeout_s, agent_cfg.retries, sender)
+        self.actuator = Actuator(config.agents.parallel, config.agents.timeout_s, config.agents.retries)
         if self._recovered or self.state.pinned or self.state.draining:
             logger.info(
                 "[daemon/recovery] from %s: %d pinned job(s), draining=%s, %d resize(s) in flight",
@@ -255,8 +249,8 @@ class Daemon:
         if self.server is not None:
             self.server.answer(req, reply)
 
-    def _refuse(self, req: Request, why: str, reason: str = "invalid") -> None:
-        logger.warning("[daemon/api] refused %s from uid %d: %s", req.message.kind, req.sender.uid, why)
+    def _refuse(self, req: Request, why: str, reason: str = "invalid", level: int = logging.WARNING) -> None:
+        logger.log(level, "[daemon/api] refused %s from uid %d: %s", req.message.kind, req.sender.uid, why)
         self.metrics.refusals.inc(labels={"kind": req.message.kind, "reason": reason})
         self._answer(req, req.message.reply(ok=False, error=why))
 
@@ -334,6 +328,8 @@ class Daemon:
             self._refuse(
                 req,
                 f"unknown job {job_id}: it is not registered with this daemon (it may have restarted); register again",
+                reason="unknown_job",
+                level=logging.INFO,  # every agent meets this once after a restart of the daemon
             )
             return None
         if req.sender.uid != agent.uid:

@@ -395,6 +395,13 @@ class Daemon:
                 req, f"job {job_id} runs with {reg.min_workers}..{reg.max_workers} workers; {target} is outside that"
             )
             return None
+        if self.state.draining and target > reg.min_workers:
+            self._refuse(
+                req,
+                f"every elastic job is drained to its minimum ({reg.min_workers} for job {job_id}) until an "
+                f"operator runs `amoebactl resume`",
+            )
+            return None
         report = agent.report
         if agent.in_flight is not None or (report is not None and report.resizing):
             moving_to = agent.in_flight.target if agent.in_flight is not None else report.target if report else target

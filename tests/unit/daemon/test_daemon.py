@@ -254,6 +254,8 @@ def test_a_drain_holds_every_job_at_its_minimum_until_resumed(daemon: Daemon, ag
     settle(daemon, "100")
     assert ask(daemon, "report", report_body("100", 1)).body["ok"]
     assert daemon.run_round().ordered == {}
+    reply = ask(daemon, "resize", {"job_id": "100", "target": 3, "reason": ""})
+    assert not reply.body["ok"] and "until an operator runs `amoebactl resume`" in reply.body["error"]
     assert ask(daemon, "resume", {}).body["ok"]
     assert daemon.run_round().ordered == {"100": 4}
 

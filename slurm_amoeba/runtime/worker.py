@@ -391,6 +391,10 @@ class WorkerRuntime:
         key = assignment_key(self.worker_id, self._seq)
         deadline = time.monotonic() + timeout_s
         store = self.store
+        # A member that just reported expects its assignment within milliseconds: poll fast. A joiner may wait
+        # long: it polls slowly until the coordinator asks the running generation to end, then fast, so that it
+        # does not delay the next generation's formation.
+        want = b"" if member else store.get(WANT_KEY)
         while not store.check([key]):
             if not member and self._leave.is_set():
                 self._push(EventKind.LEFT, message="SIGTERM while waiting for admission")
@@ -400,7 +404,10 @@ class WorkerRuntime:
                     f"{self.prefix} waited {timeout_s:.0f} s for the coordinator's assignment {self._seq} "
                     f"(key {key}); is the coordinator alive at {self.env.store_addr}:{self.env.store_port}?"
                 )
-            time.sleep(0.002)
+            if member or store.get(WANT_KEY) != want:
+                time.sleep(0.002)
+            else:
+                time.sleep(0.025)
         self._seq += 1
         return Assignment.from_json(store.get(key))
 

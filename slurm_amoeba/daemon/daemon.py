@@ -131,6 +131,7 @@ class Daemon:
         self._orphans_seen: dict[str, float] = {}
         self._orphans_reported: set[str] = set()
         self._last_refresh = 0.0
+        self._state_dirty = False
         self.server: ChannelServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.actuator = Actuator(config.agents.parallel, config.agents.timeout_s, config.agents.retries)
@@ -171,6 +172,7 @@ class Daemon:
         self.actuator.close()
         self.apply_outcomes()
         self._save()
+        self.save_state()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.server is not None:
@@ -210,6 +212,7 @@ class Daemon:
             if handled >= BATCH:
                 break
             req = server.receive(0.001)
+        self.save_state()
         return handled
 
     # ------------------------------------------------------------------ requests
@@ -527,6 +530,7 @@ class Daemon:
             summary = RoundSummary(now, time.perf_counter() - started, 0.0, {}, f"internal error: {exc}")
         self.last_round = summary
         self.rounds.append(summary)
+        self.save_state()
         self.metrics.loop_time.observe(summary.duration_s)
         if not summary.error:
             self.metrics.last_round.set(now)
@@ -664,6 +668,7 @@ class Daemon:
         """Apply the outcomes of directives that came back since the last call (the loop calls it)."""
         for outcome in self.actuator.completed():
             self._apply(outcome)
+        self.save_state()
 
     def _apply(self, outcome: Outcome) -> None:
         directive = outcome.directive
@@ -718,6 +723,14 @@ class Daemon:
         m.draining.set(1 if self.state.draining else 0)
 
     def _save(self) -> None:
+        """Mark the persistent state changed; :meth:`save_state` writes it (once per batch of requests)."""
+        self._state_dirty = True
+
+    def save_state(self) -> None:
+        """Write the state file if anything in it changed since the last write."""
+        if not self._state_dirty:
+            return
+        self._state_dirty = False
         self.state.in_flight = {
             job_id: agent.in_flight
             for job_id, agent in self.agents.items()

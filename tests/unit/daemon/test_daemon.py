@@ -300,6 +300,7 @@ def test_a_restarted_daemon_does_not_order_a_resize_its_predecessor_ordered(tmp_
         assert second.run_round().ordered == {}
         assert ask(second, "report", report_body("100", 4)).body["ok"]
         assert second.agents["100"].in_flight is None
+        second.save_state()  # the loop writes it after each batch of requests
         assert "100" not in load_state(Path(tmp_path / "state.json")).in_flight
         assert len(agent.directives) == 1
     finally:

@@ -4,6 +4,7 @@ This layer imports neither torch nor zmq and runs no commands (DESIGN.md, layer 
 """
 
 from slurm_amoeba.core.errors import AmoebaError, ParseError, SpecError
+from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.core.spec import ElasticSpec
 
-__all__ = ["AmoebaError", "ElasticSpec", "ParseError", "SpecError"]
+__all__ = ["AmoebaError", "ElasticSpec", "ParseError", "SpecError", "WorkerEnv"]

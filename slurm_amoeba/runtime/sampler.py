@@ -14,12 +14,14 @@ persistent workers all work): it feeds the loader this rank's micro-batches and 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from slurm_amoeba.core.runtime_env import ENV_MAX_LOCAL_BATCH
 from slurm_amoeba.runtime.errors import BatchPlanError, MembershipChanged, RuntimeConfigError
 from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
 
@@ -72,6 +74,13 @@ class StepAssignment:
         return len(self.micro_indices[micro]) / self.plan.step_samples
 
 
+def _cap_from_environment() -> int:
+    text = os.environ.get(ENV_MAX_LOCAL_BATCH, "") or "0"
+    if not text.isdigit():
+        raise BatchPlanError(f"{ENV_MAX_LOCAL_BATCH}={text!r} is not a whole number of samples (0 = no cap)")
+    return int(text)
+
+
 class ElasticSampler:
     """Deterministic per-epoch permutation plus a global cursor, split over the current workers.
 
@@ -80,7 +89,10 @@ class ElasticSampler:
         global_batch: samples per optimizer step, fixed whatever the worker count.
         seed: permutation seed; epoch ``e`` uses ``seed`` and ``e``.
         shuffle: permute each epoch; ``False`` keeps dataset order.
-        max_local_batch: memory cap per forward/backward pass (0 = none); see :class:`GlobalBatchPlanner`.
+        max_local_batch: memory cap per forward/backward pass (0 = none); see :class:`GlobalBatchPlanner`. By
+            default the launcher's ``AMOEBA_MAX_LOCAL_BATCH`` (e.g. set from the worker's GPU memory), else none.
+            The cap only changes how this worker cuts its own share into micro-batches, never which samples it
+            gets, so workers with different memory may have different caps.
         even: require equal local batches (see :class:`GlobalBatchPlanner`).
         max_accumulation: most accumulation steps allowed per step (0 = no limit).
 
@@ -95,10 +107,12 @@ class ElasticSampler:
         *,
         seed: int = 0,
         shuffle: bool = True,
-        max_local_batch: int = 0,
+        max_local_batch: int | None = None,
         even: bool = False,
         max_accumulation: int = 0,
     ) -> None:
+        if max_local_batch is None:
+            max_local_batch = _cap_from_environment()
         self.planner = GlobalBatchPlanner(
             global_batch=global_batch, max_local_batch=max_local_batch, even=even, max_accumulation=max_accumulation
         )

@@ -144,3 +144,17 @@ def test_loader_notices_a_step_left_without_state_step() -> None:
         pass
     with pytest.raises(Exception, match=r"step 0 ended without state.step\(\)"):
         next(steps)
+
+
+def test_memory_cap_comes_from_the_launcher_and_only_changes_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMOEBA_MAX_LOCAL_BATCH", "2")
+    capped = ElasticSampler(40, 12, seed=3)
+    monkeypatch.delenv("AMOEBA_MAX_LOCAL_BATCH")
+    uncapped = ElasticSampler(40, 12, seed=3)
+    for rank in range(2):
+        a, b = capped.assignment(rank, 2), uncapped.assignment(rank, 2)
+        assert a.indices == b.indices
+        assert [len(m) for m in a.micro_indices] == [2, 2, 2] and len(b.micro_indices) == 1
+    monkeypatch.setenv("AMOEBA_MAX_LOCAL_BATCH", "lots")
+    with pytest.raises(BatchPlanError, match=r"AMOEBA_MAX_LOCAL_BATCH='lots' is not a whole number"):
+        ElasticSampler(40, 12)

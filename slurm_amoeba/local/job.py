@@ -24,7 +24,7 @@ from pathlib import Path
 
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
-from slurm_amoeba.runtime.membership import Phase
+from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +163,13 @@ class LocalJob:
         self.coordinator.close()
 
     def _watch(self) -> None:
+        next_fence = 0.0
         while not self._stop.wait(0.02):
             with self._lock:
                 workers = [w for w in self.workers.values() if w.returncode is None]
+            if time.monotonic() >= next_fence:
+                next_fence = time.monotonic() + 0.2
+                self._fence(workers)
             for worker in workers:
                 code = worker.process.poll()
                 if code is None:
@@ -174,6 +178,17 @@ class LocalJob:
                 how = f"signal {-code}" if code < 0 else f"status {code}"
                 log.info("%s worker %s exited with %s", self._prefix, worker.worker_id, how)
                 self.coordinator.mark_dead(worker.worker_id, f"process exited with {how}")
+
+    def _fence(self, running: list[LocalWorker]) -> None:
+        """Kill processes the coordinator has given up on (hung, silent), so they cannot come back half-way."""
+        try:
+            statuses = {w: v.status for w, v in self.coordinator.view().workers.items()}
+        except RuntimeConfigError:
+            return
+        for worker in running:
+            if statuses.get(worker.worker_id) is WorkerStatus.DEAD and worker.process.poll() is None:
+                log.warning("%s worker %s was declared dead but still runs: killing it", self._prefix, worker.worker_id)
+                worker.process.kill()
 
     # ----------------------------------------------------------------------------------------------- commands
 

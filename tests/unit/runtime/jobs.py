@@ -41,6 +41,8 @@ class ToyJob:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cuda_devices: list[int] | None = None,
+        collective_timeout_s: float = 20,
+        heartbeat_timeout_s: float = 15,
     ) -> None:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
@@ -52,9 +54,9 @@ class ToyJob:
             env=env,
             cuda_devices=cuda_devices,
             log_dir=out / "logs",
-            collective_timeout_s=20,
+            collective_timeout_s=collective_timeout_s,
             report_timeout_s=10,
-            heartbeat_timeout_s=15,
+            heartbeat_timeout_s=heartbeat_timeout_s,
             poll_s=0.01,
         )
         self.hold = hold

@@ -5,7 +5,9 @@ run of the same seed ends, and every sample is applied exactly once per epoch in
 from __future__ import annotations
 
 import collections
+import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,30 @@ def test_random_resizes_and_kills_of_real_workers_keep_exactly_once_and_the_glob
         assert result.phase.value == "finished", result
         assert_exactly_once(out, result.view.history)
         assert_same_params(fixed_run, final_params(out), expected_workers=size)
+
+
+@pytest.mark.timeout(120)
+def test_stopped_worker_is_caught_by_the_collective_timeout_and_the_rest_go_on(
+    tmp_path: Path, fixed_run: ReferenceRun
+) -> None:
+    out = tmp_path / "job"
+    toy = ToyJob(out, workers=3, hold=True, collective_timeout_s=3, heartbeat_timeout_s=3)
+    with toy:
+        toy.release(6)
+        view = toy.wait_members(3)
+        toy.wait_held(6)
+        assert view.plan is not None
+        frozen = view.plan.members[1]
+        process = toy.job.workers[frozen].process
+        process.send_signal(signal.SIGSTOP)  # hangs instead of dying: no connection reset
+        started = time.monotonic()
+        toy.release(NEVER)
+        toy.wait_members(2)
+        noticed = time.monotonic() - started
+        result = toy.finish()
+    assert noticed < 3 + 3 + 5, f"the hung worker took {noticed:.1f} s to be dropped"
+    assert result.phase.value == "finished"
+    assert result.view.workers[frozen].status.value == "dead"
+    assert result.view.history[-1].plan.rollback
+    assert_exactly_once(out, result.view.history)
+    assert_same_params(fixed_run, final_params(out), expected_workers=2)

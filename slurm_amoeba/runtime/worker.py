@@ -240,6 +240,10 @@ class WorkerRuntime:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         if self.device.type == "cuda":
+            # A failed NCCL collective must raise in this process (to be survived), not tear the process down
+            # (torch's default, 3): abort the communicator only, and make wait() raise on errors and timeouts.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
             # Warm-up: create the CUDA context now, while the current members keep training.
             torch.cuda.set_device(self.device)
             torch.cuda.init()  # type: ignore[no-untyped-call]

@@ -375,7 +375,7 @@ class Membership:
             info.status, info.reason = WorkerStatus.LEFT, "leave requested"
             self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
         survivors = [m for m in survivors if not m.leave_requested]
-        if not survivors:
+        if not any(m.report is not None and m.report.committed_step >= 0 for m in survivors):
             self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)
             return
         pool = self._ready_pool({m.worker_id for m in survivors})
@@ -394,7 +394,8 @@ class Membership:
         reason: str,
         rollback: bool = False,
     ) -> None:
-        staying = [s for s in survivors if s in chosen]
+        # A reporter without a commit never received the state (its generation failed while forming): a joiner.
+        staying = [s for s in survivors if s in chosen and s.report is not None and s.report.committed_step >= 0]
         joiners = [c.worker_id for c in chosen if c not in staying]
         if staying:
             assert all(s.report is not None for s in staying)

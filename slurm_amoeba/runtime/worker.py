@@ -62,7 +62,7 @@ from slurm_amoeba.runtime.protocol import (
     heartbeat_key,
     manifest_key,
 )
-from slurm_amoeba.runtime.state import TorchState, decode_tree
+from slurm_amoeba.runtime.state import TorchState, decode_tree, encode_tree
 
 log = logging.getLogger(__name__)
 
@@ -547,7 +547,7 @@ class WorkerRuntime:
 
     def run(self, train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
         """See :func:`run`."""
-        state.capture()  # refuse unsendable state before joining anything
+        encode_tree(state.as_tree(), "state", [])  # refuse unsendable state before joining anything
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
         self._push(EventKind.READY, allowed_sizes=sizes)
         log.info("%s warm and ready", self.prefix)

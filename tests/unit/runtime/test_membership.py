@@ -292,3 +292,36 @@ def test_first_generation_starts_without_an_initial_worker_that_died_before_regi
     m.decide(0.2)
     assert m.plan is not None and m.plan.members == ("w0",)
     assert m.workers["w1"].status is WorkerStatus.DEAD
+
+
+def test_joiner_whose_first_generation_failed_to_form_receives_the_state_next_time() -> None:
+    job = SimJob(initial=2)
+    job.apply_assignments()
+    job.train(4)  # w0 and w1 committed at 3
+    job.add()
+    job.tick()
+    job.boundary()
+    job.tick()
+    assert list(job.plan.members) == ["w0", "w1", "w2"]
+    # w1 dies while the generation forms; w2 reports before it ever received the state (no commit).
+    job.workers["w1"].alive = False
+    job.m.mark_dead("w1", "signal 9")
+    job.event("w0", EventKind.REPORT, generation=2, step=4, committed_step=4, failed=True)
+    job.event("w2", EventKind.REPORT, generation=2, step=0, committed_step=-1, failed=True)
+    job.tick()
+    assert job.plan.members == ("w0", "w2")
+    assert job.plan.joiners == ("w2",) and job.plan.source == "w0" and job.plan.sync and job.plan.rollback
+
+
+def test_generation_whose_only_reporters_never_held_the_state_loses_the_job() -> None:
+    job = SimJob(initial=1)
+    job.apply_assignments()
+    job.add()
+    job.tick()
+    job.boundary()
+    job.tick()
+    job.workers["w0"].alive = False
+    job.m.mark_dead("w0", "signal 9")
+    job.event("w1", EventKind.REPORT, generation=2, step=0, committed_step=-1, failed=True)
+    job.tick()
+    assert job.m.phase is Phase.LOST

@@ -210,3 +210,38 @@ def test_a_regular_job_that_needs_the_elastic_jobs_gpus_runs_within_grace_time_a
         assert status["orphans"] == [] and status["workers"] == total // 2 - 2
     finally:
         agent.stop()
+
+
+def test_a_satellite_whose_parent_is_gone_is_reported_and_left_to_its_owner(
+    slurm_cluster: ClusterHandle,
+    client: CliSlurmClient,
+    daemon: DaemonProcess,
+    tmp_path: Path,
+    submitted: list[int],
+) -> None:
+    gone_parent = parent_job(client, tmp_path, submitted)
+    client.cancel(gone_parent)
+    wait_until("the parent to end", lambda: (j := client.job(gone_parent)) is None or not j.state.is_active())
+    body = script(tmp_path / "orphan.sh", "exec sleep 600\n")
+    orphan = client.submit(
+        body,
+        SubmitOptions(
+            name=f"amoeba-sat-{gone_parent}-g1",
+            comment=f"amoeba-parent={gone_parent}",
+            partition=slurm_cluster.elastic_partition,
+            nodes=1,
+            ntasks=1,
+            gpus_per_node=1,
+            output=str(tmp_path / "orphan.out"),
+        ),
+    )
+    submitted.append(orphan)
+    wait_until(
+        "the daemon to report the orphan",
+        lambda: [o["job_id"] for o in daemon.status()["orphans"]] == [str(orphan)],
+        timeout=20,
+    )
+    listed = amoebactl(daemon.endpoint, "status")
+    assert f"satellite {orphan} of gone job {gone_parent} (user root): scancel it" in listed.stdout
+    wait_until("the warning in the log", lambda: f"satellite {orphan} (user root" in daemon.log_text(), timeout=10)
+    assert (j := client.job(orphan)) is not None and j.state is JobState.RUNNING  # the daemon cancels nobody's job

@@ -13,7 +13,7 @@ bootstrap:
 	scripts/bootstrap
 
 lint: bootstrap
-	$(VENV)/bin/ruff check slurm_amoeba tests examples scripts/demo
+	$(VENV)/bin/ruff check slurm_amoeba tests examples scripts/demo scripts/bench-grow
 	$(VENV)/bin/ruff format --check slurm_amoeba tests examples
 
 typecheck: bootstrap

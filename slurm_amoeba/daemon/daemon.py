@@ -130,6 +130,7 @@ class Daemon:
         self.uid = os.getuid()
         self._orphans_seen: dict[str, float] = {}
         self._orphans_reported: set[str] = set()
+        self._unclaimed_reported: set[str] = set()
         self._last_refresh = 0.0
         self._state_dirty = False
         self.server: ChannelServer | None = None
@@ -635,7 +636,12 @@ class Daemon:
             if now - first >= self.config.orphan_grace_s and job_id not in self._orphans_reported:
                 self._orphans_reported.add(job_id)
                 _report_orphan(sat)
+        unclaimed = {s.job_id for s in obs.unclaimed}
+        self._unclaimed_reported &= unclaimed
         for sat in obs.unclaimed:
+            if sat.job_id in self._unclaimed_reported:
+                continue
+            self._unclaimed_reported.add(sat.job_id)
             logger.warning(
                 "[daemon/observer] satellite %s of job %s (user %s) is not among the satellites its agent reports; "
                 "the agent should release it (scancel %s)",

@@ -32,6 +32,7 @@ from tests.unit.daemon.fakes import (
     register_body,
     report_body,
     req,
+    satellite,
 )
 
 
@@ -422,5 +423,23 @@ def test_the_jobs_reply_stays_under_the_message_limit_with_a_thousand_jobs(tmp_p
         assert len(reply.body["data"]["jobs"]) == 1000
         assert len(encode(reply)) < MAX_MESSAGE_BYTES
         assert all(len(j["history"]) == 2 for j in reply.body["data"]["jobs"])
+    finally:
+        d.close()
+
+
+def test_a_satellite_the_agent_does_not_list_is_reported_once_in_status_and_log(
+    tmp_path: Path, agent: FakeAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    slurm = cluster()
+    slurm.job_list.append(satellite(200, 100, gpus={"n2": 1}, submit_time=int(time.time()) - 600))
+    slurm.set_used()
+    d = make_daemon(tmp_path, slurm)
+    try:
+        register_and_report(d, agent.endpoint)  # its report lists no satellite
+        d.run_round()
+        d.run_round()
+        assert [s["job_id"] for s in d.status()["unclaimed"]] == ["200"]
+        warnings = [r for r in caplog.records if "is not among the satellites its agent reports" in r.getMessage()]
+        assert len(warnings) == 1
     finally:
         d.close()

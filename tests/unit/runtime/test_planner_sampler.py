@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 import torch
@@ -158,3 +159,61 @@ def test_memory_cap_comes_from_the_launcher_and_only_changes_micro_batches(monke
     monkeypatch.setenv("AMOEBA_MAX_LOCAL_BATCH", "lots")
     with pytest.raises(BatchPlanError, match=r"AMOEBA_MAX_LOCAL_BATCH='lots' is not a whole number"):
         ElasticSampler(40, 12)
+
+
+SEQUENCES = st.lists(
+    st.one_of(
+        st.tuples(st.just("train"), st.integers(1, 12)),
+        st.tuples(st.just("resize"), st.integers(1, 9)),
+        st.tuples(st.just("kill"), st.integers(0, 0)),
+        st.tuples(st.just("commit"), st.integers(0, 0)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    dataset=st.integers(10, 90),
+    batch=st.integers(9, 10),
+    cap=st.integers(0, 4),
+    ops=SEQUENCES,
+)
+def test_random_resizes_and_rollbacks_apply_every_sample_once_per_epoch_with_the_global_batch(
+    dataset: int, batch: int, cap: int, ops: list[tuple[str, int]]
+) -> None:
+    """The sampler alone, driven like the runtime drives it: resizes re-split, kills roll back to the commit."""
+    sampler = ElasticSampler(dataset, batch, seed=11, max_local_batch=cap)
+    world = 2
+    committed = dataclasses.replace(sampler.progress)
+    applied: dict[int, list[int]] = {}  # global step -> samples applied by all ranks (the final timeline)
+
+    def step() -> None:
+        assignments = [sampler.assignment(rank, world) for rank in range(world)]
+        assert sum(len(a.indices) for a in assignments) == sampler.step_samples(sampler.progress.cursor)
+        assert all(len(m) <= cap for a in assignments for m in a.micro_indices if cap)
+        applied[sampler.progress.step] = [i for a in assignments for i in a.indices]
+        sampler.advance()
+
+    for op, value in [*ops, ("train", 3 * -(-dataset // batch))]:
+        if op == "train":
+            for _ in range(value):
+                step()
+        elif op == "resize":
+            world = value
+        elif op == "commit":
+            committed = dataclasses.replace(sampler.progress)
+        else:  # a worker dies mid-step: the survivors roll back and redo the steps since the commit
+            world = max(1, world - 1)
+            sampler.progress = dataclasses.replace(committed)
+            for later in [s for s in applied if s >= committed.step]:
+                del applied[later]
+    per_epoch: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    steps_per_epoch = sampler.steps_per_epoch
+    for index, samples in applied.items():
+        per_epoch[index // steps_per_epoch].update(samples)
+        expected = batch if (index + 1) % steps_per_epoch else dataset - (steps_per_epoch - 1) * batch
+        assert len(samples) == expected, "the global batch changed"
+    complete = sampler.progress.step // steps_per_epoch
+    for epoch in range(complete):
+        assert sorted(per_epoch[epoch]) == list(range(dataset)) and set(per_epoch[epoch].values()) == {1}

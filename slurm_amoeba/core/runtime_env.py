@@ -22,8 +22,8 @@ variable                  required   meaning
 ========================= ========== ================================================================================
 
 While a worker is a member of a generation, the runtime also sets the torchrun contract in its own environment
-(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``GROUP_RANK``) so that libraries which
-read them see the current generation; the launcher does not set them.
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; the master is the
+coordinator's store) so that libraries which read them see the current generation; the launcher does not set them.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ ENV_DEVICE = "AMOEBA_DEVICE"
 ENV_CUDA_DEVICE = "AMOEBA_CUDA_DEVICE"
 
 #: The torchrun variables the runtime exports for each generation it joins.
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _DEVICES = ("auto", "cpu", "cuda")

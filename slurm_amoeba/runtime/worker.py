@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.core.runtime_env import TORCHRUN_VARIABLES, WorkerEnv
 from slurm_amoeba.runtime.errors import (
     JobLostError,
     MembershipChanged,
@@ -424,16 +424,15 @@ class WorkerRuntime:
 
     def _export_torchrun_env(self, plan: GenerationPlan) -> None:
         local_rank, local_world = plan.local_rank_of(self.worker_id)
-        os.environ.update(
-            {
-                "RANK": str(self._rank),
-                "WORLD_SIZE": str(plan.world_size),
-                "LOCAL_RANK": str(local_rank),
-                "LOCAL_WORLD_SIZE": str(local_world),
-                "MASTER_ADDR": self.env.store_addr,
-                "MASTER_PORT": str(self.env.store_port),
-            }
-        )
+        values = {
+            "RANK": str(self._rank),
+            "WORLD_SIZE": str(plan.world_size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": self.env.store_addr,
+            "MASTER_PORT": str(self.env.store_port),
+        }
+        os.environ.update({name: values[name] for name in TORCHRUN_VARIABLES})
 
     def _enter(self, plan: GenerationPlan, state: TorchState) -> None:
         """Become a member of ``plan``'s generation: new process group, rollback, state sync, auto-commit."""

@@ -118,6 +118,9 @@ class LedgerEntry:
     step_samples: int
     micro: list[int]
     indices: list[int]
+    rank: int
+    world_size: int
+    torchrun: list[str]
 
 
 def read_ledgers(out: Path) -> list[LedgerEntry]:
@@ -136,6 +139,9 @@ def read_ledgers(out: Path) -> list[LedgerEntry]:
                     step_samples=data["step_samples"],
                     micro=data["micro"],
                     indices=data["indices"],
+                    rank=data["rank"],
+                    world_size=data["world_size"],
+                    torchrun=data["torchrun"],
                 )
             )
     return entries

@@ -40,6 +40,7 @@ def assert_exactly_once(out: Path, history: tuple[object, ...]) -> None:
         assert set(counter.values()) == {1}, f"epoch {epoch} applied some samples twice"
     per_step: dict[int, int] = collections.Counter()
     for entry in entries:
+        assert entry.torchrun == [str(entry.rank), str(entry.world_size)], "RANK/WORLD_SIZE follow the generation"
         per_step[entry.step] += len(entry.indices)
         assert all(m <= 4 for m in entry.micro), "a micro-batch exceeded the memory cap"
     assert sorted(per_step) == list(range(STEPS))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                         "epoch": step.epoch,
                         "rank": runtime.rank,
                         "world_size": runtime.world_size,
+                        "torchrun": [os.environ["RANK"], os.environ["WORLD_SIZE"]],
                         "step_samples": step.assignment.plan.step_samples,
                         "micro": [len(m) for m in step.assignment.micro_indices],
                         "indices": step.indices,

@@ -259,12 +259,17 @@ class LocalJob:
         self.coordinator.request_leave(worker_id)
 
     def terminate(self, worker_id: str) -> None:
-        """Send SIGTERM to a worker (what Slurm preemption does): it leaves at the next step boundary.
+        """Send SIGTERM to a worker's whole process group, as Slurm preemption does (data loader processes
+        included): it leaves at the next step boundary.
 
         Raises:
             RuntimeConfigError: no such worker.
         """
-        self._worker(worker_id).process.send_signal(signal.SIGTERM)
+        process = self._worker(worker_id).process
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            log.info("%s worker %s is already gone", self._prefix, worker_id)
 
     def kill(self, worker_id: str) -> None:
         """SIGKILL a worker: the survivors notice, roll back to the last commit and go on.

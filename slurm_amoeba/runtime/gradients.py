@@ -184,13 +184,28 @@ class GradientBuckets:
             bucket.pending = 0
         self._launch_ready()
         self._armed = False
-        if self._launch_error is not None:
-            raise self._launch_error
-        for bucket in self.buckets:
-            if bucket.work is not None:
-                bucket.work.wait()
-                bucket.work = None
+        try:
+            if self._launch_error is not None:
+                raise self._launch_error
+            for bucket in self.buckets:
+                if bucket.work is not None:
+                    bucket.work.wait()
+                    bucket.work = None
+        except RuntimeError:
+            self.abandon()
+            raise
         return float(self.control.item())
+
+    def abandon(self) -> None:
+        """Forget every pending reduction after a failure.
+
+        The pending works hold the failed process group; only once they are gone does the group close its
+        connections, which is what makes the peers still blocked in it fail at once instead of at their timeout.
+        """
+        for bucket in self.buckets:
+            bucket.work = None
+        self._launch_error = None
+        self._armed = False
 
     def zero(self) -> None:
         """Zero every gradient and the control word."""

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -24,9 +25,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from slurm_amoeba.core.runtime_env import ENV_MAX_LOCAL_BATCH
 from slurm_amoeba.runtime.errors import BatchPlanError, MembershipChanged, RuntimeConfigError
 from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 
 @dataclasses.dataclass
@@ -267,6 +265,18 @@ class Topology(Protocol):
         """Raise :class:`MembershipChanged` when the workers agreed to switch at this step boundary."""
 
 
+class _IgnoreSigterm:
+    """``worker_init_fn`` for loader worker processes: ignore SIGTERM, then run the user's own init function."""
+
+    def __init__(self, user_init: Callable[[int], None] | None) -> None:
+        self.user_init = user_init
+
+    def __call__(self, worker: int) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.user_init is not None:
+            self.user_init(worker)
+
+
 class _SwappableBatchSampler(Sampler[list[int]]):
     """A batch sampler whose batches the loader replaces before each new iteration of the ``DataLoader``."""
 
@@ -364,6 +374,10 @@ class ElasticDataLoader:
         self.sampler = sampler
         self._topology = topology
         self._batches = _SwappableBatchSampler()
+        if loader_kwargs.get("num_workers", 0):
+            # Slurm preemption signals every process of the step, loader workers included; a loader worker that
+            # dies of SIGTERM would crash training before the graceful leave. They exit with their parent anyway.
+            loader_kwargs["worker_init_fn"] = _IgnoreSigterm(loader_kwargs.get("worker_init_fn"))
         self._loader: DataLoader[Any] = DataLoader(dataset, batch_sampler=self._batches, **loader_kwargs)
 
     def _current_topology(self) -> Topology:

@@ -327,7 +327,10 @@ class WorkerRuntime:
     def _failure(self, what: str, exc: BaseException) -> WorkerFailure:
         log.warning("%s %s failed in generation %s: %s", self.prefix, what, self.generation, exc)
         # Closing our connections at once makes peers still blocked in the collective fail too, instead of
-        # waiting for their timeout (gloo only notices a peer's death on the connections to that peer).
+        # waiting for their timeout (gloo only notices a peer's death on the connections to that peer). Pending
+        # works keep the group alive, so they are dropped first.
+        if self._grad is not None:
+            self._grad.abandon()
         self._teardown_group()
         return WorkerFailure(f"{what} failed in generation {self.generation}: {exc}", generation=self.generation)
 

@@ -151,18 +151,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an elastic training job as local processes; resize it with stdin commands or --at.",
         epilog="commands: " + "; ".join(COMMANDS.values()),
     )
-    parser.add_argument("-n", "--workers", type=int, default=int(_env_default("workers", "2")))
-    parser.add_argument("--max-workers", type=int, default=int(_env_default("max-workers", "64")))
-    parser.add_argument("--job-id", default=_env_default("job-id", "local"))
+    parser.add_argument(
+        "-n", "--workers", type=int, default=int(_env_default("workers", "2")), help="initial workers (default 2)"
+    )
+    parser.add_argument(
+        "--max-workers", type=int, default=int(_env_default("max-workers", "64")), help="most members at a time"
+    )
+    parser.add_argument("--job-id", default=_env_default("job-id", "local"), help="the job's name (default local)")
     parser.add_argument("--addr", default=_env_default("addr", "127.0.0.1"), help="address workers use for the store")
     parser.add_argument("--port", type=int, default=int(_env_default("port", "0")), help="store port (0 = any)")
     parser.add_argument(
         "--log-dir", default=_env_default("log-dir", "") or None, help="worker logs (default: a tmp dir)"
     )
     parser.add_argument(
-        "--collective-timeout", type=float, default=float(_env_default("collective-timeout", "30")), metavar="S"
+        "--collective-timeout",
+        type=float,
+        default=float(_env_default("collective-timeout", "30")),
+        metavar="S",
+        help="deadline of one collective in the workers (default 30)",
     )
-    parser.add_argument("--timeout", type=float, default=float(_env_default("timeout", "86400")), metavar="S")
+    parser.add_argument(
+        "--timeout", type=float, default=float(_env_default("timeout", "86400")), metavar="S", help="give up after S s"
+    )
     parser.add_argument("--at", action="append", default=[], metavar="S:CMD", help="run CMD S seconds after start")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     return parser

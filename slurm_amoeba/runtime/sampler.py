@@ -336,7 +336,8 @@ class ElasticDataLoader:
     """Iterates the steps left in the current epoch for this rank, over an ordinary ``DataLoader``.
 
     Re-iterate it after a membership change or rollback: it starts again at the sampler's cursor with the current
-    world size. Pass ``persistent_workers=True`` with ``num_workers > 0`` to keep loader processes across resizes.
+    world size. Pass ``persistent_workers=True`` with ``num_workers > 0`` to keep loader processes across resizes;
+    they are then started by the constructor, i.e. during the worker's warm-up.
 
     Args:
         dataset: a map-style dataset of ``sampler.dataset_size`` samples.
@@ -379,6 +380,9 @@ class ElasticDataLoader:
             # dies of SIGTERM would crash training before the graceful leave. They exit with their parent anyway.
             loader_kwargs["worker_init_fn"] = _IgnoreSigterm(loader_kwargs.get("worker_init_fn"))
         self._loader: DataLoader[Any] = DataLoader(dataset, batch_sampler=self._batches, **loader_kwargs)
+        if loader_kwargs.get("num_workers", 0) and loader_kwargs.get("persistent_workers", False):
+            # Start the loader processes now, during the background warm-up, not after joining.
+            iter(self._loader)
 
     def _current_topology(self) -> Topology:
         if self._topology is not None:

@@ -131,6 +131,27 @@ def test_loader_feeds_a_dataloader_with_worker_processes_and_regroups_steps() ->
     assert sampler.progress == Progress(epoch=1, cursor=0, step=4)
 
 
+def test_persistent_loader_processes_start_during_warm_up_and_survive_a_resize() -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(24))
+    sampler = ElasticSampler(24, 6, seed=4)
+    topology = FixedTopology(0, 2)
+    loader = ElasticDataLoader(dataset, sampler, topology=topology, num_workers=1, persistent_workers=True)
+    started = loader._loader._iterator
+    assert started is not None, "the loader processes start in the constructor"
+    seen: list[int] = []
+    for step in loader:  # one step at 2 workers, then the job shrinks to 1
+        seen.extend(int(i) for batch, _ in step for i in batch[0])
+        sampler.advance()
+        break
+    topology.world_size = 1
+    for step in loader:
+        seen.extend(int(i) for batch, _ in step for i in batch[0])
+        sampler.advance()
+    assert loader._loader._iterator is started
+    first = ElasticSampler(24, 6, seed=4).permutation(0)
+    assert seen == first[0:3] + first[6:24]
+
+
 def test_loader_refuses_arguments_that_choose_samples() -> None:
     dataset = torch.utils.data.TensorDataset(torch.arange(20))
     with pytest.raises(Exception, match=r"remove batch_size, shuffle"):

@@ -342,7 +342,11 @@ class Membership:
         assert self.plan is not None
         members = [self.workers[m] for m in self.plan.members]
         if all(m.status.is_gone() for m in members):
-            self._finish(now, f"every member of generation {self.generation} is gone", Phase.LOST)
+            # Training ended when one member finished it; members that died at the very end do not undo that.
+            if any(m.status is WorkerStatus.DONE for m in members):
+                self._finish(now, "finished", Phase.FINISHED)
+            else:
+                self._finish(now, f"every member of generation {self.generation} is gone", Phase.LOST)
             return
         if self._want_sent == self.generation:
             return

@@ -325,3 +325,12 @@ def test_generation_whose_only_reporters_never_held_the_state_loses_the_job() ->
     job.event("w1", EventKind.REPORT, generation=2, step=0, committed_step=-1, failed=True)
     job.tick()
     assert job.m.phase is Phase.LOST
+
+
+def test_job_finished_by_one_member_stays_finished_when_another_dies_at_the_end() -> None:
+    job = SimJob(initial=2)
+    job.apply_assignments()
+    job.event("w0", EventKind.DONE)
+    job.m.mark_dead("w1", "process exited with signal 9")
+    job.tick()
+    assert job.m.phase is Phase.FINISHED

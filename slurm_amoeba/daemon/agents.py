@@ -78,9 +78,9 @@ class Registration:
             raise AgentMessageError(f"worker range {low}:{high} is invalid; it needs 1 <= min <= max <= {MAX_WORKERS}")
         if not 1 <= gpw <= 1024:
             raise AgentMessageError(f"gpus_per_worker={gpw} is invalid; give 1 to 1024")
-        for field in ("partition", "elastic_partition"):
+        for field, shortest in (("partition", 0), ("elastic_partition", 1)):
             value = str(body[field])
-            if not re.match(r"^[A-Za-z0-9_.\-]{1,64}$", value):
+            if not re.match(rf"^[A-Za-z0-9_.\-]{{{shortest},64}}$", value):
                 raise AgentMessageError(f"{field}={value!r} is not a Slurm partition name")
         return cls(job_id, endpoint, low, high, gpw, str(body["partition"]), str(body["elastic_partition"]))
 

@@ -293,6 +293,15 @@ class Daemon:
 
     def _on_register(self, req: Request) -> Message | None:
         reg = Registration.from_body(req.message.body)
+        if reg.elastic_partition != self.config.elastic_partition:
+            # Extras outside the preemptible partition could hold GPUs that regular jobs need: never grow such a job.
+            self._refuse(
+                req,
+                f"job {reg.job_id} would grow in partition {reg.elastic_partition!r}, but this site's preemptible "
+                f"partition for elastic extras is {self.config.elastic_partition!r}; submit with "
+                f"--elastic-partition {self.config.elastic_partition}",
+            )
+            return None
         records = self._slurm_job(reg.job_id)
         if not records:
             self._refuse(req, f"Slurm runs no job {reg.job_id}; an agent registers from inside its running job")

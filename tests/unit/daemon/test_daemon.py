@@ -192,6 +192,8 @@ def test_registering_a_job_slurm_does_not_run_is_refused(daemon: Daemon) -> None
         ({"endpoint": "ipc:///tmp/x"}, "endpoint"),
         ({"job_id": "12; rm"}, "not a Slurm job id"),
         ({"gpus_per_worker": 0}, "gpus_per_worker"),
+        ({"elastic_partition": "batch"}, "would grow in partition 'batch'"),
+        ({"elastic_partition": ""}, "elastic_partition=''"),
     ],
 )
 def test_a_registration_with_bad_values_is_refused_with_the_value(
@@ -443,3 +445,7 @@ def test_a_satellite_the_agent_does_not_list_is_reported_once_in_status_and_log(
         assert len(warnings) == 1
     finally:
         d.close()
+
+
+def test_an_agent_outside_any_partition_may_still_register(daemon: Daemon, agent: FakeAgent) -> None:
+    assert ask(daemon, "register", {**register_body("100", agent.endpoint), "partition": ""}).body["ok"]

@@ -65,11 +65,36 @@ def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pop
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def _stop(process: subprocess.Popen[bytes], grace_s: float = 0.0) -> None:
+    if process.poll() is None and grace_s:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_s)
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
+
+
+def _kill_stray_workers(out: Path) -> None:
+    """Kill benchmark workers that outlived their launcher (torchrun starts its workers in sessions of their own).
+
+    Only processes that wrote step files under ``out`` are considered, and only while they still run the
+    benchmark worker.
+    """
+    for path in out.glob("steps-*-*.jsonl"):
+        pid_text = path.stem.rsplit("-", 1)[1]
+        if not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"slurm_amoeba.local.bench_worker" in cmdline and str(out).encode() in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
@@ -216,6 +241,7 @@ def stop_resume(out: Path) -> dict[str, float]:
     finally:
         for proc in procs:
             _stop(proc)
+        _kill_stray_workers(out)
     records = _records(out, "steps-stopresume-rank0-*.jsonl")
     return {"stall_s": _stall(records, 1, 2)}
 
@@ -254,7 +280,8 @@ def torchrun_restart(out: Path) -> dict[str, float]:
         )
     finally:
         for agent in agents:
-            _stop(agent)
+            _stop(agent, grace_s=10)  # SIGTERM first: a torchrun agent then stops its workers itself
+        _kill_stray_workers(out)
     # Rank 0 of the new world may be either agent's worker; both agents' rank-0 files are merged by time.
     records = _records(out, "steps-torchrun-rank0-*.jsonl")
     return {"stall_s": _stall(records, 1, 2)}

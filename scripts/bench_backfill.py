@@ -9,10 +9,10 @@ daemon, then with it:
 
 Without the daemon the elastic jobs stay at their minimum and the GPUs nobody asked for stay idle. With it they grow
 into idle GPUs, and give them back (gracefully, or through Slurm's preemption within GraceTime) when a regular job
-queues. Utilization is the share of the cluster's GPUs that the benchmark's own jobs hold (the elastic jobs with
-their satellites, and the regular jobs), sampled every second over the measured window; a regular job's wait is its
-start time minus its submit time. The promise checked: no regular job waits longer with the daemon than without it
-plus the elastic partition's GraceTime (and one daemon interval).
+queues. Utilization is the share of the usable GPUs (on nodes not down or drained) that the benchmark's own jobs
+hold (the elastic jobs with their satellites, and the regular jobs), sampled every second over the measured window;
+a regular job's wait is its start time minus its submit time. The promise checked: no regular job waits longer with
+the daemon than without it plus the elastic partition's GraceTime (and one daemon interval).
 
 Prints a table, or JSON with ``--json`` (keys ``util_without``, ``util_with``, ``regular_wait_without_s``,
 ``regular_wait_with_s`` and more). Exit status 0, 1 when the promise is broken, 3 when the cluster is busy.
@@ -132,6 +132,7 @@ class Bench:
         self.env.pop("AMOEBA_DAEMON_ENDPOINT", None)
         self.client = CliSlurmClient(self.env, timeout=30)
         self.mine: set[int] = set()
+        self.usable_gpus = 0
 
     def log(self, text: str) -> None:
         if not self.args.quiet:
@@ -250,7 +251,9 @@ class Bench:
             samples: list[tuple[float, float]] = []
             stop = threading.Event()
 
-            total = sum(n.gpus_total for n in self.client.nodes())
+            # GPUs of the nodes that can run jobs (a drained node is nobody's to fill).
+            total = sum(n.gpus_total for n in self.client.nodes() if n.is_usable)
+            self.usable_gpus = total
 
             def sample() -> None:
                 # Only this benchmark's jobs count: the cluster may be shared, and others' jobs are not ours to
@@ -424,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "elastic_drops_with": with_.elastic_drops,
         "grows": with_.grows,
         "shrinks": with_.shrinks,
+        "usable_gpus": bench.usable_gpus,
         "window_s": workload.window_s,
         "workdir": str(args.workdir),
     }

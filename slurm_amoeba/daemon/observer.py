@@ -431,7 +431,8 @@ def _managed_job(
         workers = report.size
         resizing = report.resizing or not reg.min_workers <= report.size <= reg.max_workers
         throughput = dict(report.throughput)
-        if report.target <= report.size:
+        growing = report.target > report.size or (agent.in_flight is not None and agent.in_flight.target > report.size)
+        if not growing:  # a report sent before the agent took a grow order must not turn its new satellite "free"
             held, leaving = _split_leaving(records, satellites, report.size * reg.gpus_per_worker)
     else:
         workers = sum(gpus // reg.gpus_per_worker for gpus in held.values())

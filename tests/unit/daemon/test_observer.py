@@ -172,6 +172,9 @@ def test_gpus_a_job_is_giving_back_are_shown_free_so_nobody_else_shrinks_for_the
     assert dict(obs.managed["100"].placement) == {"n1": 2}
     growing = snapshot_of(jobs, nodes, {"100": agent("100", size=2, target=6)})
     assert growing.snapshot.free_by_node() == {"n1": 2, "n2": 0}  # a satellite whose workers are still joining
+    ordered = agent("100", size=2)  # its last report predates the grow order the daemon just sent
+    ordered.in_flight = InFlight(target=6, ordered_at=NOW - 1, source="policy", reason="test", acknowledged=True)
+    assert snapshot_of(jobs, nodes, {"100": ordered}).snapshot.free_by_node() == {"n1": 2, "n2": 0}
 
 
 def test_a_young_pending_job_asks_only_for_what_is_free_until_it_has_waited_long_enough() -> None:

@@ -15,7 +15,8 @@ a regular job's wait is its start time minus its submit time. The promise checke
 the daemon than without it plus the elastic partition's GraceTime (and one daemon interval).
 
 Prints a table, or JSON with ``--json`` (keys ``util_without``, ``util_with``, ``regular_wait_without_s``,
-``regular_wait_with_s`` and more). Exit status 0, 1 when the promise is broken, 3 when the cluster is busy.
+``regular_wait_with_s`` and more). Exit status 0, 1 when the promise is broken, 3 when the cluster was busy with
+other jobs (before or during the run).
 """
 
 from __future__ import annotations
@@ -255,14 +256,25 @@ class Bench:
             total = sum(n.gpus_total for n in self.client.nodes() if n.is_usable)
             self.usable_gpus = total
 
+            foreign: set[int] = set()
+            names = {str(p) for p in elastic}
+
             def sample() -> None:
-                # Only this benchmark's jobs count: the cluster may be shared, and others' jobs are not ours to
-                # measure (they still take capacity, which is why the run waits for an idle cluster first).
+                # Only this benchmark's jobs count. Another job that holds GPUs meanwhile (the cluster may be
+                # shared) takes capacity from one phase and not the other: it is noted, and spoils the run.
                 while not stop.is_set():
                     records = self.client.jobs()
                     held_elastic = self._elastic_gpus(records, elastic)
                     held_regular = sum(r.gpus_held for r in records if r.job_id in regular)
                     samples.append(((held_elastic + held_regular) / total if total else 0.0, held_elastic))
+                    foreign.update(
+                        r.het_job_id or r.job_id
+                        for r in records
+                        if r.gpus_held
+                        and r.job_id not in regular
+                        and r.het_job_id not in elastic
+                        and r.comment.removeprefix("amoeba-parent=") not in names
+                    )
                     stop.wait(1.0)
 
             regular: list[int] = []
@@ -296,6 +308,11 @@ class Bench:
             for job_id in elastic:
                 self.client.cancel(job_id)
             self._wait_mine_gone(elastic)
+            if foreign:
+                raise BenchError(
+                    f"jobs {sorted(foreign)} of someone else held GPUs during the phase {name} amoebad, so the two "
+                    f"phases did not have the same cluster; run again when the cluster is idle"
+                )
         finally:
             if daemon is not None:
                 daemon.send_signal(signal.SIGTERM)

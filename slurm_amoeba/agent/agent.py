@@ -55,6 +55,7 @@ from slurm_amoeba.slurm.steps import StepOptions, start_step
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "agent-status.json"
+PHASE_OVER_GRACE_S = 30.0  # after training ended, how long the worker step may take to exit on its own
 _SERIES_LIMIT = 5000
 _HISTORY_LIMIT = 2000
 
@@ -124,6 +125,7 @@ class Agent:
         self._wall0 = time.time()
         self._seen_generations = 0
         self._node_gpus: int | None = None
+        self._training_over = False
         self.coordinator = Coordinator(
             CoordinatorConfig(
                 job_id=f"job{config.job_id}",
@@ -224,6 +226,7 @@ class Agent:
 
     def _loop(self) -> int:
         next_slurm = next_report = next_status = 0.0
+        over_since: float | None = None
         while True:
             now = time.monotonic()
             if self._stop_reason:
@@ -240,6 +243,16 @@ class Agent:
                 self._watch_satellites()
                 next_slurm = now + max(self.config.poll_s, 1.0)
             view = self.coordinator.view()
+            self._training_over = view.phase.is_over()
+            if view.phase.is_over():
+                over_since = over_since if over_since is not None else now
+                if now - over_since > PHASE_OVER_GRACE_S:
+                    # Training ended (or was lost) but a worker process lingers (hung, declared dead): stop the step.
+                    log.warning(
+                        "%s the job is %s but its worker step still runs; stopping it", self.prefix, view.phase.value
+                    )
+                    self._event("main_group_stopped", phase=view.phase.value)
+                    return self._stop_main_step()
             self._watch_workers(view)
             self._reconcile()
             if now >= next_status:
@@ -256,17 +269,24 @@ class Agent:
             else:
                 time.sleep(self.config.poll_s)
 
+    def _stop_main_step(self) -> int:
+        """SIGTERM the main worker step (srun forwards it: workers leave at a step boundary), then SIGKILL."""
+        if self._main_step is None:
+            return 0
+        if self._main_step.poll() is None:
+            self._main_step.send_signal(signal.SIGTERM)
+            try:
+                self._main_step.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._main_step.kill()
+        return self._main_step.wait()
+
     def _shutdown(self) -> None:
         """Stop the workers, cancel every satellite, write the final status. Safe to call more than once."""
         for group in self.groups:
             if group.satellite and group.state is not GroupState.ENDED:
                 self._release(group, group.end_reason or "job ended")
-        if self._main_step is not None and self._main_step.poll() is None:
-            self._main_step.send_signal(signal.SIGTERM)  # srun forwards it: workers leave at a step boundary
-            try:
-                self._main_step.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._main_step.kill()
+        self._stop_main_step()
         with contextlib.suppress(RuntimeConfigError):
             self.write_status(self.coordinator.view())
         self.coordinator.close()
@@ -303,6 +323,8 @@ class Agent:
         return sum(len(g.active_workers) for g in self.groups)
 
     def _reconcile(self) -> None:
+        if self._training_over:
+            return  # nothing to grow into or shrink from once training has ended
         with self._lock:
             planned = self.planned_size()
             if self.target > planned:
@@ -484,7 +506,19 @@ class Agent:
                     if status is not None and status.is_gone() and worker not in group.leaving:
                         group.leaving.add(worker)
                         self._event("worker_lost", group=group.name, worker=worker, status=status.value)
+                        if status in (WorkerStatus.DEAD, WorkerStatus.FAILED):
+                            # A dead worker's process may still hang in the satellite: the rest of the group
+                            # leaves gracefully, then releasing the satellite ends the hung process too.
+                            self._retire(group)
                         self._follow_losses()
+
+    def _retire(self, group: WorkerGroup) -> None:
+        for worker in group.active_workers:
+            with contextlib.suppress(RuntimeConfigError):
+                self.coordinator.request_leave(worker)
+            group.leaving.add(worker)
+        group.state = GroupState.LEAVING
+        self._event("group_retired", group=group.name)
 
     def _follow_losses(self) -> None:
         """Workers lost without a shrink (preemption, failure) lower the target: the job does not fight Slurm for

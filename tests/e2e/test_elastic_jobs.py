@@ -1,9 +1,10 @@
 """Elastic jobs end to end on the local Slurm cluster: grow with satellites, shrink, preemption, no orphans.
 
 The job is ``examples/elastic_mlp.py`` (a small real model on CPU). Each worker takes a whole node's 4 fake GPUs, so
-the minimum (2 workers) holds 2 nodes and growing to 4 fills the cluster: a regular job that needs GPUs must then
-preempt a satellite. Every worker writes a per-sample ledger; the test rebuilds the final timeline from the agent's
-generations and checks that every sample of every epoch was applied exactly once.
+the minimum (2 workers) holds 2 nodes and growing to 4 fills the cluster (one satellite per node): a regular job
+that needs a node must then preempt one satellite, and the job goes on with 3 workers. Every worker writes a
+per-sample ledger; the test rebuilds the final timeline from the agent's generations and checks that every sample
+of every epoch was applied exactly once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 DATASET = 2048
 GLOBAL_BATCH = 64
 EPOCHS = 6
-SAMPLE_DELAY = 0.006  # seconds per local sample: a 2-worker step takes ~0.2 s, a 4-worker one ~0.1 s
+SAMPLE_DELAY = 0.012  # seconds per local sample: a 2-worker step takes ~0.4 s, a 4-worker one ~0.2 s
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 60.0) -> float:
@@ -124,13 +125,15 @@ def test_an_executor_job_grows_shrinks_and_survives_preemption_with_every_sample
     )
     wait_until("2 workers training", lambda: job.workers() == 2, timeout=90)
 
-    # Grow: a satellite in the elastic partition brings 2 workers that warm up and join.
+    # Grow: satellites in the elastic partition (one per node's worth of workers) bring 2 workers that warm up and
+    # join.
     assert job.resize(4) == 4
-    wait_until("the satellite to run", lambda: len(satellites_of(client, job.job_id)) == 1, timeout=30)
+    wait_until("the satellites to run", lambda: len(satellites_of(client, job.job_id)) == 2, timeout=30)
     joined_s = wait_until("4 workers training", lambda: job.workers() == 4, timeout=60)
     assert joined_s < 30, f"the satellite's workers took {joined_s:.1f} s to join"
-    sat = client.job(satellites_of(client, job.job_id)[0])
-    assert sat is not None and sat.partition == slurm_cluster.elastic_partition
+    for sat_id in satellites_of(client, job.job_id):
+        sat = client.job(sat_id)
+        assert sat is not None and sat.partition == slurm_cluster.elastic_partition and len(sat.nodes) == 1
 
     # Shrink: its workers leave at a step boundary, then the satellite is released.
     assert job.resize(2) == 2
@@ -146,15 +149,16 @@ def test_an_executor_job_grows_shrinks_and_survives_preemption_with_every_sample
         lambda: client.accounting_state(regular) in (JobState.RUNNING, JobState.COMPLETED),
         timeout=slurm_cluster.grace_time_s + 30,
     )
-    wait_until("the elastic job to go on with 2 workers", lambda: job.workers() == 2, timeout=30)
+    # Only the preempted node's satellite goes: the job goes on with 3 workers.
+    wait_until("the elastic job to go on with 3 workers", lambda: job.workers() == 3, timeout=30)
 
     result = job.result()
     assert result["status"] == "finished" and result["samples"] == EPOCHS * DATASET
     history = job.history()
     events = [e["event"] for e in history["history"]]
-    assert events.count("satellite_submitted") == 2 and "satellite_released" in events, history["history"]
+    assert events.count("satellite_submitted") == 4 and "satellite_released" in events, history["history"]
     sizes = [g["size"] for g in history["generations"]]
-    assert max(sizes) == 4 and sizes[-1] == 2
+    assert max(sizes) == 4 and sizes[-1] == 3
     assert set(history["throughput"]) >= {"2", "4"}
     assert_exactly_once(ledger, history["generations"])
     wait_until("no satellite left", lambda: not satellites_of(client, job.job_id), timeout=20)

@@ -150,6 +150,29 @@ class FreeGpus:
         return result
 
 
+def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
+    """Exact-size admission down a priority order (Tiresias, SRTF): jobs that fit keep or get their GPUs.
+
+    Args:
+        order: the jobs, highest priority first.
+        capacity: GPUs the policy may hand out.
+
+    Returns:
+        job id -> target size for the jobs that change: a pending job that fits starts at its requested size, a
+        running job that no longer fits is preempted (0).
+    """
+    targets: dict[str, int] = {}
+    for job in order:
+        need = job.gpus if job.state is JobState.RUNNING else job.requested_workers * job.gpus_per_worker
+        if need <= capacity:
+            capacity -= need
+            if job.state is JobState.PENDING:
+                targets[job.job_id] = job.requested_workers
+        elif job.state is JobState.RUNNING:
+            targets[job.job_id] = 0
+    return targets
+
+
 def managed_capacity(snapshot: Snapshot) -> int:
     """GPUs the policy may hand out: the free ones plus those its running jobs hold exclusively.
 

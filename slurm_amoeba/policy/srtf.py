@@ -12,8 +12,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from slurm_amoeba.policy.common import managed_capacity, realize
-from slurm_amoeba.policy.types import Decision, JobInfo, JobState, Snapshot
+from slurm_amoeba.policy.common import admit_in_order, managed_capacity, realize
+from slurm_amoeba.policy.types import Decision, JobInfo, Snapshot
 
 
 def _remaining_key(job: JobInfo) -> tuple[float, float, str]:
@@ -34,16 +34,7 @@ def admit_shortest_first(snapshot: Snapshot) -> tuple[dict[str, int], list[JobIn
     """
     capacity = managed_capacity(snapshot)
     order = sorted((job for job in snapshot.jobs if job.shared_with is None), key=_remaining_key)
-    targets: dict[str, int] = {}
-    for job in order:
-        need = job.gpus if job.state is JobState.RUNNING else job.requested_workers * job.gpus_per_worker
-        if need <= capacity:
-            capacity -= need
-            if job.state is JobState.PENDING:
-                targets[job.job_id] = job.requested_workers
-        elif job.state is JobState.RUNNING:
-            targets[job.job_id] = 0
-    return targets, order
+    return admit_in_order(order, capacity), order
 
 
 @dataclasses.dataclass(frozen=True)

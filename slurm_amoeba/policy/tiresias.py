@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from slurm_amoeba.policy.common import base_size, distribute_spare, managed_capacity, realize
+from slurm_amoeba.policy.common import admit_in_order, base_size, distribute_spare, managed_capacity, realize
 from slurm_amoeba.policy.types import Decision, JobInfo, JobState, PolicyError, Snapshot
 
 #: The artifact's threshold between the two queues: 16 GPU-hours of attained service.
@@ -71,15 +71,7 @@ class TiresiasPolicy:
         """
         capacity = managed_capacity(snapshot)
         order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
-        targets: dict[str, int] = {}
-        for job in order:
-            need = job.gpus if job.state is JobState.RUNNING else job.requested_workers * job.gpus_per_worker
-            if need <= capacity:
-                capacity -= need
-                if job.state is JobState.PENDING:
-                    targets[job.job_id] = job.requested_workers
-            elif job.state is JobState.RUNNING:
-                targets[job.job_id] = 0
+        targets = admit_in_order(order, capacity)
         reasons = {
             key: "tiresias: admitted in 2D-LAS order" if size else "tiresias: preempted by higher-priority jobs"
             for key, size in targets.items()

@@ -11,12 +11,15 @@ except with ``AMOEBA_REQUIRE_SLURM=1`` (CI), where a skipped ``slurm`` test is a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
@@ -185,6 +188,61 @@ def slurm_cluster() -> Iterator[ClusterHandle]:
         signal.signal(signal.SIGTERM, previous)
     left = [x for x in leftovers() if x not in before]
     assert not left, f"scripts/slurm-cluster down left these behind: {left}\n{output}"
+
+
+def _munge_answers() -> bool:
+    try:
+        return subprocess.run(["munge", "-n"], capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def munged() -> Iterator[None]:
+    """A munge daemon on the default socket (the daemon's and the agents' credentials need one).
+
+    Reuses a running munged (the cluster's, or the machine's); otherwise starts one for the session, as the cluster
+    script does, and stops it afterwards.
+    """
+    if _munge_answers():
+        yield
+        return
+    if os.geteuid() != 0 or (shutil.which("munged") is None and not Path("/usr/sbin/munged").exists()):
+        pytest.fail(
+            "these tests need munged, which is not running and cannot be started here (root and Debian's munge)"
+        )
+    state = Path(tempfile.mkdtemp(prefix="amoeba-munge-"))  # not under pytest's root-only tree: munged runs as munge
+    shutil.chown(state, "munge", "munge")
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    pid_file = state / "munged.pid"
+    subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "munge",
+            "--",
+            "/usr/sbin/munged",
+            f"--pid-file={pid_file}",
+            f"--log-file={state}/munged.log",
+            f"--seed-file={state}/munged.seed",
+            "--force",
+        ],
+        check=True,
+        timeout=30,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not _munge_answers():
+            if time.monotonic() > deadline:
+                pytest.fail(f"munged did not answer within 10 s; see {state}/munged.log")
+            time.sleep(0.1)
+        yield
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,6 +12,11 @@ from slurm_amoeba.daemon import Daemon, DaemonConfig
 from tests.unit.daemon.fakes import FakeSlurm, job, node
 
 
+@pytest.fixture(autouse=True)
+def _munge(munged: None) -> None:
+    """Every daemon test sends or checks munge credentials."""
+
+
 @pytest.fixture
 def running(tmp_path: Path) -> Iterator[tuple[Daemon, threading.Thread]]:
     """A daemon running its loop in a thread (rounds every 0.2 s); job 100 holds 2 of n1's 4 GPUs."""

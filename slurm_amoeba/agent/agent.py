@@ -435,18 +435,15 @@ class Agent:
             self.slurm.cancel(group.slurm_job)
         except SlurmCommandError as exc:
             log.warning("%s could not cancel satellite %d: %s", self.prefix, group.slurm_job, exc)
+        workers = self.coordinator.view().workers  # one snapshot, not one per worker
         for worker in group.worker_ids:
-            status = self._worker_status(worker)
-            if status is not None and not status.is_gone():
+            info = workers.get(worker)
+            if info is not None and not info.status.is_gone():
                 self.coordinator.mark_dead(worker, f"its satellite was released ({reason})")
         group.state = GroupState.ENDED
         group.ended_at = time.time()
         group.end_reason = reason
         self._event("satellite_released", group=group.name, slurm_job=group.slurm_job, reason=reason)
-
-    def _worker_status(self, worker: str) -> WorkerStatus | None:
-        info = self.coordinator.view().workers.get(worker)
-        return None if info is None else info.status
 
     # ----------------------------------------------------------------------------------------------- watching
 

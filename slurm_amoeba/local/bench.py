@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:
         print(f"work directory: {work}", file=sys.stderr)
     else:
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

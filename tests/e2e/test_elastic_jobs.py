@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -214,7 +215,7 @@ def test_amoeba_sbatch_and_amoeba_run_grow_and_shrink_a_shell_job(
         assert_exactly_once(ledger, generations)
         assert not satellites_of(client, job_id)
     finally:
-        subprocess.run(["rm", "-rf", str(REPO / f"amoeba-{job_id}")], check=False)
+        shutil.rmtree(REPO / f"amoeba-{job_id}", ignore_errors=True)
 
 
 def test_a_satellite_whose_parent_is_gone_exits_by_itself(

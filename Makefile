@@ -13,8 +13,8 @@ bootstrap:
 	scripts/bootstrap
 
 lint: bootstrap
-	$(VENV)/bin/ruff check slurm_amoeba tests examples scripts/demo scripts/bench-grow
-	$(VENV)/bin/ruff format --check slurm_amoeba tests examples
+	$(VENV)/bin/ruff check slurm_amoeba tests examples benchmarks scripts/demo
+	$(VENV)/bin/ruff format --check slurm_amoeba tests examples benchmarks
 
 typecheck: bootstrap
 	$(VENV)/bin/mypy

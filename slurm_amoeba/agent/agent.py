@@ -9,7 +9,7 @@ life (DESIGN.md, job flow). It
   warm up and join at a step boundary; on a **shrink** asks workers to leave at a step boundary and then releases
   their satellite; a satellite that Slurm preempts has its workers leave within GraceTime (they get SIGTERM), and the
   job goes on; a satellite that dies (a lost node) takes the runtime's failure path;
-- takes directives over an authenticated channel (:mod:`slurm_amoeba.agent.channel`) from the job's owner and from
+- takes directives over an authenticated channel (:mod:`slurm_amoeba.transport.channel`) from the job's owner and from
   the daemon, reports size, throughput and history to the daemon, and keeps a status file for ``job.history()``;
 - when the job ends (finished, failed, cancelled) cancels every satellite: no orphans.
 
@@ -34,27 +34,26 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_amoeba.agent.channel import ChannelError, ChannelServer, Request, request, request_from
 from slurm_amoeba.agent.groups import (
     GroupState,
     WorkerGroup,
     choose_leavers,
-    parent_comment,
-    satellite_name,
     worker_ids,
 )
 from slurm_amoeba.core.errors import AmoebaError, SpecError
+from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import WorkerStatus
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmCommandError, SubmitOptions, render_batch_script
+from slurm_amoeba.slurm.satellite import parent_comment, satellite_name
 from slurm_amoeba.slurm.steps import StepOptions, start_step
+from slurm_amoeba.transport.channel import ChannelError, ChannelServer, Request, request, request_from
 
 log = logging.getLogger(__name__)
 
-STATUS_FILE = "agent-status.json"
 PHASE_OVER_GRACE_S = 30.0  # after training ended, how long the worker step may take to exit on its own
 _SERIES_LIMIT = 5000
 _HISTORY_LIMIT = 2000
@@ -681,7 +680,7 @@ class Agent:
 
     def write_status(self, view: CoordinatorView) -> None:
         """Write the status file atomically (``<state_dir>/agent-status.json``)."""
-        path = self.config.state_dir / STATUS_FILE
+        path = self.config.state_dir / AGENT_STATUS_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.status(view)))
         tmp.replace(path)

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurm_amoeba.agent.channel import ChannelError, request
 from slurm_amoeba.core.messages import Message
-from slurm_amoeba.slurm.munge import MungeError
+from slurm_amoeba.transport.channel import ChannelError, request
+from slurm_amoeba.transport.munge import MungeError
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:6820"
 

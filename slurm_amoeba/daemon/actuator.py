@@ -1,7 +1,7 @@
 """The daemon's actuator: sends resize directives to job agents, off the daemon's main loop.
 
 Last step of DESIGN.md's control flow. Each directive is an authenticated ``resize`` request to the job's agent
-(:func:`slurm_amoeba.agent.channel.request`: a deadline per attempt, retries, and the reply must be signed by the
+(:func:`slurm_amoeba.transport.channel.request`: a deadline per attempt, retries, and the reply must be signed by the
 job owner's uid). Directives run on a small thread pool so that a slow or dead agent never stalls the loop that
 answers everyone else; their outcomes come back through :meth:`Actuator.completed`, which the loop drains (ZeroMQ
 sockets are used by one thread each: the pool's sockets never meet the loop's).
@@ -15,8 +15,8 @@ import logging
 import queue
 from typing import Any
 
-from slurm_amoeba.agent.channel import ChannelError, request
 from slurm_amoeba.core.messages import Message
+from slurm_amoeba.transport.channel import ChannelError, request
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_amoeba.agent.channel import ChannelServer, Request
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message
 from slurm_amoeba.daemon.actuator import Actuator, Directive, Outcome
@@ -61,7 +60,8 @@ from slurm_amoeba.daemon.observer import (
 from slurm_amoeba.daemon.state import DaemonState, load_state, save_state
 from slurm_amoeba.policy import JobInfo, PolicyError, check_decisions, make_policy, policy_knobs, policy_names
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
-from slurm_amoeba.slurm.munge import Credential
+from slurm_amoeba.transport.channel import ChannelServer, Request
+from slurm_amoeba.transport.munge import Credential
 
 logger = logging.getLogger(__name__)
 

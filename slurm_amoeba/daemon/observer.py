@@ -24,11 +24,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from slurm_amoeba.agent.groups import PARENT_COMMENT_PREFIX, parse_satellite_name
 from slurm_amoeba.daemon.agents import AgentRecord
 from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, Snapshot
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
+from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
 
 SATELLITE_COMMENT = re.compile(rf"(?:^|[\s,;]){re.escape(PARENT_COMMENT_PREFIX)}(?P<parent>[0-9]+)(?:$|[\s,;])")
 #: Pending reasons of jobs that cannot start whatever GPUs are free (no point making room for them).

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_amoeba.agent.agent import STATUS_FILE
-from slurm_amoeba.agent.channel import ChannelError, request
 from slurm_amoeba.core.errors import AmoebaError, SpecError
+from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import Message
+from slurm_amoeba.transport.channel import ChannelError, request
 
 
 class AgentHandle:
@@ -27,7 +27,7 @@ class AgentHandle:
     def status(self) -> dict[str, Any]:
         """The agent's latest status (empty until the agent has started)."""
         try:
-            return dict(json.loads((self.state_dir / STATUS_FILE).read_text()))
+            return dict(json.loads((self.state_dir / AGENT_STATUS_FILE).read_text()))
         except (OSError, ValueError):
             return {}
 
@@ -63,7 +63,7 @@ class AgentHandle:
             if not endpoint:
                 if time.monotonic() > deadline:
                     raise AmoebaError(
-                        f"job {self.job_id}: its agent has not started (no {self.state_dir / STATUS_FILE})"
+                        f"job {self.job_id}: its agent has not started (no {self.state_dir / AGENT_STATUS_FILE})"
                     )
                 time.sleep(0.2)
         message = Message("resize", {"job_id": self.job_id, "target": workers, "reason": reason})

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from examples.elastic_mlp import train
-from slurm_amoeba.agent.groups import parse_satellite_name
 from slurm_amoeba.launcher import ElasticExecutor
 from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SubmitOptions
+from slurm_amoeba.slurm.satellite import parse_satellite_name
 from tests.conftest import REPO, ClusterHandle
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]

@@ -25,10 +25,10 @@ import pytest
 import yaml
 import zmq
 
-from slurm_amoeba.agent.channel import ChannelError, ChannelServer, request, request_from
 from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SubmitOptions
-from slurm_amoeba.slurm.munge import unseal
+from slurm_amoeba.transport.channel import ChannelError, ChannelServer, request, request_from
+from slurm_amoeba.transport.munge import unseal
 from tests.conftest import ClusterHandle
 
 

@@ -6,11 +6,9 @@ from slurm_amoeba.agent.groups import (
     GroupState,
     WorkerGroup,
     choose_leavers,
-    parent_comment,
-    parse_satellite_name,
-    satellite_name,
     worker_ids,
 )
+from slurm_amoeba.slurm.satellite import parent_comment, parse_satellite_name, satellite_name
 
 
 def group(name: str, n: int, state: GroupState, at: float, satellite: bool = True) -> WorkerGroup:

@@ -11,10 +11,10 @@ import os
 import time
 from typing import Any
 
-from slurm_amoeba.agent.channel import ChannelServer, Request
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmCommandError
-from slurm_amoeba.slurm.munge import Credential
+from slurm_amoeba.transport.channel import ChannelServer, Request
+from slurm_amoeba.transport.munge import Credential
 
 ME = os.getuid()
 OTHER_UID = 65534

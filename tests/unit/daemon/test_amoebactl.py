@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from slurm_amoeba.agent.channel import request
 from slurm_amoeba.cli import amoebactl
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon import Daemon
+from slurm_amoeba.transport.channel import request
 from tests.unit.daemon.fakes import register_body, report_body
 
 Running = tuple[Daemon, threading.Thread]

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.agent.channel import ChannelServer
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, encode
 from slurm_amoeba.daemon import Daemon, DaemonConfig
 from slurm_amoeba.daemon.config import AgentSettings
 from slurm_amoeba.daemon.metrics import MetricsServer
 from slurm_amoeba.daemon.state import load_state
 from slurm_amoeba.slurm import JobState as SlurmState
+from slurm_amoeba.transport.channel import ChannelServer
 from tests.unit.daemon.fakes import (
     ME,
     OTHER_UID,

@@ -14,10 +14,10 @@ import time
 import pytest
 import zmq
 
-from slurm_amoeba.agent.channel import request
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, encode
 from slurm_amoeba.daemon import Daemon
-from slurm_amoeba.slurm.munge import seal
+from slurm_amoeba.transport.channel import request
+from slurm_amoeba.transport.munge import seal
 
 
 def envelope(payload: bytes) -> list[bytes]:

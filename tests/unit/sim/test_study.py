@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from benchmarks.sim_study import decision_times, synthetic_snapshot
 from slurm_amoeba.policy import check_decisions, make_policy, policy_names
-from slurm_amoeba.sim.study import decision_times, synthetic_snapshot
 
 
 def test_synthetic_snapshots_are_reproducible_and_every_policy_keeps_the_invariants() -> None:

@@ -1,6 +1,6 @@
 """``scripts/bench-runtime``: the elastic runtime against plain DDP, stop-resume and torchrun, side by side.
 
-On one small model and data set (:mod:`slurm_amoeba.local.bench_worker`: an MLP of 1.06 M parameters, global batch
+On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.06 M parameters, global batch
 64, gloo on CPU) it measures, in one run:
 
 * ``overhead_ratio``: step time of the runtime at 2 workers over that of a plain ``DistributedDataParallel`` loop
@@ -43,11 +43,11 @@ from typing import Any
 
 import torch
 
-from slurm_amoeba.local.bench_worker import read_steps
+from benchmarks.runtime_worker import read_steps
 from slurm_amoeba.local.job import LocalJob
 from slurm_amoeba.runtime.coordinator import CoordinatorView
 
-WORKER = [sys.executable, "-m", "slurm_amoeba.local.bench_worker"]
+WORKER = [sys.executable, "-m", "benchmarks.runtime_worker"]
 DEADLINE_S = 120.0
 
 
@@ -93,7 +93,7 @@ def _kill_stray_workers(out: Path) -> None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"slurm_amoeba.local.bench_worker" in cmdline and str(out).encode() in cmdline:
+        if b"benchmarks.runtime_worker" in cmdline and str(out).encode() in cmdline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -263,7 +263,7 @@ def torchrun_restart(out: Path) -> dict[str, float]:
         "--max-restarts=3",
         "--monitor-interval=0.1",
         "-m",
-        "slurm_amoeba.local.bench_worker",
+        "benchmarks.runtime_worker",
         "--mode",
         "torchrun",
         "--out",

@@ -4,7 +4,7 @@
 (the baseline for the step-time overhead); ``--mode torchrun`` is the same DDP loop written for torchrun's elastic
 restarts (resume from a checkpoint file on every start); ``--mode stopresume`` is the DDP loop that writes a
 checkpoint on SIGTERM and exits, to be relaunched at a new size. Every mode records the wall-clock end of each
-step with the world size, so the harness (:mod:`slurm_amoeba.local.bench`) can measure pauses the same way for all.
+step with the world size, so the harness (:mod:`benchmarks.runtime`) can measure pauses the same way for all.
 
 The model is an MLP of 1.06 M parameters on synthetic data, global batch 64, as in TORCH-FACTS.md.
 """

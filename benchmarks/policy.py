@@ -34,7 +34,6 @@ from typing import Any
 
 import zmq
 
-from slurm_amoeba.agent.channel import ChannelServer, request
 from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
 from slurm_amoeba.daemon.config import AgentSettings, DaemonConfig
@@ -42,7 +41,8 @@ from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterView, build_snapshot
 from slurm_amoeba.policy import check_decisions, make_policy
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
-from slurm_amoeba.slurm.munge import seal, unseal
+from slurm_amoeba.transport.channel import ChannelServer, request
+from slurm_amoeba.transport.munge import seal, unseal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +285,7 @@ def bench_loop(cluster: SyntheticCluster, interval_s: float, duration_s: float, 
             [
                 sys.executable,
                 "-m",
-                "slurm_amoeba.daemon.bench",
+                "benchmarks.policy",
                 "--agents-child",
                 daemon.server.endpoint,
                 str(spec_path),

@@ -1,6 +1,6 @@
 """Authenticated request/reply over ZeroMQ: the wire between amoebactl, the daemon and the job agents.
 
-Every request and every reply is two frames: a munge credential (:func:`slurm_amoeba.slurm.munge.seal` over the
+Every request and every reply is two frames: a munge credential (:func:`slurm_amoeba.transport.munge.seal` over the
 payload) and the payload, a versioned JSON message (:mod:`slurm_amoeba.core.messages`); never pickle. A server
 (:class:`ChannelServer`, a ROUTER socket) hands out :class:`Request` objects that carry the sender's uid as munge
 vouches for it; what cannot be authenticated or parsed is answered with a refusal and never reaches the caller.
@@ -20,7 +20,7 @@ import zmq
 
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode
-from slurm_amoeba.slurm.munge import Credential, MungeError, seal, unseal
+from slurm_amoeba.transport.munge import Credential, MungeError, seal, unseal
 
 logger = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from typing import Any
 
 import yaml
 
-from slurm_amoeba.agent.channel import ChannelError, request
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, SubmitOptions
+from slurm_amoeba.transport.channel import ChannelError, request
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,8 @@ possible, the fix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class AmoebaError(Exception):
     """Base class of every error slurm_amoeba raises on purpose."""
@@ -31,3 +33,22 @@ class ParseError(AmoebaError, ValueError):
         if text:
             full += f" (input starts with {self.excerpt!r})"
         super().__init__(full)
+
+
+def unknown_key_message(what: str, key: str, valid: Mapping[str, object]) -> str:
+    """The one sentence every refusal of an unknown key uses: the key, then every valid key with its default.
+
+    Configuration sections, policy knobs and executor parameters all refuse a key they do not know with this
+    message, so a user meets one wording everywhere and always sees what they could have written instead.
+
+    Args:
+        what: where the key was given, e.g. ``"amoebad.yaml"`` or ``"policy 'e-tiresias'"``.
+        key: the unknown key as the user wrote it (a full path such as ``agents.timout_s`` where there is one).
+        valid: every valid key -> its default, in the order to list them.
+
+    Returns:
+        ``"<what>: unknown key '<key>'; valid keys (with their defaults) are: a=1, b='x'"`` (``none`` when there is
+        no valid key).
+    """
+    listed = ", ".join(f"{name}={default!r}" for name, default in valid.items()) or "none"
+    return f"{what}: unknown key {key!r}; valid keys (with their defaults) are: {listed}"

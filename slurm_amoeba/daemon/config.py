@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.core.errors import AmoebaError, unknown_key_message
 from slurm_amoeba.policy import DEFAULT_POLICY, PolicyError, make_policy, policy_knobs, policy_names
 
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
@@ -111,38 +111,51 @@ class DaemonConfig:
         return knobs
 
 
-_TOP_KEYS = {
-    "interval_s": "seconds between two policy rounds",
-    "listen": "ZeroMQ endpoint, tcp://HOST:PORT",
-    "metrics": "Prometheus endpoint: address, port",
-    "policy": "name and knobs",
-    "partitions": "regular (list) and elastic (name)",
-    "operators": "users (names, uids, @groups) allowed to act on any job",
-    "agents": "timeout_s, retries, parallel, stale_after_s, backoff_s",
-    "resize_timeout_s": "seconds before an unfinished resize is abandoned",
-    "make_room_after_s": "seconds a pending regular job is left to Slurm before elastic jobs shrink for it",
-    "orphan_grace_s": "seconds before a satellite without parent is reported",
-    "slurm": "timeout_s, conf",
-    "state_file": "path of the daemon's state across restarts",
-    "log_level": "debug, info, warning or error",
-}
+def _section_defaults() -> dict[str, dict[str, object]]:
+    """Every key of every section -> its default, for the message that refuses an unknown key."""
+    base = DaemonConfig()
+    nested: dict[str, dict[str, object]] = {
+        "metrics": {"address": base.metrics_address, "port": base.metrics_port},
+        "policy": {"name": base.policy, "knobs": dict(base.policy_knobs)},
+        "partitions": {"regular": list(base.regular_partitions), "elastic": base.elastic_partition},
+        "agents": dataclasses.asdict(base.agents),
+        "slurm": {"timeout_s": base.slurm_timeout_s, "conf": base.slurm_conf},
+    }
+    top: dict[str, object] = {
+        "interval_s": base.interval_s,
+        "listen": base.listen,
+        "metrics": nested["metrics"],
+        "policy": nested["policy"],
+        "partitions": nested["partitions"],
+        "operators": list(base.operators),
+        "agents": nested["agents"],
+        "resize_timeout_s": base.resize_timeout_s,
+        "make_room_after_s": base.make_room_after_s,
+        "orphan_grace_s": base.orphan_grace_s,
+        "slurm": nested["slurm"],
+        "state_file": base.state_file,
+        "log_level": base.log_level,
+    }
+    return {"": top, **nested}
+
+
+_DEFAULTS = _section_defaults()
 
 
 class _Section:
     """One mapping of the YAML document, read key by key with checks that name the key's full path."""
 
-    def __init__(self, data: Any, path: str, known: Mapping[str, str], source: str) -> None:
+    def __init__(self, data: Any, path: str, source: str) -> None:
         self.path = path
         self.source = source
-        where = path or "the top level"
+        known = _DEFAULTS[path]
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            self.fail(path, data, f"{where} must be a mapping of keys to values")
+            self.fail(path, data, f"{path or 'the top level'} must be a mapping of keys to values")
         for key in data:
             if not isinstance(key, str) or key not in known:
-                valid = ", ".join(f"{name} ({what})" for name, what in known.items())
-                raise ConfigError(f"{source}: unknown key {self.full(str(key))!r}; valid keys in {where} are: {valid}")
+                raise ConfigError(unknown_key_message(source, self.full(str(key)), known))
         self.data: dict[str, Any] = data
 
     def full(self, key: str) -> str:
@@ -179,8 +192,8 @@ class _Section:
             return None
         return self.string(key, "")
 
-    def section(self, key: str, known: Mapping[str, str]) -> _Section:
-        return _Section(self.data.get(key), self.full(key), known, self.source)
+    def section(self, key: str) -> _Section:
+        return _Section(self.data.get(key), self.full(key), self.source)
 
 
 def _check_endpoint(section: _Section, key: str, value: str) -> None:
@@ -245,9 +258,7 @@ def _knob_type_ok(default: object, value: object) -> bool:
 
 
 def _policy(section: _Section) -> tuple[str, dict[str, Any]]:
-    policy = section.section(
-        "policy", {"name": f"one of {', '.join(policy_names())}", "knobs": "the policy's settings"}
-    )
+    policy = section.section("policy")
     name = policy.string("name", DEFAULT_POLICY)
     if name not in policy_names():
         policy.fail("policy.name", name, f"valid policies are: {', '.join(policy_names())}")
@@ -257,10 +268,7 @@ def _policy(section: _Section) -> tuple[str, dict[str, Any]]:
     valid = policy_knobs(name)
     for key, value in knobs_raw.items():
         if key not in valid:
-            listed = ", ".join(f"{k} (default {v!r})" for k, v in valid.items()) or "none"
-            raise ConfigError(
-                f"{section.source}: unknown key 'policy.knobs.{key}' for policy {name!r}; its knobs are: {listed}"
-            )
+            raise ConfigError(unknown_key_message(f"{section.source}: policy {name!r}", f"policy.knobs.{key}", valid))
         if not _knob_type_ok(valid[key], value):
             policy.fail(f"policy.knobs.{key}", value, f"give a value like its default {valid[key]!r}")
     try:
@@ -283,17 +291,17 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
     Raises:
         ConfigError: an unknown key, a wrong type or a bad value, named with its full key path.
     """
-    top = _Section(data, "", _TOP_KEYS, source)
+    top = _Section(data, "", source)
     defaults = DaemonConfig()
     interval = top.number("interval_s", defaults.interval_s, maximum=3600)
     listen = top.string("listen", defaults.listen)
     _check_endpoint(top, "listen", listen)
-    metrics = top.section("metrics", {"address": "IP address to listen on", "port": "TCP port, 0 = off"})
+    metrics = top.section("metrics")
     metrics_address = metrics.string("address", defaults.metrics_address)
     _check_address(metrics, "address", metrics_address)
     metrics_port = metrics.integer("port", defaults.metrics_port, 0, 65535)
     name, knobs = _policy(top)
-    partitions = top.section("partitions", {"regular": "list of partitions", "elastic": "the preemptible one"})
+    partitions = top.section("partitions")
     regular_raw = partitions.data.get("regular", list(defaults.regular_partitions))
     if isinstance(regular_raw, str):
         regular_raw = [regular_raw]
@@ -306,16 +314,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
             "partitions.elastic", elastic, "the elastic partition must not also be a regular one (partitions.regular)"
         )
     operators, uids, gids = _operators(top)
-    agents = top.section(
-        "agents",
-        {
-            "timeout_s": "deadline of one directive attempt",
-            "retries": "further attempts",
-            "parallel": "directives in flight at once",
-            "stale_after_s": "report age after which a job is left alone",
-            "backoff_s": "pause after a refused directive",
-        },
-    )
+    agents = top.section("agents")
     base = AgentSettings()
     agent_settings = AgentSettings(
         timeout_s=agents.number("timeout_s", base.timeout_s, maximum=300),
@@ -324,7 +323,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         stale_after_s=agents.number("stale_after_s", base.stale_after_s),
         backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
     )
-    slurm = top.section("slurm", {"timeout_s": "deadline of one Slurm command", "conf": "SLURM_CONF path"})
+    slurm = top.section("slurm")
     slurm_timeout = slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600)
     slurm_conf = slurm.optional_string("conf")
     if slurm_conf is not None and not Path(slurm_conf).is_file():

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from slurm_amoeba.core.errors import unknown_key_message
 from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.sharing import SjfSharingPolicy
@@ -82,8 +83,7 @@ def make_policy(name: str, **knobs: Any) -> Policy:
     valid = policy_knobs(name)
     unknown = sorted(set(knobs) - set(valid))
     if unknown:
-        listed = ", ".join(f"{key}={value!r}" for key, value in valid.items()) or "none"
-        raise PolicyError(f"policy {name!r} has no knob {', '.join(unknown)}; its knobs (with defaults) are: {listed}")
+        raise PolicyError(unknown_key_message(f"policy {name!r}", ", ".join(unknown), valid))
     return factory(**knobs)
 
 

@@ -42,6 +42,14 @@ def test_an_unknown_key_is_refused_with_its_full_path_and_the_valid_keys(doc: di
     assert str(info.value).startswith("site.yaml: ")
 
 
+def test_an_unknown_key_lists_its_sections_valid_keys_with_their_defaults() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"agents": {"timout_s": 3}}, "site.yaml")
+    assert str(info.value).endswith(
+        "valid keys (with their defaults) are: timeout_s=3.0, retries=1, parallel=8, stale_after_s=10.0, backoff_s=30.0"
+    )
+
+
 @pytest.mark.parametrize(
     ("doc", "key", "value"),
     [

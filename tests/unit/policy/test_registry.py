@@ -21,7 +21,8 @@ def test_an_unknown_name_lists_the_valid_ones() -> None:
 
 
 def test_an_unknown_knob_lists_the_valid_knobs_with_defaults() -> None:
-    with pytest.raises(PolicyError, match=r"no knob speed; its knobs .*min_gain=0.1"):
+    expected = r"policy 'e-tiresias': unknown key 'speed'; valid keys \(with their defaults\) are: .*min_gain=0.1"
+    with pytest.raises(PolicyError, match=expected):
         make_policy("e-tiresias", speed=3)
 
 

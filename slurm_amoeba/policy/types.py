@@ -66,6 +66,8 @@ class JobInfo:
         partition: the partition the job runs or waits in.
         attained_service: GPU-seconds the job has held so far.
         executed_time: seconds the job has held GPUs so far.
+        time_limit: the job's wall-clock limit in seconds (Slurm's ``--time``), ``None`` when it has none; the
+            ``slurm`` baseline computes its backfill reservations from it.
         job_type: a label for the kind of work (the application in the simulator), used to look up co-location
             slowdowns.
         resizing: a resize ordered earlier is still in flight; policies leave such a job alone.
@@ -89,6 +91,7 @@ class JobInfo:
     partition: str = ""
     attained_service: float = 0.0
     executed_time: float = 0.0
+    time_limit: float | None = None
     job_type: str = ""
     resizing: bool = False
     pinned: bool = False

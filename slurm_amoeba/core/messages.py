@@ -41,6 +41,12 @@ from slurm_amoeba.core.errors import ParseError
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB: reports with long histories fit; a flood does not
+MAX_DEPTH = 8  # nesting of objects/arrays in one message (a report's history event sits at depth 4)
+MAX_STRING = 65536  # characters of any one string (key or value)
+MAX_INT_DIGITS = 18  # an integer literal longer than this is refused before Python converts it
+MAX_HISTORY_EVENTS = 64  # events in one report
+MAX_EVENT_BYTES = 2048  # one history event, encoded
+MAX_THROUGHPUT_ENTRIES = 1024  # sizes in one report's throughput table
 
 
 class ProtocolError(ParseError):
@@ -101,10 +107,57 @@ class Message:
         return Message("reply", {"ok": ok, "error": error, "data": dict(data or {})}, id=self.id)
 
 
+def quote(value: object, limit: int = 60) -> str:
+    """``value`` for an error message or a log line: ASCII only (no newline or escape reaches a terminal), at most
+    ``limit`` characters, cut with ``...``. Refusals never echo more of what a peer sent than this."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ProtocolError(f"an integer of {len(text)} digits is over the {MAX_INT_DIGITS}-digit limit")
+    return int(text)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ProtocolError(f"{name} is not a number this protocol accepts")
+
+
+def _check_shape(doc: object) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and strings longer than :data:`MAX_STRING`, without recursion."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if len(value) > MAX_STRING:
+                raise ProtocolError(f"a string of {len(value)} characters is over the {MAX_STRING} limit")
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ProtocolError(f"nesting deeper than {MAX_DEPTH} levels")
+            if isinstance(value, dict):
+                stack.extend((key, depth) for key in value)
+                stack.extend((item, depth + 1) for item in value.values())
+            else:
+                stack.extend((item, depth + 1) for item in value)
+
+
+def _check_report(body: Mapping[str, Any]) -> None:
+    history, throughput = body["history"], body["throughput"]
+    if len(history) > MAX_HISTORY_EVENTS:
+        raise ProtocolError(f"report: {len(history)} history events, over the limit of {MAX_HISTORY_EVENTS}")
+    for event in history:
+        size = len(json.dumps(event, separators=(",", ":")))
+        if size > MAX_EVENT_BYTES:
+            raise ProtocolError(f"report: a history event of {size} bytes is over the {MAX_EVENT_BYTES} limit")
+    if len(throughput) > MAX_THROUGHPUT_ENTRIES:
+        raise ProtocolError(f"report: {len(throughput)} throughput entries, over {MAX_THROUGHPUT_ENTRIES}")
+
+
 def _check_body(kind: str, body: Any) -> dict[str, Any]:
     schema = SCHEMAS.get(kind)
     if schema is None:
-        raise ProtocolError(f"unknown message kind {kind!r}; known kinds: {', '.join(sorted(SCHEMAS))}")
+        raise ProtocolError(f"unknown message kind {quote(kind)}; known kinds: {', '.join(sorted(SCHEMAS))}")
     if not isinstance(body, dict):
         raise ProtocolError(f"{kind}: body is {type(body).__name__}, not an object")
     missing = sorted(set(schema) - set(body))
@@ -112,17 +165,20 @@ def _check_body(kind: str, body: Any) -> dict[str, Any]:
         raise ProtocolError(f"{kind}: missing field(s) {', '.join(missing)}")
     extra = sorted(set(body) - set(schema))
     if extra:
-        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(extra)}; known: {', '.join(sorted(schema)) or '-'}")
+        named = quote(", ".join(extra[:5]), 80)
+        raise ProtocolError(f"{kind}: unknown field(s) {named}; known: {', '.join(sorted(schema)) or '-'}")
     for name, types in schema.items():
         value = body[name]
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:
             expected = " or ".join(t.__name__ for t in types)
-            raise ProtocolError(f"{kind}: field {name!r} is {value!r}, not {expected}")
+            raise ProtocolError(f"{kind}: field {name!r} is {quote(value)}, not {expected}")
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**53) < value < 2**53:
-            raise ProtocolError(f"{kind}: field {name!r} is {value!r}, out of range")
+            raise ProtocolError(f"{kind}: field {name!r} is {quote(value)}, out of range")
         if isinstance(value, float) and not math.isfinite(value):
             raise ProtocolError(f"{kind}: field {name!r} is {value!r}, not a finite number")
+    if kind == "report":
+        _check_report(body)
     return body
 
 
@@ -133,6 +189,7 @@ def encode(message: Message) -> bytes:
         ProtocolError: unknown kind, a body that does not match its schema, or more than 1 MiB.
     """
     body = _check_body(message.kind, dict(message.body))
+    _check_shape(body)
     data = json.dumps(
         {"v": message.version, "kind": message.kind, "id": message.id, "sent_at": message.sent_at, "body": body},
         separators=(",", ":"),
@@ -152,20 +209,23 @@ def decode(data: bytes) -> Message:
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} limit")
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_constant=_refuse_constant)
+    except ProtocolError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
         raise ProtocolError(f"message is not UTF-8 JSON ({exc.__class__.__name__})") from None
+    _check_shape(doc)
     if not isinstance(doc, dict):
         raise ProtocolError(f"message is {type(doc).__name__}, not an object")
     version = doc.get("v")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r} is not supported; this side speaks {PROTOCOL_VERSION}")
+        raise ProtocolError(f"protocol version {quote(version)} is not supported; this side speaks {PROTOCOL_VERSION}")
     kind, msg_id, sent_at = doc.get("kind"), doc.get("id"), doc.get("sent_at")
     if not isinstance(kind, str):
-        raise ProtocolError(f"message kind is {kind!r}, not a string")
+        raise ProtocolError(f"message kind is {quote(kind)}, not a string")
     if not isinstance(msg_id, str) or not 0 < len(msg_id) <= 64:
-        raise ProtocolError(f"message id is {msg_id!r}, not a string of 1..64 characters")
+        raise ProtocolError(f"message id is {quote(msg_id)}, not a string of 1..64 characters")
     if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)) or not math.isfinite(sent_at):
-        raise ProtocolError(f"sent_at is {sent_at!r}, not a time")
+        raise ProtocolError(f"sent_at is {quote(sent_at)}, not a time")
     body = _check_body(kind, doc.get("body"))
     return Message(kind=kind, body=body, id=msg_id, sent_at=float(sent_at), version=version)

@@ -19,7 +19,7 @@ import time
 import zmq
 
 from slurm_amoeba.core.errors import AmoebaError
-from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode
+from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode, quote
 from slurm_amoeba.transport.munge import Credential, MungeError, seal, unseal
 
 logger = logging.getLogger(__name__)
@@ -102,11 +102,14 @@ class ChannelServer:
             try:
                 sender, message = _open(body)
             except (MungeError, ProtocolError) as exc:
-                self.refusals += 1
-                logger.warning("[channel] refused a message: %s", exc)
-                self._send(route, Message("reply", {"ok": False, "error": f"refused: {exc}", "data": {}}))
-                continue
-            return Request(sender=sender, message=message, route=route)
+                reason = quote(str(exc), 300)[1:-1]
+            except Exception as exc:  # anything a peer's bytes can provoke is a refusal, never the end of the loop
+                reason = f"unreadable message ({type(exc).__name__})"
+            else:
+                return Request(sender=sender, message=message, route=route)
+            self.refusals += 1
+            logger.warning("[channel] refused a message: %s", reason)
+            self._send(route, Message("reply", {"ok": False, "error": f"refused: {reason}", "data": {}}))
 
     def answer(self, request: Request, reply: Message) -> None:
         """Send ``reply`` to the sender of ``request``."""
@@ -120,8 +123,21 @@ class ChannelServer:
 
     def _send(self, route: tuple[bytes, ...], message: Message) -> None:
         try:
-            self._socket.send_multipart([*route, *_frames(message)], flags=zmq.NOBLOCK)
-        except (zmq.Again, MungeError) as exc:
+            frames = _frames(message)
+        except ProtocolError as exc:  # a reply too large or malformed: say so in a reply that always fits
+            logger.warning("[channel] could not encode the %s: %s", message.kind, exc)
+            error = f"the answer could not be sent: {quote(str(exc), 200)[1:-1]}"
+            try:
+                frames = _frames(Message("reply", {"ok": False, "error": error, "data": {}}, id=message.id))
+            except (ProtocolError, MungeError) as again:
+                logger.warning("[channel] could not answer: %s", again)
+                return
+        except MungeError as exc:
+            logger.warning("[channel] could not sign an answer: %s", exc)
+            return
+        try:
+            self._socket.send_multipart([*route, *frames], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
             logger.warning("[channel] could not answer: %s", exc)
 
     def close(self) -> None:
@@ -176,22 +192,32 @@ def request_from(
         The replier's credential and the reply (``kind == "reply"``; check ``body["ok"]``).
 
     Raises:
-        ChannelError: no reply after every attempt, or a reply that fails authentication.
+        ChannelError: no reply after every attempt, a reply that fails authentication, a message that cannot be
+            signed (munged not answering) or encoded, or an endpoint ZeroMQ cannot use.
     """
     ctx = context or zmq.Context.instance()
     last = ""
     for attempt in range(retries + 1):
+        try:
+            frames = _frames(message)  # a fresh credential per attempt: munge refuses a replayed one
+        except (MungeError, ProtocolError) as exc:
+            raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}") from None
         sock = ctx.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
         try:
-            sock.connect(endpoint)
-            sock.send_multipart(_frames(message))
+            try:
+                sock.connect(endpoint)
+                sock.send_multipart(frames)
+            except zmq.ZMQError as exc:
+                raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}") from None
             if sock.poll(int(timeout_s * 1000)):
                 try:
                     sender, reply = _open(sock.recv_multipart())
                 except (MungeError, ProtocolError) as exc:
                     raise ChannelError(f"the reply from {endpoint} could not be trusted: {exc}") from None
+                except Exception as exc:
+                    raise ChannelError(f"the reply from {endpoint} is unreadable ({type(exc).__name__})") from None
                 if expect_uid is not None and sender.uid != expect_uid:
                     raise ChannelError(f"the reply from {endpoint} came from uid {sender.uid}, expected {expect_uid}")
                 if reply.kind != "reply" or reply.id != message.id:

@@ -59,3 +59,55 @@ def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
         decode(data)
     except ProtocolError:
         pass
+
+
+def _raw(body: object, kind: object = "status", **top: object) -> bytes:
+    return json.dumps({"v": 1, "kind": kind, "id": "a", "sent_at": 1.0, "body": body, **top}).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b'{"v":1,"kind":"status","id":"a","sent_at":1' + b"0" * 5000 + b',"body":{}}', "5001 digits"),
+        (_raw({}, sent_at=10**400), "digits"),
+        (b'{"v":1,"kind":"status","id":"a","sent_at":NaN,"body":{}}', "NaN is not a number"),
+        (_raw({}, kind="\u00e9" * 50_000), r"unknown message kind '\\xe9"),
+        (b'{"v":1,"kind":"status","id":"a","sent_at":1,"body":{},"x":' + b"[" * 50 + b"]" * 50 + b"}", "nesting"),
+        (b"[" * 100_000 + b"]" * 100_000, "nesting|not UTF-8 JSON"),
+        (_raw({}, kind="s" * 70_000), "string of 70000 characters"),
+    ],
+)
+def test_hostile_frames_are_refused_with_a_short_sentence(data: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match) as info:
+        decode(data)
+    assert len(str(info.value)) < 400  # never an echo of what was sent
+
+
+def _report(history: list[object], throughput: dict[str, float] | None = None) -> Message:
+    body = {"job_id": "1", "size": 2, "generation": 1, "target": 2, "history": history, "satellites": []}
+    return Message("report", {**body, "throughput": throughput or {}})
+
+
+@pytest.mark.parametrize(
+    ("message", "match"),
+    [
+        (_report([{"event": "x"}] * 65), "65 history events"),
+        (_report([{"event": "x" * 3000}]), "history event of"),
+        (_report([], {str(i): 1.0 for i in range(2000)}), "2000 throughput entries"),
+    ],
+)
+def test_reports_are_bounded(message: Message, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        encode(message)
+    raw = json.dumps(
+        {"v": 1, "kind": "report", "id": "a", "sent_at": 1.0, "body": dict(message.body)}, separators=(",", ":")
+    )
+    with pytest.raises(ProtocolError, match=match):
+        decode(raw.encode())
+
+
+def test_quote_is_ascii_and_short() -> None:
+    from slurm_amoeba.core.messages import quote
+
+    assert quote("a\nb\x1b[31m") == "'a\\nb\\x1b[31m'"
+    assert quote("\u00e9" * 1000, 20) == "'\\xe9\\xe9\\xe9\\xe9..." and len(quote("x" * 1000, 20)) == 20

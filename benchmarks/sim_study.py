@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, Snapshot, make_policy, policy_names
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot, make_policy, policy_names
 from slurm_amoeba.sim.application import load_applications
 from slurm_amoeba.sim.data import data_dir
 from slurm_amoeba.sim.engine import (
@@ -261,7 +261,7 @@ def synthetic_snapshot(nodes: int, gpus_per_node: int, jobs: int, seed: int = 1)
         infos.append(
             JobInfo(
                 job_id=str(index),
-                state=JobState.RUNNING if placement else JobState.PENDING,
+                state=JobPhase.RUNNING if placement else JobPhase.PENDING,
                 submit_time=float(index),
                 requested_workers=rng.randint(low, high),
                 min_workers=low,

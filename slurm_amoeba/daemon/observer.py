@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from slurm_amoeba.daemon.agents import AgentRecord
-from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, Snapshot
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
 from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
@@ -328,7 +328,7 @@ def build_snapshot(
             jobs.append(
                 JobInfo(
                     job_id=key,
-                    state=JobState.RUNNING,
+                    state=JobPhase.RUNNING,
                     submit_time=submit,
                     requested_workers=gpus,
                     min_workers=gpus,
@@ -352,7 +352,7 @@ def build_snapshot(
             if wanted > 0 and waits_for_gpus:
                 info = JobInfo(
                     job_id=key,
-                    state=JobState.PENDING,
+                    state=JobPhase.PENDING,
                     submit_time=submit,
                     requested_workers=wanted,
                     min_workers=wanted,
@@ -445,7 +445,7 @@ def _managed_job(
     started = float(first.start_time) if first.start_time else now
     info = JobInfo(
         job_id=key,
-        state=JobState.RUNNING,
+        state=JobPhase.RUNNING,
         submit_time=float(first.submit_time),
         requested_workers=reg.min_workers,
         min_workers=reg.min_workers,

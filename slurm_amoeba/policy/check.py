@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from slurm_amoeba.policy.types import Decision, JobInfo, JobState, PolicyError, Snapshot
+from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 
 def check_decisions(snapshot: Snapshot, decisions: Sequence[Decision]) -> None:
@@ -80,10 +80,10 @@ def check_decisions(snapshot: Snapshot, decisions: Sequence[Decision]) -> None:
 
 def _check_size(job: JobInfo, decision: Decision) -> None:
     if decision.workers == 0:
-        if job.state is JobState.PENDING:
+        if job.state is JobPhase.PENDING:
             raise PolicyError(f"job {job.job_id} is pending and cannot be preempted (decision for 0 workers)")
         return
-    resized = job.state is JobState.RUNNING and decision.workers != job.workers
+    resized = job.state is JobPhase.RUNNING and decision.workers != job.workers
     if resized and not job.is_elastic:
         raise PolicyError(f"job {job.job_id} is not elastic and cannot be resized to {decision.workers} workers")
     if not job.min_workers <= decision.workers <= job.max_workers:

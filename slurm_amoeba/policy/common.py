@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 
-from slurm_amoeba.policy.types import Decision, JobInfo, JobState, Snapshot
+from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, Snapshot
 
 
 def place_most_free(free: Mapping[str, int], workers: int, gpus_per_worker: int = 1) -> dict[str, int] | None:
@@ -163,12 +163,12 @@ def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
     """
     targets: dict[str, int] = {}
     for job in order:
-        need = job.gpus if job.state is JobState.RUNNING else job.requested_workers * job.gpus_per_worker
+        need = job.gpus if job.state is JobPhase.RUNNING else job.requested_workers * job.gpus_per_worker
         if need <= capacity:
             capacity -= need
-            if job.state is JobState.PENDING:
+            if job.state is JobPhase.PENDING:
                 targets[job.job_id] = job.requested_workers
-        elif job.state is JobState.RUNNING:
+        elif job.state is JobPhase.RUNNING:
             targets[job.job_id] = 0
     return targets
 
@@ -300,7 +300,7 @@ def realize(
             reason = {**reason, guest: f"its host {job_id} gives up the GPUs it shares"}
     for job_id, target in releases.items():
         job = by_id[job_id]
-        if job.state is not JobState.RUNNING or target >= job.workers:
+        if job.state is not JobPhase.RUNNING or target >= job.workers:
             continue
         if target == 0:
             new: dict[str, int] = {}
@@ -314,7 +314,7 @@ def realize(
         target = releases.get(job.job_id, job.workers)
         if target <= job.workers or job.shared_with is not None:
             continue
-        if job.state is JobState.RUNNING:
+        if job.state is JobPhase.RUNNING:
             grown = free.grow(job.placement, target - job.workers, job.gpus_per_worker)
         else:
             grown = free.place(target, job.gpus_per_worker)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from slurm_amoeba.policy.common import realize
 from slurm_amoeba.policy.srtf import admit_shortest_first
-from slurm_amoeba.policy.types import Decision, JobInfo, JobState, PolicyError, Snapshot
+from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The fraction of its solo speed a job keeps on a shared GPU when the pair was never measured (time slicing).
 UNMEASURED_COLOCATION = 0.5
@@ -99,7 +99,7 @@ class SjfSharingPolicy:
         ]
         remaining = {job.job_id: job.remaining_time(job.workers) for job in partners}
         for job in order:
-            if job.state is not JobState.PENDING or job.job_id in decided:
+            if job.state is not JobPhase.PENDING or job.job_id in decided:
                 continue
             partner = self._pick_partner(job, partners, snapshot.colocation, remaining)
             if partner is None:

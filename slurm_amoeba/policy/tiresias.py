@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from slurm_amoeba.policy.common import admit_in_order, base_size, distribute_spare, managed_capacity, realize
-from slurm_amoeba.policy.types import Decision, JobInfo, JobState, PolicyError, Snapshot
+from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The artifact's threshold between the two queues: 16 GPU-hours of attained service.
 DEFAULT_QUEUE_THRESHOLD_GPU_S = 16 * 3600.0
@@ -116,7 +116,7 @@ class ElasticTiresiasPolicy:
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:
-            size = base_size(job) if job.is_resizable or job.state is JobState.PENDING else job.workers
+            size = base_size(job) if job.is_resizable or job.state is JobPhase.PENDING else job.workers
             if size * job.gpus_per_worker <= capacity:
                 capacity -= size * job.gpus_per_worker
                 sizes[job.job_id] = size
@@ -124,7 +124,7 @@ class ElasticTiresiasPolicy:
             else:
                 sizes[job.job_id] = 0
         for job in admitted:
-            natural = job.workers if job.state is JobState.RUNNING else job.requested_workers
+            natural = job.workers if job.state is JobPhase.RUNNING else job.requested_workers
             extra = min(natural - sizes[job.job_id], capacity // job.gpus_per_worker)
             if extra > 0:
                 sizes[job.job_id] += extra
@@ -139,7 +139,7 @@ class ElasticTiresiasPolicy:
 def _reason(job: JobInfo, size: int) -> str:
     if size == 0:
         return "e-tiresias: preempted, higher-priority jobs need even the minimum sizes"
-    if job.state is JobState.PENDING:
+    if job.state is JobPhase.PENDING:
         return "e-tiresias: admitted in 2D-LAS order"
     if size < job.workers:
         return "e-tiresias: compacted towards its minimum for higher-priority jobs"

@@ -23,9 +23,11 @@ class PolicyError(AmoebaError, ValueError):
     """A policy was misconfigured, or a set of decisions breaks an invariant of the cluster."""
 
 
-class JobState(str, enum.Enum):
-    """Where a job stands as far as a policy is concerned.
+class JobPhase(str, enum.Enum):
+    """Where a job stands as far as a policy is concerned: waiting for GPUs or holding them.
 
+    This is the policy's two-valued view in both worlds, not Slurm's job state (:class:`slurm_amoeba.slurm.JobState`,
+    which the daemon's observer maps onto it: a job holding GPUs is running, a job waiting for them is pending).
     ``PENDING`` jobs hold no GPUs (never started, or preempted); ``RUNNING`` jobs hold ``workers`` workers. The only
     transitions a policy asks for are PENDING -> RUNNING (start) and RUNNING -> PENDING (preempt); the job leaves the
     snapshot when it finishes.
@@ -36,7 +38,7 @@ class JobState(str, enum.Enum):
 
     def is_running(self) -> bool:
         """Whether the job holds GPUs now."""
-        return self is JobState.RUNNING
+        return self is JobPhase.RUNNING
 
 
 @dataclasses.dataclass(slots=True)
@@ -76,7 +78,7 @@ class JobInfo:
     """
 
     job_id: str
-    state: JobState
+    state: JobPhase
     submit_time: float
     requested_workers: int
     min_workers: int
@@ -110,7 +112,7 @@ class JobInfo:
             )
         if self.gpus_per_worker < 1:
             raise PolicyError(f"job {self.job_id}: gpus_per_worker={self.gpus_per_worker} must be at least 1")
-        if (self.workers > 0) != (self.state is JobState.RUNNING):
+        if (self.workers > 0) != (self.state is JobPhase.RUNNING):
             raise PolicyError(
                 f"job {self.job_id}: state {self.state.value} does not match workers={self.workers}; "
                 f"a running job holds at least one worker and a pending job none"
@@ -236,11 +238,11 @@ class Snapshot:
 
     def running(self) -> list[JobInfo]:
         """The running jobs, in snapshot order."""
-        return [job for job in self.jobs if job.state is JobState.RUNNING]
+        return [job for job in self.jobs if job.state is JobPhase.RUNNING]
 
     def pending(self) -> list[JobInfo]:
         """The pending jobs, in snapshot order."""
-        return [job for job in self.jobs if job.state is JobState.PENDING]
+        return [job for job in self.jobs if job.state is JobPhase.PENDING]
 
 
 class DecisionKind(str, enum.Enum):

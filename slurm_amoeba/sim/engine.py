@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from slurm_amoeba.policy import Decision, JobInfo, JobState, NodeInfo, Policy, Snapshot, check_decisions
+from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Policy, Snapshot, check_decisions
 from slurm_amoeba.policy.common import place_most_free
 from slurm_amoeba.sim.application import Application
 from slurm_amoeba.sim.data import SimError
@@ -512,7 +512,7 @@ class Simulator:
         spec = job.spec
         info = JobInfo(
             job_id=spec.name,
-            state=JobState.RUNNING if job.placement else JobState.PENDING,
+            state=JobPhase.RUNNING if job.placement else JobPhase.PENDING,
             submit_time=spec.submit_time,
             requested_workers=spec.requested_workers,
             min_workers=spec.min_workers,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
 from slurm_amoeba.daemon.observer import ClusterView, Observation, build_snapshot, fit_placement, satellite_parent
-from slurm_amoeba.policy import JobState, check_decisions, make_policy
+from slurm_amoeba.policy import JobPhase, check_decisions, make_policy
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
 from tests.unit.daemon.fakes import ME, OTHER_UID, job, node, satellite
@@ -157,7 +157,7 @@ def test_the_default_policy_grows_into_idle_gpus_and_shrinks_for_a_pending_regul
         job(300, state=SlurmState.PENDING, gpus_per_node=4, reason="Resources", submit_time=int(NOW) - 60),
     ]
     busy = snapshot_of(jobs, [node("n1", used=2), node("n2", used=4)], {"100": agent("100", size=6)})
-    assert busy.snapshot.job("300").state is JobState.PENDING
+    assert busy.snapshot.job("300").state is JobPhase.PENDING
     decisions = policy.decide(busy.snapshot, NOW)
     check_decisions(busy.snapshot, decisions)
     assert [(d.job_id, d.workers) for d in decisions] == [("100", 4)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurm_amoeba.policy import Decision, JobInfo, JobState, NodeInfo, Snapshot
+from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Snapshot
 
 
 def job(
@@ -22,7 +22,7 @@ def job(
     placement = dict(placement or {})
     return JobInfo(
         job_id=job_id,
-        state=JobState.RUNNING if placement else JobState.PENDING,
+        state=JobPhase.RUNNING if placement else JobPhase.PENDING,
         submit_time=submit,
         requested_workers=requested,
         min_workers=requested if low is None else low,

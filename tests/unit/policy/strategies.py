@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, Snapshot
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
 
 JOB_TYPES = ("a", "b", "c")
 
@@ -74,7 +74,7 @@ def snapshots(draw: st.DrawFn, max_nodes: int = 6, max_jobs: int = 12) -> Snapsh
             for name, count in placement.items():
                 free[name] -= count * gpw
         job = JobInfo(
-            state=JobState.RUNNING if placement else JobState.PENDING,
+            state=JobPhase.RUNNING if placement else JobPhase.PENDING,
             workers=sum(placement.values()),
             placement=placement,
             shared_with=guest_of,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_amoeba.policy import JobInfo, JobState, NodeInfo, PolicyError
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError
 from slurm_amoeba.policy.common import FreeGpus, place_most_free, shrink_placement
 
 from .helpers import job
@@ -32,7 +32,7 @@ def test_job_info_rejects_inconsistent_values() -> None:
     with pytest.raises(PolicyError, match="requested_workers=5 lies outside"):
         job("x", 5, low=1, high=4)
     with pytest.raises(PolicyError, match="does not match workers=0"):
-        JobInfo("x", JobState.RUNNING, 0.0, 1, 1, 1)
+        JobInfo("x", JobPhase.RUNNING, 0.0, 1, 1, 1)
     with pytest.raises(PolicyError, match="gpus_free=5"):
         NodeInfo("n", 4, 5)
 

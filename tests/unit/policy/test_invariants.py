@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from slurm_amoeba.policy import (
     DecisionKind,
     ElasticBackfillPolicy,
-    JobState,
+    JobPhase,
     Snapshot,
     check_decisions,
     make_policy,
@@ -38,7 +38,7 @@ def test_decisions_never_break_an_invariant(name: str, snapshot: Snapshot, now: 
             assert job.is_elastic and not job.pinned and not job.resizing
         if decision.workers:
             assert job.min_workers <= decision.workers <= job.max_workers
-        if job.shared_with is None and job.state is JobState.RUNNING:
+        if job.shared_with is None and job.state is JobPhase.RUNNING:
             held_after -= job.gpus
         if decision.share_with is None:
             held_after += decision.workers * job.gpus_per_worker
@@ -50,7 +50,7 @@ def test_decisions_never_break_an_invariant(name: str, snapshot: Snapshot, now: 
 def test_backfill_in_the_daemon_never_starts_a_job(snapshot: Snapshot, now: float) -> None:
     decisions = ElasticBackfillPolicy(start_pending=False).decide(snapshot, now)
     jobs = {job.job_id: job for job in snapshot.jobs}
-    assert all(jobs[decision.job_id].state is JobState.RUNNING for decision in decisions)
+    assert all(jobs[decision.job_id].state is JobPhase.RUNNING for decision in decisions)
     check_decisions(snapshot, decisions)
 
 

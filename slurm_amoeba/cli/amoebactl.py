@@ -2,7 +2,8 @@
 
 ``amoebactl status | jobs | resize JOB N | pin JOB | unpin JOB | drain | resume | policy show``, with ``--json`` for
 the raw reply. The daemon is found at ``--endpoint``, else ``AMOEBA_DAEMON_ENDPOINT``, else
-``tcp://127.0.0.1:6820``. Every request is signed with munge: the daemon knows who asks. Exit status: 0 done,
+``tcp://127.0.0.1:6820``. ``--json``, ``--endpoint`` and ``--timeout`` may stand before or after the subcommand.
+Every request is signed with munge: the daemon knows who asks. Exit status: 0 done,
 1 refused (the reason is printed), 2 bad usage, 3 the daemon did not answer.
 """
 
@@ -15,6 +16,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slurm_amoeba.cli.entry import add_version_flag
+from slurm_amoeba.core.jobenv import ENV_DAEMON_ENDPOINT
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.transport.channel import ChannelError, request
 from slurm_amoeba.transport.munge import MungeError
@@ -22,29 +25,48 @@ from slurm_amoeba.transport.munge import MungeError
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:6820"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="amoebactl", description="Talk to amoebad, the elastic-job daemon.")
+def _common_flags(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """The flags that may stand before or after the subcommand (``amoebactl --json jobs`` = ``amoebactl jobs --json``).
+
+    The subcommands' copies default to SUPPRESS, so that a flag given before the subcommand is not reset by them.
+    """
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
     parser.add_argument(
         "--endpoint",
-        default=os.environ.get("AMOEBA_DAEMON_ENDPOINT", DEFAULT_ENDPOINT),
+        default=default(os.environ.get(ENV_DAEMON_ENDPOINT) or DEFAULT_ENDPOINT),
         help=f"the daemon (env AMOEBA_DAEMON_ENDPOINT; default {DEFAULT_ENDPOINT})",
     )
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the answer (default 15)")
-    parser.add_argument("--json", action="store_true", help="print the daemon's reply data as JSON")
+    parser.add_argument(
+        "--timeout", type=float, default=default(15.0), help="seconds to wait for the answer (default 15)"
+    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="print the reply data as JSON")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="amoebactl", description="Talk to amoebad, the elastic-job daemon.")
+    add_version_flag(parser, "amoebactl")
+    _common_flags(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _common_flags(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="the daemon, the cluster, resizes in flight, orphan satellites")
-    sub.add_parser("jobs", help="elastic jobs: sizes, throughput, history")
-    resize = sub.add_parser("resize", help="resize an elastic job (its owner or an operator)")
+    sub.add_parser("status", parents=[common], help="the daemon, the cluster, resizes in flight, orphan satellites")
+    sub.add_parser("jobs", parents=[common], help="elastic jobs: sizes, throughput, history")
+    resize = sub.add_parser("resize", parents=[common], help="resize an elastic job (its owner or an operator)")
     resize.add_argument("job", help="Slurm job id")
     resize.add_argument("workers", type=int, help="the new size, within the job's range")
     resize.add_argument("--reason", default="", help="a note for the logs")
-    pin = sub.add_parser("pin", help="keep the policy off a job (its owner or an operator)")
+    pin = sub.add_parser("pin", parents=[common], help="keep the policy off a job (its owner or an operator)")
     pin.add_argument("job", help="Slurm job id")
-    unpin = sub.add_parser("unpin", help="let the policy resize a job again")
+    unpin = sub.add_parser("unpin", parents=[common], help="let the policy resize a job again")
     unpin.add_argument("job", help="Slurm job id")
-    sub.add_parser("drain", help="shrink every elastic job to its minimum and keep it there (operators)")
-    sub.add_parser("resume", help="end a drain (operators)")
-    policy = sub.add_parser("policy", help="the daemon's policy")
+    sub.add_parser(
+        "drain", parents=[common], help="shrink every elastic job to its minimum and keep it there (operators)"
+    )
+    sub.add_parser("resume", parents=[common], help="end a drain (operators)")
+    policy = sub.add_parser("policy", parents=[common], help="the daemon's policy")
     policy.add_argument("what", choices=["show"], help="show: name, knobs, the policies available")
     return parser
 

@@ -19,6 +19,7 @@ from types import FrameType
 
 import zmq
 
+from slurm_amoeba.cli.entry import add_version_flag
 from slurm_amoeba.daemon import ConfigError, Daemon, DaemonConfig, load_config
 from slurm_amoeba.slurm import CliSlurmClient
 
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("AMOEBAD_CONFIG", DEFAULT_CONFIG),
         help=f"the YAML configuration (env AMOEBAD_CONFIG; default {DEFAULT_CONFIG})",
     )
+    add_version_flag(parser, "amoebad")
     parser.add_argument("--check", action="store_true", help="validate the configuration, print it and exit")
     parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="overrides log_level of the configuration"

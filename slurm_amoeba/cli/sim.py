@@ -13,9 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from slurm_amoeba.cli.entry import add_version_flag, extra_missing
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.policy import make_policy, policy_names
-from slurm_amoeba.sim.data import SimError
+from slurm_amoeba.sim.data import SimError, data_dir, resolve
 from slurm_amoeba.sim.engine import ARTIFACT_RESTART_COST_S, RUNTIME_GROW_LAG_S, RUNTIME_RESIZE_COST_S, SimConfig
 from slurm_amoeba.sim.progress import ProgressBar
 from slurm_amoeba.sim.report import (
@@ -74,9 +75,11 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amoeba-sim",
-        description="Trace-driven simulation of elastic scheduling policies (data: $AMOEBA_DATA_DIR or "
-        "../shared/data).",
+        description="Trace-driven simulation of elastic scheduling policies. The reference data ships with the "
+        "package (`amoeba-sim data` prints where; $AMOEBA_DATA_DIR overrides it): a path such as "
+        "pollux/workloads/workload-6.csv is found there when it is not in the current directory.",
     )
+    add_version_flag(parser, "amoeba-sim")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one policy on one workload")
     run.add_argument("--policy", required=True, help=f"one of {', '.join(policy_names())}")
@@ -94,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--load", default=None, help="the load for --reference (default: from the folder name)")
     _add_cluster_flags(compare)
+    commands.add_parser("data", help="print the reference data folder and the workload folders in it")
     return parser
 
 
@@ -166,8 +170,9 @@ def _common_spec(
 def _cmd_run(args: argparse.Namespace) -> int:
     knobs = tuple(_parse_knob(text) for text in args.knob)
     make_policy(args.policy, **dict(knobs))
+    args.workload = resolve(args.workload)
     if not args.workload.is_file():
-        raise SimError(f"--workload {args.workload} is not a file")
+        raise SimError(f"--workload {args.workload} is not a file, here or in the data folder {data_dir()}")
     spec = _common_spec(args, args.policy, args.workload, knobs)
     outcomes = _run([spec], True, 1)
     print(summary_table(outcomes))
@@ -182,9 +187,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise SimError("--policies is empty; name at least one of " + ", ".join(policy_names()))
     for name in policies:
         make_policy(name)
+    if args.plot is not None and (missing := extra_missing("sim", "--plot")):
+        raise SimError(missing)
+    args.workloads = resolve(args.workloads)
     files = _workload_files(args.workloads)
     reference = None
     if args.reference is not None:
+        args.reference = resolve(args.reference)
         folder = args.workloads if args.workloads.is_dir() else args.workloads.parent
         reference = load_reference(args.reference, args.load or infer_load(folder))
     specs = [_common_spec(args, policy, path, ()) for policy in policies for path in files]
@@ -196,6 +205,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         write_json(outcomes, args.json)
     if args.plot is not None:
         plot(outcomes, args.plot, title=f"{args.workloads.name}: {args.nodes} nodes x {args.gpus_per_node} GPUs")
+    return 0
+
+
+def _cmd_data() -> int:
+    folder = data_dir()
+    print(folder)
+    for workloads in sorted(folder.glob("*/workloads*")):
+        count = len(list(workloads.glob("*.csv")))
+        print(f"  {workloads.relative_to(folder)}/  ({count} workloads)")
+    print(f"origin and license of every file: {folder / 'SOURCES.md'}")
     return 0
 
 
@@ -212,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _cmd_run(args)
+        if args.command == "data":
+            return _cmd_data()
         return _cmd_compare(args)
     except AmoebaError as exc:
         print(f"amoeba-sim: error: {exc}", file=sys.stderr)

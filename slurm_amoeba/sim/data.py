@@ -1,43 +1,86 @@
 """Where the simulator finds its reference data, and a CSV reader that names the line of a bad row.
 
-The data (``../shared/data`` beside the repository, see its README) holds Pollux's workloads and measured traces and
-Gavel's co-location throughputs. ``AMOEBA_DATA_DIR`` overrides the location.
+The data ships inside the package (``slurm_amoeba/sim/datafiles/``, read through :mod:`importlib.resources`):
+Pollux's workloads and measured traces (Apache-2.0) and Gavel's co-location throughputs (MIT); its ``SOURCES.md``
+names the origin and license of every file. ``AMOEBA_DATA_DIR`` points the simulator at another folder of the same
+layout. Paths the user gives (``--workload pollux/workloads/workload-6.csv``) are found in the current directory
+first, then in the data folder (:func:`resolve`).
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.resources
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from slurm_amoeba.core.errors import AmoebaError, ParseError
 
-#: Environment variable that points at the data folder (the one holding ``pollux/`` and ``gavel/``).
+#: Environment variable that points at another data folder (one holding ``pollux/`` and ``gavel/``).
 DATA_DIR_ENV = "AMOEBA_DATA_DIR"
+#: The packaged data folder, relative to the ``slurm_amoeba.sim`` package.
+PACKAGED_DATA = "datafiles"
 
 
 class SimError(AmoebaError, ValueError):
     """The simulator was asked for something it cannot do (a job too big for the cluster, a missing file...)."""
 
 
+def packaged_data_dir() -> Path:
+    """The data folder shipped inside the package.
+
+    Raises:
+        SimError: the package is installed in a form that has no folder on disk (a zip), or without its data.
+    """
+    folder = importlib.resources.files("slurm_amoeba.sim") / PACKAGED_DATA
+    if not isinstance(folder, Path) or not folder.is_dir():
+        raise SimError(
+            f"the simulator's packaged data ({folder}) is not a folder on disk; reinstall slurm-amoeba from a wheel "
+            f"or a checkout, or set {DATA_DIR_ENV} to a folder that holds pollux/ and gavel/"
+        )
+    return folder
+
+
 def data_dir() -> Path:
     """The folder holding ``pollux/`` and ``gavel/``.
 
     Returns:
-        ``$AMOEBA_DATA_DIR`` when set, else ``../shared/data`` relative to the repository.
+        ``$AMOEBA_DATA_DIR`` when set, else the data shipped with the package.
 
     Raises:
         SimError: the folder does not exist.
     """
     env = os.environ.get(DATA_DIR_ENV)
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+    if not env:
+        return packaged_data_dir()
+    path = Path(env)
     if not path.is_dir():
         raise SimError(
-            f"the simulator's data folder {path} does not exist; set {DATA_DIR_ENV} to the folder that holds "
-            f"pollux/ and gavel/ (see ../shared/data/README.md)"
+            f"{DATA_DIR_ENV}={env!r} is not a folder; point it at a folder that holds pollux/ and gavel/, or unset "
+            f"it to use the data shipped with slurm-amoeba"
         )
     return path
+
+
+def resolve(path: Path) -> Path:
+    """Find a user-given data path: as given (relative to the current directory), else inside :func:`data_dir`.
+
+    ``pollux/workloads/workload-6.csv`` thus names the shipped workload from any directory.
+
+    Args:
+        path: the path as the user wrote it.
+
+    Returns:
+        The path that exists, or ``path`` unchanged when neither does (the caller's message names it).
+    """
+    if path.exists() or path.is_absolute():
+        return path
+    try:
+        inside = data_dir() / path
+    except SimError:
+        return path
+    return inside if inside.exists() else path
 
 
 def read_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:

@@ -14,6 +14,7 @@ from slurm_amoeba.core.errors import unknown_key_message
 from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.sharing import SjfSharingPolicy
+from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
 from slurm_amoeba.policy.srtf import SrtfPolicy
 from slurm_amoeba.policy.tiresias import ElasticTiresiasPolicy, TiresiasPolicy
 from slurm_amoeba.policy.types import Policy, PolicyError
@@ -35,6 +36,7 @@ _FACTORIES: dict[str, tuple[Callable[..., Policy], type]] = {
     "elastic-backfill": (ElasticBackfillPolicy, ElasticBackfillPolicy),
     "sjf-ffs": (_sjf_ffs, SjfSharingPolicy),
     "sjf-bsbf": (_sjf_bsbf, SjfSharingPolicy),
+    "slurm": (SlurmBaselinePolicy, SlurmBaselinePolicy),
 }
 
 #: The policy the daemon uses when its configuration names none.

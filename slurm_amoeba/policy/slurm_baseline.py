@@ -1,0 +1,388 @@
+"""The ``slurm`` baseline: what Slurm's own scheduler would do, so that elastic policies are measured against it.
+
+A model of Slurm 22.05 with ``PriorityType=priority/multifactor``, ``SchedulerType=sched/backfill`` and
+``PreemptType=preempt/partition_prio`` (the settings of most GPU sites):
+
+- **multifactor priority**: ``PriorityWeightAge * min(age, PriorityMaxAge) / PriorityMaxAge
+  + PriorityWeightJobSize * size + PriorityWeightFairshare * 2^(-usage/shares) + PriorityWeightPartition * tier``,
+  plus the job's own ``priority`` (a site offset). ``size`` is the job's share of the cluster's GPUs (one minus it
+  with ``PriorityFavorSmall=YES``); fair share divides the cluster equally between the owners present and counts as
+  usage the GPU-seconds their jobs in the snapshot attained (no decay: the policy keeps no history). The queue is
+  ordered by partition ``PriorityTier`` first, then priority, then submit time, as Slurm does.
+- **backfill with reservations from time limits**: jobs are tested in that order (at most ``bf_max_job_test``); a
+  job starts now when it fits for its whole time limit without delaying any reservation made before it; otherwise
+  it gets a reservation at its earliest possible start if that lies within ``bf_window`` (Slurm reserves for every
+  tested job; ``bf_reservations=1`` gives EASY backfill, where only the top blocked job holds one). Running jobs are
+  expected to end at their start plus their time limit, never earlier: Slurm does not know the real durations.
+  GPUs are counted as one pool (the simulator places a job's workers on any nodes).
+- **partition-priority preemption with GraceTime**: a job of a partition with a higher ``PriorityTier`` that cannot
+  start takes GPUs from running jobs of lower-tier partitions whose ``PreemptMode`` is not ``off`` (lowest tier,
+  lowest priority first). A victim whose partition has a ``GraceTime`` is only told to leave (a preempt decision);
+  it keeps its GPUs for the grace time (the caller enforces it: the simulator's ``grace_time``) and the preemptor
+  holds a reservation until then. Without a grace time the preemptor starts in the same round.
+
+With ``grow_elastic`` the policy adds the daemon's ``elastic-backfill`` on top: elastic jobs start at their minimum
+(the daemon's jobs are submitted so), their extra workers count as free GPUs for Slurm's decisions (they live in a
+preemptible partition), are given back, least useful first, when a job Slurm starts needs them, and the GPUs left
+idle go to the elastic jobs whose speed gains most. This is what a site running ``amoebad`` would see.
+
+Each knob is a ``slurm.conf`` parameter; ``slurm_amoeba.sim.slurmconf`` reads them from a slurm.conf-like file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import math
+from collections.abc import Sequence
+
+from slurm_amoeba.policy.common import base_size, distribute_spare, realize, speedup_gain
+from slurm_amoeba.policy.types import Decision, JobInfo, PolicyError, Snapshot
+
+#: Slurm's default ``PriorityMaxAge`` (7 days).
+DEFAULT_MAX_AGE_S = 7 * 86400.0
+
+#: Slurm's default ``bf_window`` (one day).
+DEFAULT_BF_WINDOW_S = 86400.0
+
+#: Slurm's default ``bf_max_job_test``.
+DEFAULT_BF_MAX_JOB_TEST = 500
+
+#: The time limit assumed for a job that has none (Slurm's ``UNLIMITED``, as a year).
+UNLIMITED_S = 365 * 86400.0
+
+#: Partition ``PreemptMode`` values the model knows (``suspend`` and ``gang`` are not modelled).
+PREEMPT_MODES = ("off", "requeue", "cancel")
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmPartition:
+    """The scheduling settings of one partition (a ``PartitionName=`` line of slurm.conf).
+
+    Attributes:
+        name: the partition's name (jobs name it in ``JobInfo.partition``).
+        priority_tier: ``PriorityTier``; jobs of higher tiers are scheduled first and may preempt lower tiers.
+        preempt_mode: ``PreemptMode``: ``off`` (its jobs are never preempted), ``requeue`` or ``cancel``.
+        grace_time: ``GraceTime`` in seconds: how long a preempted job keeps its GPUs after the signal.
+    """
+
+    name: str
+    priority_tier: int = 1
+    preempt_mode: str = "off"
+    grace_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.preempt_mode not in PREEMPT_MODES:
+            raise PolicyError(
+                f"partition {self.name}: PreemptMode={self.preempt_mode!r} is not modelled; use one of "
+                f"{', '.join(PREEMPT_MODES)}"
+            )
+        if self.grace_time < 0 or self.priority_tier < 0:
+            raise PolicyError(
+                f"partition {self.name}: GraceTime={self.grace_time} and PriorityTier={self.priority_tier} must be "
+                f"0 or more"
+            )
+
+
+class _Profile:
+    """Free GPUs over time, a step function: ``free[i]`` GPUs from ``times[i]`` until ``times[i + 1]``."""
+
+    def __init__(self, now: float, free: int) -> None:
+        self.times = [now]
+        self.free = [free]
+
+    def _split(self, at: float) -> int:
+        """Index of the step that starts at ``at`` (made so when needed)."""
+        index = bisect.bisect_right(self.times, at) - 1
+        if self.times[index] == at:
+            return index
+        self.times.insert(index + 1, at)
+        self.free.insert(index + 1, self.free[index])
+        return index + 1
+
+    def add(self, start: float, end: float, gpus: int) -> None:
+        """Add ``gpus`` (negative: take) from ``start`` until ``end`` (``inf``: for ever)."""
+        if end <= start:
+            return
+        first = self._split(max(start, self.times[0]))
+        last = len(self.times) if math.isinf(end) else self._split(end)
+        for index in range(first, last):
+            self.free[index] += gpus
+
+    def earliest(self, need: int, duration: float, latest: float) -> float | None:
+        """The earliest time at or before ``latest`` from which ``need`` GPUs stay free for ``duration``."""
+        count = len(self.times)
+        for start in range(count):
+            at = self.times[start]
+            if at > latest:
+                return None
+            index = start
+            while index < count and self.times[index] < at + duration and self.free[index] >= need:
+                index += 1
+            if index == count or self.times[index] >= at + duration:
+                return at
+        return None
+
+    def copy(self) -> _Profile:
+        """An independent copy."""
+        other = _Profile(self.times[0], 0)
+        other.times = list(self.times)
+        other.free = list(self.free)
+        return other
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmBaselinePolicy:
+    """Slurm's multifactor priority, backfill with reservations and partition preemption (see the module).
+
+    Attributes:
+        weight_age: ``PriorityWeightAge``.
+        weight_job_size: ``PriorityWeightJobSize``.
+        weight_fairshare: ``PriorityWeightFairshare`` (0 switches fair share off).
+        weight_partition: ``PriorityWeightPartition``.
+        max_age_s: ``PriorityMaxAge`` in seconds.
+        favor_small: ``PriorityFavorSmall=YES``.
+        bf_window_s: ``bf_window`` in seconds: reservations lie at most this far ahead.
+        bf_max_job_test: ``bf_max_job_test``: pending jobs tested per round.
+        bf_reservations: how many blocked jobs hold a reservation (0: every tested one, as Slurm; 1: EASY).
+        default_time_s: the time limit of a job without one (``DefaultTime``/``MaxTime``).
+        partitions: the partitions' tiers, preempt modes and grace times; unnamed partitions get tier 1 and
+            ``PreemptMode=off``.
+        grow_elastic: run the daemon's elastic backfill on top (see the module).
+        min_gain: with ``grow_elastic``, the smallest marginal efficiency worth a grow (as ``elastic-backfill``).
+        name: ``"slurm"``.
+        decides_on_events_only: ``False``: priorities age with time.
+    """
+
+    weight_age: float = 1000.0
+    weight_job_size: float = 1000.0
+    weight_fairshare: float = 0.0
+    weight_partition: float = 0.0
+    max_age_s: float = DEFAULT_MAX_AGE_S
+    favor_small: bool = False
+    bf_window_s: float = DEFAULT_BF_WINDOW_S
+    bf_max_job_test: int = DEFAULT_BF_MAX_JOB_TEST
+    bf_reservations: int = 0
+    default_time_s: float = UNLIMITED_S
+    partitions: tuple[SlurmPartition, ...] = ()
+    grow_elastic: bool = False
+    min_gain: float = 0.1
+    name: str = dataclasses.field(default="slurm", init=False)
+    decides_on_events_only: bool = dataclasses.field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        for knob in ("weight_age", "weight_job_size", "weight_fairshare", "weight_partition", "min_gain"):
+            if not getattr(self, knob) >= 0:
+                raise PolicyError(f"{knob}={getattr(self, knob)} must be 0 or more")
+        for knob in ("max_age_s", "bf_window_s", "default_time_s"):
+            if not getattr(self, knob) > 0:
+                raise PolicyError(f"{knob}={getattr(self, knob)} must be positive (seconds)")
+        for knob in ("bf_max_job_test", "bf_reservations"):
+            value = getattr(self, knob)
+            if value != int(value) or value < (1 if knob == "bf_max_job_test" else 0):
+                raise PolicyError(f"{knob}={value} must be a whole number of at least {int(knob == 'bf_max_job_test')}")
+        object.__setattr__(self, "bf_max_job_test", int(self.bf_max_job_test))
+        object.__setattr__(self, "bf_reservations", int(self.bf_reservations))
+        names = [partition.name for partition in self.partitions]
+        if len(set(names)) != len(names):
+            raise PolicyError(f"partitions {names} name one partition twice")
+
+    # -- priority -------------------------------------------------------------------------------------------
+
+    def _partition(self, job: JobInfo) -> SlurmPartition:
+        for partition in self.partitions:
+            if partition.name == job.partition:
+                return partition
+        return SlurmPartition(job.partition)
+
+    def priorities(self, snapshot: Snapshot, now: float) -> dict[str, float]:
+        """Every job's multifactor priority now.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time.
+
+        Returns:
+            job id -> priority (higher is scheduled first within a partition tier).
+        """
+        total = max(snapshot.total_gpus, 1)
+        top_tier = max((partition.priority_tier for partition in self.partitions), default=1) or 1
+        shares = self._fairshare(snapshot.jobs) if self.weight_fairshare > 0 else {}
+        result: dict[str, float] = {}
+        for job in snapshot.jobs:
+            age = min(max(now - job.submit_time, 0.0), self.max_age_s) / self.max_age_s
+            size = min(job.requested_workers * job.gpus_per_worker / total, 1.0)
+            if self.favor_small:
+                size = 1.0 - size
+            tier = self._partition(job).priority_tier / top_tier
+            result[job.job_id] = (
+                self.weight_age * age
+                + self.weight_job_size * size
+                + self.weight_fairshare * shares.get(job.owner, 1.0)
+                + self.weight_partition * tier
+                + job.priority
+            )
+        return result
+
+    @staticmethod
+    def _fairshare(jobs: Sequence[JobInfo]) -> dict[str, float]:
+        usage: dict[str, float] = {}
+        for job in jobs:
+            usage[job.owner] = usage.get(job.owner, 0.0) + job.attained_service
+        total = sum(usage.values())
+        if total <= 0:
+            return dict.fromkeys(usage, 1.0)
+        share = 1.0 / len(usage)
+        return {owner: 2.0 ** (-(used / total) / share) for owner, used in usage.items()}
+
+    def queue_order(self, snapshot: Snapshot, now: float) -> list[JobInfo]:
+        """The pending jobs in the order Slurm tests them: partition tier, priority, submit time, id."""
+        priority = self.priorities(snapshot, now)
+        return sorted(
+            snapshot.pending(),
+            key=lambda job: (-self._partition(job).priority_tier, -priority[job.job_id], job.submit_time, job.job_id),
+        )
+
+    # -- decisions ------------------------------------------------------------------------------------------
+
+    def _limit(self, job: JobInfo) -> float:
+        """Seconds the job may still run (never less than one: a job past its limit is about to end)."""
+        limit = self.default_time_s if job.time_limit is None else job.time_limit
+        return max(limit - job.executed_time, 1.0)
+
+    def _held(self, job: JobInfo) -> int:
+        """GPUs of a running job that Slurm counts as taken (an elastic job's extras are free under the daemon)."""
+        if self.grow_elastic and job.is_resizable:
+            return job.min_workers * job.gpus_per_worker
+        return job.gpus
+
+    def _start_size(self, job: JobInfo) -> int:
+        return base_size(job) if self.grow_elastic else job.requested_workers
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+        """Start, reserve and preempt as Slurm would; with ``grow_elastic`` also shrink and grow elastic jobs.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time (priorities age with it; reservations are placed on its clock).
+
+        Returns:
+            Start and preempt decisions (and shrink/grow decisions with ``grow_elastic``).
+        """
+        running = [job for job in snapshot.running() if job.shared_with is None]
+        free_now = snapshot.free_gpus + sum(job.gpus - self._held(job) for job in running)
+        profile = _Profile(now, free_now)
+        for job in running:
+            profile.add(now + self._limit(job), math.inf, self._held(job))
+        targets: dict[str, int] = {}
+        reasons: dict[str, str] = {}
+        victims: set[str] = set()
+        started: list[JobInfo] = []
+        reserved = 0
+        for job in self.queue_order(snapshot, now)[: self.bf_max_job_test]:
+            need = self._start_size(job) * job.gpus_per_worker
+            if need > snapshot.total_gpus:
+                continue
+            duration = self._limit(job)
+            at = profile.earliest(need, duration, now + self.bf_window_s)
+            if at is None or at > now:
+                preempted = self._preempt_for(job, need, duration, running, victims, profile, now, reasons)
+                at = at if preempted is None else preempted
+            if at is not None and at <= now:
+                profile.add(now, now + duration, -need)
+                targets[job.job_id] = self._start_size(job)
+                reasons[job.job_id] = "slurm: starts without delaying any reservation"
+                started.append(job)
+            elif at is not None and (self.bf_reservations == 0 or reserved < self.bf_reservations):
+                profile.add(at, at + duration, -need)
+                reserved += 1
+        for key in victims:
+            targets[key] = 0
+        if self.grow_elastic:
+            self._elastic(snapshot, running, started, victims, targets, reasons)
+        by_id = {job.job_id: job for job in snapshot.jobs}
+        changed = {key: size for key, size in targets.items() if size != by_id[key].workers}
+        order = [job for job in running if job.job_id in changed] + started
+        return realize(snapshot, changed, order, reasons)
+
+    def _preempt_for(
+        self,
+        job: JobInfo,
+        need: int,
+        duration: float,
+        running: Sequence[JobInfo],
+        victims: set[str],
+        profile: _Profile,
+        now: float,
+        reasons: dict[str, str],
+    ) -> float | None:
+        """Pick running jobs of lower, preemptible tiers whose GPUs let ``job`` start; returns its start or ``None``.
+
+        The profile is changed (and ``victims`` grown) only when the preemption succeeds: the victims' GPUs come
+        back at now plus their grace time instead of at their expected ends.
+        """
+        tier = self._partition(job).priority_tier
+        candidates = [
+            other
+            for other in running
+            if other.job_id not in victims
+            and self._partition(other).preempt_mode != "off"
+            and self._partition(other).priority_tier < tier
+        ]
+        if not candidates:
+            return None
+        candidates.sort(key=lambda other: (self._partition(other).priority_tier, other.priority, other.executed_time))
+        trial = profile.copy()
+        chosen: list[JobInfo] = []
+        grace = 0.0
+        for victim in candidates:
+            grace = max(grace, self._partition(victim).grace_time)
+            trial.add(now + self._partition(victim).grace_time, now + self._limit(victim), self._held(victim))
+            chosen.append(victim)
+            at = trial.earliest(need, duration, now + grace)
+            if at is not None:
+                profile.times, profile.free = trial.times, trial.free
+                for victim_job in chosen:
+                    victims.add(victim_job.job_id)
+                    reasons[victim_job.job_id] = f"slurm: preempted for job {job.job_id} of a higher PriorityTier"
+                return at
+        return None
+
+    def _elastic(
+        self,
+        snapshot: Snapshot,
+        running: Sequence[JobInfo],
+        started: Sequence[JobInfo],
+        victims: set[str],
+        targets: dict[str, int],
+        reasons: dict[str, str],
+    ) -> None:
+        """The daemon's elastic backfill on top: give extras back for the starts, grow into what stays idle."""
+        sizes = {job.job_id: job.workers for job in running if job.job_id not in victims}
+        free = snapshot.free_gpus + sum(job.gpus for job in running if job.job_id in victims)
+        free -= sum(targets[job.job_id] * job.gpus_per_worker for job in started)
+        extras: list[tuple[float, str, JobInfo]] = [
+            (speedup_gain(job, job.workers - 1), job.job_id, job)
+            for job in running
+            if job.job_id in sizes and job.is_resizable and job.workers > job.min_workers
+        ]
+        heapq.heapify(extras)
+        while free < 0 and extras:
+            _, key, victim = heapq.heappop(extras)
+            sizes[key] -= 1
+            free += victim.gpus_per_worker
+            reasons[key] = "slurm+elastic-backfill: gives extra GPUs back for a job Slurm starts"
+            if sizes[key] > victim.min_workers:
+                heapq.heappush(extras, (speedup_gain(victim, sizes[key] - 1), key, victim))
+        for job in started:
+            sizes[job.job_id] = targets[job.job_id]
+        growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons] + list(started)
+        before = dict(sizes)
+        distribute_spare(growers, sizes, max(free, 0), self.min_gain)
+        held = {job.job_id: job.workers for job in running}
+        for key, size in sizes.items():
+            if size != before[key]:
+                reasons[key] = "slurm+elastic-backfill: idle GPUs, largest speedup gain"
+            if key in targets or size != held.get(key, 0):
+                targets[key] = size

@@ -1,0 +1,165 @@
+"""The ``slurm`` baseline on hand-built scenarios whose Slurm outcome is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_amoeba.policy import PolicyError, check_decisions, make_policy
+from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy, SlurmPartition
+
+from .helpers import job, sizes, snapshot
+
+# One node of 4 GPUs; R holds 2 of them until t=1000 (its time limit); the top job P needs all 4.
+_BUSY = job("R", 2, placement={"n0": 2}, time_limit=1000.0)
+_TOP = job("P", 4, submit=0.0, time_limit=3000.0)
+
+
+def _age_only(**knobs: object) -> SlurmBaselinePolicy:
+    return SlurmBaselinePolicy(weight_age=1000.0, weight_job_size=0.0, **knobs)  # type: ignore[arg-type]
+
+
+def test_a_small_job_backfills_when_it_ends_before_the_reservation() -> None:
+    short = job("S", 2, submit=10.0, time_limit=500.0)
+    decisions = _age_only().decide(snapshot([4], [_BUSY, _TOP, short]), now=100.0)
+    assert sizes(decisions) == {"S": 2}
+
+
+def test_a_small_job_that_would_delay_the_reserved_one_waits() -> None:
+    long = job("L", 2, submit=10.0, time_limit=2000.0)
+    assert _age_only().decide(snapshot([4], [_BUSY, _TOP, long]), now=100.0) == []
+
+
+def test_a_job_without_a_time_limit_never_backfills_in_front_of_a_reservation() -> None:
+    unlimited = job("U", 2, submit=10.0)
+    assert _age_only().decide(snapshot([4], [_BUSY, _TOP, unlimited]), now=100.0) == []
+    # ... unless the site's default time limit is short enough.
+    assert sizes(_age_only(default_time_s=600.0).decide(snapshot([4], [_BUSY, _TOP, unlimited]), now=100.0)) == {"U": 2}
+
+
+def test_the_reservation_uses_the_time_limit_not_the_real_remaining_time() -> None:
+    # R will really end in 10 s, but Slurm only knows its limit (t=1000); S (limit 500) still backfills.
+    busy = job("R", 2, placement={"n0": 2}, time_limit=1000.0, remaining_work=10.0, throughput={2: 1.0})
+    short = job("S", 2, submit=10.0, time_limit=500.0)
+    assert sizes(_age_only().decide(snapshot([4], [busy, _TOP, short]), now=0.0)) == {"S": 2}
+
+
+def test_every_tested_job_holds_a_reservation_and_easy_protects_only_the_first() -> None:
+    # 4 GPUs; R holds 3 until t=1000. P1 (3 GPUs) is reserved for [1000, 2000), P2 (4 GPUs) for [2000, 3000).
+    # Z (1 GPU until t=2500) fits beside R and beside P1 but would delay P2.
+    busy = job("R", 3, placement={"n0": 3}, time_limit=1000.0)
+    first = job("P1", 3, submit=0.0, time_limit=1000.0)
+    second = job("P2", 4, submit=1.0, time_limit=1000.0)
+    z = job("Z", 1, submit=2.0, time_limit=2500.0)
+    cluster = snapshot([4], [busy, first, second, z])
+    assert _age_only().decide(cluster, now=0.0) == []
+    assert sizes(_age_only(bf_reservations=1).decide(cluster, now=0.0)) == {"Z": 1}
+
+
+def test_a_job_whose_start_lies_beyond_bf_window_holds_no_reservation() -> None:
+    busy = job("R", 2, placement={"n0": 2}, time_limit=5000.0)
+    blocked = job("P", 4, submit=0.0, time_limit=1000.0)
+    y = job("Y", 2, submit=5.0, time_limit=10_000.0)
+    cluster = snapshot([4], [busy, blocked, y])
+    assert _age_only().decide(cluster, now=100.0) == []
+    assert sizes(_age_only(bf_window_s=1000.0).decide(cluster, now=100.0)) == {"Y": 2}
+
+
+def test_priority_orders_by_age_then_by_size() -> None:
+    old_small = job("old-small", 1, submit=0.0)
+    new_big = job("new-big", 4, submit=3600.0)
+    cluster = snapshot([4], [old_small, new_big])
+    now = 7200.0
+    by_age = SlurmBaselinePolicy(weight_age=1000.0, weight_job_size=0.0).queue_order(cluster, now)
+    assert [info.job_id for info in by_age] == ["old-small", "new-big"]
+    by_size = SlurmBaselinePolicy(weight_age=0.0, weight_job_size=1000.0).queue_order(cluster, now)
+    assert [info.job_id for info in by_size] == ["new-big", "old-small"]
+    small_first = SlurmBaselinePolicy(weight_age=0.0, weight_job_size=1000.0, favor_small=True)
+    assert [info.job_id for info in small_first.queue_order(cluster, now)] == ["old-small", "new-big"]
+
+
+def test_priority_caps_age_at_max_age() -> None:
+    policy = SlurmBaselinePolicy(weight_age=1000.0, weight_job_size=0.0, max_age_s=3600.0)
+    cluster = snapshot([4], [job("a", 1, submit=0.0), job("b", 1, submit=5000.0)])
+    assert policy.priorities(cluster, now=100_000.0) == {"a": 1000.0, "b": 1000.0}
+    assert policy.priorities(cluster, now=5000.0 + 1800.0)["b"] == pytest.approx(500.0)
+
+
+def test_fair_share_ranks_the_user_with_less_usage_first() -> None:
+    heavy = job("heavy-run", 1, placement={"n0": 1}, owner="alice", attained_service=10_000.0)
+    alice = job("alice-2", 1, submit=0.0, owner="alice")
+    bob = job("bob-1", 1, submit=100.0, owner="bob")
+    cluster = snapshot([1], [heavy, alice, bob])
+    policy = SlurmBaselinePolicy(weight_age=0.0, weight_job_size=0.0, weight_fairshare=1000.0)
+    assert [info.job_id for info in policy.queue_order(cluster, now=200.0)] == ["bob-1", "alice-2"]
+
+
+_TIERS = (
+    SlurmPartition("gpu", priority_tier=2),
+    SlurmPartition("elastic", priority_tier=1, preempt_mode="requeue", grace_time=120.0),
+)
+
+
+def test_a_higher_tier_job_preempts_and_waits_out_the_grace_time() -> None:
+    low = job("low", 4, placement={"n0": 4}, partition="elastic", time_limit=10_000.0)
+    high = job("high", 4, submit=50.0, partition="gpu", time_limit=1000.0)
+    cluster = snapshot([4], [low, high])
+    decisions = SlurmBaselinePolicy(partitions=_TIERS).decide(cluster, now=60.0)
+    assert sizes(decisions) == {"low": 0}  # told to leave; the high job starts once the grace time is over
+    check_decisions(cluster, decisions)
+
+
+def test_without_grace_time_the_preemptor_starts_in_the_same_round() -> None:
+    tiers = (SlurmPartition("gpu", priority_tier=2), SlurmPartition("elastic", 1, "cancel", 0.0))
+    low = job("low", 4, placement={"n0": 4}, partition="elastic", time_limit=10_000.0)
+    high = job("high", 4, submit=50.0, partition="gpu", time_limit=1000.0)
+    cluster = snapshot([4], [low, high])
+    decisions = SlurmBaselinePolicy(partitions=tiers).decide(cluster, now=60.0)
+    assert sizes(decisions) == {"low": 0, "high": 4}
+    check_decisions(cluster, decisions)
+
+
+def test_jobs_of_a_partition_without_preemption_are_never_preempted() -> None:
+    tiers = (SlurmPartition("gpu", priority_tier=2), SlurmPartition("batch", priority_tier=1))
+    low = job("low", 4, placement={"n0": 4}, partition="batch", time_limit=10_000.0)
+    high = job("high", 4, submit=50.0, partition="gpu", time_limit=1000.0)
+    assert SlurmBaselinePolicy(partitions=tiers).decide(snapshot([4], [low, high]), now=60.0) == []
+
+
+def test_preemption_takes_only_as_many_victims_as_needed() -> None:
+    first = job("v1", 2, placement={"n0": 2}, partition="elastic", time_limit=10_000.0, executed_time=10.0)
+    second = job("v2", 2, placement={"n1": 2}, partition="elastic", time_limit=10_000.0, executed_time=500.0)
+    high = job("high", 3, submit=50.0, partition="gpu", time_limit=1000.0)
+    cluster = snapshot([3, 2], [first, second, high])  # one GPU of n0 is free
+    decisions = SlurmBaselinePolicy(partitions=_TIERS).decide(cluster, now=60.0)
+    assert sizes(decisions) == {"v1": 0}  # the youngest victim is enough with the free GPU
+
+
+def test_grow_elastic_starts_elastic_jobs_at_their_minimum_and_grows_them_into_idle_gpus() -> None:
+    elastic = job("e", 2, low=1, high=4, submit=0.0, time_limit=1000.0)
+    decisions = SlurmBaselinePolicy(grow_elastic=True).decide(snapshot([4], [elastic]), now=0.0)
+    assert sizes(decisions) == {"e": 4}
+
+
+def test_grow_elastic_gives_extras_back_for_a_job_slurm_starts() -> None:
+    elastic = job("e", 4, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
+    rigid = job("r", 2, submit=10.0, time_limit=100.0)
+    cluster = snapshot([4], [elastic, rigid])
+    decisions = SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)
+    assert sizes(decisions) == {"e": 2, "r": 2}
+    check_decisions(cluster, decisions)
+    # Slurm alone would make the rigid job wait for the elastic job's end.
+    assert SlurmBaselinePolicy().decide(cluster, now=20.0) == []
+
+
+def test_a_job_larger_than_the_cluster_is_skipped_and_the_rest_still_start() -> None:
+    decisions = SlurmBaselinePolicy().decide(snapshot([4], [job("huge", 8), job("ok", 2, submit=5.0)]), now=10.0)
+    assert sizes(decisions) == {"ok": 2}
+
+
+def test_bad_settings_are_refused_with_the_knob_named() -> None:
+    with pytest.raises(PolicyError, match="bf_max_job_test=0"):
+        make_policy("slurm", bf_max_job_test=0)
+    with pytest.raises(PolicyError, match="PreemptMode='suspend'"):
+        SlurmPartition("x", preempt_mode="suspend")
+    with pytest.raises(PolicyError, match="max_age_s=-1"):
+        SlurmBaselinePolicy(max_age_s=-1)

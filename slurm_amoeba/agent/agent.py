@@ -41,6 +41,7 @@ from slurm_amoeba.agent.groups import (
     worker_ids,
 )
 from slurm_amoeba.core.errors import AmoebaError, SpecError
+from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.core.spec import ElasticSpec
@@ -181,7 +182,7 @@ class Agent:
         env.update(self.config.worker_env)
         env.update(self.coordinator.worker_env("unassigned"))
         env.setdefault("OMP_NUM_THREADS", "1")
-        env["AMOEBA_PARENT_JOB"] = self.config.job_id
+        env[ENV_PARENT_JOB] = self.config.job_id
         return env
 
     def _entry(self, group: str) -> list[str]:

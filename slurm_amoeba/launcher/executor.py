@@ -29,6 +29,7 @@ import cloudpickle
 from submitit.core import core, utils
 
 from slurm_amoeba.core.errors import AmoebaError, SpecError
+from slurm_amoeba.core.jobenv import DEFAULT_GPUS_PER_WORKER, ENV_JOB_FOLDER, ENV_STATE_DIR
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.launcher.submission import ElasticJobShape
@@ -45,7 +46,7 @@ class ElasticParameters:
 
     min_workers: int = 1
     max_workers: int = 1
-    gpus_per_worker: int = 0
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER
     cpus_per_worker: int = 1
     mem_per_worker: int = 0
     partition: str | None = None
@@ -215,8 +216,8 @@ class ElasticExecutor(core.PicklingExecutor):
         template = str(utils.JobPaths(self.folder).folder)
         folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in template.split("%j"))
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in shape.environment().items())
-        exports += f"export AMOEBA_JOB_FOLDER={folder}\n"
-        exports += 'export AMOEBA_STATE_DIR="$AMOEBA_JOB_FOLDER/${SLURM_JOB_ID}_amoeba"\n'
+        exports += f"export {ENV_JOB_FOLDER}={folder}\n"
+        exports += f'export {ENV_STATE_DIR}="${ENV_JOB_FOLDER}/${{SLURM_JOB_ID}}_amoeba"\n'
         return text.replace("set -euo pipefail\n", "set -euo pipefail\n" + exports, 1)
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:

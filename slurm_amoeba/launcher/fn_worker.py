@@ -16,6 +16,8 @@ from pathlib import Path
 
 from submitit.core import utils
 
+from slurm_amoeba.core.jobenv import ENV_JOB_FOLDER, ENV_PARENT_JOB
+
 PICKLE_WAIT_S = 120.0
 
 
@@ -27,14 +29,14 @@ def _is_rank_zero() -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the job's function (see the module docstring)."""
     args = sys.argv[1:] if argv is None else argv
-    folder = os.environ.get("AMOEBA_JOB_FOLDER", "")
+    folder = os.environ.get(ENV_JOB_FOLDER, "")
     if args or not folder:
         print(
             "usage: AMOEBA_JOB_FOLDER=DIR python -m slurm_amoeba.launcher.fn_worker (the executor sets it)",
             file=sys.stderr,
         )
         return 2
-    job_id = os.environ.get("AMOEBA_PARENT_JOB") or os.environ.get("SLURM_JOB_ID", "")
+    job_id = os.environ.get(ENV_PARENT_JOB) or os.environ.get("SLURM_JOB_ID", "")
     paths = utils.JobPaths(Path(folder), job_id=job_id, task_id=0)
     deadline = time.monotonic() + PICKLE_WAIT_S
     while not paths.submitted_pickle.exists():  # submitit moves it into place right after sbatch returns

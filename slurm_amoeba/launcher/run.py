@@ -7,9 +7,10 @@ starts the minimum workers in component 1 of the job and grows or shrinks the jo
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), valid for each generation, plus the
 ``AMOEBA_*`` variables the elastic runtime reads.
 
-Every option can also come from the environment: ``AMOEBA_ELASTIC_MIN``/``AMOEBA_ELASTIC_MAX`` (set by
-``amoeba-sbatch`` and by the SPANK plugin), ``AMOEBA_ELASTIC_PARTITION``, ``AMOEBA_GPUS_PER_WORKER``,
-``AMOEBA_CPUS_PER_WORKER``, ``AMOEBA_STATE_DIR``, ``AMOEBA_DAEMON_ENDPOINT``.
+Every option can also come from the job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, with its
+defaults): ``AMOEBA_ELASTIC_MIN``/``AMOEBA_ELASTIC_MAX`` (set by ``amoeba-sbatch`` and by the SPANK plugin),
+``AMOEBA_ELASTIC_PARTITION``, ``AMOEBA_GPUS_PER_WORKER``, ``AMOEBA_CPUS_PER_WORKER``, ``AMOEBA_STATE_DIR``,
+``AMOEBA_DAEMON_ENDPOINT``; the command line wins.
 """
 
 from __future__ import annotations
@@ -24,18 +25,11 @@ from pathlib import Path
 
 from slurm_amoeba.agent.agent import Agent, AgentConfig
 from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.jobenv import DEFAULT_CPUS_PER_WORKER, DEFAULT_ELASTIC_PARTITION, DEFAULT_GPUS_PER_WORKER, JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import CliSlurmClient
 
 log = logging.getLogger(__name__)
-
-
-def elastic_from_env(env: Mapping[str, str]) -> str | None:
-    """The worker range the environment gives (``MIN:MAX``), or None."""
-    low, high = env.get("AMOEBA_ELASTIC_MIN", ""), env.get("AMOEBA_ELASTIC_MAX", "")
-    if not low:
-        return None
-    return f"{low}:{high}" if high else low
 
 
 def advertise_address() -> str:
@@ -48,9 +42,8 @@ def advertise_address() -> str:
     return name if address.startswith("127.") else address
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``amoeba-run``."""
-    env = os.environ
+def build_parser(job: JobEnv) -> argparse.ArgumentParser:
+    """The command line of ``amoeba-run``, its defaults taken from the job's environment ``job``."""
     parser = argparse.ArgumentParser(
         prog="amoeba-run",
         description="Run an elastic training job's workers inside a Slurm job (like torchrun, but elastic).",
@@ -60,26 +53,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--elastic",
-        default=elastic_from_env(env),
+        default=job.elastic_range,
         metavar="MIN[:MAX]",
         help="worker range (default: AMOEBA_ELASTIC_MIN/MAX from amoeba-sbatch or the SPANK plugin)",
     )
-    parser.add_argument("--gpus-per-worker", type=int, default=int(env.get("AMOEBA_GPUS_PER_WORKER", "0") or 0))
-    parser.add_argument("--cpus-per-worker", type=int, default=int(env.get("AMOEBA_CPUS_PER_WORKER", "1") or 1))
+    parser.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=job.gpus_per_worker,
+        help=f"GPUs of each worker (default: AMOEBA_GPUS_PER_WORKER, else {DEFAULT_GPUS_PER_WORKER}; 0: CPU only)",
+    )
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=job.cpus_per_worker,
+        help=f"CPUs of each worker (default: AMOEBA_CPUS_PER_WORKER, else {DEFAULT_CPUS_PER_WORKER})",
+    )
     parser.add_argument(
         "--elastic-partition",
-        default=env.get("AMOEBA_ELASTIC_PARTITION") or "elastic",
-        help="partition of the satellites that grow the job (default: elastic)",
+        default=job.elastic_partition,
+        help=f"partition of the satellites that grow the job (default: AMOEBA_ELASTIC_PARTITION, else "
+        f"{DEFAULT_ELASTIC_PARTITION})",
     )
     parser.add_argument(
         "--state-dir",
         type=Path,
-        default=None,
+        default=Path(job.state_dir) if job.state_dir else None,
         help="status file and logs (default: AMOEBA_STATE_DIR or ./amoeba-<jobid>)",
     )
     parser.add_argument(
         "--daemon",
-        default=env.get("AMOEBA_DAEMON_ENDPOINT") or None,
+        default=job.daemon_endpoint,
         help="the amoebad endpoint to register with (default: AMOEBA_DAEMON_ENDPOINT; none: no daemon)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
@@ -117,7 +121,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentC
         raise SpecError(
             f"component 1 of job {job_id} has {tasks} tasks but --elastic asks for at least {spec.min_workers} workers"
         )
-    state_dir = args.state_dir or Path(env.get("AMOEBA_STATE_DIR") or f"amoeba-{job_id}")
+    state_dir = args.state_dir or Path(f"amoeba-{job_id}")
     return AgentConfig(
         job_id=job_id,
         spec=spec,
@@ -132,8 +136,12 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentC
 def main(argv: Sequence[str] | None = None) -> int:
     """``amoeba-run``: run the job's agent (see the module docstring)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        job = JobEnv.from_environ(os.environ)
+    except SpecError as exc:
+        print(f"amoeba-run: error: the job's environment: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser(job).parse_args(argv)
     try:
         config = config_from_args(args, os.environ)
     except SpecError as exc:

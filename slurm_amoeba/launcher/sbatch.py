@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.submission import ElasticJobShape
 from slurm_amoeba.slurm import CliSlurmClient, SlurmCommandError
@@ -133,8 +134,9 @@ def _without(options: Sequence[str], names: tuple[str, ...]) -> list[str]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``amoeba-sbatch``."""
+def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
+    """The command line of ``amoeba-sbatch``; defaults from ``job`` (the submitter's environment), else JobEnv's."""
+    job = job or JobEnv()
     parser = argparse.ArgumentParser(
         prog="amoeba-sbatch",
         usage="amoeba-sbatch --elastic MIN[:MAX] [--gpus-per-worker G] [sbatch options] job.sh [args]",
@@ -142,13 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The script runs `amoeba-run python train.py ...`. Any other option goes to sbatch as it is.",
     )
     parser.add_argument("--elastic", metavar="MIN[:MAX]", help="worker range (or #SBATCH --elastic= in the script)")
-    parser.add_argument("--gpus-per-worker", type=int, default=int(os.environ.get("AMOEBA_GPUS_PER_WORKER", "1")))
-    parser.add_argument("--cpus-per-worker", type=int, default=int(os.environ.get("AMOEBA_CPUS_PER_WORKER", "1")))
+    parser.add_argument("--gpus-per-worker", type=int, default=job.gpus_per_worker)
+    parser.add_argument("--cpus-per-worker", type=int, default=job.cpus_per_worker)
     parser.add_argument("--mem-per-worker", type=int, default=0, metavar="MB")
-    parser.add_argument("--elastic-partition", default=os.environ.get("AMOEBA_ELASTIC_PARTITION", "elastic"))
+    parser.add_argument("--elastic-partition", default=job.elastic_partition)
     parser.add_argument(
         "--daemon",
-        default=os.environ.get("AMOEBA_DAEMON_ENDPOINT") or None,
+        default=job.daemon_endpoint,
         help="amoebad endpoint the job's agent reports to",
     )
     return parser
@@ -164,7 +166,7 @@ def prepare(argv: Sequence[str], slurm: CliSlurmClient) -> tuple[ElasticJobShape
         SpecError: a bad range or resource, a missing script, sbatch resource options that amoeba-sbatch sets
             itself, or a minimum the partition can never hold.
     """
-    ours, rest = build_parser().parse_known_args(argv)
+    ours, rest = build_parser(JobEnv.from_environ(os.environ)).parse_known_args(argv)
     options, script_name, script_args = split_sbatch_args(rest)
     script = Path(script_name)
     if not script.is_file():

@@ -2,8 +2,8 @@
 
 One heterogeneous job: component 0 runs the agent (one task, CPUs only, never leaves); component 1 holds the
 minimum workers (one task per worker). The worker range and per-worker resources travel to ``amoeba-run`` in the
-job's environment (``AMOEBA_ELASTIC_MIN`` ... , the variables the SPANK plugin sets too). Everything here is checked
-before anything is submitted.
+job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
+Everything here is checked before anything is submitted.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.jobenv import DEFAULT_ELASTIC_PARTITION, JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import SlurmClient, SubmitOptions
 
@@ -33,7 +34,7 @@ class ElasticJobShape:
 
     spec: ElasticSpec
     partition: str | None = None
-    elastic_partition: str = "elastic"
+    elastic_partition: str = DEFAULT_ELASTIC_PARTITION
     name: str | None = None
     time_min: int | None = None
     output: str | None = None
@@ -64,18 +65,15 @@ class ElasticJobShape:
         )
         return [agent, workers]
 
+    def job_env(self) -> JobEnv:
+        """The job's settings as ``amoeba-run`` reads them from its environment."""
+        return JobEnv.for_spec(
+            self.spec, elastic_partition=self.elastic_partition, daemon_endpoint=self.daemon_endpoint or None
+        )
+
     def environment(self) -> dict[str, str]:
         """What ``amoeba-run`` reads in the job (sbatch exports the submitter's environment)."""
-        env = {
-            "AMOEBA_ELASTIC_MIN": str(self.spec.min_workers),
-            "AMOEBA_ELASTIC_MAX": str(self.spec.max_workers),
-            "AMOEBA_ELASTIC_PARTITION": self.elastic_partition,
-            "AMOEBA_GPUS_PER_WORKER": str(self.spec.gpus_per_worker),
-            "AMOEBA_CPUS_PER_WORKER": str(self.spec.cpus_per_worker),
-        }
-        if self.daemon_endpoint:
-            env["AMOEBA_DAEMON_ENDPOINT"] = self.daemon_endpoint
-        return env
+        return self.job_env().to_environ()
 
     def check_capacity(self, slurm: SlurmClient) -> None:
         """Refuse a job whose minimum can never run in its partition (before anything is submitted).

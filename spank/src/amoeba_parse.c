@@ -380,9 +380,9 @@ int amoeba_request_finish(struct amoeba_request *req,
 
 	*has_env = false;
 	memset(env, 0, sizeof(*env));
-	env->vars[0].name = AMOEBA_ENV_MIN;
-	env->vars[1].name = AMOEBA_ENV_MAX;
-	env->vars[2].name = AMOEBA_ENV_PARTITION;
+	env->vars[0].name = AMOEBA_ENV_ELASTIC_MIN;
+	env->vars[1].name = AMOEBA_ENV_ELASTIC_MAX;
+	env->vars[2].name = AMOEBA_ENV_ELASTIC_PARTITION;
 
 	switch (req->mode) {
 	case AMOEBA_MODE_UNSET:

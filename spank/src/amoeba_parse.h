@@ -20,6 +20,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "amoeba_env.h"
+
 /* Longest partition name accepted (Slurm itself has no small limit). */
 #define AMOEBA_PARTITION_MAX 63
 /* No site may allow more workers than this (keeps every count in 32 bits). */
@@ -72,11 +74,11 @@ struct amoeba_request {
 	char partition[AMOEBA_PARTITION_MAX + 1]; /* "" until set */
 };
 
-/* The job environment a request turns into. */
-#define AMOEBA_ENV_MIN "AMOEBA_ELASTIC_MIN"
-#define AMOEBA_ENV_MAX "AMOEBA_ELASTIC_MAX"
-#define AMOEBA_ENV_PARTITION "AMOEBA_ELASTIC_PARTITION"
-#define AMOEBA_ENV_COUNT 3
+/*
+ * The job environment a request turns into: AMOEBA_ENV_ELASTIC_MIN, _MAX and
+ * _PARTITION of amoeba_env.h, in that order.
+ */
+#define AMOEBA_REQUEST_VARS 3
 
 struct amoeba_env_var {
 	const char *name;
@@ -85,7 +87,7 @@ struct amoeba_env_var {
 
 struct amoeba_env {
 	bool set;   /* true: set every var; false: unset every var (clear) */
-	struct amoeba_env_var vars[AMOEBA_ENV_COUNT];
+	struct amoeba_env_var vars[AMOEBA_REQUEST_VARS];
 };
 
 /*

@@ -20,7 +20,7 @@ int amoeba_export_process_env(void)
 		return -1;
 	if (!has_env)
 		return 0;
-	for (int i = 0; i < AMOEBA_ENV_COUNT; i++) {
+	for (int i = 0; i < AMOEBA_REQUEST_VARS; i++) {
 		const struct amoeba_env_var *var = &env.vars[i];
 		int rc = env.set ? setenv(var->name, var->value, 1)
 				 : unsetenv(var->name);

@@ -35,7 +35,7 @@ int amoeba_remote_user_init(spank_t sp)
 		return -1;
 	if (!has_env)
 		return 0;
-	for (int i = 0; i < AMOEBA_ENV_COUNT; i++) {
+	for (int i = 0; i < AMOEBA_REQUEST_VARS; i++) {
 		const struct amoeba_env_var *var = &env.vars[i];
 		spank_err_t rc = env.set
 			? spank_setenv(sp, var->name, var->value, 1)

@@ -77,6 +77,9 @@ class AgentConfig:
         poll_s: how often the agent looks at Slurm and the coordinator.
         report_s: how often it reports to the daemon.
         coordinator: further coordinator settings (timeouts).
+        main_het_group: the heterogeneous component the main worker group runs in (1 with ``amoeba-sbatch``); None
+            for a one-component allocation (plain ``sbatch --elastic``), where the workers' step shares the job with
+            the agent in the batch step.
     """
 
     job_id: str
@@ -91,6 +94,7 @@ class AgentConfig:
     poll_s: float = 0.5
     report_s: float = 2.0
     coordinator: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    main_het_group: int | None = 1
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -212,7 +216,7 @@ class Agent:
         self._main_step = start_step(
             StepOptions(
                 ntasks=spec.min_workers,
-                het_group=1,
+                het_group=self.config.main_het_group,
                 cpus_per_task=spec.cpus_per_worker,
                 gpus_per_task=spec.gpus_per_worker,
                 name="amoeba-workers-g0",

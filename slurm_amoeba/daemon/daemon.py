@@ -731,7 +731,6 @@ class Daemon:
         )
         m.agents.set(len(self.agents))
         m.workers.replace(({"job": job_id}, info.workers) for job_id, info in obs.managed.items())
-        m.workers_total.set(sum(info.workers for info in obs.managed.values()))
         m.gpus.replace([({"state": "total"}, obs.snapshot.total_gpus), ({"state": "free"}, obs.snapshot.free_gpus)])
         m.in_flight.set(sum(1 for agent in self.agents.values() if agent.in_flight is not None))
         m.orphans.set(len(obs.orphans))

@@ -1,23 +1,28 @@
-"""Prometheus metrics of the daemon, in the text exposition format, over the standard library's HTTP server.
+"""Prometheus metrics of the daemon, through ``prometheus_client``, served over the standard library's HTTP server.
 
 The daemon's loop updates counters, gauges and histograms (jobs, workers, decisions, resize latency, policy time);
-:class:`MetricsServer` serves them at ``/metrics`` on its own thread (and ``/healthz`` for a liveness probe). No
-third-party client library: the format is a few lines of text.
+:class:`MetricsServer` serves them at ``/metrics`` on its own thread, bound to the configured address (and
+``/healthz`` for a liveness probe). Names follow Prometheus' conventions: counters end in ``_total``, a gauge never
+does, units are in the name (``_seconds``); the page also carries ``process_*`` (CPU, memory, file descriptors),
+``python_info`` and ``amoeba_build_info{version}``. Each :class:`DaemonMetrics` has a registry of its own, so that
+several daemons in one process (the tests) do not share values.
 """
 
 from __future__ import annotations
 
-import bisect
 import http.server
+import importlib.metadata
 import logging
-import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-logger = logging.getLogger(__name__)
+import prometheus_client
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-LabelKey = tuple[tuple[str, str], ...]
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: Buckets (seconds) for resize latency: a grow waits for Slurm to start a satellite and workers to join.
 RESIZE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -25,177 +30,184 @@ RESIZE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-def _key(labels: Mapping[str, str] | None) -> LabelKey:
-    return tuple(sorted((labels or {}).items()))
+def _check_labels(name: str, declared: Sequence[str], labels: Mapping[str, str] | None) -> dict[str, str]:
+    given = dict(labels or {})
+    if sorted(given) != sorted(declared):
+        raise ValueError(f"metric {name}: labels {sorted(given)} given, {sorted(declared)} declared")
+    return given
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class Counter:
+    """A value that only goes up, per label set (``prometheus_client.Counter``; the name ends in ``_total``)."""
 
-
-def _labels(key: LabelKey, extra: Iterable[tuple[str, str]] = ()) -> str:
-    pairs = [*key, *extra]
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class _Metric:
-    kind = "untyped"
-
-    def __init__(self, name: str, help_text: str, lock: threading.Lock) -> None:
+    def __init__(
+        self, registry: prometheus_client.CollectorRegistry, name: str, help_text: str, labels: Sequence[str]
+    ) -> None:
+        if not name.endswith("_total"):
+            raise ValueError(f"counter {name}: a counter's name ends in _total, e.g. {name}_total")
         self.name = name
-        self.help = help_text
-        self._lock = lock
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        with self._lock:
-            lines.extend(self._samples())
-        return lines
-
-    def _samples(self) -> list[str]:
-        return []
-
-
-_MetricT = TypeVar("_MetricT", bound=_Metric)
-
-
-class Counter(_Metric):
-    """A value that only goes up (per label set)."""
-
-    kind = "counter"
-
-    def __init__(self, name: str, help_text: str, lock: threading.Lock) -> None:
-        super().__init__(name, help_text, lock)
-        self._values: dict[LabelKey, float] = {}
+        self.labels = tuple(labels)
+        self._registry = registry
+        self._counter = prometheus_client.Counter(name, help_text, self.labels, registry=registry)
 
     def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
         """Add ``amount`` (at least 0) to the counter of ``labels``."""
         if amount < 0:
             raise ValueError(f"counter {self.name} cannot go down by {amount}")
-        with self._lock:
-            key = _key(labels)
-            self._values[key] = self._values.get(key, 0.0) + amount
+        given = _check_labels(self.name, self.labels, labels)
+        (self._counter.labels(**given) if self.labels else self._counter).inc(amount)
 
     def value(self, labels: Mapping[str, str] | None = None) -> float:
         """The counter of ``labels`` (0 when never incremented)."""
-        with self._lock:
-            return self._values.get(_key(labels), 0.0)
+        return self._registry.get_sample_value(self.name, dict(labels or {})) or 0.0
 
     def total(self) -> float:
         """The sum over every label set."""
-        with self._lock:
-            return sum(self._values.values())
-
-    def _samples(self) -> list[str]:
-        return [f"{self.name}{_labels(key)} {_number(value)}" for key, value in sorted(self._values.items())]
+        return sum(
+            sample.value for metric in self._counter.collect() for sample in metric.samples if sample.name == self.name
+        )
 
 
-class Gauge(_Metric):
-    """A value that goes up and down; :meth:`replace` swaps a whole labelled family at once."""
+class Gauge(Collector):
+    """A value that goes up and down, per label set; :meth:`replace` swaps a whole labelled family at once.
 
-    kind = "gauge"
+    A collector of its own (not ``prometheus_client.Gauge``) so that a scrape never sees half a replacement.
+    """
 
-    def __init__(self, name: str, help_text: str, lock: threading.Lock) -> None:
-        super().__init__(name, help_text, lock)
-        self._values: dict[LabelKey, float] = {}
+    def __init__(
+        self, registry: prometheus_client.CollectorRegistry, name: str, help_text: str, labels: Sequence[str]
+    ) -> None:
+        if name.endswith("_total"):
+            raise ValueError(f"gauge {name}: _total is for counters; name the gauge {name.removesuffix('_total')}")
+        self.name = name
+        self.help = help_text
+        self.labels = tuple(labels)
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def _key(self, labels: Mapping[str, str] | None) -> tuple[str, ...]:
+        given = _check_labels(self.name, self.labels, labels)
+        return tuple(str(given[name]) for name in self.labels)
 
     def set(self, value: float, labels: Mapping[str, str] | None = None) -> None:
         """Set the gauge of ``labels``."""
+        key = self._key(labels)
         with self._lock:
-            self._values[_key(labels)] = float(value)
+            self._values[key] = float(value)
 
     def replace(self, values: Iterable[tuple[Mapping[str, str], float]]) -> None:
         """Replace every label set by ``values`` (label sets not named disappear)."""
-        fresh = {_key(labels): float(value) for labels, value in values}
+        fresh = {self._key(labels): float(value) for labels, value in values}
         with self._lock:
             self._values = fresh
 
     def value(self, labels: Mapping[str, str] | None = None) -> float:
         """The gauge of ``labels`` (0 when never set)."""
+        key = self._key(labels)
         with self._lock:
-            return self._values.get(_key(labels), 0.0)
+            return self._values.get(key, 0.0)
 
-    def _samples(self) -> list[str]:
-        return [f"{self.name}{_labels(key)} {_number(value)}" for key, value in sorted(self._values.items())]
+    def describe(self) -> Iterable[Metric]:
+        """The family without samples (registration checks the name once)."""
+        return [GaugeMetricFamily(self.name, self.help, labels=self.labels)]
+
+    def collect(self) -> Iterator[Metric]:
+        """The family with every label set's value (called by each scrape)."""
+        family = GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        with self._lock:
+            items = sorted(self._values.items())
+        for key, value in items:
+            family.add_metric(list(key), value)
+        yield family
 
 
-class Histogram(_Metric):
-    """Observations counted into cumulative buckets, with their sum and count."""
+class Histogram:
+    """Observations counted into cumulative buckets, with their sum and count (``prometheus_client.Histogram``)."""
 
-    kind = "histogram"
-
-    def __init__(self, name: str, help_text: str, lock: threading.Lock, buckets: Sequence[float]) -> None:
-        super().__init__(name, help_text, lock)
+    def __init__(
+        self, registry: prometheus_client.CollectorRegistry, name: str, help_text: str, buckets: Sequence[float]
+    ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets:
             raise ValueError(f"histogram {name}: buckets {list(buckets)} must be increasing and not empty")
+        self.name = name
         self.buckets = tuple(buckets)
-        self._counts = [0] * (len(self.buckets) + 1)
-        self._sum = 0.0
-        self._count = 0
+        self._registry = registry
+        self._histogram = prometheus_client.Histogram(name, help_text, buckets=self.buckets, registry=registry)
 
     def observe(self, value: float) -> None:
         """Count one observation."""
-        with self._lock:
-            self._counts[bisect.bisect_left(self.buckets, value)] += 1
-            self._sum += value
-            self._count += 1
+        self._histogram.observe(value)
 
     @property
     def count(self) -> int:
         """Observations so far."""
-        with self._lock:
-            return self._count
-
-    def _samples(self) -> list[str]:
-        lines: list[str] = []
-        running = 0
-        for bound, count in zip((*self.buckets, math.inf), self._counts, strict=True):
-            running += count
-            lines.append(f"{self.name}_bucket{_labels((), [('le', _number(bound))])} {running}")
-        lines.append(f"{self.name}_sum {_number(self._sum)}")
-        lines.append(f"{self.name}_count {self._count}")
-        return lines
+        return int(self._registry.get_sample_value(f"{self.name}_count") or 0)
 
 
 class Registry:
-    """The daemon's metrics, rendered in registration order."""
+    """One set of metrics (a ``prometheus_client.CollectorRegistry`` of its own), rendered in the text format.
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._metrics: list[_Metric] = []
+    Args:
+        process: also export ``process_*`` and ``python_info`` (the daemon does; tests of the format do not).
+    """
 
-    def counter(self, name: str, help_text: str) -> Counter:
-        """Register a counter."""
-        return self._add(Counter(name, help_text, self._lock))
+    def __init__(self, *, process: bool = False) -> None:
+        self.collectors = prometheus_client.CollectorRegistry()
+        if process:
+            prometheus_client.ProcessCollector(registry=self.collectors)
+            prometheus_client.PlatformCollector(registry=self.collectors)
 
-    def gauge(self, name: str, help_text: str) -> Gauge:
-        """Register a gauge."""
-        return self._add(Gauge(name, help_text, self._lock))
+    def counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
+        """Register a counter (its name ends in ``_total``).
+
+        Raises:
+            ValueError: the name is taken, or does not end in ``_total``.
+        """
+        return self._checked(name, lambda: Counter(self.collectors, name, help_text, labels))
+
+    def gauge(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Gauge:
+        """Register a gauge.
+
+        Raises:
+            ValueError: the name is taken, or ends in ``_total``.
+        """
+        return self._checked(name, lambda: Gauge(self.collectors, name, help_text, labels))
 
     def histogram(self, name: str, help_text: str, buckets: Sequence[float]) -> Histogram:
-        """Register a histogram with the given bucket bounds."""
-        return self._add(Histogram(name, help_text, self._lock, buckets))
+        """Register a histogram with the given bucket bounds.
 
-    def _add(self, metric: _MetricT) -> _MetricT:
-        if any(existing.name == metric.name for existing in self._metrics):
-            raise ValueError(f"metric {metric.name} is registered twice")
-        self._metrics.append(metric)
-        return metric
+        Raises:
+            ValueError: the name is taken, or the buckets are not increasing.
+        """
+        return self._checked(name, lambda: Histogram(self.collectors, name, help_text, buckets))
+
+    def info(self, name: str, help_text: str, values: Mapping[str, str]) -> None:
+        """Register ``NAME_info{values} 1`` (e.g. ``amoeba_build_info{version="0.1.0"}``)."""
+        self._checked(name, lambda: prometheus_client.Info(name, help_text, registry=self.collectors)).info(
+            dict(values)
+        )
+
+    @staticmethod
+    def _checked(name: str, make: Callable[[], _T]) -> _T:
+        try:
+            return make()
+        except ValueError as exc:
+            if "Duplicated timeseries" in str(exc):
+                raise ValueError(f"metric {name} is registered twice") from None
+            raise
 
     def render(self) -> str:
         """Every metric in the Prometheus text format (version 0.0.4)."""
-        lines: list[str] = []
-        for metric in self._metrics:
-            lines.extend(metric.render())
-        return "\n".join(lines) + "\n"
+        return prometheus_client.generate_latest(self.collectors).decode()
+
+
+def package_version() -> str:
+    """The installed slurm-amoeba's version (``unknown`` outside an installed package)."""
+    try:
+        return importlib.metadata.version("slurm-amoeba")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class DaemonMetrics:
@@ -206,24 +218,28 @@ class DaemonMetrics:
     """
 
     def __init__(self) -> None:
-        self.registry = Registry()
+        self.registry = Registry(process=True)
         r = self.registry
-        self.jobs = r.gauge("amoeba_jobs", "Jobs the daemon sees, by kind (elastic, regular_running, regular_pending).")
+        r.info("amoeba_build", "The daemon's slurm-amoeba version.", {"version": package_version()})
+        self.jobs = r.gauge(
+            "amoeba_jobs", "Jobs the daemon sees, by kind (elastic, regular_running, regular_pending).", ["kind"]
+        )
         self.agents = r.gauge("amoeba_agents_registered", "Elastic jobs whose agent has registered.")
-        self.workers = r.gauge("amoeba_workers", "Workers of each elastic job, as its agent reports.")
-        self.workers_total = r.gauge("amoeba_workers_total", "Workers of all elastic jobs together.")
-        self.gpus = r.gauge("amoeba_gpus", "GPUs of the managed partitions' nodes, by state (total, free).")
-        self.decisions = r.counter("amoeba_decisions_total", "Resize directives ordered, by kind and source.")
+        self.workers = r.gauge("amoeba_workers", "Workers of each elastic job, as its agent reports.", ["job"])
+        self.gpus = r.gauge("amoeba_gpus", "GPUs of the managed partitions' nodes, by state (total, free).", ["state"])
+        self.decisions = r.counter(
+            "amoeba_decisions_total", "Resize directives ordered, by kind and source.", ["kind", "source"]
+        )
         self.directive_failures = r.counter(
-            "amoeba_directive_failures_total", "Directives an agent refused or never answered, by reason."
+            "amoeba_directive_failures_total", "Directives an agent refused or never answered, by reason.", ["reason"]
         )
         self.resize_latency = r.histogram(
             "amoeba_resize_latency_seconds", "From a resize order to the agent reporting the new size.", RESIZE_BUCKETS
         )
         self.policy_time = r.histogram("amoeba_policy_seconds", "Time the policy took to decide.", FAST_BUCKETS)
         self.loop_time = r.histogram("amoeba_loop_seconds", "Time of one observe-decide-act round.", FAST_BUCKETS)
-        self.requests = r.counter("amoeba_requests_total", "Requests answered, by kind.")
-        self.refusals = r.counter("amoeba_refusals_total", "Requests refused, by kind and reason.")
+        self.requests = r.counter("amoeba_requests_total", "Requests answered, by kind.", ["kind"])
+        self.refusals = r.counter("amoeba_refusals_total", "Requests refused, by kind and reason.", ["kind", "reason"])
         self.in_flight = r.gauge("amoeba_resizes_in_flight", "Resizes ordered and not yet completed.")
         self.orphans = r.gauge("amoeba_orphan_satellites", "Satellite jobs whose parent job is gone.")
         self.observe_failures = r.counter("amoeba_observe_failures_total", "Rounds skipped: Slurm did not answer.")
@@ -244,13 +260,14 @@ class MetricsServer:
         handler = _make_handler(render)
         self._server = http.server.ThreadingHTTPServer((address, port), handler)
         self._server.daemon_threads = True
+        self.address = address
         self.port: int = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="amoebad-metrics", daemon=True)
 
     def start(self) -> None:
         """Start serving."""
         self._thread.start()
-        logger.info("[daemon/metrics] Prometheus metrics on port %d at /metrics", self.port)
+        logger.info("[daemon/metrics] Prometheus metrics at http://%s:%d/metrics", self.address, self.port)
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
@@ -263,7 +280,7 @@ def _make_handler(render: Callable[[], str]) -> type[http.server.BaseHTTPRequest
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] == "/metrics":
                 body = render().encode()
-                self._reply(200, "text/plain; version=0.0.4; charset=utf-8", body)
+                self._reply(200, prometheus_client.CONTENT_TYPE_PLAIN_0_0_4, body)
             elif self.path == "/healthz":
                 self._reply(200, "text/plain", b"ok\n")
             else:

@@ -43,6 +43,24 @@ ARTIFACT_RESTART_COST_S = 30.0
 #: Unmeasured co-location: both jobs keep half their speed (time slicing).
 DEFAULT_COLOCATION = 0.5
 
+#: The model of user estimates for workloads without time limits: a job's limit is this many times the wall time it
+#: really needs at its requested size (start cost included), rounded up to whole minutes. Users ask for more than
+#: they use, rarely less (a job that hits its limit is killed); 2 is a moderate overestimate, 1 a perfect user.
+DEFAULT_TIME_LIMIT_FACTOR = 2.0
+
+
+def estimated_time_limit(seconds: float, factor: float) -> float:
+    """The time limit a user would ask for a job that needs ``seconds`` (the model of user estimates).
+
+    Args:
+        seconds: wall time the job needs at its requested size.
+        factor: the overestimate (``SimConfig.time_limit_factor``).
+
+    Returns:
+        ``factor * seconds`` rounded up to whole minutes, at least one minute.
+    """
+    return max(60.0, math.ceil(seconds * factor / 60.0 - 1e-9) * 60.0)
+
 
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
@@ -59,6 +77,10 @@ class SimConfig:
         check: run ``check_decisions`` on every answer (a policy bug then stops the run with its message).
         horizon: stop at this simulated time (jobs not done by then are reported as unfinished); ``None`` runs
             until every job is done.
+        time_limit_factor: for jobs without a time limit, the limit is this many times their real wall time
+            (:func:`estimated_time_limit`).
+        grace_time: Slurm's ``GraceTime``: a preempted job keeps its GPUs (and trains on) for this long before it
+            leaves; the ``slurm`` policy waits for it. 0 preempts at once.
     """
 
     nodes: int = 16
@@ -69,6 +91,8 @@ class SimConfig:
     restart_cost: float = ARTIFACT_RESTART_COST_S
     check: bool = True
     horizon: float | None = None
+    time_limit_factor: float = DEFAULT_TIME_LIMIT_FACTOR
+    grace_time: float = 0.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -82,6 +106,15 @@ class SimConfig:
                 f"resize_cost={self.resize_cost} s, restart_cost={self.restart_cost} s and grow_lag={self.grow_lag} s "
                 f"must be 0 or more"
             )
+        if self.horizon is not None and not self.horizon > 0:
+            raise SimError(f"horizon={self.horizon} s must be positive (the simulated time at which to stop)")
+        if not self.time_limit_factor >= 1.0:
+            raise SimError(
+                f"time_limit_factor={self.time_limit_factor} must be at least 1 (a job is killed at its time limit, so "
+                f"users ask for at least what they need)"
+            )
+        if not self.grace_time >= 0:
+            raise SimError(f"grace_time={self.grace_time} s must be 0 or more")
 
     @property
     def total_gpus(self) -> int:
@@ -202,6 +235,7 @@ class _Job:
         "epoch",
         "executed",
         "first_start",
+        "grace_until",
         "host_of",
         "info",
         "model",
@@ -215,13 +249,16 @@ class _Job:
         "shared_with",
         "spec",
         "t",
+        "time_limit",
         "version",
         "workers",
     )
 
-    def __init__(self, spec: JobSpec, model: WorkModel) -> None:
+    def __init__(self, spec: JobSpec, model: WorkModel, time_limit: float) -> None:
         self.spec = spec
         self.model = model
+        self.time_limit = time_limit
+        self.grace_until: float | None = None
         self.placement: dict[str, int] = {}
         self.workers = 0
         self.shared_with: str | None = None
@@ -306,12 +343,14 @@ class Simulator:
         self.policy = policy
         self.colocation = dict(colocation or {})
         for spec in jobs:
-            if spec.min_workers > config.total_gpus:
+            if spec.requested_workers > config.total_gpus:
+                where = f" (line {spec.line})" if spec.line else ""
                 raise SimError(
-                    f"job {spec.name} needs at least {spec.min_workers} GPUs but the cluster has "
-                    f"{config.total_gpus} ({config.nodes} nodes x {config.gpus_per_node}); use more --nodes"
+                    f"job {spec.name}{where} requests {spec.requested_workers} GPUs but the cluster has "
+                    f"{config.total_gpus} ({config.nodes} nodes x {config.gpus_per_node}); use more --nodes or "
+                    f"drop the job"
                 )
-        self._jobs = {spec.name: _Job(spec, models(spec)) for spec in jobs}
+        self._jobs = {spec.name: self._new_job(spec, models(spec)) for spec in jobs}
         if len(self._jobs) != len(jobs):
             raise SimError("the workload has two jobs with the same name; names must be unique")
         self._arrivals = sorted(self._jobs.values(), key=lambda job: (job.spec.submit_time, job.spec.name))
@@ -322,9 +361,17 @@ class Simulator:
         }
         self._nodes_tuple: tuple[NodeInfo, ...] | None = None
         self._heap: list[tuple[float, int, str]] = []
+        self._graces: list[tuple[float, str]] = []
         self._used = 0
         self._usage: list[tuple[float, int]] = []
         self._decisions = 0
+
+    def _new_job(self, spec: JobSpec, model: WorkModel) -> _Job:
+        limit = spec.time_limit
+        if limit is None:
+            needs = model.remaining_seconds(0, 0.0) + self.config.restart_cost
+            limit = estimated_time_limit(needs, self.config.time_limit_factor)
+        return _Job(spec, model, limit)
 
     # -- progress -------------------------------------------------------------------------------------------
 
@@ -406,6 +453,22 @@ class Simulator:
             finished += 1
         return finished
 
+    def _end_graces(self, until: float, active: dict[str, _Job]) -> int:
+        """Preempt every job whose grace time ended at or before ``until``; returns how many left."""
+        left = 0
+        while self._graces and self._graces[0][0] <= until:
+            at, name = heapq.heappop(self._graces)
+            job = self._jobs[name]
+            if job.grace_until != at or job.completion is not None or not job.placement:
+                continue
+            job.grace_until = None
+            self._advance(job, max(at, job.t))
+            self._release(job, max(at, job.t))
+            job.preemptions += 1
+            self._predict(job)
+            left += 1
+        return left
+
     def _release(self, job: _Job, now: float) -> None:
         """Give a finished or preempted job's GPUs back; a job sharing its GPUs keeps running on them alone."""
         if job.shared_with is None:
@@ -439,6 +502,13 @@ class Simulator:
         job = self._jobs[decision.job_id]
         self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
+        if decision.workers == 0 and before > 0 and self.config.grace_time > 0:
+            # Slurm's GraceTime: the job is signalled now and leaves when the grace time is over.
+            if job.grace_until is None:
+                job.grace_until = now + self.config.grace_time
+                heapq.heappush(self._graces, (job.grace_until, job.spec.name))
+            return
+        job.grace_until = None
         old_speed = self._speed(job) if before else 0.0
         # A host that keeps running keeps its guest (the policy placed the guest inside the host's new nodes).
         guest = job.host_of if decision.workers > 0 else None
@@ -523,6 +593,9 @@ class Simulator:
             remaining_work=job.model.remaining_seconds(job.epoch, job.progress),
             attained_service=job.attained,
             executed_time=job.executed,
+            time_limit=job.time_limit,
+            owner=spec.user,
+            partition=spec.partition,
             job_type=job.model.job_type,
             shared_with=job.shared_with,
         )
@@ -566,6 +639,7 @@ class Simulator:
                 break
             finished = self._finish_due(now, active)
             done += finished
+            finished += self._end_graces(now, active)
             arrived = 0
             while next_arrival < total and self._arrivals[next_arrival].spec.submit_time <= now:
                 job = self._arrivals[next_arrival]
@@ -607,7 +681,7 @@ class Simulator:
         if dirty or not self.policy.decides_on_events_only:
             return following
         # Nothing can change before the next arrival or finish: jump to the tick at or after it.
-        soonest = math.inf
+        soonest = self._graces[0][0] if self._graces else math.inf
         if next_arrival < len(self._arrivals):
             soonest = self._arrivals[next_arrival].spec.submit_time
         while self._heap:

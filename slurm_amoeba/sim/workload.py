@@ -40,6 +40,11 @@ class JobSpec:
         duration: seconds the job runs on its requested GPUs, for a duration job.
         min_workers: the job's minimum size.
         max_workers: the job's maximum size.
+        time_limit: the job's wall-clock limit in seconds (Slurm's ``--time``); ``None``: the simulator estimates
+            one from the job's real duration (``SimConfig.time_limit_factor``, the model of user estimates).
+        partition: the Slurm partition the job was submitted to (empty: the cluster's only one).
+        user: the job's owner (for fair share).
+        line: the line of the workload file the job comes from (0 when it was not read from a file), for messages.
     """
 
     name: str
@@ -50,6 +55,10 @@ class JobSpec:
     duration: float = 0.0
     min_workers: int = 0
     max_workers: int = 0
+    time_limit: float | None = None
+    partition: str = ""
+    user: str = ""
+    line: int = 0
 
     def __post_init__(self) -> None:
         if self.min_workers == 0:
@@ -100,7 +109,7 @@ def load_pollux_workload(path: Path, applications: Collection[str] | None = None
                 f" must be a time of 0 or more, at least 1 replica and a batch of at least 1",
                 source=str(path),
             )
-        jobs.append(JobSpec(name, submit, replicas, app, batch))
+        jobs.append(JobSpec(name, submit, replicas, app, batch, line=line))
     jobs.sort(key=lambda job: job.submit_time)
     return jobs
 
@@ -142,7 +151,10 @@ def load_philly(path: Path, limit: int | None = None) -> list[JobSpec]:
     start = raw[0][0]
     if limit is not None:
         raw = raw[:limit]
-    return [JobSpec(f"philly-{line}", stamp - start, gpus, duration=duration) for stamp, gpus, duration, line in raw]
+    return [
+        JobSpec(f"philly-{line}", stamp - start, gpus, duration=duration, line=line)
+        for stamp, gpus, duration, line in raw
+    ]
 
 
 def is_elastic_pick(name: str, fraction: float) -> bool:

@@ -55,8 +55,13 @@ def test_a_guest_shares_its_hosts_gpus_and_runs_alone_once_the_host_is_done() ->
 
 
 def test_a_job_larger_than_the_cluster_is_refused_with_the_fix() -> None:
-    with pytest.raises(SimError, match="job big needs at least 80 GPUs but the cluster has 64 .* use more --nodes"):
+    with pytest.raises(SimError, match="job big requests 80 GPUs but the cluster has 64 .* use more --nodes"):
         _run([JobSpec("big", 0, 80, duration=1)], "fifo")
+
+
+def test_an_elastic_job_whose_request_exceeds_the_cluster_is_refused_even_for_elastic_policies() -> None:
+    with pytest.raises(SimError, match=r"job big \(line 7\) requests 80 GPUs"):
+        _run([JobSpec("big", 0, 80, duration=1, min_workers=8, line=7)], "e-tiresias")
 
 
 def test_an_unknown_application_is_refused() -> None:

@@ -15,9 +15,15 @@ from pathlib import Path
 
 from slurm_amoeba.cli.entry import add_version_flag, extra_missing
 from slurm_amoeba.core.errors import AmoebaError
-from slurm_amoeba.policy import make_policy, policy_names
+from slurm_amoeba.policy import make_policy, policy_knobs, policy_names
 from slurm_amoeba.sim.data import SimError, data_dir, resolve
-from slurm_amoeba.sim.engine import ARTIFACT_RESTART_COST_S, RUNTIME_GROW_LAG_S, RUNTIME_RESIZE_COST_S, SimConfig
+from slurm_amoeba.sim.engine import (
+    ARTIFACT_RESTART_COST_S,
+    DEFAULT_TIME_LIMIT_FACTOR,
+    RUNTIME_GROW_LAG_S,
+    RUNTIME_RESIZE_COST_S,
+    SimConfig,
+)
 from slurm_amoeba.sim.progress import ProgressBar
 from slurm_amoeba.sim.report import (
     infer_load,
@@ -27,12 +33,44 @@ from slurm_amoeba.sim.report import (
     workload_table,
     write_json,
 )
-from slurm_amoeba.sim.runner import RunOutcome, RunSpec, run_many
+from slurm_amoeba.sim.runner import RunOutcome, RunSpec, run_all
+from slurm_amoeba.sim.slurmconf import SlurmSite, read_slurm_conf
 
 
 def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=16, help="nodes in the cluster (default 16)")
-    parser.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node (default 4)")
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="nodes in the cluster (default: the --slurm-conf's GPU nodes, or 16)"
+    )
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=None, help="GPUs per node (default: the --slurm-conf's, or 4)"
+    )
+    parser.add_argument(
+        "--slurm-conf",
+        type=Path,
+        default=None,
+        help="a slurm.conf whose priority weights, SchedulerParameters, partitions (PriorityTier, PreemptMode, "
+        "GraceTime) and GPU nodes the slurm policy uses",
+    )
+    parser.add_argument(
+        "--time-limit-factor",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_FACTOR,
+        help=f"jobs without a time limit get this many times their real duration, rounded up to minutes (default "
+        f"{DEFAULT_TIME_LIMIT_FACTOR:g}: the model of user estimates)",
+    )
+    parser.add_argument(
+        "--grace-time",
+        type=float,
+        default=None,
+        help="seconds a job preempted by the slurm policy keeps its GPUs (default: the --slurm-conf's GraceTime, "
+        "else 0)",
+    )
+    parser.add_argument(
+        "--horizon",
+        type=float,
+        default=None,
+        help="stop at this simulated second; jobs not done by then are reported as unfinished",
+    )
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between scheduling ticks (60)")
     parser.add_argument(
         "--resize-cost",
@@ -89,7 +127,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_cluster_flags(run)
     compare = commands.add_parser("compare", help="several policies on every workload of a folder")
     compare.add_argument("--workloads", required=True, type=Path, help="a folder of workload CSVs, or one CSV")
-    compare.add_argument("--policies", default=",".join(policy_names()), help="comma-separated policies (default: all)")
+    compare.add_argument(
+        "--policies", default=",".join(_default_policies()), help="comma-separated policies (default: all, slurm first)"
+    )
+    compare.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a workload that fails (a bad file, a job too big) is named on stderr and the other runs go on",
+    )
     compare.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     compare.add_argument("--plot", type=Path, default=None, help="write the JCT CDF and utilization plot here")
     compare.add_argument(
@@ -101,30 +146,59 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_knob(text: str) -> tuple[str, object]:
+def _default_policies() -> list[str]:
+    """Every registered policy, the ``slurm`` baseline first (the row every other one is read against)."""
+    names = policy_names()
+    return ["slurm", *[name for name in names if name != "slurm"]] if "slurm" in names else names
+
+
+def _parse_knob(policy: str, text: str) -> tuple[str, object]:
+    """One ``--knob NAME=VALUE``, its value checked against the type of the knob's default.
+
+    Raises:
+        SimError: not NAME=VALUE, or a value of the wrong kind (the message names the knob and its default).
+        PolicyError: the policy or the knob is unknown.
+    """
     name, sep, raw = text.partition("=")
+    name = name.strip()
     if not sep or not name:
         raise SimError(f"--knob {text!r} is not NAME=VALUE, e.g. --knob min_gain=0.2")
+    knobs = policy_knobs(policy)
+    if name not in knobs:
+        make_policy(policy, **{name: raw})  # raises the registry's unknown-knob message
+    default = knobs[name]
     lowered = raw.strip().lower()
-    value: object
-    if lowered in ("true", "false"):
-        value = lowered == "true"
-    else:
+    if isinstance(default, bool):
+        if lowered not in ("true", "false"):
+            raise SimError(f"--knob {text!r}: {name} of policy {policy} is true or false (default {default})")
+        return name, lowered == "true"
+    if isinstance(default, int | float):
         try:
             value = float(raw)
         except ValueError:
-            value = raw
-    return name.strip(), value
+            raise SimError(f"--knob {text!r}: {name} of policy {policy} is a number (default {default})") from None
+        if isinstance(default, int) and value != int(value):
+            raise SimError(f"--knob {text!r}: {name} of policy {policy} is a whole number (default {default})")
+        return name, int(value) if isinstance(default, int) else value
+    raise SimError(f"--knob {text!r}: {name} of policy {policy} cannot be set on the command line; use --slurm-conf")
 
 
-def _config(args: argparse.Namespace) -> SimConfig:
+def _site(args: argparse.Namespace) -> SlurmSite | None:
+    return None if args.slurm_conf is None else read_slurm_conf(resolve(args.slurm_conf))
+
+
+def _config(args: argparse.Namespace, policy: str = "", site: SlurmSite | None = None) -> SimConfig:
+    grace = args.grace_time if args.grace_time is not None else (site.grace_time if site is not None else 0.0)
     return SimConfig(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
+        nodes=args.nodes or (site.nodes if site is not None and site.nodes else 16),
+        gpus_per_node=args.gpus_per_node or (site.gpus_per_node if site is not None and site.gpus_per_node else 4),
         interval=args.interval,
         resize_cost=args.resize_cost,
         grow_lag=args.grow_lag,
         restart_cost=args.restart_cost,
+        horizon=args.horizon,
+        time_limit_factor=args.time_limit_factor,
+        grace_time=grace if policy == "slurm" else 0.0,
     )
 
 
@@ -139,26 +213,37 @@ def _workload_files(path: Path) -> list[Path]:
     return files
 
 
-def _run(specs: list[RunSpec], quiet: bool, processes: int | None) -> list[RunOutcome]:
+def _run(specs: list[RunSpec], quiet: bool, processes: int | None, keep_going: bool = False) -> list[RunOutcome]:
     bar = None if quiet else ProgressBar(len(specs))
 
-    def report(done: int, total: int, outcome: RunOutcome) -> None:
+    def report(done: int, total: int, outcome: RunOutcome | str) -> None:
         if bar is not None:
-            bar.update(done, f"{outcome.policy} {outcome.workload}")
+            label = f"{outcome.policy} {outcome.workload}" if isinstance(outcome, RunOutcome) else "failed"
+            bar.update(done, label)
 
-    outcomes = run_many(specs, processes, report)
+    outcomes, failures = run_all(specs, processes, report, keep_going)
     if bar is not None:
         bar.close()
+    for message in failures:
+        print(f"amoeba-sim: skipped: {message}", file=sys.stderr)
+    if not outcomes:
+        raise SimError(f"every run failed ({len(failures)}); see the messages above")
     return outcomes
 
 
 def _common_spec(
-    args: argparse.Namespace, policy: str, workload: Path, knobs: tuple[tuple[str, object], ...]
+    args: argparse.Namespace,
+    policy: str,
+    workload: Path,
+    knobs: tuple[tuple[str, object], ...],
+    site: SlurmSite | None = None,
 ) -> RunSpec:
+    if policy == "slurm" and site is not None:
+        knobs = tuple({**site.knobs, **dict(knobs)}.items())  # --knob overrides the slurm.conf
     return RunSpec(
         policy=policy,
         workload=workload,
-        config=_config(args),
+        config=_config(args, policy, site),
         trace_format=args.format,
         elastic_fraction=args.elastic_fraction,
         elastic_factor=args.elastic_factor,
@@ -168,12 +253,13 @@ def _common_spec(
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    knobs = tuple(_parse_knob(text) for text in args.knob)
+    knobs = tuple(_parse_knob(args.policy, text) for text in args.knob)
     make_policy(args.policy, **dict(knobs))
+    site = _site(args)
     args.workload = resolve(args.workload)
     if not args.workload.is_file():
         raise SimError(f"--workload {args.workload} is not a file, here or in the data folder {data_dir()}")
-    spec = _common_spec(args, args.policy, args.workload, knobs)
+    spec = _common_spec(args, args.policy, args.workload, knobs, site)
     outcomes = _run([spec], True, 1)
     print(summary_table(outcomes))
     if args.json is not None:
@@ -196,15 +282,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         args.reference = resolve(args.reference)
         folder = args.workloads if args.workloads.is_dir() else args.workloads.parent
         reference = load_reference(args.reference, args.load or infer_load(folder))
-    specs = [_common_spec(args, policy, path, ()) for policy in policies for path in files]
-    outcomes = _run(specs, args.quiet, args.processes)
+    site = _site(args)
+    specs = [_common_spec(args, policy, path, (), site) for policy in policies for path in files]
+    outcomes = _run(specs, args.quiet, args.processes, args.keep_going)
     print(workload_table(outcomes, reference))
     print()
     print(summary_table(outcomes))
     if args.json is not None:
         write_json(outcomes, args.json)
     if args.plot is not None:
-        plot(outcomes, args.plot, title=f"{args.workloads.name}: {args.nodes} nodes x {args.gpus_per_node} GPUs")
+        cluster = specs[0].config
+        plot(outcomes, args.plot, title=f"{args.workloads.name}: {cluster.nodes} nodes x {cluster.gpus_per_node} GPUs")
     return 0
 
 

@@ -49,6 +49,11 @@ DEFAULT_COLOCATION = 0.5
 DEFAULT_TIME_LIMIT_FACTOR = 2.0
 
 
+#: A policy that decides every interval is refused a job that alone would need more scheduling rounds than this
+#: (about 19 years of simulated time at 60 s) unless a horizon stops the run.
+MAX_ROUNDS_WITHOUT_HORIZON = 10_000_000
+
+
 def estimated_time_limit(seconds: float, factor: float) -> float:
     """The time limit a user would ask for a job that needs ``seconds`` (the model of user estimates).
 
@@ -353,6 +358,8 @@ class Simulator:
         self._jobs = {spec.name: self._new_job(spec, models(spec)) for spec in jobs}
         if len(self._jobs) != len(jobs):
             raise SimError("the workload has two jobs with the same name; names must be unique")
+        if config.horizon is None and not policy.decides_on_events_only:
+            self._check_rounds()
         self._arrivals = sorted(self._jobs.values(), key=lambda job: (job.spec.submit_time, job.spec.name))
         self._node_names = [f"node{i:03d}" for i in range(config.nodes)]
         self._free = dict.fromkeys(self._node_names, config.gpus_per_node)
@@ -372,6 +379,19 @@ class Simulator:
             needs = model.remaining_seconds(0, 0.0) + self.config.restart_cost
             limit = estimated_time_limit(needs, self.config.time_limit_factor)
         return _Job(spec, model, limit)
+
+    def _check_rounds(self) -> None:
+        """Refuse a run that would tick for ever: a policy deciding every interval and a job lasting ages."""
+        for job in self._jobs.values():
+            seconds = job.model.remaining_seconds(0, 0.0)
+            if seconds / self.config.interval > MAX_ROUNDS_WITHOUT_HORIZON:
+                where = f" (line {job.spec.line})" if job.spec.line else ""
+                raise SimError(
+                    f"job {job.spec.name}{where} runs {seconds:.3g} s at its requested size; policy "
+                    f"{self.policy.name} decides every {self.config.interval:g} s, so the run would take "
+                    f"{seconds / self.config.interval:.3g} rounds; pass --horizon SECONDS to stop the run there "
+                    f"(unfinished jobs are reported) or fix the job"
+                )
 
     # -- progress -------------------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from slurm_amoeba.core.errors import AmoebaError, ParseError
 from slurm_amoeba.policy import make_policy
 from slurm_amoeba.sim.application import load_applications
 from slurm_amoeba.sim.data import SimError
@@ -103,13 +104,25 @@ def load_jobs(spec: RunSpec) -> list[JobSpec]:
     """
     kind = detect_format(spec.workload) if spec.trace_format == "auto" else spec.trace_format
     if kind == "philly":
-        return load_philly(spec.workload, spec.philly_limit)
-    if kind != "pollux":
+        jobs = load_philly(spec.workload, spec.philly_limit)
+    elif kind == "pollux":
+        apps = load_applications()
+        jobs = load_pollux_workload(spec.workload, apps)
+        for job in jobs:
+            app = apps[job.application or ""]
+            if not app.init_batch <= job.batch_size <= app.max_batch:
+                raise ParseError(
+                    f"line {job.line}: job {job.name}: batch_size={job.batch_size} lies outside the range the "
+                    f"{app.name} traces validate ({app.init_batch}..{app.max_batch}); pick a batch in that range",
+                    source=str(spec.workload),
+                )
+        limits = {job.name: apps[job.application].max_replicas(job.batch_size) for job in jobs if job.application}
+        jobs = make_elastic(jobs, limits, spec.elastic_fraction, spec.elastic_factor, spec.config.total_gpus)
+    else:
         raise SimError(f"trace format {kind!r} is unknown; use pollux, philly or auto")
-    apps = load_applications()
-    jobs = load_pollux_workload(spec.workload, apps)
-    limits = {job.name: apps[job.application].max_replicas(job.batch_size) for job in jobs if job.application}
-    return make_elastic(jobs, limits, spec.elastic_fraction, spec.elastic_factor, spec.config.total_gpus)
+    if not jobs:
+        raise SimError(f"{spec.workload}: the workload holds no job (only a header line); add jobs or leave it out")
+    return jobs
 
 
 def run_one(spec: RunSpec) -> RunOutcome:
@@ -125,12 +138,17 @@ def run_one(spec: RunSpec) -> RunOutcome:
         PolicyError: unknown policy or knob, or a broken invariant.
         SimError: a job too big for the cluster, an unknown application, ...
     """
-    policy = make_policy(spec.policy, **dict(spec.knobs))
-    jobs = load_jobs(spec)
-    apps = load_applications() if any(job.application for job in jobs) else {}
-    colocation = load_colocation() if apps else {}
-    sim = Simulator(jobs, policy, spec.config, trace_models(apps, spec.config.gpus_per_node), colocation)
-    result = sim.run()
+    try:
+        policy = make_policy(spec.policy, **dict(spec.knobs))
+        jobs = load_jobs(spec)
+        apps = load_applications() if any(job.application for job in jobs) else {}
+        colocation = load_colocation() if apps else {}
+        sim = Simulator(jobs, policy, spec.config, trace_models(apps, spec.config.gpus_per_node), colocation)
+        result = sim.run()
+    except AmoebaError as exc:
+        if str(spec.workload) in str(exc):
+            raise
+        raise SimError(f"{spec.workload} under policy {spec.policy}: {exc}") from None
     return RunOutcome(
         policy=spec.policy,
         workload=spec.workload_name,
@@ -144,9 +162,9 @@ def run_one(spec: RunSpec) -> RunOutcome:
 def run_many(
     specs: Sequence[RunSpec],
     processes: int | None = None,
-    progress: Callable[[int, int, RunOutcome], None] | None = None,
+    progress: Callable[[int, int, RunOutcome | str], None] | None = None,
 ) -> list[RunOutcome]:
-    """Run several simulations, in parallel processes when there is more than one CPU.
+    """Run several simulations, in parallel processes when there is more than one CPU; the first failure stops all.
 
     Args:
         specs: the runs.
@@ -155,26 +173,61 @@ def run_many(
 
     Returns:
         The outcomes, in the order of ``specs``.
+
+    Raises:
+        SimError: the first failed run, naming its workload file.
+    """
+    outcomes, _ = run_all(specs, processes, progress, keep_going=False)
+    return outcomes
+
+
+def run_all(
+    specs: Sequence[RunSpec],
+    processes: int | None = None,
+    progress: Callable[[int, int, RunOutcome | str], None] | None = None,
+    keep_going: bool = False,
+) -> tuple[list[RunOutcome], list[str]]:
+    """Run several simulations, in parallel processes when there is more than one CPU.
+
+    Args:
+        specs: the runs.
+        processes: worker processes (default: the CPUs available, at most the number of runs).
+        progress: called after each run with (runs done, runs in all, the outcome or the failure's message).
+        keep_going: a run that fails on its input (a bad workload file, a job too big...) is reported and the
+            others go on; without it the first such failure stops everything.
+
+    Returns:
+        The outcomes of the runs that succeeded, in the order of ``specs``, and one message per failed run (each
+        names its workload file and policy).
+
+    Raises:
+        SimError: (without ``keep_going``) the first failed run, naming its workload file.
     """
     count = processes or min(len(specs), len(os.sched_getaffinity(0)))
-    outcomes: list[RunOutcome | None] = [None] * len(specs)
+    outcomes: list[RunOutcome | str | None] = [None] * len(specs)
+    items = [(index, spec, keep_going) for index, spec in enumerate(specs)]
     if count <= 1 or len(specs) <= 1:
-        for index, spec in enumerate(specs):
-            outcome = run_one(spec)
-            outcomes[index] = outcome
+        for index, spec, going in items:
+            outcomes[index] = _indexed_run((index, spec, going))[1]
             if progress is not None:
-                progress(index + 1, len(specs), outcome)
+                progress(index + 1, len(specs), outcomes[index] or "")
     else:
         context = multiprocessing.get_context("fork")
         with context.Pool(count) as pool:
-            results = pool.imap_unordered(_indexed_run, list(enumerate(specs)))
-            for done, (index, outcome) in enumerate(results, start=1):
+            for done, (index, outcome) in enumerate(pool.imap_unordered(_indexed_run, items), start=1):
                 outcomes[index] = outcome
                 if progress is not None:
                     progress(done, len(specs), outcome)
-    return [outcome for outcome in outcomes if outcome is not None]
+    succeeded = [outcome for outcome in outcomes if isinstance(outcome, RunOutcome)]
+    return succeeded, [outcome for outcome in outcomes if isinstance(outcome, str)]
 
 
-def _indexed_run(item: tuple[int, RunSpec]) -> tuple[int, RunOutcome]:
-    index, spec = item
-    return index, run_one(spec)
+def _indexed_run(item: tuple[int, RunSpec, bool]) -> tuple[int, RunOutcome | str]:
+    index, spec, keep_going = item
+    try:
+        return index, run_one(spec)
+    except AmoebaError as exc:
+        if not keep_going:
+            # A plain SimError with the whole message crosses the process boundary intact.
+            raise SimError(str(exc)) from None
+        return index, str(exc)

@@ -24,10 +24,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurm_amoeba.agent.agent import Agent, AgentConfig
-from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.core.jobenv import DEFAULT_CPUS_PER_WORKER, DEFAULT_ELASTIC_PARTITION, DEFAULT_GPUS_PER_WORKER, JobEnv
+from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.core.jobenv import (
+    DEFAULT_CPUS_PER_WORKER,
+    DEFAULT_ELASTIC_PARTITION,
+    DEFAULT_GPUS_PER_WORKER,
+    ENV_CPUS_PER_WORKER,
+    ENV_GPUS_PER_WORKER,
+    JobEnv,
+)
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import CliSlurmClient
+from slurm_amoeba.slurm.allocation import WorkerAllocation, worker_allocation
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +68,16 @@ def build_parser(job: JobEnv) -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpus-per-worker",
         type=int,
-        default=job.gpus_per_worker,
-        help=f"GPUs of each worker (default: AMOEBA_GPUS_PER_WORKER, else {DEFAULT_GPUS_PER_WORKER}; 0: CPU only)",
+        default=None,
+        help="GPUs of each worker (default: AMOEBA_GPUS_PER_WORKER, else the job's --gpus-per-task in a plain sbatch "
+        f"job, else {DEFAULT_GPUS_PER_WORKER}; 0: CPU only)",
     )
     parser.add_argument(
         "--cpus-per-worker",
         type=int,
-        default=job.cpus_per_worker,
-        help=f"CPUs of each worker (default: AMOEBA_CPUS_PER_WORKER, else {DEFAULT_CPUS_PER_WORKER})",
+        default=None,
+        help="CPUs of each worker (default: AMOEBA_CPUS_PER_WORKER, else the job's --cpus-per-task, else "
+        f"{DEFAULT_CPUS_PER_WORKER})",
     )
     parser.add_argument(
         "--elastic-partition",
@@ -90,46 +100,96 @@ def build_parser(job: JobEnv) -> argparse.ArgumentParser:
     return parser
 
 
+def _per_worker(flag: int | None, variable: int | None, allocation_value: int | None, default: int) -> int:
+    """One per-worker resource: the flag, else the job's variable, else what the allocation gives each task."""
+    for value in (flag, variable, allocation_value):
+        if value is not None:
+            return value
+    return default
+
+
+def _check_one_component(alloc: WorkerAllocation, spec: ElasticSpec) -> None:
+    """Refuse a plain-sbatch job whose allocation cannot hold its minimum workers, naming the lines that fix it."""
+    fix = f"#SBATCH --ntasks={spec.min_workers}" + (
+        f" --gpus-per-task={spec.gpus_per_worker}" if spec.gpus_per_worker else ""
+    )
+    if alloc.tasks < spec.min_workers:
+        raise SpecError(
+            f"job {alloc.job_id} holds {alloc.tasks} task(s), fewer than the {spec.min_workers} minimum workers of "
+            f"--elastic {spec.min_workers}:{spec.max_workers}: with plain sbatch the job's allocation holds them, one "
+            f"task each; add `{fix}` to the script (or submit it with amoeba-sbatch, which sizes the job itself)"
+        )
+    if spec.gpus_per_worker and alloc.gpus_per_task is None and not alloc.gpus_on_batch_node:
+        raise SpecError(
+            f"job {alloc.job_id} holds no GPU but each worker takes {spec.gpus_per_worker} "
+            f"(AMOEBA_GPUS_PER_WORKER/--gpus-per-worker): add `{fix}` to the script, or run CPU-only workers with "
+            "--gpus-per-worker 0"
+        )
+    if alloc.gpus_per_task is not None and alloc.gpus_per_task != spec.gpus_per_worker:
+        raise SpecError(
+            f"job {alloc.job_id} gives each task {alloc.gpus_per_task} GPU(s) (--gpus-per-task) but each worker "
+            f"takes {spec.gpus_per_worker} (AMOEBA_GPUS_PER_WORKER/--gpus-per-worker): make them the same"
+        )
+
+
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
     """Check the command line against the job Slurm started, and build the agent's settings.
 
+    In a heterogeneous job (``amoeba-sbatch``, the executor) the minimum workers run in component 1; in a job of one
+    component (plain ``sbatch`` with ``#SBATCH --elastic``) they run as a step of the job's own allocation, one task
+    each, beside the agent in the batch step, and each worker's GPUs and CPUs default to what the job gives a task.
+
     Raises:
-        SpecError: not inside a Slurm job, no worker range, no command, or a job without a worker component.
+        SpecError: not inside a Slurm job, no worker range, no command, or a job too small for its minimum workers.
     """
     command = list(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         raise SpecError("amoeba-run needs a command to run, e.g. `amoeba-run python train.py`")
-    job_id = env.get("SLURM_JOB_ID", "")
-    if not job_id:
+    if not env.get("SLURM_JOB_ID"):
         raise SpecError(
             "amoeba-run runs inside a Slurm job: submit the script with `amoeba-sbatch --elastic MIN:MAX job.sh` "
-            "(or run locally with `amoeba-local`)"
+            "or `sbatch` with `#SBATCH --elastic=MIN:MAX` (or run locally with `amoeba-local`)"
         )
     if args.elastic is None:
         raise SpecError(
-            "amoeba-run does not know the worker range: pass --elastic MIN:MAX or submit with amoeba-sbatch"
+            "amoeba-run does not know the worker range: pass --elastic MIN:MAX, put `#SBATCH --elastic=MIN:MAX` "
+            "in the script, or submit with amoeba-sbatch"
         )
-    spec = ElasticSpec.parse(args.elastic, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
-    het_size = int(env.get("SLURM_HET_SIZE", "1") or 1)
-    if het_size < 2:
+    try:
+        alloc = worker_allocation(env)
+    except ParseError as exc:
+        raise SpecError(f"amoeba-run cannot read the job's allocation: {exc}") from None
+    job = JobEnv.from_environ(env)
+    gpus = _per_worker(
+        args.gpus_per_worker,
+        job.gpus_per_worker if env.get(ENV_GPUS_PER_WORKER) else None,
+        alloc.gpus_per_task,
+        DEFAULT_GPUS_PER_WORKER,
+    )
+    cpus = _per_worker(
+        args.cpus_per_worker,
+        job.cpus_per_worker if env.get(ENV_CPUS_PER_WORKER) else None,
+        alloc.cpus_per_task,
+        DEFAULT_CPUS_PER_WORKER,
+    )
+    spec = ElasticSpec.parse(args.elastic, gpus_per_worker=gpus, cpus_per_worker=cpus)
+    if alloc.het_group is None:
+        _check_one_component(alloc, spec)
+    elif alloc.tasks < spec.min_workers:
         raise SpecError(
-            f"job {job_id} has no worker component (SLURM_HET_SIZE={het_size}); amoeba-sbatch submits the agent and "
-            "the minimum workers as one heterogeneous job: use it instead of plain sbatch"
+            f"component 1 of job {alloc.job_id} has {alloc.tasks} tasks but --elastic asks for at least "
+            f"{spec.min_workers} workers"
         )
-    tasks = int(env.get("SLURM_NTASKS_HET_GROUP_1", "0") or 0)
-    if tasks and tasks < spec.min_workers:
-        raise SpecError(
-            f"component 1 of job {job_id} has {tasks} tasks but --elastic asks for at least {spec.min_workers} workers"
-        )
-    state_dir = args.state_dir or Path(f"amoeba-{job_id}")
+    state_dir = args.state_dir or Path(f"amoeba-{alloc.job_id}")
     return AgentConfig(
-        job_id=job_id,
+        job_id=alloc.job_id,
         spec=spec,
         command=tuple(command),
         state_dir=state_dir.absolute(),
         advertise_addr=advertise_address(),
         elastic_partition=args.elastic_partition,
         daemon_endpoint=args.daemon,
+        main_het_group=alloc.het_group,
     )
 
 

@@ -11,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurm_amoeba.launcher.executor import ElasticExecutor, ElasticJob, ElasticParameters
+    from slurm_amoeba.launcher.executor import ElasticExecutor, ElasticJob
+    from slurm_amoeba.launcher.parameters import ElasticParameters
     from slurm_amoeba.launcher.submission import ElasticJobShape
 
 __all__ = ["ElasticExecutor", "ElasticJob", "ElasticJobShape", "ElasticParameters"]
@@ -19,7 +20,7 @@ __all__ = ["ElasticExecutor", "ElasticJob", "ElasticJobShape", "ElasticParameter
 _HOMES = {
     "ElasticExecutor": "slurm_amoeba.launcher.executor",
     "ElasticJob": "slurm_amoeba.launcher.executor",
-    "ElasticParameters": "slurm_amoeba.launcher.executor",
+    "ElasticParameters": "slurm_amoeba.launcher.parameters",
     "ElasticJobShape": "slurm_amoeba.launcher.submission",
 }
 

@@ -7,11 +7,19 @@ submission file, and reads the result back; this module makes the submission fil
 the function under the elastic runtime. ``result()`` is rank 0's return value.
 
     executor = ElasticExecutor(folder="jobs/%j")
-    executor.update_parameters(min_workers=2, max_workers=8, gpus_per_worker=1, time=60)
+    executor.update_parameters(min_workers=2, max_workers=8, gpus_per_worker=1, timeout_min=60,
+                               slurm_account="lab", mem_gb=32, slurm_setup=["module load cuda"])
     job = executor.submit(train, epochs=10)
     job.resize(4)            # grow into idle GPUs now
     job.history()            # generations, sizes, pauses, throughput per size
+    job.stdout()             # rank 0's output so far; job.agent_log() is the agent's
     job.result()
+
+Parameters are :class:`~slurm_amoeba.launcher.parameters.ElasticParameters`, under their own names or submitit's
+(``timeout_min``, ``slurm_partition``, ``mem_gb``, ``slurm_additional_parameters``, ...). ``submit``, ``map_array``
+and ``submit_array`` (one elastic job per item) check every function, its arguments and the job's minimum before
+anything is submitted. The submitit internals this module extends are pinned in pyproject (``submitit>=1.5,<1.6``)
+and checked by ``tests/unit/launcher/test_submitit_contract.py``.
 """
 
 from __future__ import annotations
@@ -19,42 +27,40 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shlex
-import sys
 import time
 import typing as tp
 import uuid
 from pathlib import Path
 
-import cloudpickle
-from submitit.core import core, utils
+try:
+    import cloudpickle
+    from submitit.core import core, utils
+except ImportError as _missing:  # the base install has neither: name the extra that brings them
+    _module = (_missing.name or "submitit").split(".")[0]
+    raise ImportError(
+        f"ElasticExecutor needs {_module} (the 'train' extra): pip install 'slurm-amoeba[train]'"
+    ) from None
 
 from slurm_amoeba.core.errors import AmoebaError, SpecError
-from slurm_amoeba.core.jobenv import DEFAULT_GPUS_PER_WORKER, ENV_JOB_FOLDER, ENV_STATE_DIR
-from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.core.jobenv import ENV_JOB_FOLDER, ENV_STATE_DIR
 from slurm_amoeba.launcher.handle import AgentHandle
+from slurm_amoeba.launcher.parameters import ElasticParameters, updated
 from slurm_amoeba.launcher.submission import ElasticJobShape
-from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmCommandError, parse_sbatch_reply, render_batch_script
+from slurm_amoeba.slurm import (
+    CliSlurmClient,
+    JobState,
+    SlurmClient,
+    SlurmCommandError,
+    parse_sbatch_reply,
+    render_batch_script,
+)
 from slurm_amoeba.slurm.runner import run_command
 
 R = tp.TypeVar("R")
 log = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass
-class ElasticParameters:
-    """The parameters :meth:`ElasticExecutor.update_parameters` accepts, with their defaults."""
-
-    min_workers: int = 1
-    max_workers: int = 1
-    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER
-    cpus_per_worker: int = 1
-    mem_per_worker: int = 0
-    partition: str | None = None
-    elastic_partition: str = "elastic"
-    time: int | None = None
-    job_name: str = "amoeba"
-    daemon_endpoint: str | None = None
-    python: str = sys.executable
+#: Lines of the agent's log shown when a job ends without a result.
+AGENT_LOG_TAIL = 40
 
 
 class ElasticInfoWatcher(core.InfoWatcher):
@@ -86,8 +92,12 @@ class ElasticInfoWatcher(core.InfoWatcher):
 
 
 class ElasticJob(core.Job[R]):
-    """A submitted elastic job: submitit's ``Job`` (``result``, ``done``, ``cancel``, ``exception``, ``stdout``)
-    plus :meth:`resize`, :meth:`workers` and :meth:`history`."""
+    """A submitted elastic job: submitit's ``Job`` (``result``, ``done``, ``cancel``, ``exception``) plus
+    :meth:`resize`, :meth:`workers`, :meth:`history` and :meth:`agent_log`.
+
+    ``stdout()`` and ``stderr()`` are rank 0's output (whichever worker holds rank 0 while it writes; see
+    :mod:`slurm_amoeba.launcher.fn_worker`), in submitit's files ``<job id>_0_log.out``/``.err``.
+    """
 
     watcher = ElasticInfoWatcher()
 
@@ -125,6 +135,29 @@ class ElasticJob(core.Job[R]):
         """
         return self.agent.resize(workers, reason=reason, timeout_s=timeout_s)
 
+    @property
+    def agent_log_path(self) -> Path:
+        """The batch script's output: the agent's log (``stdout()``/``stderr()`` are rank 0's)."""
+        return self.paths.folder / f"{self.job_id}_agent_log.out"
+
+    def agent_log(self) -> str | None:
+        """The agent's log so far (None before the job started)."""
+        try:
+            return self.agent_log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def _get_outcome_and_result(self) -> tuple[str, tp.Any]:
+        try:
+            return super()._get_outcome_and_result()
+        except utils.UncompletedJobError as exc:  # no result: the agent's log usually says why
+            tail = "\n".join((self.agent_log() or "").splitlines()[-AGENT_LOG_TAIL:])
+            if not tail:
+                raise
+            raise utils.UncompletedJobError(
+                f"{exc}\nThe last lines of the agent's log {self.agent_log_path}:\n{'-' * 40}\n{tail}"
+            ) from None
+
     def cancel(self, check: bool = True) -> None:
         """Cancel the job; its agent releases every satellite on the way out."""
         try:
@@ -140,51 +173,52 @@ class ElasticExecutor(core.PicklingExecutor):
     Args:
         folder: the job folder (``%j`` becomes the job id), as with submitit.
         max_num_timeout: as with submitit.
+        slurm: the Slurm client the checks before submitting ask (default: the command-line one).
     """
 
     job_class = ElasticJob
 
-    def __init__(self, folder: str | Path, max_num_timeout: int = 0) -> None:
+    def __init__(self, folder: str | Path, max_num_timeout: int = 0, *, slurm: SlurmClient | None = None) -> None:
         super().__init__(folder, max_num_timeout=max_num_timeout)
-        self.parameters: dict[str, tp.Any] = dataclasses.asdict(ElasticParameters())
-        self.slurm = CliSlurmClient(timeout=30)
+        self.elastic = ElasticParameters()
+        self.parameters: dict[str, tp.Any] = dataclasses.asdict(self.elastic)
+        self.slurm: SlurmClient = slurm or CliSlurmClient(timeout=30)
 
     @classmethod
     def _valid_parameters(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(ElasticParameters)}
 
     def _internal_update_parameters(self, **kwargs: tp.Any) -> None:
-        unknown = sorted(set(kwargs) - self._valid_parameters())
-        if unknown:
-            defaults = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(ElasticParameters))
-            raise SpecError(f"unknown parameter(s) {', '.join(unknown)}; valid parameters (defaults): {defaults}")
-        merged = {**self.parameters, **kwargs}
-        self._spec(merged)  # validate now, with the user's values in the message
-        self.parameters = merged
-
-    @staticmethod
-    def _spec(params: dict[str, tp.Any]) -> ElasticSpec:
-        return ElasticSpec(
-            min_workers=int(params["min_workers"]),
-            max_workers=int(params["max_workers"]),
-            gpus_per_worker=int(params["gpus_per_worker"]),
-            cpus_per_worker=int(params["cpus_per_worker"]),
-            mem_per_worker_mb=int(params["mem_per_worker"]),
-        )
+        self.elastic = updated(self.elastic, kwargs)
+        self.parameters = dataclasses.asdict(self.elastic)
 
     def _shape(self) -> ElasticJobShape:
-        p = self.parameters
+        p = self.elastic
         folder = utils.JobPaths(self.folder).folder
         return ElasticJobShape(
-            spec=self._spec(p),
-            partition=p["partition"],
-            elastic_partition=p["elastic_partition"],
-            name=p["job_name"],
-            time_min=p["time"],
-            daemon_endpoint=p["daemon_endpoint"],
-            output=str(folder / "%j_0_log.out"),
-            error=str(folder / "%j_0_log.err"),
+            spec=p.spec(),
+            partition=p.partition,
+            elastic_partition=p.elastic_partition,
+            name=p.job_name,
+            time_min=p.time,
+            daemon_endpoint=p.daemon_endpoint,
+            output=str(folder / "%j_agent_log.out"),  # and its stderr
+            extra=p.job_terms() + p.additional_args(),
         )
+
+    def _check(self, submissions: tp.Sequence[utils.DelayedSubmission]) -> None:
+        """Refuse, before anything is submitted, a function or arguments that cannot be pickled, or a job whose
+        minimum can never run in its partition."""
+        for delayed in submissions:
+            try:
+                cloudpickle.dumps((delayed.function, delayed.args, delayed.kwargs))
+            except Exception as exc:  # cloudpickle raises many kinds; all mean the same to the user
+                name = getattr(delayed.function, "__name__", delayed.function)
+                raise SpecError(
+                    f"{name!r} or its arguments cannot be pickled ({type(exc).__name__}: {exc}); "
+                    "pass data by path or build it inside the function"
+                ) from None
+        self._shape().check_capacity(self.slurm)
 
     def submit(self, fn: tp.Callable[..., R], *args: tp.Any, **kwargs: tp.Any) -> ElasticJob[R]:
         """Submit ``fn(*args, **kwargs)`` to run on every worker of an elastic job.
@@ -193,31 +227,37 @@ class ElasticExecutor(core.PicklingExecutor):
             SpecError: the function or its arguments cannot be pickled, or the job's minimum can never run in its
                 partition — before anything is submitted.
         """
-        try:
-            cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:  # cloudpickle raises many kinds; all mean the same to the user
-            raise SpecError(
-                f"{getattr(fn, '__name__', fn)!r} or its arguments cannot be pickled ({type(exc).__name__}: {exc}); "
-                "pass data by path or build it inside the function"
-            ) from None
-        self._shape().check_capacity(self.slurm)
-        job = super().submit(fn, *args, **kwargs)
-        return tp.cast(ElasticJob[R], job)
+        return tp.cast(ElasticJob[R], super().submit(fn, *args, **kwargs))
+
+    def _internal_process_submissions(
+        self, delayed_submissions: list[utils.DelayedSubmission]
+    ) -> list[core.Job[tp.Any]]:
+        # submit, map_array, submit_array and batch() all come here: one elastic job per submission, every one
+        # checked before the first is submitted.
+        self._check(delayed_submissions)
+        return super()._internal_process_submissions(delayed_submissions)
 
     def _num_tasks(self) -> int:
         return 1
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         shape = self._shape()
-        python = str(self.parameters["python"])
+        components = shape.components()
+        workers = components[1]
+        components[1] = dataclasses.replace(
+            workers, extra=workers.extra + self.elastic.job_terms() + self.elastic.worker_terms()
+        )
+        python = self.elastic.python
         agent = [python, "-m", "slurm_amoeba.launcher.run", "--", python, "-m", "slurm_amoeba.launcher.fn_worker"]
-        text = render_batch_script(shape.components(), [agent])
+        text = render_batch_script(components, [agent])
         # The folder may hold %j (submitit's convention): the batch script knows the id, so the shell fills it in.
         template = str(utils.JobPaths(self.folder).folder)
         folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in template.split("%j"))
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in shape.environment().items())
         exports += f"export {ENV_JOB_FOLDER}={folder}\n"
         exports += f'export {ENV_STATE_DIR}="${ENV_JOB_FOLDER}/${{SLURM_JOB_ID}}_amoeba"\n'
+        if self.elastic.setup:  # the user's lines, as submitit runs them: unset variables allowed (module load)
+            exports += "# setup\nset +u\n" + "".join(f"{line}\n" for line in self.elastic.setup) + "set -u\n"
         return text.replace("set -euo pipefail\n", "set -euo pipefail\n" + exports, 1)
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
@@ -235,7 +275,7 @@ class ElasticExecutor(core.PicklingExecutor):
         tmp = uuid.uuid4().hex
         path = folder / f".submission_file_{tmp}.sh"
         path.write_text(self._make_submission_file_text(command, tmp))
-        output = run_command(self._make_submission_command(path), timeout=30, env=self.slurm.env).stdout
+        output = run_command(self._make_submission_command(path), timeout=30).stdout  # this process's environment
         job_id = self._get_job_id_from_submission_command(output)
         job: core.Job[tp.Any] = self.job_class(folder=self.folder, job_id=job_id, tasks=[0])
         job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)

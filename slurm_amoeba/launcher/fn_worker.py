@@ -4,26 +4,86 @@
 loads the function submitit pickled into the job folder (a file, never a socket), calls it, and, on the worker that
 is rank 0 when the function returns, writes submitit's result file, so that ``job.result()`` is rank 0's return
 value. A failure on rank 0 is written as submitit's error outcome (the traceback), so ``job.result()`` raises it.
+
+What the function prints (``sys.stdout``/``sys.stderr``, ``logging`` included) still goes to the worker's own log
+in the agent's state folder, and, while this worker is rank 0, is copied to submitit's ``<job id>_0_log.out`` and
+``.err``: ``job.stdout()`` and ``job.stderr()`` thus show rank 0's output even when rank 0 moves to another worker
+after a resize. Before the first generation (no ``RANK`` yet) the main allocation's first worker counts as rank 0.
+Output written below Python (a C library's ``printf``) stays in the worker's own log only.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TextIO
 
 from submitit.core import utils
 
 from slurm_amoeba.core.jobenv import ENV_JOB_FOLDER, ENV_PARENT_JOB
+from slurm_amoeba.core.runtime_env import ENV_WORKER_ID
 
 PICKLE_WAIT_S = 120.0
+
+
+#: The worker id of the main allocation's first worker (group g0, task 0): rank 0 until the first generation forms.
+FIRST_WORKER_ID = "g0-0"
 
 
 def _is_rank_zero() -> bool:
     # The runtime keeps RANK current for each generation (torchrun contract); a worker that never joined has none.
     return os.environ.get("RANK") == "0"
+
+
+def _writes_for_rank_zero() -> bool:
+    rank = os.environ.get("RANK")
+    return rank == "0" if rank is not None else os.environ.get(ENV_WORKER_ID) == FIRST_WORKER_ID
+
+
+class RankZeroCopy(io.TextIOBase):
+    """A text stream that writes to ``stream`` and, while this worker is rank 0, appends to ``path`` too.
+
+    Args:
+        stream: the worker's own stream (its log).
+        path: rank 0's file (submitit's stdout or stderr of the job).
+    """
+
+    def __init__(self, stream: TextIO, path: Path) -> None:
+        super().__init__()
+        self._stream = stream
+        self._path = path
+        self._copy: TextIO | None = None
+
+    def write(self, text: str) -> int:
+        """Write ``text`` to the stream, and to rank 0's file while this worker is rank 0."""
+        written = self._stream.write(text)
+        if _writes_for_rank_zero():
+            if self._copy is None:
+                self._copy = self._path.open("a", encoding="utf-8", errors="replace")
+            self._copy.write(text)
+            self._copy.flush()
+        return written
+
+    def flush(self) -> None:
+        """Flush the worker's stream."""
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        """The worker's stream's descriptor (what a subprocess inherits)."""
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        """Whether the worker's stream is a terminal."""
+        return self._stream.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        """The worker's stream's encoding."""
+        return self._stream.encoding
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         time.sleep(0.1)
     delayed = utils.DelayedSubmission.load(paths.submitted_pickle)
+    sys.stdout = RankZeroCopy(sys.stdout, paths.stdout)
+    sys.stderr = RankZeroCopy(sys.stderr, paths.stderr)
     try:
         result = delayed.function(*delayed.args, **delayed.kwargs)
     except Exception:  # any failure of the user's function is submitit's error outcome

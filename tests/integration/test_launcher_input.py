@@ -64,7 +64,7 @@ def test_amoeba_sbatch_reads_the_range_from_an_sbatch_elastic_line(env: dict[str
 
 def test_executor_refuses_unknown_parameters_with_the_valid_ones(env: dict[str, str], tmp_path: Path) -> None:
     executor = ElasticExecutor(folder=tmp_path)
-    with pytest.raises(SpecError, match=r"unknown parameter\(s\) min_wrokers; valid parameters.*min_workers=1"):
+    with pytest.raises(SpecError, match=r"unknown key 'min_wrokers'; valid keys.*min_workers=1"):
         executor.update_parameters(min_wrokers=2)
     with pytest.raises(SpecError, match="max_workers=2 is below min_workers=5"):
         executor.update_parameters(min_workers=5, max_workers=2)

@@ -6,7 +6,7 @@ restarts (resume from a checkpoint file on every start); ``--mode stopresume`` i
 checkpoint on SIGTERM and exits, to be relaunched at a new size. Every mode records the wall-clock end of each
 step with the world size, so the harness (:mod:`benchmarks.runtime`) can measure pauses the same way for all.
 
-The model is an MLP of 1.06 M parameters on synthetic data, global batch 64, as in TORCH-FACTS.md.
+The model is an MLP of 1.06 M parameters on synthetic data, global batch 64, as in docs/TORCH-FACTS.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Workload loaders: the jobs a simulation replays.
 
-Two formats (``../shared/data/README.md``):
+Two formats (``slurm_amoeba/sim/datafiles/SOURCES.md`` describes the shipped files):
 
 - Pollux's evaluation workloads: ``name,time,application,num_replicas,batch_size`` (submit second, one of the six
   applications, the requested GPUs and the global batch);

@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 PARENT_CHECK_S = 2.0
 
 
+def worker_entry(group: str, command: list[str] | tuple[str, ...]) -> list[str]:
+    """The argv of each task of group ``group``'s step: this module's ``worker`` mode, then the user's command."""
+    return [sys.executable, "-m", "slurm_amoeba.agent.entry", "worker", "--group", group, "--", *command]
+
+
 def run_worker(group: str, command: list[str]) -> int:
     """Become one worker of ``group``: set its id and exec the user's command (never returns on success)."""
     task = os.environ.get("SLURM_PROCID", "0")
@@ -66,7 +71,7 @@ def run_satellite(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    entry = [sys.executable, "-m", "slurm_amoeba.agent.entry", "worker", "--group", args.group, "--", *args.command]
+    entry = worker_entry(args.group, args.command)
     step = start_step(
         StepOptions(
             ntasks=args.ntasks,

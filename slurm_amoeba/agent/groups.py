@@ -4,7 +4,8 @@ A worker group is one Slurm step of workers: the main group runs in component 1 
 allocation and lives as long as the job; every other group runs in a **satellite**, a job of its own in the
 preemptible elastic partition, linked to its parent by name (``amoeba-sat-<parent>-<group>``) and comment
 (``amoeba-parent=<parent>``) so that anyone sees it in ``squeue``. This module holds the bookkeeping and the pure
-decisions (which groups leave on a shrink); :mod:`slurm_amoeba.agent.agent` acts on them.
+choice of which workers leave on a shrink; :mod:`slurm_amoeba.agent.plan` decides with them and
+:mod:`slurm_amoeba.agent.agent` acts.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class WorkerGroup:
             return []
         return [w for w in self.worker_ids if w not in self.leaving]
 
+    def copy(self) -> WorkerGroup:
+        """An independent copy (its ``leaving`` set is not shared), for planning on what-if bookkeeping."""
+        return dataclasses.replace(self, worker_ids=list(self.worker_ids), leaving=set(self.leaving))
+
     def to_json(self) -> dict[str, object]:
         """A JSON-able summary for the status file and reports."""
         return {
@@ -80,6 +85,11 @@ class WorkerGroup:
 def worker_ids(group: str, count: int) -> list[str]:
     """The worker ids of a group of ``count`` tasks (task ``i`` is ``<group>-<i>``)."""
     return [f"{group}-{i}" for i in range(count)]
+
+
+def planned_size(groups: list[WorkerGroup]) -> int:
+    """Workers the job has or is getting: those of groups that hold workers, less those asked to leave."""
+    return sum(len(g.active_workers) for g in groups)
 
 
 def choose_leavers(groups: list[WorkerGroup], remove: int) -> list[tuple[WorkerGroup, list[str]]]:

@@ -41,6 +41,16 @@ class GpuCapacity:
     free: int
 
 
+def independent_job_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment to submit a job of its own from inside another job.
+
+    The enclosing job's ``SLURM_*`` variables (its heterogeneous components, its SPANK options) must not reach the
+    new job, which inherits sbatch's environment: its ``srun`` would look for components it does not have.
+    ``SLURM_CONF`` (which cluster to talk to) stays.
+    """
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
 class SlurmClient(abc.ABC):
     """What slurm_amoeba needs from Slurm. Every method may raise
     :class:`~slurm_amoeba.slurm.runner.SlurmCommandError` (the command failed or timed out) or
@@ -52,8 +62,13 @@ class SlurmClient(abc.ABC):
         script: Path,
         components: SubmitOptions | Sequence[SubmitOptions],
         script_args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
     ) -> int:
-        """Submit a batch script; several components make a heterogeneous job. Returns the job id."""
+        """Submit a batch script; several components make a heterogeneous job. Returns the job id.
+
+        ``env`` is the environment sbatch runs in, which the job inherits (sbatch exports it); None: the client's.
+        """
 
     @abc.abstractmethod
     def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
@@ -140,6 +155,8 @@ class CliSlurmClient(SlurmClient):
         script: Path,
         components: SubmitOptions | Sequence[SubmitOptions],
         script_args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
     ) -> int:
         """See :meth:`SlurmClient.submit`.
 
@@ -153,7 +170,9 @@ class CliSlurmClient(SlurmClient):
             raise SpecError(f"batch script {str(script)!r} does not exist or is not a file")
         comps = [components] if isinstance(components, SubmitOptions) else list(components)
         argv = ["sbatch", "--parsable", *het_submit_args(comps), str(script), *script_args]
-        return parse_sbatch_reply(self._run(argv))
+        if env is None:
+            return parse_sbatch_reply(self._run(argv))
+        return parse_sbatch_reply(run_command(argv, timeout=self._timeout, env=dict(env)).stdout)
 
     def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
         """See :meth:`SlurmClient.cancel`."""

@@ -192,6 +192,10 @@ def parse_squeue_json(text: str) -> list[JobRecord]:
                 submit_time=_field(rec, "submit_time", int, where, 0),
                 start_time=_field(rec, "start_time", int, where, 0),
                 priority=_field(rec, "priority", int, where, 0),
+                account=_field(rec, "account", str, where, ""),
+                qos=_field(rec, "qos", str, where, ""),
+                reservation=_field(rec, "resv_name", str, where, ""),
+                features=_field(rec, "features", str, where, ""),
             )
         )
     return jobs

@@ -83,6 +83,10 @@ class JobRecord:
         submit_time: submission time (Unix seconds).
         start_time: start time (Unix seconds; 0 or a forecast while pending).
         priority: the scheduling priority.
+        account: the account it is charged to (``-A``).
+        qos: its quality of service (``--qos``).
+        reservation: the reservation it runs in (``--reservation``), or empty.
+        features: the node features it requires (``--constraint``), as Slurm spells them, or empty.
     """
 
     job_id: int
@@ -104,6 +108,10 @@ class JobRecord:
     submit_time: int
     start_time: int
     priority: int
+    account: str = ""
+    qos: str = ""
+    reservation: str = ""
+    features: str = ""
 
     @property
     def is_het_component(self) -> bool:
@@ -114,6 +122,14 @@ class JobRecord:
     def gpus_held(self) -> int:
         """GPUs the job holds now, over all its nodes."""
         return sum(len(ix) for ix in self.gpu_indices)
+
+    @property
+    def was_preempted(self) -> bool:
+        """Whether Slurm took the job's resources for other work (its state or its state reason says preemption).
+
+        With ``PreemptMode=CANCEL`` the state alone does not tell: the reason does.
+        """
+        return self.state is JobState.PREEMPTED or "preempt" in self.state_reason.lower()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,11 +2,14 @@
 
 The recordings in ``tests/data/slurm`` come from ``scripts/slurm-cluster`` (Slurm 22.05.8): ``squeue-mixed.json``
 holds a satellite-like job in the elastic partition holding 2 GPUs, a running heterogeneous job of two components
-and a held job; ``squeue-finished.json`` the same jobs after ``scancel``; ``sinfo-*.json`` the 4 nodes.
+and a held job; ``squeue-finished.json`` the same jobs after ``scancel``; ``squeue-accounts.json`` a held
+heterogeneous job of two components submitted with ``--account=amoeba_sat --qos=amoeba_sat`` (an account and QOS made
+with ``sacctmgr``; the cluster's other jobs left out); ``sinfo-*.json`` the 4 nodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,42 @@ def test_squeue_json_reports_remembered_finished_jobs() -> None:
     jobs = parse_squeue_json(recorded("squeue-finished.json"))
     assert {j.state for j in jobs} == {JobState.CANCELLED}
     assert all(j.state.is_final() and not j.state.is_active() for j in jobs)
+
+
+def test_squeue_json_gives_each_component_its_account_qos_reservation_and_features() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(recorded("squeue-accounts.json"))}
+    assert sorted((j.het_job_id, j.het_job_offset) for j in jobs.values()) == [(4, 0), (4, 1)]
+    for record in jobs.values():
+        assert (record.account, record.qos, record.reservation, record.features) == ("amoeba_sat", "amoeba_sat", "", "")
+    # The test cluster's nodes have no features and it holds no reservation: Slurm spells them this way.
+    doc = json.loads(recorded("squeue-accounts.json"))
+    doc["jobs"][1].update(features="a100&ib", resv_name="maint")
+    worker = parse_squeue_json(json.dumps(doc))[1]
+    assert (worker.features, worker.reservation) == ("a100&ib", "maint")
+
+
+def test_a_job_without_accounting_fields_reads_as_empty_ones() -> None:
+    doc = json.loads(recorded("squeue-mixed.json"))
+    for field in ("account", "qos", "resv_name", "features"):
+        doc["jobs"][0].pop(field)
+    record = parse_squeue_json(json.dumps(doc))[0]
+    assert (record.account, record.qos, record.reservation, record.features) == ("", "", "", "")
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "preempted"),
+    [
+        (JobState.CANCELLED, "Preempted", True),
+        (JobState.CANCELLED, "JobPreempted", True),
+        (JobState.PREEMPTED, "None", True),
+        (JobState.CANCELLED, "None", False),
+        (JobState.FAILED, "NonZeroExitCode", False),
+        (JobState.RUNNING, "None", False),
+    ],
+)
+def test_a_job_reads_as_preempted_by_its_state_or_its_reason(state: JobState, reason: str, preempted: bool) -> None:
+    record = parse_squeue_json(recorded("squeue-mixed.json"))[0]
+    assert dataclasses.replace(record, state=state, state_reason=reason).was_preempted is preempted
 
 
 def test_sinfo_json_gives_gpus_total_used_and_free_per_node() -> None:

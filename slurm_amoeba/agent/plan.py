@@ -1,0 +1,397 @@
+"""The agent's decisions as a pure function: what one round observed in, the actions to apply out.
+
+Each round the job's agent (:mod:`slurm_amoeba.agent.agent`) observes — the target size it was asked for, its worker
+groups, its satellites as Slurm shows them, the coordinator's view of the workers — and calls :func:`plan`, which
+returns the :data:`Action`\\ s to apply, in order. Like :mod:`slurm_amoeba.runtime.membership` it does no I/O and
+reads no clock (``now`` is part of the :class:`Observation`); the tables in ``tests/unit/agent/test_plan.py`` drive it.
+
+What a round decides, in this order (DESIGN.md, control flow: the agent's part of a resize):
+
+1. **the end**: a signal asked the job to stop, or the main worker group ended -> the job ends, nothing else;
+2. **satellites**, when Slurm was polled this round: a pending satellite that Slurm started runs now; one that
+   ended (preempted, cancelled, failed, forgotten by squeue) is released;
+3. **training over** (finished or lost) while the main worker step still runs past a grace -> stop that step;
+4. **workers**, from the coordinator's view: a satellite whose workers are all gone is released (a shrink done,
+   training finished, or its workers lost); a worker that left on its own no longer counts toward the size, and
+   one that died retires the rest of its group (its process may hang: releasing the satellite ends it);
+5. **reconcile**, never once training is over: grow toward the target by submitting satellites of at most a
+   node's worth of workers each (a preemption takes one node's satellite, not every worker the job gained), or
+   shrink by asking chosen workers to leave (:func:`~slurm_amoeba.agent.groups.choose_leavers`; a satellite that
+   has not started yet is released instead).
+
+Workers lost without a shrink (preemption, failure) lower the target to what the job still has, never below its
+minimum: the job does not fight Slurm for them; the daemon or the user may grow it again.
+
+The plan works on a copy of the groups, recording each action as it goes (:func:`record`) so that later decisions
+of the round see earlier ones; the agent records the same actions on its own groups after applying them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from slurm_amoeba.agent.groups import GroupState, WorkerGroup, choose_leavers, planned_size, worker_ids
+from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.coordinator import CoordinatorView
+from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.slurm.records import JobRecord, JobState
+
+PHASE_OVER_GRACE_S = 30.0
+"""After training ended, how long the main worker step may take to exit on its own before the agent stops it."""
+
+
+# ----------------------------------------------------------------------------------------------- observations
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorSeen:
+    """What the plan needs of the coordinator's view: the job's phase and every known worker's status."""
+
+    phase: Phase
+    workers: Mapping[str, WorkerStatus]
+
+    @classmethod
+    def of(cls, view: CoordinatorView) -> CoordinatorSeen:
+        """The part of ``view`` the plan reads."""
+        return cls(view.phase, {w: v.status for w, v in view.workers.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What the agent saw in one round.
+
+    Attributes:
+        now: the round's time (Unix seconds, the clock of the groups' ``requested_at``).
+        target: the workers the job was asked to have.
+        groups: the job's worker groups, main group first (the plan reads them, never changes them).
+        coordinator: the coordinator's view of the job.
+        satellites: the live satellites' squeue records by Slurm job id when Slurm was polled this round (a live
+            satellite missing from it is gone from squeue), or None when it was not polled or the poll failed.
+        training_over_since: when the agent first saw training over (None while it is not).
+        main_step_status: the main worker step's exit status, None while it runs.
+        stop_reason: why the job was asked to stop (a signal), or empty.
+    """
+
+    now: float
+    target: int
+    groups: Sequence[WorkerGroup]
+    coordinator: CoordinatorSeen
+    satellites: Mapping[int, JobRecord] | None = None
+    training_over_since: float | None = None
+    main_step_status: int | None = None
+    stop_reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The job's fixed bounds on a plan.
+
+    Attributes:
+        min_workers: the job never shrinks below this, and a loss never lowers the target below it.
+        workers_per_satellite: the most workers one satellite holds (one node's worth; see
+            :func:`workers_per_satellite`).
+        over_grace_s: how long the main step may outlive the end of training.
+    """
+
+    min_workers: int
+    workers_per_satellite: int
+    over_grace_s: float = PHASE_OVER_GRACE_S
+
+
+def workers_per_satellite(spec: ElasticSpec, node_gpus: int | None) -> int:
+    """How many workers one satellite holds: those that fit on one node of the elastic partition.
+
+    Args:
+        spec: the job's per-worker resources.
+        node_gpus: GPUs of the elastic partition's largest node, None when Slurm could not be asked.
+
+    Returns:
+        At least 1; the job's maximum for CPU-only workers; 1 while the node size is unknown.
+    """
+    if spec.gpus_per_worker == 0:
+        return spec.max_workers
+    if node_gpus is None:
+        return 1
+    return max(1, node_gpus // spec.gpus_per_worker)
+
+
+# ----------------------------------------------------------------------------------------------- actions
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """A signal asked the job to stop: stop the workers, release the satellites, exit with 143."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MainGroupEnded:
+    """The main worker step exited: the job ends with its status."""
+
+    status: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StopMainStep:
+    """Training is over but the main worker step lingers (a hung or dead worker): stop it; its status ends the job."""
+
+    phase: Phase
+
+
+@dataclasses.dataclass(frozen=True)
+class SatelliteStarted:
+    """Slurm started a satellite: its group runs from ``at``."""
+
+    group: str
+    slurm_job: int
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseSatellite:
+    """Cancel a satellite's allocation, tell the coordinator that its live workers are gone, end its group."""
+
+    group: str
+    slurm_job: int
+    reason: str
+    mark_dead: tuple[str, ...]
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AskToLeave:
+    """A shrink: ask these workers of a running group to leave at the next step boundary."""
+
+    group: str
+    workers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLost:
+    """A worker left on its own (preemption's SIGTERM, a failure): it no longer counts toward the size."""
+
+    group: str
+    worker: str
+    status: WorkerStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class RetireGroup:
+    """A worker of this group died: the rest leave gracefully, then releasing the satellite ends any hung process."""
+
+    group: str
+    workers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitSatellite:
+    """Grow: submit a satellite for ``workers`` more workers as group ``group``.
+
+    If Slurm refuses it, the target becomes ``target_if_refused`` (what the job has and is getting without it) and
+    the round's further submissions are dropped: the daemon or the user asks again.
+    """
+
+    group: str
+    workers: int
+    at: float
+    target_if_refused: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LowerTarget:
+    """Workers were lost without a shrink: the job aims for what it still has (never below its minimum)."""
+
+    target: int
+    previous: int
+
+
+Action = (
+    Stop
+    | MainGroupEnded
+    | StopMainStep
+    | SatelliteStarted
+    | ReleaseSatellite
+    | AskToLeave
+    | WorkerLost
+    | RetireGroup
+    | SubmitSatellite
+    | LowerTarget
+)
+"""One thing the agent does; :func:`plan` returns them in the order they are to be applied."""
+
+ENDING_ACTIONS = (Stop, MainGroupEnded, StopMainStep)
+"""Actions after which the agent's loop ends."""
+
+
+# ----------------------------------------------------------------------------------------------- bookkeeping
+
+
+def new_satellite_group(action: SubmitSatellite, slurm_job: int) -> WorkerGroup:
+    """The group of a satellite that Slurm accepted as job ``slurm_job``."""
+    return WorkerGroup(
+        action.group, True, worker_ids(action.group, action.workers), slurm_job, GroupState.PENDING, action.at
+    )
+
+
+def record(groups: Sequence[WorkerGroup], action: Action) -> None:
+    """Record an applied action in the groups' bookkeeping (a submission is recorded by adding its group).
+
+    Args:
+        groups: the job's groups; the one the action names is changed in place.
+        action: the action; those that name no group change nothing.
+    """
+    name = getattr(action, "group", None)
+    group = next((g for g in groups if g.name == name), None)
+    if group is None:
+        return
+    if isinstance(action, SatelliteStarted):
+        group.running_at = action.at
+        if group.state is GroupState.PENDING:
+            group.state = GroupState.RUNNING
+    elif isinstance(action, ReleaseSatellite):
+        group.state = GroupState.ENDED
+        group.ended_at = action.at
+        group.end_reason = action.reason
+    elif isinstance(action, AskToLeave | RetireGroup):
+        group.leaving.update(action.workers)
+        if isinstance(action, RetireGroup) or group.leaving >= set(group.worker_ids):
+            group.state = GroupState.LEAVING
+    elif isinstance(action, WorkerLost):
+        group.leaving.add(action.worker)
+
+
+def release(group: WorkerGroup, reason: str, coordinator: CoordinatorSeen, now: float) -> ReleaseSatellite:
+    """Release ``group``'s satellite; its workers the coordinator still counts are marked dead."""
+    alive = tuple(w for w in group.worker_ids if w in coordinator.workers and not coordinator.workers[w].is_gone())
+    return ReleaseSatellite(group.name, group.slurm_job, reason, alive, now)
+
+
+def final_releases(groups: Sequence[WorkerGroup], coordinator: CoordinatorSeen, now: float) -> list[ReleaseSatellite]:
+    """When the job ends: release every satellite not released yet (no satellite outlives its job)."""
+    return [
+        release(g, g.end_reason or "job ended", coordinator, now)
+        for g in groups
+        if g.satellite and g.state is not GroupState.ENDED
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+
+def plan(seen: Observation, limits: Limits) -> list[Action]:
+    """Decide one round (see the module docstring for what and in which order).
+
+    Args:
+        seen: what the agent observed.
+        limits: the job's bounds.
+
+    Returns:
+        The actions to apply, in order; empty when nothing is to be done. An ending action
+        (:data:`ENDING_ACTIONS`) is always the last.
+    """
+    if seen.stop_reason:
+        return [Stop(seen.stop_reason)]
+    if seen.main_step_status is not None:
+        return [MainGroupEnded(seen.main_step_status)]
+    round_ = _Round(seen, limits)
+    if seen.satellites is not None:
+        round_.watch_satellites(seen.satellites)
+    over = seen.coordinator.phase.is_over()
+    if over and seen.training_over_since is not None and seen.now - seen.training_over_since > limits.over_grace_s:
+        round_.emit(StopMainStep(seen.coordinator.phase))
+        return round_.actions
+    round_.watch_workers()
+    if not over:  # nothing to grow into or shrink from once training has ended
+        round_.reconcile()
+    return round_.actions
+
+
+class _Round:
+    """One round's working copy of the groups and target, and the actions decided so far."""
+
+    def __init__(self, seen: Observation, limits: Limits) -> None:
+        self.seen = seen
+        self.limits = limits
+        self.groups = [g.copy() for g in seen.groups]
+        self.target = seen.target
+        self.actions: list[Action] = []
+
+    def emit(self, action: Action) -> None:
+        self.actions.append(action)
+        if isinstance(action, SubmitSatellite):
+            self.groups.append(new_satellite_group(action, 0))
+        elif isinstance(action, LowerTarget):
+            self.target = action.target
+        else:
+            record(self.groups, action)
+
+    def release(self, group: WorkerGroup, reason: str) -> None:
+        self.emit(release(group, reason, self.seen.coordinator, self.seen.now))
+
+    def follow_losses(self) -> None:
+        target = max(self.limits.min_workers, min(self.target, planned_size(self.groups)))
+        if target != self.target:
+            self.emit(LowerTarget(target, self.target))
+
+    def live_satellites(self) -> list[WorkerGroup]:
+        return [g for g in self.groups if g.satellite and g.state is not GroupState.ENDED]
+
+    def watch_satellites(self, records: Mapping[int, JobRecord]) -> None:
+        for group in self.live_satellites():
+            found = records.get(group.slurm_job)
+            state = found.state if found is not None else JobState.UNKNOWN
+            if state is JobState.RUNNING and group.running_at is None:
+                self.emit(SatelliteStarted(group.name, group.slurm_job, self.seen.now))
+            elif not state.is_active():
+                if found is None or state is JobState.UNKNOWN:
+                    reason = "satellite gone"
+                elif found.was_preempted:
+                    reason = "preempted"
+                else:
+                    reason = f"satellite {state.value.lower()}"
+                self.release(group, reason)
+                self.follow_losses()
+
+    def watch_workers(self) -> None:
+        workers = self.seen.coordinator.workers
+        for group in self.live_satellites():
+            statuses = [workers.get(w) for w in group.worker_ids]
+            if all(s is not None and s.is_gone() for s in statuses):
+                if group.leaving >= set(group.worker_ids):
+                    self.release(group, "shrink")
+                elif all(s is WorkerStatus.DONE for s in statuses):
+                    self.release(group, "training finished")
+                else:
+                    self.release(group, "its workers left (preempted or failed)")
+                    self.follow_losses()
+            elif group.state is GroupState.RUNNING:
+                for worker, status in zip(group.worker_ids, statuses, strict=True):
+                    if status is None or not status.is_gone() or worker in group.leaving:
+                        continue
+                    self.emit(WorkerLost(group.name, worker, status))
+                    if status in (WorkerStatus.DEAD, WorkerStatus.FAILED):
+                        self.emit(RetireGroup(group.name, tuple(group.active_workers)))
+                    self.follow_losses()
+
+    def reconcile(self) -> None:
+        planned = planned_size(self.groups)
+        if self.target > planned:
+            self.grow(self.target - planned)
+        elif self.target < planned:
+            self.shrink(planned - self.target)
+
+    def grow(self, count: int) -> None:
+        while count > 0:
+            chunk = min(count, self.limits.workers_per_satellite)
+            name = f"g{len(self.groups)}"
+            self.emit(SubmitSatellite(name, chunk, self.seen.now, planned_size(self.groups)))
+            count -= chunk
+
+    def shrink(self, count: int) -> None:
+        for group, leavers in choose_leavers(self.groups, count):
+            if group.state is GroupState.PENDING:
+                self.release(group, "shrink before it started")
+            else:
+                self.emit(AskToLeave(group.name, tuple(leavers)))

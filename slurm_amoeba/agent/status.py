@@ -1,0 +1,121 @@
+"""The agent's record of its job: event history, size series, and the status document built from them.
+
+The status document is what ``job.history()``, ``amoebactl`` and the daemon's reports read (the agent writes it to
+``<state_dir>/agent-status.json`` and answers ``status`` directives with it): size, target, worker groups,
+generations with their pauses, throughput per size, the agent's events and a time series of size and speed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from slurm_amoeba.agent.groups import WorkerGroup
+from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.coordinator import CoordinatorView
+
+SERIES_LIMIT = 5000
+HISTORY_LIMIT = 2000
+
+
+class Journal:
+    """The agent's bounded event history and size/speed series.
+
+    Args:
+        clock: wall-clock time (Unix seconds) for the entries.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.series: list[dict[str, Any]] = []
+        self._clock = clock
+        self._mono0 = time.monotonic()
+        self._wall0 = clock()
+        self._seen_generations = 0
+
+    def event(self, event: str, **fields: Any) -> None:
+        """Add ``{"t", "event", **fields}`` to the history (the oldest entries go past the limit)."""
+        self.history.append({"t": round(self._clock(), 3), "event": event, **fields})
+        del self.history[:-HISTORY_LIMIT]
+
+    def wall(self, mono: float | None) -> float | None:
+        """A coordinator time (``time.monotonic``) as wall-clock time."""
+        return None if mono is None else round(self._wall0 + (mono - self._mono0), 3)
+
+    def sample(self, view: CoordinatorView, target: int) -> None:
+        """Add a point to the series, and a ``generation`` event for every generation formed since the last one."""
+        progress = view.progress
+        self.series.append(
+            {
+                "t": round(self._clock(), 3),
+                "size": view.world_size,
+                "target": target,
+                "generation": view.generation,
+                "samples_per_s": float(progress.get("samples_per_s") or 0.0),
+                "step": progress.get("step"),
+            }
+        )
+        del self.series[:-SERIES_LIMIT]
+        if view.generation != self._seen_generations:
+            for entry in view.history[self._seen_generations :]:
+                self.event(
+                    "generation",
+                    generation=entry.plan.generation,
+                    size=len(entry.plan.members),
+                    reason=entry.plan.reason,
+                    rollback=entry.plan.rollback,
+                )
+            self._seen_generations = len(view.history)
+
+    def generations(self, view: CoordinatorView) -> list[dict[str, Any]]:
+        """The formed generations as JSON, each with the pause since the previous one ended."""
+        generations = []
+        previous_end: float | None = None
+        for entry in view.history:
+            pause = None if previous_end is None else round(entry.formed_at - previous_end, 3)
+            generations.append(
+                {
+                    "generation": entry.plan.generation,
+                    "size": len(entry.plan.members),
+                    "members": list(entry.plan.members),
+                    "formed_at": self.wall(entry.formed_at),
+                    "ended_at": self.wall(entry.ended_at),
+                    "end_reason": entry.end_reason,
+                    "reason": entry.plan.reason,
+                    "rollback": entry.plan.rollback,
+                    "pause_s": pause,
+                    "start_step": entry.plan.start_step,
+                }
+            )
+            previous_end = entry.ended_at
+        return generations
+
+    def status(
+        self,
+        *,
+        job_id: str,
+        endpoint: str,
+        spec: ElasticSpec,
+        target: int,
+        groups: Sequence[WorkerGroup],
+        view: CoordinatorView,
+    ) -> dict[str, Any]:
+        """The job's status document (see the module docstring)."""
+        return {
+            "job_id": job_id,
+            "endpoint": endpoint,
+            "phase": view.phase.value,
+            "size": view.world_size,
+            "target": target,
+            "generation": view.generation,
+            "min_workers": spec.min_workers,
+            "max_workers": spec.max_workers,
+            "workers": {w: v.status.value for w, v in view.workers.items()},
+            "groups": [g.to_json() for g in groups],
+            "generations": self.generations(view),
+            "throughput": {str(size): round(s.samples_per_s, 3) for size, s in sorted(view.throughput.items())},
+            "history": list(self.history),
+            "series": list(self.series),
+            "updated_at": self._clock(),
+        }

@@ -1,0 +1,242 @@
+"""Test doubles for the agent's unit tests: a Slurm in memory, a coordinator view the test edits, a worker step.
+
+The agent reaches Slurm only through its injected :class:`~slurm_amoeba.slurm.client.SlurmClient`, the coordinator
+through :class:`~slurm_amoeba.agent.agent.JobCoordinator` and its main step through a
+:class:`~slurm_amoeba.agent.agent.StepStarter`; these fakes stand in for all three, so a test runs the agent's rounds
+with no Slurm, no store and no processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_amoeba.runtime.coordinator import CoordinatorView, WorkerView
+from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError, StepRecord
+from slurm_amoeba.slurm.script import SubmitOptions
+from slurm_amoeba.slurm.steps import StepOptions
+
+PARENT = 42
+
+
+def squeue(job_id: int, state: JobState = JobState.RUNNING, reason: str = "None", **fields: Any) -> JobRecord:
+    """A squeue record of job ``job_id``; ``fields`` override any other field."""
+    running = state is JobState.RUNNING
+    base = JobRecord(
+        job_id=job_id,
+        name=f"job{job_id}",
+        comment="",
+        state=state,
+        state_reason=reason,
+        user="alice",
+        uid=1000,
+        partition="elastic",
+        nodes=("n1",) if running else (),
+        batch_host="n1" if running else "",
+        gpus_per_node=1,
+        gpu_indices=((0,),) if running else (),
+        cpus=1,
+        node_count=1,
+        het_job_id=0,
+        het_job_offset=0,
+        submit_time=1,
+        start_time=2,
+        priority=1,
+    )
+    return dataclasses.replace(base, **fields)
+
+
+def node(name: str, gpus: int = 4) -> NodeRecord:
+    """An idle node of both partitions."""
+    return NodeRecord(name, "127.0.0.1", name, "idle", (), ("batch", "elastic"), 8, 0, gpus, 0)
+
+
+@dataclasses.dataclass
+class Submission:
+    """One sbatch call the fake took: the script's text and the environment it was submitted with."""
+
+    job_id: int
+    script: str
+    env: dict[str, str]
+
+
+@dataclasses.dataclass
+class FakeSlurm(SlurmClient):
+    """Slurm in memory. The parent (job 42) is a running heterogeneous job of two components (42 and 43).
+
+    ``refuse`` makes sbatch fail; ``down`` makes every call fail like a dead slurmctld; ``sinfo_down`` only sinfo.
+    """
+
+    records: dict[int, JobRecord] = dataclasses.field(default_factory=dict)
+    node_list: list[NodeRecord] = dataclasses.field(default_factory=lambda: [node("n1"), node("n2")])
+    submissions: list[Submission] = dataclasses.field(default_factory=list)
+    cancelled: list[int] = dataclasses.field(default_factory=list)
+    refuse: bool = False
+    down: bool = False
+    sinfo_down: bool = False
+    next_id: int = 101
+
+    def __post_init__(self) -> None:
+        for job_id, offset in ((PARENT, 0), (PARENT + 1, 1)):
+            component = squeue(job_id, partition="batch", het_job_id=PARENT, het_job_offset=offset, account="physics")
+            # The workers' component (offset 1) asked for the QOS and the node features.
+            if offset:
+                component = dataclasses.replace(component, qos="high", features="a100")
+            self.records.setdefault(job_id, component)
+
+    def _check(self, argv: list[str]) -> None:
+        if self.down:
+            raise SlurmCommandError(argv, 1, "slurm_load_jobs error: Unable to contact slurm controller")
+
+    def submit(
+        self,
+        script: Path,
+        components: SubmitOptions | Sequence[SubmitOptions],
+        script_args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        self._check(["sbatch"])
+        if self.refuse:
+            raise SlurmCommandError(["sbatch", str(script)], 1, "sbatch: error: Invalid account or partition")
+        job_id = self.next_id
+        self.next_id += 1
+        self.submissions.append(Submission(job_id, Path(script).read_text(), dict(env or {})))
+        self.records[job_id] = squeue(job_id, JobState.PENDING, "Resources")
+        return job_id
+
+    def set_state(self, job_id: int, state: JobState, reason: str = "None") -> None:
+        """What squeue shows for ``job_id`` from now on."""
+        self.records[job_id] = dataclasses.replace(self.records[job_id], state=state, state_reason=reason)
+
+    def forget(self, job_id: int) -> None:
+        """squeue no longer shows ``job_id`` (past MinJobAge)."""
+        del self.records[job_id]
+
+    def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
+        self._check(["scancel", str(job_id)])
+        self.cancelled.append(job_id)
+        if job_id in self.records:
+            self.set_state(job_id, JobState.CANCELLED)
+
+    def jobs(
+        self,
+        *,
+        job_ids: Collection[int] | None = None,
+        name: str | None = None,
+        user: str | None = None,
+        states: Collection[JobState] | None = None,
+    ) -> list[JobRecord]:
+        self._check(["squeue", "--json"])
+        return [r for r in self.records.values() if job_ids is None or r.job_id in job_ids]
+
+    def steps(self, job_id: int) -> list[StepRecord]:
+        return []
+
+    def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
+        self._check(["sinfo", "--json"])
+        if self.sinfo_down:
+            raise SlurmCommandError(["sinfo", "--json"], 1, "sinfo: error: Socket timed out")
+        return [n for n in self.node_list if partition is None or partition in n.partitions]
+
+    def accounting_state(self, job_id: int) -> JobState:
+        return JobState.UNKNOWN
+
+
+@dataclasses.dataclass
+class FakeCoordinator:
+    """The coordinator as the agent sees it: the test sets ``phase`` and ``statuses``; calls are recorded."""
+
+    phase: Phase = Phase.RUNNING
+    statuses: dict[str, WorkerStatus] = dataclasses.field(default_factory=dict)
+    leave_requests: list[str] = dataclasses.field(default_factory=list)
+    deaths: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    started: bool = False
+    closed: bool = False
+
+    @property
+    def port(self) -> int:
+        return 29400
+
+    def start(self) -> None:
+        self.started = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def worker_env(self, worker_id: str) -> dict[str, str]:
+        return {"AMOEBA_STORE_ADDR": "10.0.0.1", "AMOEBA_STORE_PORT": str(self.port), "AMOEBA_WORKER_ID": worker_id}
+
+    def request_leave(self, worker_id: str) -> None:
+        self.leave_requests.append(worker_id)
+
+    def mark_dead(self, worker_id: str, reason: str) -> None:
+        self.deaths.append((worker_id, reason))
+
+    def members(self, *workers: str) -> None:
+        """These workers are members of the current generation."""
+        self.statuses.update(dict.fromkeys(workers, WorkerStatus.MEMBER))
+
+    def view(self) -> CoordinatorView:
+        workers = {
+            w: WorkerView(w, status, 1, "n1", 0.1, w in self.leave_requests, "") for w, status in self.statuses.items()
+        }
+        members = sum(1 for s in self.statuses.values() if s is WorkerStatus.MEMBER)
+        return CoordinatorView(self.phase, 1 if members else 0, None, workers, (), {}, {"members": members}, "")
+
+
+@dataclasses.dataclass
+class FakeStep:
+    """A worker step: runs until the test sets ``status`` or the agent signals it (then it exits with 143)."""
+
+    options: StepOptions
+    command: list[str]
+    env: dict[str, str]
+    status: int | None = None
+    signals: list[int] = dataclasses.field(default_factory=list)
+
+    def poll(self) -> int | None:
+        return self.status
+
+    def send_signal(self, sig: int, /) -> None:
+        self.signals.append(sig)
+        if sig == signal.SIGTERM:
+            self.status = 143
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.status is not None, "the fake step was waited for while it runs"
+        return self.status
+
+    def kill(self) -> None:
+        self.status = -9
+
+
+@dataclasses.dataclass
+class FakeSteps:
+    """Starts :class:`FakeStep`\\ s and keeps them (``started[0]`` is the main group's)."""
+
+    started: list[FakeStep] = dataclasses.field(default_factory=list)
+
+    def __call__(
+        self, options: StepOptions, command: Sequence[str], *, env: Mapping[str, str], log_path: Path | None = None
+    ) -> FakeStep:
+        step = FakeStep(options, list(command), dict(env))
+        self.started.append(step)
+        return step
+
+
+@dataclasses.dataclass
+class FakeClock:
+    """Wall-clock time the test moves."""
+
+    now: float = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

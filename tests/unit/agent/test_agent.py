@@ -1,0 +1,239 @@
+"""The agent's loop, a few rounds at a time, against a Slurm in memory and a coordinator view the test edits.
+
+Each round is what :meth:`Agent.round` does in the loop: observe, plan, apply. The tests check what reaches Slurm
+(sbatch scripts and their environment, scancel), what reaches the coordinator (leave requests, deaths), and the
+agent's bookkeeping and history.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_amoeba.agent.agent import Agent
+from slurm_amoeba.agent.config import AgentConfig
+from slurm_amoeba.agent.groups import GroupState
+from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.slurm import JobState
+from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
+
+Parts = tuple[Agent, FakeSlurm, FakeCoordinator, FakeSteps, FakeClock]
+
+
+@pytest.fixture
+def parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Parts]:
+    """A started agent of a 2:8 job (one GPU per worker; nodes of 4 GPUs) whose main group runs."""
+    monkeypatch.setenv("SLURM_JOB_ID", str(PARENT))
+    monkeypatch.setenv("SLURM_HET_SIZE", "2")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    config = AgentConfig(
+        job_id=str(PARENT),
+        spec=ElasticSpec(2, 8, gpus_per_worker=1),
+        command=("python", "train.py"),
+        state_dir=tmp_path / "state",
+        advertise_addr="10.0.0.1",
+    )
+    slurm, coordinator, steps, clock = FakeSlurm(), FakeCoordinator(), FakeSteps(), FakeClock()
+    agent = Agent(config, slurm, coordinator=coordinator, step_starter=steps, clock=clock)
+    agent.start_main_group()
+    coordinator.members("g0-0", "g0-1")
+    yield agent, slurm, coordinator, steps, clock
+    agent.shutdown()
+
+
+def rounds(agent: Agent, clock: FakeClock, count: int = 1) -> int | None:
+    """Run ``count`` rounds two seconds apart (each polls Slurm); the first exit status, if the job ended."""
+    for _ in range(count):
+        status = agent.round()
+        clock.advance(2.0)
+        if status is not None:
+            return status
+    return None
+
+
+def events(agent: Agent) -> list[str]:
+    return [e["event"] for e in agent.journal.history]
+
+
+def test_the_main_group_runs_the_minimum_workers_in_the_worker_component(parts: Parts) -> None:
+    agent, _, _, steps, _ = parts
+    (main,) = steps.started
+    assert (main.options.ntasks, main.options.het_group, main.options.gpus_per_task) == (2, 1, 1)
+    assert main.command == [sys.executable, "-m", "slurm_amoeba.agent.entry", "worker", "--group", "g0", "--",
+                            "python", "train.py"]  # fmt: skip
+    assert main.env["AMOEBA_PARENT_JOB"] == str(PARENT) and main.env["AMOEBA_STORE_ADDR"] == "10.0.0.1"
+    assert [g.name for g in agent.groups] == ["g0"] and agent.planned_size() == 2
+
+
+def test_a_grow_submits_a_satellite_that_carries_the_parents_account_qos_and_features(parts: Parts) -> None:
+    agent, slurm, _, _, clock = parts
+    agent.resize(4, "idle GPUs")
+    assert rounds(agent, clock) is None
+    (sub,) = slurm.submissions
+    assert "#SBATCH --job-name=amoeba-sat-42-g1" in sub.script and "#SBATCH --partition=elastic" in sub.script
+    assert "#SBATCH --comment=amoeba-parent=42" in sub.script and "#SBATCH --ntasks=2" in sub.script
+    for line in ("--account=physics", "--qos=high", "--constraint=a100"):
+        assert f"#SBATCH {line}\n" in sub.script
+    assert "--reservation" not in sub.script
+    # The satellite is a job of its own: none of the parent's SLURM_* variables, but the cluster and the store.
+    assert not [k for k in sub.env if k.startswith("SLURM_") and k != "SLURM_CONF"]
+    assert sub.env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and sub.env["AMOEBA_STORE_ADDR"] == "10.0.0.1"
+    assert sub.env["AMOEBA_PARENT_JOB"] == str(PARENT)
+    assert [(g.name, g.slurm_job, g.state) for g in agent.groups][1:] == [("g1", 101, GroupState.PENDING)]
+    assert events(agent)[-2:] == ["resize_requested", "satellite_submitted"]
+
+
+def test_a_satellite_that_slurm_starts_runs_and_its_wait_is_recorded(parts: Parts) -> None:
+    agent, slurm, _, _, clock = parts
+    agent.resize(4)
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.RUNNING)
+    rounds(agent, clock, 2)
+    assert agent.groups[1].state is GroupState.RUNNING and agent.groups[1].running_at == 1_002.0
+    running = [e for e in agent.journal.history if e["event"] == "satellite_running"]
+    assert len(running) == 1 and running[0]["waited_s"] == 2.0
+
+
+def test_a_grow_beyond_one_node_takes_one_satellite_per_node(parts: Parts) -> None:
+    agent, slurm, _, _, clock = parts
+    agent.resize(8)
+    rounds(agent, clock)
+    assert ["#SBATCH --ntasks=4" in s.script for s in slurm.submissions] == [True, False]
+    assert "#SBATCH --ntasks=2" in slurm.submissions[1].script and agent.planned_size() == 8
+
+
+def test_a_refused_satellite_lowers_the_target_and_is_not_retried(parts: Parts) -> None:
+    agent, slurm, _, _, clock = parts
+    slurm.refuse = True
+    agent.resize(8)
+    rounds(agent, clock, 3)
+    assert slurm.submissions == [] and agent.target == 2
+    assert events(agent).count("grow_failed") == 1
+
+
+def test_a_preempted_satellite_is_released_its_workers_marked_dead_and_the_target_follows(parts: Parts) -> None:
+    agent, slurm, coordinator, _, clock = parts
+    agent.resize(4)
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members("g1-0", "g1-1")
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.CANCELLED, "Preempted")
+    rounds(agent, clock)
+    assert slurm.cancelled == [101] and [w for w, _ in coordinator.deaths] == ["g1-0", "g1-1"]
+    assert agent.groups[1].end_reason == "preempted" and agent.target == 2
+    rounds(agent, clock, 2)
+    assert len(slurm.submissions) == 1, "the job does not fight Slurm for a preempted satellite"
+
+
+def test_a_shrink_asks_workers_to_leave_then_releases_their_satellite(parts: Parts) -> None:
+    agent, slurm, coordinator, _, clock = parts
+    agent.resize(4)
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members("g1-0", "g1-1")
+    rounds(agent, clock)
+    agent.resize(2, "a regular job waits")
+    rounds(agent, clock)
+    assert coordinator.leave_requests == ["g1-0", "g1-1"] and slurm.cancelled == []
+    assert agent.groups[1].state is GroupState.LEAVING and agent.planned_size() == 2
+    coordinator.statuses.update({"g1-0": WorkerStatus.LEFT, "g1-1": WorkerStatus.LEFT})
+    rounds(agent, clock)
+    assert slurm.cancelled == [101] and agent.groups[1].end_reason == "shrink" and coordinator.deaths == []
+
+
+def test_a_dead_worker_retires_its_group_and_the_satellite_goes_once_all_are_gone(parts: Parts) -> None:
+    agent, slurm, coordinator, _, clock = parts
+    agent.resize(4)
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members("g1-0", "g1-1")
+    rounds(agent, clock)
+    coordinator.statuses["g1-0"] = WorkerStatus.DEAD
+    rounds(agent, clock)
+    assert coordinator.leave_requests == ["g1-1"] and agent.target == 2
+    assert events(agent)[-3:] == ["worker_lost", "group_retired", "target_lowered"]
+    coordinator.statuses["g1-1"] = WorkerStatus.LEFT
+    rounds(agent, clock)
+    # The survivors were asked to leave: their satellite goes as after a shrink, without lowering anything more.
+    assert slurm.cancelled == [101] and agent.groups[1].end_reason == "shrink" and agent.target == 2
+
+
+def test_a_failed_squeue_decides_nothing(parts: Parts) -> None:
+    agent, slurm, _, _, clock = parts
+    agent.resize(3)
+    rounds(agent, clock)
+    slurm.down = True
+    slurm.forget(101)
+    rounds(agent, clock, 2)
+    assert agent.groups[1].state is GroupState.PENDING and slurm.cancelled == []
+    slurm.down = False
+    rounds(agent, clock)
+    assert agent.groups[1].end_reason == "satellite gone" and agent.target == 2
+
+
+def test_an_unknown_node_size_grows_one_worker_per_satellite(parts: Parts) -> None:
+    agent, slurm, _, _, clock = parts
+    slurm.sinfo_down = True
+    agent.resize(4)
+    rounds(agent, clock)
+    assert ["#SBATCH --ntasks=1" in s.script for s in slurm.submissions] == [True, True]
+
+
+def test_training_finished_stops_a_lingering_main_step_after_the_grace(parts: Parts) -> None:
+    agent, _, coordinator, steps, clock = parts
+    coordinator.phase = Phase.FINISHED
+    coordinator.statuses.update({"g0-0": WorkerStatus.DONE, "g0-1": WorkerStatus.DEAD})
+    agent.resize(6)
+    assert rounds(agent, clock, 15) is None and steps.started[0].signals == []
+    assert agent.planned_size() == 2, "no resize after the end"
+    assert rounds(agent, clock, 2) == 143
+    assert steps.started[0].signals == [signal.SIGTERM] and events(agent)[-1] == "main_group_stopped"
+
+
+def test_the_main_groups_status_ends_the_job(parts: Parts) -> None:
+    agent, _, _, steps, clock = parts
+    steps.started[0].status = 0
+    assert rounds(agent, clock) == 0 and events(agent)[-1] == "main_group_ended"
+
+
+def test_a_stop_ends_the_job_and_shutdown_releases_every_satellite(parts: Parts) -> None:
+    agent, slurm, coordinator, steps, clock = parts
+    agent.resize(6)
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members("g1-0", "g1-1", "g1-2", "g1-3")
+    rounds(agent, clock)
+    agent.stop("signal SIGTERM")
+    assert rounds(agent, clock) == 143
+    agent.shutdown()
+    assert sorted(slurm.cancelled) == [101] and {w for w, _ in coordinator.deaths} == {"g1-0", "g1-1", "g1-2", "g1-3"}
+    assert all(g.state is GroupState.ENDED for g in agent.groups[1:]) and coordinator.closed
+    assert steps.started[0].signals == [signal.SIGTERM]
+    agent.shutdown()
+    assert sorted(slurm.cancelled) == [101], "a second shutdown releases nothing twice"
+
+
+def test_a_resize_outside_the_range_is_refused_with_the_range(parts: Parts) -> None:
+    agent = parts[0]
+    for target in (1, 9):
+        with pytest.raises(SpecError, match=r"outside this job's range 2\.\.8"):
+            agent.resize(target)
+    assert agent.target == 2
+
+
+def test_the_status_document_shows_groups_target_and_history(parts: Parts) -> None:
+    agent, _, coordinator, _, clock = parts
+    agent.resize(3)
+    rounds(agent, clock)
+    agent.write_status(coordinator.view())
+    status = agent.status()
+    assert (status["job_id"], status["target"], status["phase"]) == (str(PARENT), 3, "running")
+    assert [g["name"] for g in status["groups"]] == ["g0", "g1"] and status["groups"][1]["state"] == "pending"
+    assert (agent.config.state_dir / "agent-status.json").is_file()

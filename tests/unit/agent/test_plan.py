@@ -1,0 +1,332 @@
+"""The agent's decisions by tables: each row is one round's observation and the actions the plan must return.
+
+The job in every row has the main group ``g0`` (2 workers, the job's minimum, Slurm job 42) and satellites ``g1``,
+``g2``, ... (Slurm jobs 101, 102, ...). Rows name what they check as sentences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pytest
+
+from slurm_amoeba.agent.groups import GroupState, WorkerGroup, planned_size, worker_ids
+from slurm_amoeba.agent.plan import (
+    Action,
+    AskToLeave,
+    CoordinatorSeen,
+    Limits,
+    LowerTarget,
+    MainGroupEnded,
+    Observation,
+    ReleaseSatellite,
+    RetireGroup,
+    SatelliteStarted,
+    Stop,
+    StopMainStep,
+    SubmitSatellite,
+    WorkerLost,
+    final_releases,
+    new_satellite_group,
+    plan,
+    record,
+    workers_per_satellite,
+)
+from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.slurm import JobRecord, JobState
+from tests.unit.agent.fakes import squeue
+
+NOW = 1_000.0
+LIMITS = Limits(min_workers=2, workers_per_satellite=4)
+MEMBER, LEFT, DONE, DEAD, FAILED, READY = (
+    WorkerStatus.MEMBER,
+    WorkerStatus.LEFT,
+    WorkerStatus.DONE,
+    WorkerStatus.DEAD,
+    WorkerStatus.FAILED,
+    WorkerStatus.READY,
+)
+
+
+def main_group() -> WorkerGroup:
+    return WorkerGroup("g0", False, worker_ids("g0", 2), 42, GroupState.RUNNING, 0.0, running_at=0.0)
+
+
+def sat(
+    name: str,
+    workers: int,
+    state: GroupState = GroupState.RUNNING,
+    *,
+    leaving: Sequence[str] = (),
+) -> WorkerGroup:
+    """Satellite group ``gN`` (Slurm job 100 + N), requested at N seconds; a running one runs since then."""
+    index = int(name[1:])
+    running = state is not GroupState.PENDING
+    return WorkerGroup(
+        name,
+        True,
+        worker_ids(name, workers),
+        100 + index,
+        state,
+        float(index),
+        running_at=float(index) if running else None,
+        leaving=set(leaving),
+    )
+
+
+def members(*groups: WorkerGroup) -> dict[str, WorkerStatus]:
+    """Every worker of these groups is a member."""
+    return {w: MEMBER for g in groups for w in g.worker_ids}
+
+
+def seen(
+    groups: Sequence[WorkerGroup],
+    target: int,
+    workers: dict[str, WorkerStatus] | None = None,
+    *,
+    phase: Phase = Phase.RUNNING,
+    satellites: dict[int, JobRecord] | None = None,
+    over_since: float | None = None,
+    main_status: int | None = None,
+    stop: str = "",
+) -> Observation:
+    """An observation; by default every worker of every running group is a member."""
+    if workers is None:
+        workers = members(*[g for g in groups if g.state is not GroupState.PENDING])
+    return Observation(
+        now=NOW,
+        target=target,
+        groups=list(groups),
+        coordinator=CoordinatorSeen(phase, workers),
+        satellites=satellites,
+        training_over_since=over_since,
+        main_step_status=main_status,
+        stop_reason=stop,
+    )
+
+
+def release(group: str, reason: str, *dead: str) -> ReleaseSatellite:
+    return ReleaseSatellite(group, 100 + int(group[1:]), reason, tuple(dead), NOW)
+
+
+G0 = main_group()
+G1, G2 = sat("g1", 2), sat("g2", 2)
+G1_PENDING = sat("g1", 2, GroupState.PENDING)
+
+# (id, observation, limits, expected actions); kept as a table by hand
+# fmt: off
+ROWS: list[tuple[str, Observation, Limits, list[Action]]] = [
+    # --- the end
+    ("a signal stops the job before anything else", seen([G0], 4, stop="signal SIGTERM"), LIMITS,
+     [Stop("signal SIGTERM")]),
+    ("a signal wins over the main group's end", seen([G0], 2, stop="signal SIGINT", main_status=1), LIMITS,
+     [Stop("signal SIGINT")]),
+    ("the main group's end ends the job with its status", seen([G0, G1], 8, main_status=0), LIMITS,
+     [MainGroupEnded(0)]),
+    ("a failed main group ends the job with its failure", seen([G0], 2, main_status=137), LIMITS,
+     [MainGroupEnded(137)]),
+    # --- satellites as Slurm shows them
+    ("a pending satellite that Slurm started runs now",
+     seen([G0, G1_PENDING], 4, satellites={101: squeue(101)}), LIMITS,
+     [SatelliteStarted("g1", 101, NOW)]),
+    ("a pending satellite that still waits changes nothing",
+     seen([G0, G1_PENDING], 4, satellites={101: squeue(101, JobState.PENDING, "Resources")}), LIMITS, []),
+    ("a running satellite is noted running only once", seen([G0, G1], 4, satellites={101: squeue(101)}), LIMITS, []),
+    ("a preempted satellite is released, its workers marked dead, and the target follows",
+     seen([G0, G1], 4, satellites={101: squeue(101, JobState.CANCELLED, "Preempted")}), LIMITS,
+     [release("g1", "preempted", "g1-0", "g1-1"), LowerTarget(2, 4)]),
+    ("a satellite in state PREEMPTED is released as preempted",
+     seen([G0, G1], 4, satellites={101: squeue(101, JobState.PREEMPTED)}), LIMITS,
+     [release("g1", "preempted", "g1-0", "g1-1"), LowerTarget(2, 4)]),
+    ("a satellite squeue forgot is released as gone", seen([G0, G1], 4, satellites={}), LIMITS,
+     [release("g1", "satellite gone", "g1-0", "g1-1"), LowerTarget(2, 4)]),
+    ("a satellite in an unknown state is released as gone",
+     seen([G0, G1], 4, satellites={101: squeue(101, JobState.UNKNOWN)}), LIMITS,
+     [release("g1", "satellite gone", "g1-0", "g1-1"), LowerTarget(2, 4)]),
+    ("a failed satellite is released with its state",
+     seen([G0, G1], 4, satellites={101: squeue(101, JobState.NODE_FAIL)}), LIMITS,
+     [release("g1", "satellite node_fail", "g1-0", "g1-1"), LowerTarget(2, 4)]),
+    ("a pending satellite cancelled by someone else is released and not fought for",
+     seen([G0, G1_PENDING], 4, satellites={101: squeue(101, JobState.CANCELLED)}), LIMITS,
+     [release("g1", "satellite cancelled"), LowerTarget(2, 4)]),
+    ("workers already gone are not marked dead again",
+     seen([G0, G1], 4, {**members(G0), "g1-0": LEFT, "g1-1": MEMBER}, satellites={}), LIMITS,
+     [release("g1", "satellite gone", "g1-1"), LowerTarget(2, 4)]),
+    ("a loss leaves a target the job still meets alone",
+     seen([G0, G1, sat("g2", 2)], 4, satellites={101: squeue(101), 102: squeue(102, JobState.CANCELLED, "Preempted")}),
+     LIMITS, [release("g2", "preempted", "g2-0", "g2-1")]),
+    ("a satellite leaving on a shrink that Slurm ended lowers nothing",
+     seen([G0, sat("g1", 2, GroupState.LEAVING, leaving=["g1-0", "g1-1"])], 2,
+          satellites={101: squeue(101, JobState.CANCELLED)}), LIMITS,
+     [release("g1", "satellite cancelled", "g1-0", "g1-1")]),
+    ("without a Slurm poll this round nothing is decided about satellites", seen([G0, G1], 4), LIMITS, []),
+    ("an ended satellite is not looked at again",
+     seen([G0, sat("g1", 2, GroupState.ENDED)], 2, {**members(G0)}, satellites={}), LIMITS, []),
+    # --- training over
+    ("the main step that outlives training by the grace is stopped",
+     seen([G0], 2, {"g0-0": DONE, "g0-1": DEAD}, phase=Phase.FINISHED, over_since=NOW - 31), LIMITS,
+     [StopMainStep(Phase.FINISHED)]),
+    ("a lost job's lingering step is stopped after the satellites' news",
+     seen([G0, G1], 4, {"g0-0": DEAD, "g0-1": MEMBER, **members(G1)}, phase=Phase.LOST, over_since=NOW - 60,
+          satellites={101: squeue(101, JobState.CANCELLED, "Preempted")}), LIMITS,
+     [release("g1", "preempted", "g1-0", "g1-1"), LowerTarget(2, 4), StopMainStep(Phase.LOST)]),
+    ("within the grace after training nothing grows or shrinks",
+     seen([G0, G1], 8, {"g0-0": DONE, "g0-1": DONE, **members(G1)}, phase=Phase.FINISHED, over_since=NOW - 5),
+     LIMITS, []),
+    ("no resize after the end, and satellites whose workers finished are released",
+     seen([G0, G1], 8, {w: DONE for w in ["g0-0", "g0-1", "g1-0", "g1-1"]}, phase=Phase.FINISHED, over_since=NOW),
+     LIMITS, [release("g1", "training finished")]),
+    ("the grace counts from when the agent first saw the end",
+     seen([G0], 2, phase=Phase.FINISHED, over_since=NOW - 30), LIMITS, []),
+    ("a generation ending is not the end of training", seen([G0], 4, phase=Phase.ENDING), LIMITS,
+     [SubmitSatellite("g1", 2, NOW, 2)]),
+    # --- workers as the coordinator sees them
+    ("a satellite whose workers left on a shrink is released",
+     seen([G0, sat("g1", 2, GroupState.LEAVING, leaving=["g1-0", "g1-1"])], 2, {**members(G0), "g1-0": LEFT,
+          "g1-1": LEFT}), LIMITS, [release("g1", "shrink")]),
+    ("a satellite whose workers all finished is released as finished",
+     seen([G0, G1], 4, {**members(G0), "g1-0": DONE, "g1-1": DONE}, phase=Phase.FINISHED, over_since=NOW), LIMITS,
+     [release("g1", "training finished")]),
+    ("a satellite whose workers left unasked is released and the target follows",
+     seen([G0, G1], 4, {**members(G0), "g1-0": LEFT, "g1-1": FAILED}), LIMITS,
+     [release("g1", "its workers left (preempted or failed)"), LowerTarget(2, 4)]),
+    ("a worker that left on its own no longer counts",
+     seen([G0, G1], 4, {**members(G0), "g1-0": MEMBER, "g1-1": LEFT}), LIMITS,
+     [WorkerLost("g1", "g1-1", LEFT), LowerTarget(3, 4)]),
+    ("a dead worker retires the rest of its group",
+     seen([G0, G1], 4, {**members(G0), "g1-0": DEAD, "g1-1": MEMBER}), LIMITS,
+     [WorkerLost("g1", "g1-0", DEAD), RetireGroup("g1", ("g1-1",)), LowerTarget(2, 4)]),
+    ("a failed worker retires the rest of its group",
+     seen([G0, sat("g1", 3)], 5, {**members(G0), "g1-0": MEMBER, "g1-1": MEMBER, "g1-2": FAILED}), LIMITS,
+     [WorkerLost("g1", "g1-2", FAILED), RetireGroup("g1", ("g1-0", "g1-1")), LowerTarget(2, 5)]),
+    ("a worker asked to leave that left is no loss",
+     seen([G0, sat("g1", 2, leaving=["g1-1"])], 3, {**members(G0), "g1-0": MEMBER, "g1-1": LEFT}), LIMITS, []),
+    ("workers still warming up (not registered yet) are not lost",
+     seen([G0, G1], 4, {**members(G0), "g1-0": READY}), LIMITS, []),
+    ("a leaving group's gone worker is not counted twice",
+     seen([G0, sat("g1", 2, GroupState.LEAVING, leaving=["g1-0", "g1-1"])], 2, {**members(G0), "g1-0": LEFT,
+          "g1-1": MEMBER}), LIMITS, []),
+    ("the main group's workers are the runtime's business, not the agent's",
+     seen([G0], 2, {"g0-0": DEAD, "g0-1": MEMBER}), LIMITS, []),
+    # --- reconcile: grow
+    ("a grow submits one satellite for the missing workers", seen([G0], 4), LIMITS,
+     [SubmitSatellite("g1", 2, NOW, 2)]),
+    ("a grow takes one satellite per node's worth of workers", seen([G0], 8), LIMITS,
+     [SubmitSatellite("g1", 4, NOW, 2), SubmitSatellite("g2", 2, NOW, 6)]),
+    ("while the node size is unknown each satellite holds one worker", seen([G0], 4), Limits(2, 1),
+     [SubmitSatellite("g1", 1, NOW, 2), SubmitSatellite("g2", 1, NOW, 3)]),
+    ("new groups are named after every group the job ever had",
+     seen([G0, sat("g1", 2, GroupState.ENDED)], 3, {**members(G0)}), LIMITS, [SubmitSatellite("g2", 1, NOW, 2)]),
+    ("a pending satellite counts toward the size: no second submission", seen([G0, G1_PENDING], 4), LIMITS, []),
+    ("a target the job has changes nothing", seen([G0, G1], 4), LIMITS, []),
+    ("a grow counts only workers not asked to leave",
+     seen([G0, sat("g1", 2, leaving=["g1-1"])], 4), LIMITS, [SubmitSatellite("g2", 1, NOW, 3)]),
+    ("a loss and a grow in one round: the grow aims at the lowered target",
+     seen([G0, G1], 6, satellites={101: squeue(101, JobState.CANCELLED, "Preempted")}), LIMITS,
+     [release("g1", "preempted", "g1-0", "g1-1"), LowerTarget(2, 6)]),
+    # --- reconcile: shrink
+    ("a shrink asks a whole satellite's workers to leave", seen([G0, G1], 2), LIMITS,
+     [AskToLeave("g1", ("g1-0", "g1-1"))]),
+    ("a shrink by one takes the newest satellite's last worker", seen([G0, G1], 3), LIMITS,
+     [AskToLeave("g1", ("g1-1",))]),
+    ("a shrink releases a satellite that has not started instead", seen([G0, G1, sat("g2", 2, GroupState.PENDING)],
+     4), LIMITS, [release("g2", "shrink before it started")]),
+    ("a shrink takes pending satellites, then the newest whole groups, then part of one",
+     seen([G0, G1, G2, sat("g3", 1, GroupState.PENDING)], 3), LIMITS,
+     [release("g3", "shrink before it started"), AskToLeave("g2", ("g2-0", "g2-1")), AskToLeave("g1", ("g1-1",))]),
+    ("a shrink never takes the main group's workers", seen([G0], 1), Limits(1, 4), []),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("observation", "limits", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_plan_decides_each_round_as_the_table_says(
+    observation: Observation, limits: Limits, expected: list[Action]
+) -> None:
+    assert plan(observation, limits) == expected
+
+
+def apply_to_copy(observation: Observation, actions: list[Action]) -> Observation:
+    """The next round's observation after the agent applied ``actions`` (Slurm accepted every satellite)."""
+    groups = [g.copy() for g in observation.groups]
+    target = observation.target
+    for job, action in enumerate(actions, start=500):
+        if isinstance(action, SubmitSatellite):
+            groups.append(new_satellite_group(action, job))
+        elif isinstance(action, LowerTarget):
+            target = action.target
+        else:
+            record(groups, action)
+    return dataclasses.replace(observation, groups=groups, target=target)
+
+
+@pytest.mark.parametrize(("observation", "limits", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_an_applied_plan_is_not_planned_again(observation: Observation, limits: Limits, expected: list[Action]) -> None:
+    actions = plan(observation, limits)
+    if any(isinstance(a, Stop | MainGroupEnded | StopMainStep) for a in actions):
+        return  # the loop ended
+    assert plan(apply_to_copy(observation, actions), limits) == []
+
+
+@pytest.mark.parametrize(("observation", "limits", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_the_plan_leaves_its_observation_unchanged(
+    observation: Observation, limits: Limits, expected: list[Action]
+) -> None:
+    before = [g.to_json() for g in observation.groups]
+    plan(observation, limits)
+    assert [g.to_json() for g in observation.groups] == before
+
+
+def test_a_refused_satellite_leaves_the_target_at_what_the_job_has_with_the_earlier_ones() -> None:
+    first, second = plan(seen([G0], 8), LIMITS)
+    assert isinstance(first, SubmitSatellite) and isinstance(second, SubmitSatellite)
+    assert (first.target_if_refused, second.target_if_refused) == (2, 6)
+
+
+def test_a_loss_never_lowers_the_target_below_the_jobs_minimum() -> None:
+    observation = seen([G0, G1], 4, satellites={101: squeue(101, JobState.CANCELLED, "Preempted")})
+    # (The main group holds the minimum; were it smaller, the job would grow back to the minimum.)
+    assert plan(observation, Limits(3, 4))[1:] == [LowerTarget(3, 4), SubmitSatellite("g2", 1, NOW, 2)]
+
+
+def test_recording_a_shrink_of_every_worker_makes_the_group_leave() -> None:
+    groups = [main_group(), sat("g1", 2)]
+    record(groups, AskToLeave("g1", ("g1-0",)))
+    after_one = (groups[1].state, planned_size(groups))
+    record(groups, AskToLeave("g1", ("g1-1",)))
+    assert after_one == (GroupState.RUNNING, 3) and (groups[1].state, planned_size(groups)) == (GroupState.LEAVING, 2)
+
+
+def test_recording_a_release_ends_the_group_with_its_reason_and_time() -> None:
+    groups = [main_group(), sat("g1", 2)]
+    record(groups, release("g1", "preempted"))
+    assert (groups[1].state, groups[1].end_reason, groups[1].ended_at) == (GroupState.ENDED, "preempted", NOW)
+
+
+def test_an_action_for_an_unknown_group_changes_nothing() -> None:
+    groups = [main_group()]
+    record(groups, release("g7", "shrink"))
+    assert [g.to_json() for g in groups] == [main_group().to_json()]
+
+
+def test_when_the_job_ends_every_satellite_not_yet_released_is_released() -> None:
+    ended = sat("g1", 1, GroupState.ENDED)
+    groups = [main_group(), ended, sat("g2", 2), sat("g3", 1, GroupState.PENDING)]
+    coordinator = CoordinatorSeen(Phase.RUNNING, {"g2-0": MEMBER, "g2-1": LEFT})
+    assert final_releases(groups, coordinator, NOW) == [
+        release("g2", "job ended", "g2-0"),
+        release("g3", "job ended"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gpus_per_worker", "node_gpus", "expected"),
+    [(1, 4, 4), (2, 4, 2), (3, 4, 1), (8, 4, 1), (1, None, 1), (0, None, 8), (0, 4, 8), (1, 0, 1)],
+)
+def test_a_satellite_holds_one_nodes_worth_of_workers(
+    gpus_per_worker: int, node_gpus: int | None, expected: int
+) -> None:
+    spec = ElasticSpec(2, 8, gpus_per_worker=gpus_per_worker)
+    assert workers_per_satellite(spec, node_gpus) == expected

@@ -60,10 +60,9 @@ def extra_missing(extra: str, what: str) -> str | None:
     missing = [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
     if not missing:
         return None
-    return (
-        f"{what} needs {', '.join(missing)}, which come(s) with the '{extra}' extra: "
-        f"pip install '{DISTRIBUTION}[{extra}]'"
-    )
+    verb = "comes" if len(missing) == 1 else "come"
+    install = f"pip install '{DISTRIBUTION}[{extra}]'"
+    return f"{what} needs {', '.join(missing)}, which {verb} with the '{extra}' extra: {install}"
 
 
 def _launch(prog: str, extra: str | None, module: str, argv: Sequence[str] | None) -> int:
@@ -72,7 +71,7 @@ def _launch(prog: str, extra: str | None, module: str, argv: Sequence[str] | Non
         print(version_line(prog))
         return 0
     if extra is not None and (message := extra_missing(extra, prog)):
-        print(f"{prog}: {message}", file=sys.stderr)
+        print(message, file=sys.stderr)
         return 1
     main = importlib.import_module(module).main
     return int(main(args))

@@ -1,5 +1,5 @@
 """ElasticExecutor without Slurm: the submission file it writes, the checks every submission path runs, and the
-worker side (rank 0's result and output), with a fake Slurm client passed in."""
+worker side (rank 0's result and output), with the agent tests' fake Slurm client passed in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,50 +15,17 @@ from submitit.core import utils
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.launcher import ElasticExecutor, ElasticJob
-from slurm_amoeba.slurm import JobState, NodeRecord, SlurmClient, SubmitOptions
-from slurm_amoeba.slurm.records import JobRecord, StepRecord
 from tests.conftest import REPO
+from tests.unit.agent.fakes import FakeSlurm, node
 
 
-class NodesOnly(SlurmClient):
-    """A cluster of ``count`` idle nodes with 4 GPUs and 8 CPUs each; anything else fails the test."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.asked = 0
-
-    def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
-        self.asked += 1
-        return [
-            NodeRecord(f"n{i}", f"10.0.0.{i}", f"n{i}", "idle", (), ("batch",), 8, 0, 4, 0)
-            for i in range(1, self.count + 1)
-        ]
-
-    def submit(
-        self,
-        script: Path,
-        components: SubmitOptions | Sequence[SubmitOptions],
-        script_args: Sequence[str] = (),
-        *,
-        env: Mapping[str, str] | None = None,
-    ) -> int:
-        raise AssertionError("the executor must not submit in these tests")
-
-    def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
-        raise AssertionError("not used")
-
-    def jobs(self, *args: object, **kwargs: object) -> list[JobRecord]:
-        raise AssertionError("not used")
-
-    def steps(self, job_id: int) -> list[StepRecord]:
-        raise AssertionError("not used")
-
-    def accounting_state(self, job_id: int) -> JobState:
-        raise AssertionError("not used")
+def cluster(nodes: int) -> FakeSlurm:
+    """Idle nodes of 4 GPUs and 8 CPUs each."""
+    return FakeSlurm(node_list=[node(f"n{i}") for i in range(1, nodes + 1)])
 
 
 def script_of(tmp_path: Path, **parameters: object) -> str:
-    executor = ElasticExecutor(folder=tmp_path / "jobs" / "%j", slurm=NodesOnly(4))
+    executor = ElasticExecutor(folder=tmp_path / "jobs" / "%j", slurm=cluster(4))
     executor.update_parameters(**parameters)
     return executor._make_submission_file_text("unused", "uid")
 
@@ -107,7 +74,7 @@ def test_setup_lines_run_before_the_agent_with_unset_variables_allowed(tmp_path:
 
 def test_map_array_and_submit_array_refuse_an_unpicklable_function_before_submitting(tmp_path: Path) -> None:
     lock = threading.Lock()
-    executor = ElasticExecutor(folder=tmp_path, slurm=NodesOnly(4))
+    executor = ElasticExecutor(folder=tmp_path, slurm=cluster(4))
     with pytest.raises(SpecError, match="cannot be pickled"):
         executor.map_array(lambda x: lock.locked(), [1, 2])
     with pytest.raises(SpecError, match="cannot be pickled"):
@@ -118,12 +85,11 @@ def test_map_array_and_submit_array_refuse_an_unpicklable_function_before_submit
 
 
 def test_map_array_refuses_a_minimum_the_cluster_can_never_hold(tmp_path: Path) -> None:
-    slurm = NodesOnly(1)
-    executor = ElasticExecutor(folder=tmp_path, slurm=slurm)
+    executor = ElasticExecutor(folder=tmp_path, slurm=cluster(1))
     executor.update_parameters(min_workers=2, max_workers=4, gpus_per_worker=4)
     with pytest.raises(SpecError, match="needs 8 GPUs at least"):
         executor.map_array(print, ["a", "b"])
-    assert slurm.asked == 1 and not list(tmp_path.rglob("*.pkl"))
+    assert not list(tmp_path.rglob("*.pkl"))
 
 
 def run_worker(folder: Path, job_id: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -14,37 +14,24 @@ from slurm_amoeba.sim.data import DATA_DIR_ENV, SimError, data_dir, packaged_dat
 BIN = Path(sys.executable).parent
 
 
-def _env_without_data_dir(**extra: str) -> dict[str, str]:
+def amoeba_sim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``amoeba-sim`` in ``cwd`` with ``AMOEBA_DATA_DIR`` unset."""
     env = {k: v for k, v in os.environ.items() if k != DATA_DIR_ENV}
-    env.update(extra)
-    return env
+    return subprocess.run(
+        [str(BIN / "amoeba-sim"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_amoeba_sim_runs_a_shipped_workload_from_any_directory_without_amoeba_data_dir(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(BIN / "amoeba-sim"), "run", "--policy", "fifo", "--workload", "pollux/workloads/workload-6.csv"],
-        cwd=tmp_path,
-        env=_env_without_data_dir(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = amoeba_sim("run", "--policy", "fifo", "--workload", "pollux/workloads/workload-6.csv", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].split()[:2] == ["policy", "avg"]
     assert done.stdout.splitlines()[2].startswith("fifo")
 
 
 def test_amoeba_sim_data_names_the_packaged_folder_and_its_sources(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(BIN / "amoeba-sim"), "data"],
-        cwd=tmp_path,
-        env=_env_without_data_dir(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = amoeba_sim("data", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == str(packaged_data_dir())
     assert "pollux/workloads/  (8 workloads)" in done.stdout and "SOURCES.md" in done.stdout
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -88,6 +87,7 @@ def train(
     print(f"worker {runtime.worker_id}: {result.status.value}, generations {list(result.generations)}", flush=True)
     return {
         "status": result.status.value,
+        "rank": result.rank,  # None in a worker that left: it holds no rank any more
         "loss": float(state.extras["loss"]),
         "samples": int(state.extras["samples"]),
         "epochs": epochs,
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledger", type=Path, default=None, help="directory for per-sample ledgers")
     args = parser.parse_args(argv)
     result = train(args.epochs, args.dataset_size, args.global_batch, args.step_delay, args.sample_delay, args.ledger)
-    if result["status"] == amoeba.RunStatus.FINISHED.value and os.environ.get("RANK") == "0" and args.ledger:
+    if result["status"] == amoeba.RunStatus.FINISHED.value and result["rank"] == 0 and args.ledger:
         (args.ledger / "result.json").write_text(json.dumps(result))
     return 0
 

@@ -21,8 +21,11 @@ A DDP training script changes a few lines::
 
     amoeba.run(train, state)
 
-The coordinator side (:class:`Coordinator`) hosts the store and decides generations; local mode
-(:mod:`slurm_amoeba.local`) and the Slurm agent both drive it. See ``docs/runtime.md``.
+The worker side (``worker``, ``group``, ``transfer``, ``state``, ``sampler``, ``loader``, ``gradients``) runs in each
+training process; ``run()`` hands the state, and through it the sampler and the loader, the current generation
+(``topology``). The coordinator side (:class:`Coordinator` over the pure ``membership``) hosts the store and
+decides generations; local mode (:mod:`slurm_amoeba.local`) and the Slurm agent both drive it. The two sides share
+only ``protocol`` (store keys and JSON messages), ``errors`` and ``planner``. See ``docs/runtime.md``.
 """
 
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
@@ -35,11 +38,14 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
+from slurm_amoeba.runtime.loader import ElasticDataLoader, Step
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
-from slurm_amoeba.runtime.sampler import ElasticDataLoader, ElasticSampler, Progress, Step, StepAssignment
+from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
+from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
 from slurm_amoeba.runtime.state import TorchState
-from slurm_amoeba.runtime.worker import RunResult, RunStatus, WorkerRuntime, get_runtime, init, run
+from slurm_amoeba.runtime.topology import Generation, StepDriver, Topology
+from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
 
 __all__ = [
     "BatchPlanError",
@@ -48,6 +54,8 @@ __all__ = [
     "CoordinatorView",
     "ElasticDataLoader",
     "ElasticSampler",
+    "Generation",
+    "GenerationTiming",
     "GlobalBatchPlanner",
     "JobLostError",
     "MembershipChanged",
@@ -60,8 +68,10 @@ __all__ = [
     "StateError",
     "Step",
     "StepAssignment",
+    "StepDriver",
     "StepPlan",
     "ThroughputStats",
+    "Topology",
     "TorchState",
     "WorkerFailure",
     "WorkerRuntime",

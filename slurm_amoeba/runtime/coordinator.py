@@ -38,11 +38,12 @@ from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import (
+    AbortGeneration,
+    Action,
     GenerationRecord,
     Membership,
     MembershipConfig,
     Phase,
-    SendAssignment,
     SetWant,
     WorkerInfo,
     WorkerStatus,
@@ -54,6 +55,7 @@ from slurm_amoeba.runtime.protocol import (
     WANT_KEY,
     GenerationPlan,
     WorkerEvent,
+    abort_key,
     assignment_key,
     heartbeat_key,
 )
@@ -75,6 +77,7 @@ class CoordinatorConfig:
         report_timeout_s: after a generation's first end report, how long to wait for the other members.
         heartbeat_timeout_s: a worker silent for longer is declared dead.
         admit_batch_window_s: how long ready joiners wait for joiners still warming up, to join in one switch.
+        formation_attempts: a worker missing from this many failed generation formations in a row is evicted.
         collective_timeout_s: passed to workers: deadline of one collective.
         join_timeout_s: passed to workers: how long a warm joiner waits for admission.
         heartbeat_s: passed to workers: heartbeat interval.
@@ -90,6 +93,7 @@ class CoordinatorConfig:
     report_timeout_s: float = 10.0
     heartbeat_timeout_s: float = 10.0
     admit_batch_window_s: float = 30.0
+    formation_attempts: int = 3
     collective_timeout_s: float = 30.0
     join_timeout_s: float = 3600.0
     heartbeat_s: float = 0.5
@@ -188,6 +192,7 @@ class Coordinator:
                 report_timeout_s=config.report_timeout_s,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
                 admit_batch_window_s=config.admit_batch_window_s,
+                formation_attempts=config.formation_attempts,
             )
         )
         self._lock = threading.Condition()
@@ -478,12 +483,15 @@ class Coordinator:
                 reports=1 if old is None else old.reports + 1,
             )
 
-    def _apply(self, actions: list[SetWant | SendAssignment]) -> None:
+    def _apply(self, actions: list[Action]) -> None:
         store = self.store
         for action in actions:
             if isinstance(action, SetWant):
                 log.info("%s asking generation %s to end at its next step boundary", self._prefix, action.generation)
                 store.set(WANT_KEY, str(action.generation))
+            elif isinstance(action, AbortGeneration):
+                log.info("%s generation %s cannot form: %s", self._prefix, action.generation, action.reason)
+                store.set(abort_key(action.generation), action.reason)
             else:
                 assignment = action.assignment
                 if assignment.plan is not None and assignment.plan.source == action.worker:

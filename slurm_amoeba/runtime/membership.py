@@ -9,6 +9,11 @@ A generation's life: ``RUNNING`` until the first worker reports its end (a switc
 leave, or a failed collective), then ``ENDING`` until every member has reported, is known dead, or the report
 deadline passed; then the next generation is formed from the members that stay (in their old order, so rank 0
 keeps its rank) plus warm joiners, sized to what the job's global batch accepts.
+
+No wait without a deadline, no retry without progress: when a member of the current generation dies or reports a
+failure, the members still forming its process group or waiting for its state are told to give up at once
+(:class:`AbortGeneration`); a worker that did not show up to form ``formation_attempts`` generations in a row is
+evicted (declared dead, so that its launcher fences it).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.protocol import (
     AssignAction,
     Assignment,
@@ -107,7 +113,15 @@ class SendAssignment:
     assignment: Assignment
 
 
-Action = SetWant | SendAssignment
+@dataclasses.dataclass(frozen=True)
+class AbortGeneration:
+    """Tell the members of ``generation`` that it cannot form: give up forming its group or waiting for its state."""
+
+    generation: int
+    reason: str
+
+
+Action = SetWant | SendAssignment | AbortGeneration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +152,8 @@ class MembershipConfig:
         heartbeat_timeout_s: a worker whose heartbeat is older than this is declared dead.
         admit_batch_window_s: while other joiners are still warming up, ready joiners wait for them up to this long,
             so that workers added together join in one switch (one pause) instead of one switch each.
+        formation_attempts: a worker named missing by the members of this many generations in a row that failed
+            to form is evicted.
     """
 
     initial_workers: int = 1
@@ -145,10 +161,9 @@ class MembershipConfig:
     report_timeout_s: float = 10.0
     heartbeat_timeout_s: float = 10.0
     admit_batch_window_s: float = 30.0
+    formation_attempts: int = 3
 
     def __post_init__(self) -> None:
-        from slurm_amoeba.runtime.errors import RuntimeConfigError
-
         if not 1 <= self.initial_workers <= self.max_workers:
             raise RuntimeConfigError(
                 f"initial_workers={self.initial_workers} must be between 1 and max_workers={self.max_workers}"
@@ -158,6 +173,8 @@ class MembershipConfig:
                 f"report_timeout_s={self.report_timeout_s} and heartbeat_timeout_s={self.heartbeat_timeout_s} "
                 "must be positive numbers of seconds"
             )
+        if self.formation_attempts < 1:
+            raise RuntimeConfigError(f"formation_attempts={self.formation_attempts} must be at least 1")
 
 
 class Membership:
@@ -177,6 +194,8 @@ class Membership:
         self.allowed_sizes: tuple[int, ...] = ()
         self.lost_reason = ""
         self._want_sent = 0
+        self._abort_sent = 0
+        self._no_show_streak: dict[str, int] = {}
         self._ending_since = 0.0
         self._actions: list[Action] = []
 
@@ -332,11 +351,44 @@ class Membership:
                 if size:
                     self._form(pool[:size], survivors=[], now=now, reason="first generation")
         elif self.phase is Phase.RUNNING:
+            self._maybe_abort()
             self._maybe_want(now)
         elif self.phase is Phase.ENDING:
+            self._maybe_abort()
             self._maybe_form_next(now)
         actions, self._actions = self._actions, []
         return actions
+
+    def _maybe_abort(self) -> None:
+        """Release the members forming (or receiving the state of) a generation that lost a member."""
+        if self.plan is None or self._abort_sent == self.generation:
+            return
+        dead = [m for m in self.plan.members if self.workers[m].status in (WorkerStatus.DEAD, WorkerStatus.FAILED)]
+        failed = [
+            m
+            for m in self.plan.members
+            if (report := self.workers[m].report) is not None and report.generation == self.generation and report.failed
+        ]
+        if dead or failed:
+            self._abort_sent = self.generation
+            why = f"member {dead[0]} is gone" if dead else f"member {failed[0]} failed"
+            self._actions.append(AbortGeneration(self.generation, why))
+
+    def _evict_no_shows(self, reports: list[WorkerEvent]) -> None:
+        """Count, per worker, the generations in a row that failed to form without it; evict at the limit."""
+        named = {w for r in reports for w in r.missing}
+        if not named:
+            if reports:  # the generation formed (or failed later): a fresh start for everyone
+                self._no_show_streak.clear()
+            return
+        self._no_show_streak = {w: self._no_show_streak.get(w, 0) + 1 for w in named}
+        for worker_id, streak in self._no_show_streak.items():
+            info = self.workers.get(worker_id)
+            if streak < self.config.formation_attempts or info is None or info.status.is_gone():
+                continue
+            info.status = WorkerStatus.DEAD
+            info.reason = f"evicted: did not show up to form {streak} generations in a row"
+            self._assign(info, Assignment(AssignAction.LEAVE, reason=info.reason))
 
     def _maybe_want(self, now: float) -> None:
         assert self.plan is not None
@@ -370,6 +422,7 @@ class Membership:
             info.status = WorkerStatus.DEAD
             info.reason = f"did not report within report_timeout_s={self.config.report_timeout_s}"
         reports = [m.report for m in members if m.report is not None and m.report.generation == self.generation]
+        self._evict_no_shows(reports)
         # A member that died mid-step may have left the others' state half-updated: roll back. A member that
         # failed with an error of its own (e.g. a joiner whose model does not match) left the state untouched.
         rollback = any(r.failed for r in reports) or any(m.status is WorkerStatus.DEAD for m in members)

@@ -3,7 +3,9 @@
 Everything in the store is JSON text (never pickle). Workers push :class:`WorkerEvent`\\ s onto one queue; the
 coordinator answers each worker with numbered :class:`Assignment`\\ s (``assign/<worker>/<seq>``), publishes the
 generation it wants to end (``want``), and reads heartbeats and progress. Process groups of generation ``g`` use
-the same store under the prefix ``gen<g>/`` (DESIGN.md, layer ``runtime/``).
+the same store under the prefix ``gen<g>/``; before forming one, each member marks its arrival there
+(``gen<g>/arrived/<worker>``) and waits for the others, or for the coordinator's ``gen<g>/abort`` when a member
+died or failed (DESIGN.md, layer ``runtime/``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def assignment_key(worker_id: str, seq: int) -> str:
 def manifest_key(generation: int) -> str:
     """Key where the state source of a generation publishes its state manifest."""
     return f"{PREFIX}gen{generation}/manifest"
+
+
+def arrival_key(generation: int, worker_id: str) -> str:
+    """Key a member sets when it starts forming the process group of a generation."""
+    return f"{PREFIX}gen{generation}/arrived/{worker_id}"
+
+
+def abort_key(generation: int) -> str:
+    """Key the coordinator sets when a generation cannot form: a member died or failed while it formed."""
+    return f"{PREFIX}gen{generation}/abort"
 
 
 def group_prefix(generation: int) -> str:
@@ -84,6 +96,8 @@ class WorkerEvent:
         pid: for ``registered``: the process id.
         host: for ``registered``: the host name.
         allowed_sizes: for ``ready``: world sizes the job's global batch accepts (empty = unknown).
+        missing: for ``report``: members that had not arrived when forming the generation failed (empty when the
+            generation formed, or failed later).
         message: for ``error``/``left``: why.
     """
 
@@ -98,6 +112,7 @@ class WorkerEvent:
     pid: int = 0
     host: str = ""
     allowed_sizes: tuple[int, ...] = ()
+    missing: tuple[str, ...] = ()
     message: str = ""
 
     def to_json(self) -> str:
@@ -105,6 +120,7 @@ class WorkerEvent:
         data = dataclasses.asdict(self)
         data["kind"] = self.kind.value
         data["allowed_sizes"] = list(self.allowed_sizes)
+        data["missing"] = list(self.missing)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -118,6 +134,7 @@ class WorkerEvent:
         try:
             data["kind"] = EventKind(data["kind"])
             data["allowed_sizes"] = tuple(int(s) for s in data.get("allowed_sizes", ()))
+            data["missing"] = tuple(str(w) for w in data.get("missing", ()))
             return cls(**data)
         except (KeyError, TypeError, ValueError) as exc:
             raise ParseError(f"not a worker event ({exc})", source="worker event", text=str(text)) from None

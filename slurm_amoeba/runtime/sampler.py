@@ -7,24 +7,22 @@ Each step takes the next ``global_batch`` samples of the permutation (fewer at t
 rollback the rest of the epoch is simply re-split from the cursor, so no sample is lost or seen twice and a rolled
 back step's samples are redone (DESIGN.md, "Data position and batch semantics are the runtime's job").
 
-:class:`ElasticDataLoader` wraps the ordinary ``torch.utils.data.DataLoader`` (worker processes, pinning and
-persistent workers all work): it feeds the loader this rank's micro-batches and regroups them into :class:`Step`\\ s.
+The loader on top (:class:`~slurm_amoeba.runtime.loader.ElasticDataLoader`) asks the sampler for this rank's
+steps; the sampler knows the current generation's rank and world size through the topology that
+:func:`slurm_amoeba.runtime.run` binds to the training state, and thereby to its sampler (:meth:`ElasticSampler.bind`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
 
 from slurm_amoeba.core.runtime_env import ENV_MAX_LOCAL_BATCH
-from slurm_amoeba.runtime.errors import BatchPlanError, MembershipChanged, RuntimeConfigError
+from slurm_amoeba.runtime.errors import BatchPlanError, StateError
 from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
+from slurm_amoeba.runtime.topology import Topology
 
 
 @dataclasses.dataclass
@@ -123,8 +121,17 @@ class ElasticSampler:
         self.seed = seed
         self.shuffle = shuffle
         self.progress = Progress()
+        self.topology: Topology | None = None
         self._perm_epoch = -1
         self._perm: list[int] = []
+
+    def bind(self, topology: Topology | None) -> None:
+        """Attach the current generation's topology (done by :meth:`TorchState.bind`; ``None`` detaches).
+
+        Args:
+            topology: rank, world size and step-boundary check of the current generation.
+        """
+        self.topology = topology
 
     @property
     def global_batch(self) -> int:
@@ -241,8 +248,6 @@ class ElasticSampler:
         Raises:
             StateError: the position does not fit this dataset.
         """
-        from slurm_amoeba.runtime.errors import StateError
-
         progress = Progress(epoch=int(state["epoch"]), cursor=int(state["cursor"]), step=int(state["step"]))
         if not 0 <= progress.cursor < self.dataset_size or progress.epoch < 0 or progress.step < 0:
             raise StateError(
@@ -252,190 +257,4 @@ class ElasticSampler:
         self.progress = progress
 
 
-class Topology(Protocol):
-    """What the loader needs to know about the current generation."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    def check_boundary(self) -> None:
-        """Raise :class:`MembershipChanged` when the workers agreed to switch at this step boundary."""
-
-
-class _IgnoreSigterm:
-    """``worker_init_fn`` for loader worker processes: ignore SIGTERM, then run the user's own init function."""
-
-    def __init__(self, user_init: Callable[[int], None] | None) -> None:
-        self.user_init = user_init
-
-    def __call__(self, worker: int) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self.user_init is not None:
-            self.user_init(worker)
-
-
-class _SwappableBatchSampler(Sampler[list[int]]):
-    """A batch sampler whose batches the loader replaces before each new iteration of the ``DataLoader``."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(list(self.batches))
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-@dataclasses.dataclass
-class Step:
-    """One optimizer step of this rank: iterate it for ``(batch, weight)`` pairs, then call ``state.step()``.
-
-    Multiply each micro-batch's mean loss by ``weight`` before ``backward()``; the runtime sums gradients over
-    workers, which then equals the mean-loss gradient of the whole global batch.
-
-    Attributes:
-        assignment: which samples this rank processes in the step.
-    """
-
-    assignment: StepAssignment
-    _next_batch: Callable[[], Any]
-    _before_last: Callable[[], None] | None = None
-    consumed: int = 0
-
-    @property
-    def epoch(self) -> int:
-        """The step's epoch."""
-        return self.assignment.epoch
-
-    @property
-    def index(self) -> int:
-        """The global step index."""
-        return self.assignment.step
-
-    @property
-    def indices(self) -> list[int]:
-        """This rank's dataset indices in this step."""
-        return self.assignment.indices
-
-    def __iter__(self) -> Iterator[tuple[Any, float]]:
-        count = len(self.assignment.micro_indices)
-        while self.consumed < count:
-            batch = self._next_batch()
-            if self.consumed == count - 1 and self._before_last is not None:
-                self._before_last()  # the runtime starts reducing gradients during this backward
-            weight = self.assignment.weight(self.consumed)
-            self.consumed += 1
-            yield batch, weight
-
-
-class ElasticDataLoader:
-    """Iterates the steps left in the current epoch for this rank, over an ordinary ``DataLoader``.
-
-    Re-iterate it after a membership change or rollback: it starts again at the sampler's cursor with the current
-    world size. Pass ``persistent_workers=True`` with ``num_workers > 0`` to keep loader processes across resizes;
-    they are then started by the constructor, i.e. during the worker's warm-up.
-
-    Args:
-        dataset: a map-style dataset of ``sampler.dataset_size`` samples.
-        sampler: the elastic sampler (part of the :class:`~slurm_amoeba.runtime.state.TorchState`).
-        topology: rank and world size source; the process's runtime by default.
-        **loader_kwargs: ``DataLoader`` arguments except those that choose samples (``batch_size``, ``shuffle``,
-            ``sampler``, ``batch_sampler``, ``drop_last``).
-
-    Raises:
-        RuntimeConfigError: a sample-choosing argument was given, or the dataset size does not match.
-    """
-
-    _FORBIDDEN = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
-
-    def __init__(
-        self,
-        dataset: Dataset[Any],
-        sampler: ElasticSampler,
-        *,
-        topology: Topology | None = None,
-        **loader_kwargs: Any,
-    ) -> None:
-        bad = sorted(k for k in loader_kwargs if k in self._FORBIDDEN)
-        if bad:
-            raise RuntimeConfigError(
-                f"ElasticDataLoader chooses samples itself; remove {', '.join(bad)} from its arguments "
-                "(set the global batch on the ElasticSampler)"
-            )
-        size = len(dataset)  # type: ignore[arg-type]
-        if size != sampler.dataset_size:
-            raise RuntimeConfigError(
-                f"the dataset has {size} samples but the sampler was built for {sampler.dataset_size}; "
-                "build the ElasticSampler with len(dataset)"
-            )
-        self.sampler = sampler
-        self._topology = topology
-        self._batches = _SwappableBatchSampler()
-        if loader_kwargs.get("num_workers", 0):
-            # Slurm preemption signals every process of the step, loader workers included; a loader worker that
-            # dies of SIGTERM would crash training before the graceful leave. They exit with their parent anyway.
-            loader_kwargs["worker_init_fn"] = _IgnoreSigterm(loader_kwargs.get("worker_init_fn"))
-        self._loader: DataLoader[Any] = DataLoader(dataset, batch_sampler=self._batches, **loader_kwargs)
-        if loader_kwargs.get("num_workers", 0) and loader_kwargs.get("persistent_workers", False):
-            # Start the loader processes now, during the background warm-up, not after joining.
-            iter(self._loader)
-
-    def _current_topology(self) -> Topology:
-        if self._topology is not None:
-            return self._topology
-        from slurm_amoeba.runtime.worker import get_runtime
-
-        return get_runtime()
-
-    def __iter__(self) -> Iterator[Step]:
-        topology = self._current_topology()
-        topology.check_boundary()
-        assignments = self.sampler.remaining_assignments(topology.rank, topology.world_size)
-        self._batches.batches = [list(m) for a in assignments for m in a.micro_indices]
-        if not self._batches.batches:
-            # Every step left in the epoch is empty for this rank (possible only in a short last step).
-            batches: Iterator[Any] = iter(())
-        else:
-            batches = iter(self._loader)
-        return self._steps(assignments, batches, topology)
-
-    def _steps(
-        self, assignments: Sequence[StepAssignment], batches: Iterator[Any], topology: Topology
-    ) -> Iterator[Step]:
-        previous: Step | None = None
-        for assignment in assignments:
-            if previous is not None:
-                if previous.consumed != len(previous.assignment.micro_indices):
-                    raise RuntimeConfigError(
-                        f"step {previous.index} yielded {len(previous.assignment.micro_indices)} micro-batches but "
-                        f"only {previous.consumed} were used; iterate every micro-batch of a step"
-                    )
-                if self.sampler.progress.step != previous.index + 1:
-                    raise RuntimeConfigError(
-                        f"step {previous.index} ended without state.step() (the sampler is at step "
-                        f"{self.sampler.progress.step}); call state.step() once after each step's micro-batches"
-                    )
-                topology.check_boundary()
-            if self.sampler.progress.step != assignment.step:
-                raise RuntimeConfigError(
-                    f"the sampler moved to step {self.sampler.progress.step} while the loader was at step "
-                    f"{assignment.step}; do not advance the sampler outside state.step()"
-                )
-            hook = getattr(topology, "before_last_micro_batch", None)
-            previous = Step(assignment=assignment, _next_batch=lambda: next(batches), _before_last=hook)
-            yield previous
-
-
-__all__ = [
-    "ElasticDataLoader",
-    "ElasticSampler",
-    "MembershipChanged",
-    "Progress",
-    "Step",
-    "StepAssignment",
-    "Topology",
-]
+__all__ = ["ElasticSampler", "Progress", "StepAssignment"]

@@ -5,6 +5,10 @@ optimizer's state, the sampler's position (epoch, cursor, step), the torch RNG s
 (counters, best loss, ...). ``commit()`` keeps an in-memory copy; after a failure the survivors ``restore()`` it.
 When workers join, one member sends its state to the others as tensors over ``torch.distributed.broadcast``; the
 structure around the tensors travels as JSON (:func:`encode_tree`) — never pickle (DESIGN.md, layer ``runtime/``).
+
+The state reaches no module global: :func:`slurm_amoeba.runtime.run` binds it to the worker's runtime (a
+:class:`~slurm_amoeba.runtime.topology.StepDriver`) before it calls ``train(state)``, and the state binds its
+sampler to the same topology for the loader.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 
 import torch
 
-from slurm_amoeba.runtime.errors import StateError
+from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
 from slurm_amoeba.runtime.sampler import ElasticSampler
+from slurm_amoeba.runtime.topology import StepDriver
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +188,32 @@ class TorchState:
         self.extras = StateExtras(extras)
         self._reset_callbacks: list[ResetCallback] = []
         self._committed: dict[str, Any] | None = None
+        self._driver: StepDriver | None = None
+
+    def bind(self, driver: StepDriver | None) -> None:
+        """Hand the state the runtime that applies its steps (``run()`` does it; ``None`` detaches).
+
+        The sampler is bound to the same topology, so that an ``ElasticDataLoader`` over it knows the generation.
+
+        Args:
+            driver: the worker's runtime, or anything with the same methods (tests).
+        """
+        self._driver = driver
+        self.sampler.bind(driver)
+
+    @property
+    def driver(self) -> StepDriver:
+        """The runtime this state is bound to.
+
+        Raises:
+            RuntimeConfigError: the state is not bound (used outside ``slurm_amoeba.runtime.run()``).
+        """
+        if self._driver is None:
+            raise RuntimeConfigError(
+                "this TorchState is not bound to a runtime: call state.step() and state.commit() inside "
+                "slurm_amoeba.runtime.run(train, state)"
+            )
+        return self._driver
 
     # ----------------------------------------------------------------------------------------------- user API
 
@@ -219,11 +250,10 @@ class TorchState:
         control word rides on the same all-reduce, so a pending resize costs nothing here.
 
         Raises:
+            RuntimeConfigError: the state is used outside ``slurm_amoeba.runtime.run()``.
             WorkerFailure: the all-reduce failed (a peer died); the elastic entry point rolls back.
         """
-        from slurm_amoeba.runtime.worker import get_runtime
-
-        get_runtime().apply_step(self)
+        self.driver.apply_step(self)
 
     def commit(self) -> None:
         """Keep an in-memory copy of the state to roll back to after a failure.
@@ -233,13 +263,12 @@ class TorchState:
 
         Raises:
             StateError: the state cannot be sent (the previous commit is kept).
-            RuntimeConfigError: the members called it at different steps.
+            RuntimeConfigError: the members called it at different steps, or the state is used outside
+                ``slurm_amoeba.runtime.run()``.
             WorkerFailure: the check failed because a peer died.
         """
-        from slurm_amoeba.runtime.worker import get_runtime
-
         snapshot = self.capture()
-        get_runtime().agree_on_commit(self.step_index)
+        self.driver.agree_on_commit(self.step_index)
         self._committed = snapshot
 
     # ----------------------------------------------------------------------------------------------- runtime API

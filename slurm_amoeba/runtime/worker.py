@@ -10,34 +10,39 @@ generation it is a member of (DESIGN.md, layer ``runtime/``):
   the *control word*: each rank adds 1 when it knows of a pending change (its poll thread saw the coordinator ask
   for one, or it got SIGTERM). All ranks read the same sum, so all agree to switch after the same step.
 * **Switch:** at the next step boundary every member reports to the coordinator, leavers exit, the rest receive
-  the next generation's plan, build a new process group on ``PrefixStore("amoeba/gen<N>/pg", store)`` (gloo on CPU,
-  NCCL on GPU), and the plan's source broadcasts the state to the joiners.
+  the next generation's plan, meet and build a new process group (:mod:`slurm_amoeba.runtime.group`), and the
+  plan's source sends the state to the joiners (:mod:`slurm_amoeba.runtime.transfer`).
 * **Failure:** a failed collective (gloo raises at once when a peer's connection resets; a hung peer hits the
-  collective timeout) becomes :class:`~slurm_amoeba.runtime.errors.WorkerFailure`: survivors report, restore their
-  last commit, and go on in the next generation.
+  collective timeout) or a generation that cannot form (the coordinator aborts it when a member dies) becomes
+  :class:`~slurm_amoeba.runtime.errors.WorkerFailure`: survivors report, restore their last commit, and go on in
+  the next generation.
+
+:func:`run` binds the training state (and through it the sampler the loader reads) to this runtime before it calls
+``train(state)``: nothing else reaches the process's runtime through a global. :func:`get_runtime` stays as a
+convenience for user code (``amoeba.get_runtime().rank`` inside ``train``); the runtime's own modules never call it.
+The coordinator side (:mod:`slurm_amoeba.runtime.coordinator`) shares only the protocol with this module.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import enum
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch._C._distributed_c10d import TCPStore
 
-from slurm_amoeba.core.runtime_env import TORCHRUN_VARIABLES, WorkerEnv
+from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.runtime.errors import (
     JobLostError,
     MembershipChanged,
@@ -47,6 +52,14 @@ from slurm_amoeba.runtime.errors import (
     WorkerFailure,
 )
 from slurm_amoeba.runtime.gradients import GradientBuckets
+from slurm_amoeba.runtime.group import (
+    FormationFailed,
+    GroupSettings,
+    clear_torchrun_env,
+    export_torchrun_env,
+    form_group,
+    teardown_group,
+)
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
     JOB_KEY,
@@ -58,16 +71,18 @@ from slurm_amoeba.runtime.protocol import (
     GenerationPlan,
     WorkerEvent,
     assignment_key,
-    group_prefix,
     heartbeat_key,
-    manifest_key,
 )
-from slurm_amoeba.runtime.state import TorchState, decode_tree, encode_tree
+from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus, generation_table
+from slurm_amoeba.runtime.state import TorchState, encode_tree
+from slurm_amoeba.runtime.topology import Generation
+from slurm_amoeba.runtime.transfer import StateRefused, sync_state
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# The process's runtime, for get_runtime() only (user code); the runtime's own modules are handed what they need.
 _runtime: WorkerRuntime | None = None
 
 
@@ -96,7 +111,7 @@ def init(environ: Mapping[str, str] | None = None) -> WorkerRuntime:
 
 
 def get_runtime() -> WorkerRuntime:
-    """The process's runtime.
+    """The process's runtime (a convenience for user code, e.g. ``get_runtime().rank`` inside ``train``).
 
     Raises:
         RuntimeConfigError: :func:`init` was not called.
@@ -106,29 +121,6 @@ def get_runtime() -> WorkerRuntime:
             "the elastic runtime is not initialised in this process; call slurm_amoeba.runtime.init() first"
         )
     return _runtime
-
-
-class RunStatus(str, enum.Enum):
-    """How :func:`run` ended for this worker."""
-
-    FINISHED = "finished"  # the training function returned in this worker
-    LEFT = "left"  # the worker left gracefully (SIGTERM or a leave request) while the job goes on
-    ENDED = "ended"  # the job ended (finished elsewhere or lost) while this worker waited for admission
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult(Generic[T]):
-    """The outcome of :func:`run` in this worker.
-
-    Attributes:
-        status: how it ended.
-        value: the training function's return value (``FINISHED`` only).
-        generations: the generations this worker was a member of.
-    """
-
-    status: RunStatus
-    value: T | None = None
-    generations: tuple[int, ...] = ()
 
 
 def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
@@ -154,10 +146,6 @@ def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
     return get_runtime().run(train, state)
 
 
-class _GenerationAborted(Exception):
-    """Another member refused the state sync; the generation is dropped without touching this worker's state."""
-
-
 class WorkerRuntime:
     """The elastic runtime of one worker process (see the module docstring); create it with :func:`init`.
 
@@ -169,12 +157,11 @@ class WorkerRuntime:
         self.env = env
         self.worker_id = env.worker_id
         self.prefix = f"[{env.job_id}/{env.worker_id}]"
-        self.device = self._pick_device()
+        self.device = pick_device(env, self.prefix)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         self.plan: GenerationPlan | None = None
         self.generation = 0
-        self._rank = 0
-        self._world_size = 0
+        self.current: Generation | None = None
         self._store: TCPStore | None = None
         self._seq = 0
         self._leave = threading.Event()
@@ -187,22 +174,9 @@ class WorkerRuntime:
         self._samples_per_s = 0.0
         self._last_step_end = 0.0
         self._progress: dict[str, int] = {}
-        self._generations: list[int] = []
+        self._timeline: list[GenerationTiming] = []
 
     # ----------------------------------------------------------------------------------------------- setup
-
-    def _pick_device(self) -> torch.device:
-        wanted = self.env.device
-        if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
-            return torch.device("cpu")
-        if not torch.cuda.is_available():
-            raise RuntimeConfigError(
-                f"{self.prefix} AMOEBA_DEVICE=cuda but torch sees no GPU; use AMOEBA_DEVICE=cpu or auto"
-            )
-        index = self.env.cuda_device
-        if index < 0:
-            index = int(os.environ.get("LOCAL_RANK", "0") or 0)
-        return torch.device("cuda", index % max(torch.cuda.device_count(), 1))
 
     @property
     def store(self) -> TCPStore:
@@ -240,15 +214,7 @@ class WorkerRuntime:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         if self.device.type == "cuda":
-            # A failed NCCL collective must raise in this process (to be survived), not tear the process down
-            # (torch's default, 3): abort the communicator only, and make wait() raise on errors and timeouts.
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-            # Warm-up: create the CUDA context now, while the current members keep training.
-            torch.cuda.set_device(self.device)
-            torch.cuda.init()  # type: ignore[no-untyped-call]
-            torch.zeros(1, device=self.device).add_(1)
-            torch.cuda.synchronize(self.device)
+            _warm_up_cuda(self.device)
         self._thread = threading.Thread(target=self._background, name="amoeba-heartbeat", daemon=True)
         self._thread.start()
         log.info("%s registered (pid %s, device %s)", self.prefix, os.getpid(), self.device)
@@ -279,7 +245,7 @@ class WorkerRuntime:
                 if now >= next_beat:
                     store.set(heartbeat_key(self.worker_id), repr(now))
                     next_beat = now + self.env.heartbeat_s
-                    if self._rank == 0 and self.generation and self._step_time_s > 0:
+                    if self.rank == 0 and self.generation and self._step_time_s > 0:
                         store.set(PROGRESS_KEY, json.dumps(self._progress_report(now)))
                 generation = self.generation
                 if generation and self._change_seen_in != generation and int(store.get(WANT_KEY)) == generation:
@@ -294,7 +260,7 @@ class WorkerRuntime:
         return {
             "worker": self.worker_id,
             "generation": self.generation,
-            "world_size": self._world_size,
+            "world_size": self.world_size,
             "step_time_s": self._step_time_s,
             "samples_per_s": self._samples_per_s,
             "time": now,
@@ -305,13 +271,15 @@ class WorkerRuntime:
 
     @property
     def rank(self) -> int:
-        """This worker's rank in the current generation."""
-        return self._rank
+        """This worker's rank in the current generation (-1 outside one, e.g. after it left)."""
+        current = self.current
+        return -1 if current is None else current.rank
 
     @property
     def world_size(self) -> int:
         """Members of the current generation (0 outside one)."""
-        return self._world_size
+        current = self.current
+        return 0 if current is None else current.world_size
 
     def check_boundary(self) -> None:
         """At a step boundary: raise :class:`MembershipChanged` when the members agreed to switch.
@@ -331,7 +299,7 @@ class WorkerRuntime:
         # works keep the group alive, so they are dropped first.
         if self._grad is not None:
             self._grad.abandon()
-        self._teardown_group()
+        teardown_group()
         return WorkerFailure(f"{what} failed in generation {self.generation}: {exc}", generation=self.generation)
 
     def _control_word(self) -> float:
@@ -418,53 +386,39 @@ class WorkerRuntime:
         self._seq += 1
         return Assignment.from_json(store.get(key))
 
-    def _teardown_group(self) -> None:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except RuntimeError as exc:
-                log.debug("%s destroying the old process group: %s", self.prefix, exc)
+    def _settings(self) -> GroupSettings:
+        return GroupSettings(
+            worker_id=self.worker_id,
+            device=self.device,
+            backend=self.backend,
+            timeout_s=self.env.collective_timeout_s,
+        )
 
-    def _export_torchrun_env(self, plan: GenerationPlan) -> None:
-        local_rank, local_world = plan.local_rank_of(self.worker_id)
-        values = {
-            "RANK": str(self._rank),
-            "WORLD_SIZE": str(plan.world_size),
-            "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_world),
-            "MASTER_ADDR": self.env.store_addr,
-            "MASTER_PORT": str(self.env.store_port),
-        }
-        os.environ.update({name: values[name] for name in TORCHRUN_VARIABLES})
+    def _enter(self, plan: GenerationPlan, state: TorchState) -> GenerationTiming:
+        """Become a member of ``plan``'s generation: meet, new process group, rollback, state sync, auto-commit.
 
-    def _enter(self, plan: GenerationPlan, state: TorchState) -> None:
-        """Become a member of ``plan``'s generation: new process group, rollback, state sync, auto-commit."""
-        self._teardown_group()
+        Raises:
+            FormationFailed: the group did not form (a member missing, or the coordinator aborted).
+            WorkerFailure: the state transfer failed.
+            StateError: this worker's state does not fit the running workers' (it must leave).
+            StateRefused: another member refused the state.
+        """
         self.plan = plan
         self.generation = plan.generation
-        self._rank = plan.rank_of(self.worker_id)
-        self._world_size = plan.world_size
+        self.current = None
         self._switch_agreed = False
-        self._export_torchrun_env(plan)
         state.sampler.planner.check_world_size(plan.world_size)
         started = time.perf_counter()
-        try:
-            dist.init_process_group(
-                self.backend,
-                store=PrefixStore(group_prefix(plan.generation), self.store),
-                rank=self._rank,
-                world_size=plan.world_size,
-                timeout=datetime.timedelta(seconds=self.env.collective_timeout_s),
-                device_id=self.device if self.device.type == "cuda" else None,
-            )
-        except RuntimeError as exc:
-            raise self._failure("process group formation", exc) from None
+        self.current = form_group(self.store, plan, self._settings())
+        export_torchrun_env(self.current, self.env.store_addr, self.env.store_port)
         formed = time.perf_counter()
-        survivor = self.worker_id not in plan.joiners
-        if plan.rollback and survivor:
+        if plan.rollback and self.worker_id not in plan.joiners:
             state.restore()
         if plan.sync:
-            self._sync(plan, state)
+            try:
+                sync_state(self.store, plan, self._settings(), state)
+            except StateError as exc:
+                raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
         state.save()
         if self._grad is None or self._grad.model is not state.model:
             if self._grad is not None:
@@ -473,71 +427,20 @@ class WorkerRuntime:
         else:
             self._grad.zero()
         self._last_step_end = 0.0
-        self._generations.append(plan.generation)
-        log.info(
-            "%s generation %s: rank %s of %s at step %s (group %.3f s, state %.3f s, %s)",
-            self.prefix,
-            plan.generation,
-            self._rank,
-            plan.world_size,
-            state.step_index,
-            formed - started,
-            time.perf_counter() - formed,
-            plan.reason,
+        timing = GenerationTiming(
+            generation=plan.generation,
+            rank=self.current.rank,
+            world_size=plan.world_size,
+            start_step=state.step_index,
+            group_s=formed - started,
+            state_s=time.perf_counter() - formed,
+            reason=plan.reason,
         )
+        log.info("%s generation %s", self.prefix, timing)
         state.run_reset_callbacks()
+        return timing
 
-    def _sync(self, plan: GenerationPlan, state: TorchState) -> None:
-        """The plan's source broadcasts its state; the others check it fits, then receive it."""
-        source_rank = plan.rank_of(plan.source)
-        key = manifest_key(plan.generation)
-        problem: str | None = None
-        tensors: list[torch.Tensor] = []
-        if self.worker_id == plan.source:
-            manifest, tensors = state.encode()
-            self.store.set(key, json.dumps(manifest))
-        else:
-            deadline = time.monotonic() + self.env.collective_timeout_s
-            while not self.store.check([key]):
-                if time.monotonic() > deadline:
-                    raise self._failure("state manifest wait", TimeoutError(f"no {key} from {plan.source}"))
-                time.sleep(0.001)
-            manifest = json.loads(self.store.get(key))
-            problem = state.check_compatible(manifest)
-        verdict = torch.tensor([0.0 if problem else 1.0], device=self.device)
-        try:
-            dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
-        except RuntimeError as exc:
-            raise self._failure("state check", exc) from None
-        if problem is not None:
-            raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {problem}")
-        if verdict.item() < 1.0:
-            raise _GenerationAborted(f"a joiner of generation {plan.generation} refused the state")
-        specs = manifest["tensors"]
-        by_dtype: dict[str, list[int]] = {}
-        for index, (dtype, _shape, _device) in enumerate(specs):
-            by_dtype.setdefault(dtype, []).append(index)
-        received: list[torch.Tensor | None] = [None] * len(specs)
-        for dtype_name, indices in sorted(by_dtype.items()):
-            dtype = _dtype(dtype_name)
-            sizes = [_numel(specs[i][1]) for i in indices]
-            if self.worker_id == plan.source:
-                flat = torch.cat([tensors[i].reshape(-1).to(self.device) for i in indices])
-            else:
-                flat = torch.empty(sum(sizes), dtype=dtype, device=self.device)
-            try:
-                dist.broadcast(flat, src=source_rank)
-            except RuntimeError as exc:
-                raise self._failure("state broadcast", exc) from None
-            if self.worker_id != plan.source:
-                for index, part in zip(indices, torch.split(flat, sizes), strict=True):
-                    device = self.device if specs[index][2] == "cuda" else torch.device("cpu")
-                    received[index] = part.reshape(specs[index][1]).to(device).clone()
-        if self.worker_id != plan.source:
-            tree = decode_tree(manifest["skeleton"], [t for t in received if t is not None])
-            state.load_tree(tree)
-
-    def _report(self, state: TorchState, *, failed: bool) -> None:
+    def _report(self, state: TorchState, *, failed: bool, missing: tuple[str, ...] = ()) -> None:
         self._push(
             EventKind.REPORT,
             generation=self.generation,
@@ -545,73 +448,132 @@ class WorkerRuntime:
             committed_step=state.committed_step,
             leaving=self._leave.is_set(),
             failed=failed,
+            missing=missing,
         )
+
+    def _member(self, plan: GenerationPlan, train: Callable[[TorchState], T], state: TorchState) -> RunResult[T] | None:
+        """Run one generation: ``train(state)`` until it returns (a result) or the generation ends (``None``)."""
+        try:
+            self._timeline.append(self._enter(plan, state))
+            value = train(state)
+        except MembershipChanged:
+            self._report(state, failed=False)
+        except StateRefused as exc:
+            log.info("%s %s", self.prefix, exc)
+            self._report(state, failed=False)
+        except FormationFailed as exc:
+            log.warning("%s %s", self.prefix, exc)
+            self._report(state, failed=True, missing=exc.missing)
+        except WorkerFailure:
+            self._report(state, failed=True)
+        else:
+            self._push(EventKind.DONE)
+            return self._result(RunStatus.FINISHED, value)
+        return None
+
+    def _result(self, status: RunStatus, value: T | None = None) -> RunResult[T]:
+        finished = status is RunStatus.FINISHED and self.current is not None
+        if not finished:  # a leaver holds no rank any more: neither here nor in RANK/WORLD_SIZE
+            self.current = None
+            self.generation = 0
+            clear_torchrun_env()
+        return RunResult(
+            status,
+            value=value,
+            generations=tuple(t.generation for t in self._timeline),
+            rank=self.current.rank if self.current is not None else None,
+            world_size=self.current.world_size if self.current is not None else 0,
+            timeline=tuple(self._timeline),
+        )
+
+    def _follow(self, assignment: Assignment, train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
+        """Act on assignments until the run ends for this worker."""
+        after_report_s = 2 * self.env.collective_timeout_s + 30
+        while True:
+            if assignment.action is AssignAction.STANDBY:
+                log.info("%s on standby: %s", self.prefix, assignment.reason)
+                teardown_group()
+                self.generation, self.current = 0, None
+                assignment = self._wait_assignment(self.env.join_timeout_s, member=False)
+                continue
+            if assignment.action is AssignAction.LEAVE:
+                log.info("%s leaving: %s", self.prefix, assignment.reason)
+                return self._result(RunStatus.LEFT)
+            if assignment.action is AssignAction.FINISH:
+                if "lost" in assignment.reason:
+                    raise JobLostError(f"{self.prefix} {assignment.reason}")
+                return self._result(RunStatus.ENDED)
+            if assignment.plan is None:
+                raise RuntimeConfigError(f"{self.prefix} the coordinator sent a join without a plan: {assignment}")
+            result = self._member(assignment.plan, train, state)
+            if result is not None:
+                return result
+            if self._leave.is_set():
+                log.info("%s left at step %s", self.prefix, state.step_index)
+                return self._result(RunStatus.LEFT)
+            assignment = self._wait_assignment(after_report_s, member=True)
 
     def run(self, train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
         """See :func:`run`."""
         encode_tree(state.as_tree(), "state", [])  # refuse unsendable state before joining anything
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
+        state.bind(self)
         self._push(EventKind.READY, allowed_sizes=sizes)
         log.info("%s warm and ready", self.prefix)
-        after_report_s = 2 * self.env.collective_timeout_s + 30
-        assignment = self._wait_assignment(self.env.join_timeout_s, member=False)
+        status = RunStatus.ENDED
         try:
-            while True:
-                if assignment.action is AssignAction.STANDBY:
-                    log.info("%s on standby: %s", self.prefix, assignment.reason)
-                    self._teardown_group()
-                    self.generation = 0
-                    assignment = self._wait_assignment(self.env.join_timeout_s, member=False)
-                    continue
-                if assignment.action is AssignAction.LEAVE:
-                    log.info("%s leaving: %s", self.prefix, assignment.reason)
-                    return RunResult(RunStatus.LEFT, generations=tuple(self._generations))
-                if assignment.action is AssignAction.FINISH:
-                    if "lost" in assignment.reason:
-                        raise JobLostError(f"{self.prefix} {assignment.reason}")
-                    return RunResult(RunStatus.ENDED, generations=tuple(self._generations))
-                assert assignment.plan is not None
-                try:
-                    self._enter(assignment.plan, state)
-                    value = train(state)
-                except MembershipChanged:
-                    self._report(state, failed=False)
-                except _GenerationAborted as exc:
-                    log.info("%s %s", self.prefix, exc)
-                    self._report(state, failed=False)
-                except WorkerFailure:
-                    self._report(state, failed=True)
-                else:
-                    self._push(EventKind.DONE)
-                    return RunResult(RunStatus.FINISHED, value=value, generations=tuple(self._generations))
-                if self._leave.is_set():
-                    log.info("%s left at step %s", self.prefix, state.step_index)
-                    return RunResult(RunStatus.LEFT, generations=tuple(self._generations))
-                assignment = self._wait_assignment(after_report_s, member=True)
+            assignment = self._wait_assignment(self.env.join_timeout_s, member=False)
+            result = self._follow(assignment, train, state)
+            status = result.status
+            return result
         except BaseException as exc:
             self._push(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.shutdown()
+            state.bind(None)
+            _announce(generation_table(self.prefix, status, tuple(self._timeline)))
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._teardown_group()
+        teardown_group()
 
 
-def _dtype(name: str) -> torch.dtype:
-    attr = name.removeprefix("torch.")
-    value = getattr(torch, attr, None)
-    if not isinstance(value, torch.dtype):
-        raise StateError(f"the sender's state has a tensor of unknown dtype {name!r}")
-    return value
+def pick_device(env: WorkerEnv, prefix: str) -> torch.device:
+    """The device a worker trains on, from ``AMOEBA_DEVICE``/``AMOEBA_CUDA_DEVICE`` (else ``LOCAL_RANK``).
+
+    Raises:
+        RuntimeConfigError: CUDA was asked for but torch sees no GPU.
+    """
+    wanted = env.device
+    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeConfigError(f"{prefix} AMOEBA_DEVICE=cuda but torch sees no GPU; use AMOEBA_DEVICE=cpu or auto")
+    index = env.cuda_device
+    if index < 0:
+        index = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    return torch.device("cuda", index % max(torch.cuda.device_count(), 1))
 
 
-def _numel(shape: list[int]) -> int:
-    total = 1
-    for dim in shape:
-        total *= int(dim)
-    return total
+def _warm_up_cuda(device: torch.device) -> None:
+    # A failed NCCL collective must raise in this process (to be survived), not tear the process down
+    # (torch's default, 3): abort the communicator only, and make wait() raise on errors and timeouts.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    # Warm-up: create the CUDA context now, while the current members keep training.
+    torch.cuda.set_device(device)
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    torch.zeros(1, device=device).add_(1)
+    torch.cuda.synchronize(device)
+
+
+def _announce(text: str) -> None:
+    """Log ``text`` at INFO where logging shows it, else write it to stderr: the end-of-run table is always seen."""
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info("%s", text)
+    else:
+        print(text, file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ run of the same seed ends, and every sample is applied exactly once per epoch in
 from __future__ import annotations
 
 import collections
+import json
 import signal
 import tempfile
 import time
@@ -110,6 +111,12 @@ def test_resized_job_with_leave_and_kill_matches_fixed_size_run_exactly_once(
     assert_exactly_once(out, result.view.history)
 
     assert_same_params(fixed_run, final_params(out), expected_workers=2)
+    endings = {p.stem.removeprefix("result-"): json.loads(p.read_text()) for p in out.glob("result-*.json")}
+    finishers = [w for w, e in endings.items() if e["status"] == "finished"]
+    assert sorted(endings[w]["rank"] for w in finishers) == [0, 1]
+    for worker, ending in endings.items():
+        if ending["status"] == "left":  # a leaver holds no rank: a ported `if rank == 0: save()` does not run
+            assert (ending["rank"], ending["RANK"], ending["now"]) == (None, None, -1), worker
 
 
 def assert_same_params(

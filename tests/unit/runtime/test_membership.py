@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_amoeba.runtime.membership import (
+    AbortGeneration,
     Membership,
     MembershipConfig,
     Phase,
@@ -46,6 +47,7 @@ class SimJob:
         self.now = 0.0
         self.workers: dict[str, SimWorker] = {}
         self.want = 0
+        self.aborted: list[int] = []
         self.allowed = allowed
         self.count = 0
         for _ in range(initial):
@@ -72,6 +74,8 @@ class SimJob:
         for action in self.m.decide(self.now):
             if isinstance(action, SetWant):
                 self.want = action.generation
+            elif isinstance(action, AbortGeneration):
+                self.aborted.append(action.generation)
             else:
                 worker = self.workers[action.worker]
                 assert action.seq == worker.seq, "assignments must be numbered consecutively per worker"

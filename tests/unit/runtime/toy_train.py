@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         params = {name: p.detach().cpu().clone() for name, p in model.state_dict().items()}
         torch.save(params, args.out / f"params-{worker}.pt")
         (args.out / f"extras-{worker}.json").write_text(json.dumps(dict(state.extras)))
+    ending = {"status": result.status.value, "rank": result.rank, "RANK": os.environ.get("RANK"), "now": runtime.rank}
+    (args.out / f"result-{worker}.json").write_text(json.dumps(ending))
     print(f"worker {worker} {result.status.value} generations {list(result.generations)}", flush=True)
     return 0
 

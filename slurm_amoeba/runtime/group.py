@@ -1,0 +1,175 @@
+"""Forming and tearing down one generation's process group, with a deadline and an abort on every wait.
+
+Worker side of a switch (DESIGN.md, layer ``runtime/``): every member of a new generation first marks its arrival
+in the job's store and waits until every other member has arrived — polling, so that it also sees the
+coordinator's abort key (set when a member died or failed) and its own deadline — and only then calls
+``init_process_group`` on ``PrefixStore("amoeba/gen<N>/pg", store)``, which then finds everybody there. A member
+killed right after its admission therefore costs the others the time the coordinator needs to learn of the death,
+not the collective timeout, and the failure names the members that did not show up.
+
+:func:`teardown_group` leaves the default group whether or not forming it succeeded: torch numbers default groups
+with a process-wide counter that a failed ``init_process_group`` advances and only ``destroy_process_group``
+resets, so a worker whose formation once failed would otherwise look for other store keys than a fresh joiner in
+every later generation, and never meet it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store
+from torch.distributed import distributed_c10d
+
+from slurm_amoeba.core.runtime_env import TORCHRUN_VARIABLES
+from slurm_amoeba.runtime.errors import WorkerFailure
+from slurm_amoeba.runtime.protocol import GenerationPlan, abort_key, arrival_key, group_prefix
+from slurm_amoeba.runtime.topology import Generation
+
+log = logging.getLogger(__name__)
+
+#: How often a member waiting for the others looks at the store.
+POLL_S = 0.002
+
+
+class FormationFailed(WorkerFailure):
+    """The generation's process group could not form.
+
+    Attributes:
+        missing: members that had not arrived when this worker gave up (empty when every member arrived and
+            ``init_process_group`` itself failed).
+    """
+
+    def __init__(self, message: str, *, generation: int, missing: tuple[str, ...]) -> None:
+        super().__init__(message, generation=generation)
+        self.missing = missing
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSettings:
+    """How one worker forms its groups.
+
+    Attributes:
+        worker_id: this worker's id.
+        device: its torch device.
+        backend: ``gloo`` or ``nccl``.
+        timeout_s: deadline of the arrival wait and of every collective of the group.
+    """
+
+    worker_id: str
+    device: torch.device
+    backend: str
+    timeout_s: float
+
+
+def describe(plan: GenerationPlan, settings: GroupSettings) -> Generation:
+    """The generation of ``plan`` as ``settings.worker_id`` sees it."""
+    local_rank, local_world = plan.local_rank_of(settings.worker_id)
+    return Generation(
+        number=plan.generation,
+        rank=plan.rank_of(settings.worker_id),
+        world_size=plan.world_size,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        members=plan.members,
+        device=settings.device,
+        backend=settings.backend,
+    )
+
+
+def aborted(store: Store, generation: int) -> str | None:
+    """The coordinator's reason to abort ``generation``, or ``None``."""
+    key = abort_key(generation)
+    return store.get(key).decode(errors="replace") if store.check([key]) else None
+
+
+def wait_for_members(store: Store, plan: GenerationPlan, settings: GroupSettings) -> None:
+    """Mark this worker's arrival and wait until every member of ``plan`` has arrived.
+
+    Raises:
+        FormationFailed: the coordinator aborted the generation, or the deadline passed; it names who was missing.
+    """
+    store.set(arrival_key(plan.generation, settings.worker_id), "1")
+    keys = [arrival_key(plan.generation, m) for m in plan.members]
+    deadline = time.monotonic() + settings.timeout_s
+    while not store.check(keys):
+        reason = aborted(store, plan.generation)
+        if reason is not None or time.monotonic() > deadline:
+            missing = tuple(m for m, k in zip(plan.members, keys, strict=True) if not store.check([k]))
+            why = reason or f"not every member arrived within {settings.timeout_s:.0f} s"
+            raise FormationFailed(
+                f"generation {plan.generation} did not form ({why}); missing: {', '.join(missing) or 'none'}",
+                generation=plan.generation,
+                missing=missing,
+            )
+        time.sleep(POLL_S)
+
+
+def form_group(store: Store, plan: GenerationPlan, settings: GroupSettings) -> Generation:
+    """Leave the old group, meet the other members, and form the default process group of ``plan``.
+
+    A collective: every member of ``plan`` calls it.
+
+    Returns:
+        The generation as this worker sees it.
+
+    Raises:
+        FormationFailed: a member did not arrive (aborted or timed out), or forming the group failed.
+    """
+    teardown_group()
+    wait_for_members(store, plan, settings)
+    generation = describe(plan, settings)
+    try:
+        dist.init_process_group(
+            settings.backend,
+            store=PrefixStore(group_prefix(plan.generation), store),
+            rank=generation.rank,
+            world_size=plan.world_size,
+            timeout=datetime.timedelta(seconds=settings.timeout_s),
+            device_id=settings.device if settings.device.type == "cuda" else None,
+        )
+    except RuntimeError as exc:
+        teardown_group()
+        raise FormationFailed(
+            f"process group formation failed in generation {plan.generation}: {exc}",
+            generation=plan.generation,
+            missing=(),
+        ) from None
+    return generation
+
+
+def teardown_group() -> None:
+    """Leave the default process group, and make the next one get the same name in every process (see above)."""
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except RuntimeError as exc:
+            log.debug("destroying the old process group: %s", exc)
+    # destroy_process_group() resets torch's group counter; after a failed init_process_group there is nothing to
+    # destroy but the counter has moved on. The counter is private to torch (tests/unit/runtime/test_formation.py
+    # fails if that changes).
+    distributed_c10d._world.group_count = 0
+
+
+def export_torchrun_env(generation: Generation, store_addr: str, store_port: int) -> None:
+    """Set the torchrun contract (``RANK``, ``WORLD_SIZE``, ...) in this process's environment for ``generation``."""
+    values = {
+        "RANK": str(generation.rank),
+        "WORLD_SIZE": str(generation.world_size),
+        "LOCAL_RANK": str(generation.local_rank),
+        "LOCAL_WORLD_SIZE": str(generation.local_world_size),
+        "MASTER_ADDR": store_addr,
+        "MASTER_PORT": str(store_port),
+    }
+    os.environ.update({name: values[name] for name in TORCHRUN_VARIABLES})
+
+
+def clear_torchrun_env() -> None:
+    """Remove the torchrun contract from this process's environment (the worker is no member any more)."""
+    for name in TORCHRUN_VARIABLES:
+        os.environ.pop(name, None)

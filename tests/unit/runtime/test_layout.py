@@ -1,0 +1,68 @@
+"""The runtime's shape: no import circle, no import hidden in a function, worker side and coordinator side apart."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[3] / "slurm_amoeba" / "runtime"
+WORKER_SIDE = {"worker", "group", "transfer", "state", "sampler", "loader", "gradients", "topology", "result"}
+COORDINATOR_SIDE = {"coordinator", "membership"}
+SHARED = {"protocol", "errors", "planner"}
+
+
+def runtime_imports(module: str) -> tuple[set[str], list[str]]:
+    """The runtime modules ``module`` imports at run time at top level, and those it imports inside functions.
+
+    Imports under ``if TYPE_CHECKING:`` are for annotations only and count as neither.
+    """
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    top: set[str] = set()
+    hidden: list[str] = []
+    for statement in tree.body:
+        if isinstance(statement, ast.If) and ast.unparse(statement.test) == "TYPE_CHECKING":
+            continue
+        for node in ast.walk(statement):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("slurm_amoeba.runtime."):
+                target = (node.module or "").rsplit(".", 1)[1]
+                if node is statement:
+                    top.add(target)
+                else:
+                    hidden.append(f"{module} -> {target} (line {node.lineno})")
+    return top, hidden
+
+
+def test_every_runtime_module_is_on_one_side_or_shared() -> None:
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert modules == WORKER_SIDE | COORDINATOR_SIDE | SHARED
+
+
+def test_runtime_modules_import_each_other_at_top_level_only_and_without_a_circle() -> None:
+    graph: dict[str, set[str]] = {}
+    hidden: list[str] = []
+    for module in WORKER_SIDE | COORDINATOR_SIDE | SHARED:
+        graph[module], inside = runtime_imports(module)
+        hidden.extend(inside)
+    assert hidden == [], "imports inside functions hide a circle"
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for target in graph[module]:
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+
+
+def test_worker_side_and_coordinator_side_share_only_the_protocol_errors_and_planner() -> None:
+    for module in COORDINATOR_SIDE:
+        crossing = runtime_imports(module)[0] & WORKER_SIDE
+        assert not crossing, f"{module} imports worker-side {crossing}"
+    for module in WORKER_SIDE:
+        crossing = runtime_imports(module)[0] & COORDINATOR_SIDE
+        assert not crossing, f"{module} imports coordinator-side {crossing}"
+

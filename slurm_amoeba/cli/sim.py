@@ -16,9 +16,11 @@ from pathlib import Path
 from slurm_amoeba.cli.entry import add_version_flag, extra_missing
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.policy import make_policy, policy_knobs, policy_names
+from slurm_amoeba.sim.accounting import PARSABLE_FIELDS, load_history
 from slurm_amoeba.sim.data import SimError, data_dir, resolve
 from slurm_amoeba.sim.engine import (
     ARTIFACT_RESTART_COST_S,
+    DEFAULT_SCALING_EXPONENT,
     DEFAULT_TIME_LIMIT_FACTOR,
     RUNTIME_GROW_LAG_S,
     RUNTIME_RESIZE_COST_S,
@@ -34,6 +36,7 @@ from slurm_amoeba.sim.report import (
     write_json,
 )
 from slurm_amoeba.sim.runner import RunOutcome, RunSpec, run_all
+from slurm_amoeba.sim.site import SiteOptions, compare_site
 from slurm_amoeba.sim.slurmconf import SlurmSite, read_slurm_conf
 
 
@@ -143,7 +146,58 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--load", default=None, help="the load for --reference (default: from the folder name)")
     _add_cluster_flags(compare)
     commands.add_parser("data", help="print the reference data folder and the workload folders in it")
+    _add_site_parser(commands)
     return parser
+
+
+def _add_site_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    site = commands.add_parser(
+        "site",
+        help="a site's accounting history under the slurm baseline vs with a share of its jobs elastic",
+        description="Replays an accounting export twice on the site's cluster: under the slurm baseline, and with "
+        "a share of the jobs elastic under the daemon's elastic backfill on top of the same Slurm model; prints "
+        "avg/p50/p99 JCT, queueing, utilization and the regular jobs' wait side by side. Export with "
+        "`sacct --json -a -S START -E END > history.json` or `sacct -a -P -X -S START -E END "
+        f"--format={','.join(PARSABLE_FIELDS)} > history.txt`.",
+    )
+    site.add_argument("--history", required=True, type=Path, help="the sacct export (--json, or -P with the fields)")
+    site.add_argument("--history-format", choices=("auto", "json", "parsable"), default="auto", help="by content")
+    site.add_argument("--elastic-fraction", type=float, default=0.5, help="share of jobs made elastic (default 0.5)")
+    site.add_argument(
+        "--elastic-factor", type=float, default=2.0, help="a range runs from requested/F to requested*F GPUs (2)"
+    )
+    site.add_argument(
+        "--scaling-exponent",
+        type=float,
+        default=DEFAULT_SCALING_EXPONENT,
+        help=f"an elastic job at N GPUs runs at (N/requested)**E of its speed (default {DEFAULT_SCALING_EXPONENT}, "
+        f"measured on the shared Pollux traces; 1 is linear)",
+    )
+    site.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a slurm policy setting")
+    site.add_argument("--json", type=Path, default=None, help="write both runs' figures as JSON here")
+    site.add_argument("--plot", type=Path, default=None, help="write the JCT CDF and utilization plot here")
+    site.add_argument(
+        "--slurm-conf", type=Path, default=None, help="the site's slurm.conf (weights, partitions, nodes)"
+    )
+    site.add_argument("--nodes", type=int, default=None, help="GPU nodes (default: the --slurm-conf's, or 16)")
+    site.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: the conf's, or 4)")
+    site.add_argument("--interval", type=float, default=60.0, help="seconds between scheduling rounds (60)")
+    site.add_argument("--resize-cost", type=float, default=RUNTIME_RESIZE_COST_S, help="pause of a resize (s)")
+    site.add_argument("--grow-lag", type=float, default=RUNTIME_GROW_LAG_S, help="seconds until grown workers train")
+    site.add_argument(
+        "--restart-cost",
+        type=float,
+        default=0.0,
+        help="pause at a start or resume (default 0: the recorded durations already hold the jobs' start-up)",
+    )
+    site.add_argument("--grace-time", type=float, default=None, help="GraceTime (default: the --slurm-conf's)")
+    site.add_argument(
+        "--time-limit-factor",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_FACTOR,
+        help="for jobs without a recorded limit: this many times their duration",
+    )
+    site.add_argument("--horizon", type=float, default=None, help="stop at this simulated second")
 
 
 def _default_policies() -> list[str]:
@@ -296,6 +350,33 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_site(args: argparse.Namespace) -> int:
+    knobs = dict(_parse_knob("slurm", text) for text in args.knob)
+    site = _site(args)
+    if args.plot is not None and (missing := extra_missing("sim", "--plot")):
+        raise SimError(missing)
+    history = load_history(resolve(args.history), args.history_format)
+    config = _config(args, "slurm", site)
+    options = SiteOptions(
+        fraction=args.elastic_fraction,
+        factor=args.elastic_factor,
+        scaling_exponent=args.scaling_exponent,
+        knobs={**(site.knobs if site is not None else {}), **knobs},
+    )
+    comparison = compare_site(history, config, options, args.history.stem)
+    print(f"{args.history}: {history.describe()}; {comparison.elastic_jobs} made elastic")
+    print(f"cluster: {config.nodes} nodes x {config.gpus_per_node} GPUs")
+    print()
+    print(comparison.table())
+    if args.json is not None:
+        write_json(comparison.outcomes, args.json)
+    if args.plot is not None:
+        span = max((job.submit_time for job in history.jobs), default=0.0) + 1.0
+        title = f"{args.history.name}: slurm vs {args.elastic_fraction:.0%} elastic"
+        plot(comparison.outcomes, args.plot, title=title, bin_s=max(span / 100.0, 1.0))
+    return 0
+
+
 def _cmd_data() -> int:
     folder = data_dir()
     print(folder)
@@ -321,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "data":
             return _cmd_data()
+        if args.command == "site":
+            return _cmd_site(args)
         return _cmd_compare(args)
     except AmoebaError as exc:
         print(f"amoeba-sim: error: {exc}", file=sys.stderr)

@@ -10,10 +10,17 @@ is known in advance and kept in a heap; arrivals and finishes are events. A poli
 quiet stretches cost nothing. Every start or move pays ``restart_cost`` seconds without progress (stop-resume from
 a checkpoint), every grow or shrink of a running job ``resize_cost`` seconds (the elastic runtime's pause), and a grow
 takes effect only ``grow_lag`` seconds after it was ordered (the job trains at its old size meanwhile).
+
+Like Slurm's ``default_queue_depth``, the snapshot holds every running job but only the oldest pending jobs
+(``queue_depth``, and always enough of them to fill the cluster twice over), so that one round costs the same whether
+ten or forty thousand jobs wait: an overloaded trace then takes time linear in its jobs. For FIFO this changes nothing
+(a job behind jobs asking for more than the cluster cannot start); for policies that look further down the queue it
+is an approximation, measured in docs/simulator.md; ``queue_depth=0`` shows every job.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import math
@@ -49,9 +56,19 @@ DEFAULT_COLOCATION = 0.5
 DEFAULT_TIME_LIMIT_FACTOR = 2.0
 
 
+#: How a job that never ran elastic scales, for a site's history: speed at ``size`` GPUs is
+#: ``(size / requested) ** DEFAULT_SCALING_EXPONENT`` of its speed at its requested size. 0.26 is the mean of
+#: ``log2(speedup at twice the GPUs)`` over the 1,280 jobs of the eight shared Pollux workloads, from the measured
+#: traces with each job's global batch kept fixed (median 0.16; it ranges from below 0 to 0.75 by application and
+#: size): a conservative model, since slurm_amoeba's runtime keeps the global batch too.
+DEFAULT_SCALING_EXPONENT = 0.26
+
 #: A policy that decides every interval is refused a job that alone would need more scheduling rounds than this
 #: (about 19 years of simulated time at 60 s) unless a horizon stops the run.
 MAX_ROUNDS_WITHOUT_HORIZON = 10_000_000
+
+#: Pending jobs a policy sees at least, oldest first (see the module docstring).
+DEFAULT_QUEUE_DEPTH = 1000
 
 
 def estimated_time_limit(seconds: float, factor: float) -> float:
@@ -86,6 +103,8 @@ class SimConfig:
             (:func:`estimated_time_limit`).
         grace_time: Slurm's ``GraceTime``: a preempted job keeps its GPUs (and trains on) for this long before it
             leaves; the ``slurm`` policy waits for it. 0 preempts at once.
+        queue_depth: the policy sees the running jobs and the oldest pending ones, at least this many (and enough
+            to fill the cluster twice over); 0 shows every pending job.
     """
 
     nodes: int = 16
@@ -98,6 +117,7 @@ class SimConfig:
     horizon: float | None = None
     time_limit_factor: float = DEFAULT_TIME_LIMIT_FACTOR
     grace_time: float = 0.0
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -120,6 +140,8 @@ class SimConfig:
             )
         if not self.grace_time >= 0:
             raise SimError(f"grace_time={self.grace_time} s must be 0 or more")
+        if self.queue_depth < 0:
+            raise SimError(f"queue_depth={self.queue_depth} must be 0 (every pending job) or more")
 
     @property
     def total_gpus(self) -> int:
@@ -130,23 +152,27 @@ class SimConfig:
 class WorkModel:
     """How one job progresses: epoch boundaries and speed per placement.
 
-    The base class is a job that runs for a fixed time on its requested GPUs (Philly's duration jobs).
+    The base class is a job that runs for a fixed time on its requested GPUs (Philly's duration jobs, a site's
+    history). At another size it runs at ``(size / requested) ** scaling_exponent`` of its speed (1: linear; see
+    :data:`DEFAULT_SCALING_EXPONENT` for a job that never ran elastic).
 
     Attributes:
         epoch_ends: cumulative progress at the end of each epoch; the last one means done.
         job_type: label for co-location lookups.
     """
 
-    def __init__(self, duration: float, requested: int) -> None:
+    def __init__(self, duration: float, requested: int, scaling_exponent: float = 1.0) -> None:
         """A duration job.
 
         Args:
             duration: seconds of work on the requested GPUs.
             requested: the requested GPUs.
+            scaling_exponent: speed at another size is ``(size / requested) ** scaling_exponent``.
         """
         self.epoch_ends: list[float] = [max(duration, 0.0)]
         self.job_type = ""
         self._requested = requested
+        self._exponent = scaling_exponent
         self._linear: dict[tuple[int, int], dict[int, float]] = {}
 
     def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
@@ -160,13 +186,13 @@ class WorkModel:
         Returns:
             The speed before any co-location slowdown.
         """
-        return sum(placement) / self._requested
+        return float((sum(placement) / self._requested) ** self._exponent)
 
     def speedups(self, low: int, high: int) -> dict[int, float]:
         """Speed at each size ``low..high`` relative to the requested size (on the fewest nodes)."""
         table = self._linear.get((low, high))
         if table is None:
-            table = {size: size / self._requested for size in range(low, high + 1)}
+            table = {size: (size / self._requested) ** self._exponent for size in range(low, high + 1)}
             self._linear[(low, high)] = table
         return table
 
@@ -292,12 +318,15 @@ class _Job:
 ModelFactory = Callable[[JobSpec], WorkModel]
 
 
-def trace_models(applications: Mapping[str, Application], gpus_per_node: int) -> ModelFactory:
+def trace_models(
+    applications: Mapping[str, Application], gpus_per_node: int, scaling_exponent: float = 1.0
+) -> ModelFactory:
     """A factory of work models for Pollux workloads and duration jobs.
 
     Args:
         applications: name -> application model.
         gpus_per_node: GPUs per node of the simulated cluster.
+        scaling_exponent: how duration jobs scale with their size (see :class:`WorkModel`).
 
     Returns:
         A function from a job to its work model.
@@ -308,7 +337,7 @@ def trace_models(applications: Mapping[str, Application], gpus_per_node: int) ->
 
     def build(spec: JobSpec) -> WorkModel:
         if spec.application is None:
-            return WorkModel(spec.duration, spec.requested_workers)
+            return WorkModel(spec.duration, spec.requested_workers, scaling_exponent)
         app = applications.get(spec.application)
         if app is None:
             raise SimError(
@@ -369,6 +398,9 @@ class Simulator:
         self._nodes_tuple: tuple[NodeInfo, ...] | None = None
         self._heap: list[tuple[float, int, str]] = []
         self._graces: list[tuple[float, str]] = []
+        self._running: dict[str, _Job] = {}
+        self._waiting: list[tuple[float, str]] = []  # pending jobs' (submit, name), oldest first
+        self._is_waiting: set[str] = set()
         self._used = 0
         self._usage: list[tuple[float, int]] = []
         self._decisions = 0
@@ -379,6 +411,21 @@ class Simulator:
             needs = model.remaining_seconds(0, 0.0) + self.config.restart_cost
             limit = estimated_time_limit(needs, self.config.time_limit_factor)
         return _Job(spec, model, limit)
+
+    def _sync(self, job: _Job) -> None:
+        """File the job under running, waiting or neither (finished) after any change of its state."""
+        name = job.spec.name
+        if job.placement and job.completion is None:
+            self._running[name] = job
+        else:
+            self._running.pop(name, None)
+        waiting = not job.placement and job.completion is None
+        if waiting and name not in self._is_waiting:
+            self._is_waiting.add(name)
+            bisect.insort(self._waiting, (job.spec.submit_time, name))
+        elif not waiting and name in self._is_waiting:
+            self._is_waiting.discard(name)
+            del self._waiting[bisect.bisect_left(self._waiting, (job.spec.submit_time, name))]
 
     def _check_rounds(self) -> None:
         """Refuse a run that would tick for ever: a policy deciding every interval and a job lasting ages."""
@@ -469,6 +516,7 @@ class Simulator:
             job.epoch = len(job.model.epoch_ends)
             job.completion = at
             self._release(job, at)
+            self._sync(job)
             del active[name]
             finished += 1
         return finished
@@ -516,6 +564,7 @@ class Simulator:
         job.place({})
         job.rate = 0.0
         job.info = None
+        self._sync(job)
         self._record_usage(now)
 
     def _apply(self, decision: Decision, now: float) -> None:
@@ -539,6 +588,7 @@ class Simulator:
         if decision.workers == 0:
             job.preemptions += 1
             self._predict(job)
+            self._sync(job)
             return
         placement = dict(decision.placement)
         if not placement:
@@ -581,6 +631,7 @@ class Simulator:
         job.rate = self._speed(job)
         job.info = None
         self._predict(job)
+        self._sync(job)
         self._record_usage(now)
 
     # -- snapshot -------------------------------------------------------------------------------------------
@@ -622,10 +673,25 @@ class Simulator:
         job.info = info
         return info
 
-    def _snapshot(self, active: Mapping[str, _Job]) -> Snapshot:
+    def _snapshot(self) -> Snapshot:
+        """Every running job and the oldest pending ones (``queue_depth``), in submit order."""
         if self._nodes_tuple is None:
             self._nodes_tuple = tuple(self._node_infos.values())
-        jobs = tuple(self._job_info(job) for job in active.values())
+        depth = self.config.queue_depth
+        keys: list[tuple[float, str]] = []
+        if depth == 0:
+            keys = list(self._waiting)
+        else:
+            demand = 0
+            enough = 2 * self.config.total_gpus
+            for key in self._waiting:
+                if len(keys) >= depth and demand > enough:
+                    break
+                keys.append(key)
+                demand += self._jobs[key[1]].spec.requested_workers
+        keys.extend((job.spec.submit_time, name) for name, job in self._running.items())
+        keys.sort()
+        jobs = tuple(self._job_info(self._jobs[name]) for _, name in keys)
         return Snapshot(self._nodes_tuple, jobs, self.colocation)
 
     # -- main loop ------------------------------------------------------------------------------------------
@@ -664,14 +730,14 @@ class Simulator:
             while next_arrival < total and self._arrivals[next_arrival].spec.submit_time <= now:
                 job = self._arrivals[next_arrival]
                 active[job.spec.name] = job
+                self._sync(job)
                 next_arrival += 1
                 arrived += 1
             dirty = dirty or finished > 0 or arrived > 0
             if active and (dirty or not self.policy.decides_on_events_only):
-                for job in active.values():
-                    if job.placement:
-                        self._advance(job, now)
-                snapshot = self._snapshot(active)
+                for job in self._running.values():
+                    self._advance(job, now)
+                snapshot = self._snapshot()
                 decisions = self.policy.decide(snapshot, now)
                 self._decisions += 1
                 if self.config.check:
@@ -679,7 +745,7 @@ class Simulator:
                 for decision in sorted(decisions, key=self._apply_order):
                     self._apply(decision, now)
                 dirty = bool(decisions)
-                if not decisions and next_arrival == total and not any(job.workers for job in active.values()):
+                if not decisions and next_arrival == total and not self._running:
                     raise SimError(
                         f"policy {self.policy.name} starts none of the {len(active)} waiting jobs on an idle cluster "
                         f"at t={now:.0f} s and no job is left to arrive; the run would never end"

@@ -112,7 +112,7 @@ def summary_table(outcomes: Sequence[RunOutcome]) -> str:
             value = _mean([run.summary[key] for run in runs]) / scale
             row.append(f"{value:.0f}" if key == "resizes" else f"{value:.3f}")
         rows.append(row)
-    return _format(rows)
+    return format_table(rows)
 
 
 def workload_table(outcomes: Sequence[RunOutcome], reference: Mapping[str, Mapping[str, float]] | None = None) -> str:
@@ -132,7 +132,7 @@ def workload_table(outcomes: Sequence[RunOutcome], reference: Mapping[str, Mappi
     mean_row += [_hours(_mean([values.get((p, w), math.nan) for w in workloads])) for p in policies]
     mean_row += [_hours(_mean([ref[name].get(w, math.nan) for w in workloads])) for name in ref]
     rows.append(mean_row)
-    return _format(rows)
+    return format_table(rows)
 
 
 def _hours(seconds: float) -> str:
@@ -143,7 +143,8 @@ def _natural(text: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def _format(rows: Sequence[Sequence[str]]) -> str:
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as an aligned text table, a rule under the header (first column left, others right)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for index, row in enumerate(rows):

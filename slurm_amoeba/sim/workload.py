@@ -168,12 +168,14 @@ def make_elastic(
     fraction: float = 1.0,
     factor: float = 2.0,
     cluster_gpus: int | None = None,
+    duration_jobs: bool = False,
 ) -> list[JobSpec]:
     """Give a fraction of the jobs a worker range around their requested size.
 
     An elastic job runs with ``ceil(requested / factor)`` to ``requested * factor`` workers, the maximum capped so
     that each replica keeps at least the application's smallest measured local batch (``max_replicas``) and by the
-    cluster size. Duration jobs stay as they are (their speed at other sizes is not known).
+    cluster size. Duration jobs stay as they are (their speed at other sizes is not known) unless ``duration_jobs``
+    (a site's history, whose speed at other sizes comes from a scaling model).
 
     Args:
         jobs: the workload.
@@ -182,6 +184,7 @@ def make_elastic(
         fraction: the share of jobs made elastic, 0..1 (picked by a hash of the name, so stable across runs).
         factor: how far the range extends below and above the requested size (>= 1).
         cluster_gpus: cap on the maximum.
+        duration_jobs: give duration jobs ranges too.
 
     Returns:
         The jobs with their ranges.
@@ -195,7 +198,7 @@ def make_elastic(
         raise SimError(f"elastic factor {factor} must be at least 1 (1 keeps every job at its requested size)")
     result = []
     for job in jobs:
-        if job.application is None or not is_elastic_pick(job.name, fraction):
+        if (job.application is None and not duration_jobs) or not is_elastic_pick(job.name, fraction):
             result.append(job)
             continue
         low = max(1, math.ceil(job.requested_workers / factor - 1e-9))

@@ -7,7 +7,8 @@ Usage::
 
 While the job runs, type commands on stdin (one per line): ``add [K]`` (start K workers; they warm up and join),
 ``remove ID`` (graceful leave at the next step boundary), ``term ID`` (SIGTERM, like Slurm preemption),
-``kill ID`` (SIGKILL; the others roll back to the last commit and go on), ``status`` and ``help``. ``--at S:CMD``
+``kill ID`` (SIGKILL; the others roll back to the last commit and go on), ``stop ID``/``cont ID`` (SIGSTOP and
+SIGCONT: a hung worker, caught by the collective or heartbeat timeout), ``status`` and ``help``. ``--at S:CMD``
 runs a command S seconds after the start. Each flag also reads a default from ``AMOEBA_LOCAL_<FLAG>`` (e.g.
 ``AMOEBA_LOCAL_WORKERS=4``). Exit status: 0 when the job finished, 1 when it was lost, 2 for bad usage.
 """
@@ -36,6 +37,8 @@ COMMANDS = {
     "remove": "remove ID  ask worker ID to leave gracefully at the next step boundary",
     "term": "term ID    send SIGTERM to worker ID (it leaves at the next step boundary)",
     "kill": "kill ID    SIGKILL worker ID (the others roll back to the last commit)",
+    "stop": "stop ID    SIGSTOP worker ID (it hangs; the others drop it after the collective/heartbeat timeout)",
+    "cont": "cont ID    SIGCONT a stopped worker",
     "status": "status     print the current generation and every worker's status",
     "help": "help       print this list",
 }
@@ -51,7 +54,7 @@ class Command:
 
     Attributes:
         verb: one of :data:`COMMANDS`.
-        worker: the worker id (``remove``, ``term``, ``kill``).
+        worker: the worker id (``remove``, ``term``, ``kill``, ``stop``, ``cont``).
         count: how many workers (``add``).
     """
 
@@ -80,7 +83,7 @@ def parse_command(line: str) -> Command:
         if len(args) > 1 or (args and not args[0].isdigit()) or (args and int(args[0]) < 1):
             raise CommandError(f"{line.strip()!r}: write 'add' or 'add K' with K a whole number of at least 1")
         return Command(verb, count=int(args[0]) if args else 1)
-    if verb in ("remove", "term", "kill"):
+    if verb in ("remove", "term", "kill", "stop", "cont"):
         if len(args) != 1:
             raise CommandError(f"{line.strip()!r}: write '{verb} ID', e.g. '{verb} w1'")
         return Command(verb, worker=args[0])
@@ -134,6 +137,12 @@ def execute(job: LocalJob, command: Command, out: TextIO) -> None:
     elif command.verb == "kill":
         job.kill(command.worker)
         print(f"sent SIGKILL to {command.worker}", file=out, flush=True)
+    elif command.verb == "stop":
+        job.pause(command.worker)
+        print(f"sent SIGSTOP to {command.worker}", file=out, flush=True)
+    elif command.verb == "cont":
+        job.resume(command.worker)
+        print(f"sent SIGCONT to {command.worker}", file=out, flush=True)
     elif command.verb == "status":
         print(describe(job.view()), file=out, flush=True)
     else:
@@ -142,6 +151,15 @@ def execute(job: LocalJob, command: Command, out: TextIO) -> None:
 
 def _env_default(name: str, fallback: str) -> str:
     return os.environ.get(f"AMOEBA_LOCAL_{name.upper().replace('-', '_')}", fallback)
+
+
+# Coordinator deadlines settable from the command line: flag, default, meaning.
+_TIMEOUT_FLAGS = (
+    ("heartbeat-timeout", "10", "a worker whose heartbeat is older is declared dead"),
+    ("report-timeout", "10", "after a generation's first end report, how long to wait for the other members"),
+    ("join-timeout", "3600", "how long a warm joiner waits for admission"),
+    ("admit-batch-window", "30", "how long ready joiners wait for joiners still warming up"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,6 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(_env_default("collective-timeout", "30")),
         metavar="S",
         help="deadline of one collective in the workers (default 30)",
+    )
+    for flag, default, meaning in _TIMEOUT_FLAGS:
+        parser.add_argument(
+            f"--{flag}",
+            type=float,
+            default=float(_env_default(flag, default)),
+            metavar="S",
+            help=f"{meaning} (default {default})",
+        )
+    parser.add_argument(
+        "--formation-attempts",
+        type=int,
+        default=int(_env_default("formation-attempts", "3")),
+        metavar="N",
+        help="evict a worker missing from N failed generation formations in a row (default 3)",
     )
     parser.add_argument(
         "--timeout", type=float, default=float(_env_default("timeout", "86400")), metavar="S", help="give up after S s"
@@ -205,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             advertise_addr=args.addr,
             port=args.port,
             collective_timeout_s=args.collective_timeout,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            report_timeout_s=args.report_timeout,
+            join_timeout_s=args.join_timeout,
+            admit_batch_window_s=args.admit_batch_window,
+            formation_attempts=args.formation_attempts,
         )
     except AmoebaError as exc:
         print(f"amoeba-local: {exc}", file=sys.stderr)

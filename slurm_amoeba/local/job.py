@@ -5,7 +5,8 @@
 environment contract (:mod:`slurm_amoeba.core.runtime_env`), watches the processes, and offers the three resize
 commands: :meth:`LocalJob.add` (new workers warm up and join), :meth:`LocalJob.remove` (graceful leave at the next
 step boundary; :meth:`LocalJob.terminate` does the same through SIGTERM, like Slurm preemption) and
-:meth:`LocalJob.kill` (SIGKILL: the survivors roll back to the last commit). Used by tests, the benchmark and
+:meth:`LocalJob.kill` (SIGKILL: the survivors roll back to the last commit); :meth:`LocalJob.pause` and
+:meth:`LocalJob.resume` (SIGSTOP/SIGCONT) make a worker hang, as a frozen node does. Used by tests, the benchmark and
 users without Slurm (``amoeba-local``).
 """
 
@@ -265,11 +266,7 @@ class LocalJob:
         Raises:
             RuntimeConfigError: no such worker.
         """
-        process = self._worker(worker_id).process
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            log.info("%s worker %s is already gone", self._prefix, worker_id)
+        self._signal_group(worker_id, signal.SIGTERM)
 
     def kill(self, worker_id: str) -> None:
         """SIGKILL a worker: the survivors notice, roll back to the last commit and go on.
@@ -278,6 +275,30 @@ class LocalJob:
             RuntimeConfigError: no such worker.
         """
         self._worker(worker_id).process.kill()
+
+    def pause(self, worker_id: str) -> None:
+        """SIGSTOP a worker's process group: it hangs (no connection reset), as on a frozen node; the others drop
+        it after the collective or heartbeat timeout.
+
+        Raises:
+            RuntimeConfigError: no such worker.
+        """
+        self._signal_group(worker_id, signal.SIGSTOP)
+
+    def resume(self, worker_id: str) -> None:
+        """SIGCONT a paused worker's process group (if it was declared dead meanwhile, it is fenced).
+
+        Raises:
+            RuntimeConfigError: no such worker.
+        """
+        self._signal_group(worker_id, signal.SIGCONT)
+
+    def _signal_group(self, worker_id: str, signum: signal.Signals) -> None:
+        process = self._worker(worker_id).process
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            log.info("%s worker %s is already gone", self._prefix, worker_id)
 
     def view(self) -> CoordinatorView:
         """The coordinator's snapshot."""

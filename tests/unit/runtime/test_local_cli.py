@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.local.cli import Command, CommandError, parse_at, parse_command
+from slurm_amoeba.local.cli import Command, CommandError, build_parser, parse_at, parse_command
 from tests.unit.runtime.jobs import TOY
 
 
@@ -17,6 +17,15 @@ def test_commands_parse_into_verb_worker_and_count() -> None:
     assert parse_command("  add 3 ") == Command("add", count=3)
     assert parse_command("kill w2") == Command("kill", worker="w2")
     assert parse_at("12.5:term w1") == (12.5, Command("term", worker="w1"))
+    assert parse_command("stop w1") == Command("stop", worker="w1")
+    assert parse_command("cont w1") == Command("cont", worker="w1")
+
+
+def test_coordinator_deadlines_are_flags_with_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMOEBA_LOCAL_REPORT_TIMEOUT", "4")
+    args = build_parser().parse_args(["--heartbeat-timeout", "3", "--formation-attempts", "2", "--", "python"])
+    assert (args.heartbeat_timeout, args.report_timeout, args.join_timeout) == (3.0, 4.0, 3600.0)
+    assert args.formation_attempts == 2
 
 
 @pytest.mark.parametrize(

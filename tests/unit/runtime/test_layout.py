@@ -65,4 +65,3 @@ def test_worker_side_and_coordinator_side_share_only_the_protocol_errors_and_pla
     for module in WORKER_SIDE:
         crossing = runtime_imports(module)[0] & COORDINATOR_SIDE
         assert not crossing, f"{module} imports coordinator-side {crossing}"
-

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 
 
 class GroupState(str, enum.Enum):
@@ -87,7 +88,7 @@ def worker_ids(group: str, count: int) -> list[str]:
     return [f"{group}-{i}" for i in range(count)]
 
 
-def planned_size(groups: list[WorkerGroup]) -> int:
+def planned_size(groups: Sequence[WorkerGroup]) -> int:
     """Workers the job has or is getting: those of groups that hold workers, less those asked to leave."""
     return sum(len(g.active_workers) for g in groups)
 

@@ -17,7 +17,7 @@ What a round decides, in this order (DESIGN.md, control flow: the agent's part o
 5. **reconcile**, never once training is over: grow toward the target by submitting satellites of at most a
    node's worth of workers each (a preemption takes one node's satellite, not every worker the job gained), or
    shrink by asking chosen workers to leave (:func:`~slurm_amoeba.agent.groups.choose_leavers`; a satellite that
-   has not started yet is released instead).
+   has not started yet is released instead, and a smaller one replaces it when only part of it had to go).
 
 Workers lost without a shrink (preemption, failure) lower the target to what the job still has, never below its
 minimum: the job does not fight Slurm for them; the daemon or the user may grow it again.
@@ -376,11 +376,11 @@ class _Round:
                     self.follow_losses()
 
     def reconcile(self) -> None:
-        planned = planned_size(self.groups)
-        if self.target > planned:
-            self.grow(self.target - planned)
-        elif self.target < planned:
-            self.shrink(planned - self.target)
+        if self.target < planned_size(self.groups):
+            self.shrink(planned_size(self.groups) - self.target)
+        # A shrink by part of a pending satellite releases all of it: a smaller one replaces it.
+        if self.target > planned_size(self.groups):
+            self.grow(self.target - planned_size(self.groups))
 
     def grow(self, count: int) -> None:
         while count > 0:

@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm_amoeba.agent.plan import Action, LowerTarget, Observation, SubmitSatellite, new_satellite_group, record
 from slurm_amoeba.runtime.coordinator import CoordinatorView, WorkerView
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError, StepRecord
@@ -53,6 +54,24 @@ def squeue(job_id: int, state: JobState = JobState.RUNNING, reason: str = "None"
 def node(name: str, gpus: int = 4) -> NodeRecord:
     """An idle node of both partitions."""
     return NodeRecord(name, "127.0.0.1", name, "idle", (), ("batch", "elastic"), 8, 0, gpus, 0)
+
+
+def next_round(observation: Observation, actions: Sequence[Action]) -> Observation:
+    """The same observation once the agent applied ``actions``: Slurm took every satellite (jobs 500, 501, ...;
+    squeue shows them pending when it was polled)."""
+    groups = [g.copy() for g in observation.groups]
+    target = observation.target
+    satellites = dict(observation.satellites) if observation.satellites is not None else None
+    for job, action in enumerate(actions, start=500):
+        if isinstance(action, SubmitSatellite):
+            groups.append(new_satellite_group(action, job))
+            if satellites is not None:
+                satellites[job] = squeue(job, JobState.PENDING, "Resources")
+        elif isinstance(action, LowerTarget):
+            target = action.target
+        else:
+            record(groups, action)
+    return dataclasses.replace(observation, groups=groups, target=target, satellites=satellites)
 
 
 @dataclasses.dataclass

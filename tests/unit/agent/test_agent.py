@@ -57,6 +57,16 @@ def rounds(agent: Agent, clock: FakeClock, count: int = 1) -> int | None:
     return None
 
 
+def grow_into_a_running_satellite(parts: Parts, target: int) -> None:
+    """Grow to ``target`` with one satellite (job 101, group g1) that Slurm starts and whose workers join."""
+    agent, slurm, coordinator, _, clock = parts
+    agent.resize(target)
+    rounds(agent, clock)
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members(*(f"g1-{i}" for i in range(target - 2)))
+    rounds(agent, clock)
+
+
 def events(agent: Agent) -> list[str]:
     return [e["event"] for e in agent.journal.history]
 
@@ -119,11 +129,7 @@ def test_a_refused_satellite_lowers_the_target_and_is_not_retried(parts: Parts) 
 
 def test_a_preempted_satellite_is_released_its_workers_marked_dead_and_the_target_follows(parts: Parts) -> None:
     agent, slurm, coordinator, _, clock = parts
-    agent.resize(4)
-    rounds(agent, clock)
-    slurm.set_state(101, JobState.RUNNING)
-    coordinator.members("g1-0", "g1-1")
-    rounds(agent, clock)
+    grow_into_a_running_satellite(parts, 4)
     slurm.set_state(101, JobState.CANCELLED, "Preempted")
     rounds(agent, clock)
     assert slurm.cancelled == [101] and [w for w, _ in coordinator.deaths] == ["g1-0", "g1-1"]
@@ -134,11 +140,7 @@ def test_a_preempted_satellite_is_released_its_workers_marked_dead_and_the_targe
 
 def test_a_shrink_asks_workers_to_leave_then_releases_their_satellite(parts: Parts) -> None:
     agent, slurm, coordinator, _, clock = parts
-    agent.resize(4)
-    rounds(agent, clock)
-    slurm.set_state(101, JobState.RUNNING)
-    coordinator.members("g1-0", "g1-1")
-    rounds(agent, clock)
+    grow_into_a_running_satellite(parts, 4)
     agent.resize(2, "a regular job waits")
     rounds(agent, clock)
     assert coordinator.leave_requests == ["g1-0", "g1-1"] and slurm.cancelled == []
@@ -150,11 +152,7 @@ def test_a_shrink_asks_workers_to_leave_then_releases_their_satellite(parts: Par
 
 def test_a_dead_worker_retires_its_group_and_the_satellite_goes_once_all_are_gone(parts: Parts) -> None:
     agent, slurm, coordinator, _, clock = parts
-    agent.resize(4)
-    rounds(agent, clock)
-    slurm.set_state(101, JobState.RUNNING)
-    coordinator.members("g1-0", "g1-1")
-    rounds(agent, clock)
+    grow_into_a_running_satellite(parts, 4)
     coordinator.statuses["g1-0"] = WorkerStatus.DEAD
     rounds(agent, clock)
     assert coordinator.leave_requests == ["g1-1"] and agent.target == 2
@@ -205,11 +203,7 @@ def test_the_main_groups_status_ends_the_job(parts: Parts) -> None:
 
 def test_a_stop_ends_the_job_and_shutdown_releases_every_satellite(parts: Parts) -> None:
     agent, slurm, coordinator, steps, clock = parts
-    agent.resize(6)
-    rounds(agent, clock)
-    slurm.set_state(101, JobState.RUNNING)
-    coordinator.members("g1-0", "g1-1", "g1-2", "g1-3")
-    rounds(agent, clock)
+    grow_into_a_running_satellite(parts, 6)
     agent.stop("signal SIGTERM")
     assert rounds(agent, clock) == 143
     agent.shutdown()

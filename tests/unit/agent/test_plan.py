@@ -6,13 +6,13 @@ The job in every row has the main group ``g0`` (2 workers, the job's minimum, Sl
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import pytest
 
 from slurm_amoeba.agent.groups import GroupState, WorkerGroup, planned_size, worker_ids
 from slurm_amoeba.agent.plan import (
+    ENDING_ACTIONS,
     Action,
     AskToLeave,
     CoordinatorSeen,
@@ -28,7 +28,6 @@ from slurm_amoeba.agent.plan import (
     SubmitSatellite,
     WorkerLost,
     final_releases,
-    new_satellite_group,
     plan,
     record,
     workers_per_satellite,
@@ -36,7 +35,7 @@ from slurm_amoeba.agent.plan import (
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.slurm import JobRecord, JobState
-from tests.unit.agent.fakes import squeue
+from tests.unit.agent.fakes import next_round, squeue
 
 NOW = 1_000.0
 LIMITS = Limits(min_workers=2, workers_per_satellite=4)
@@ -236,6 +235,9 @@ ROWS: list[tuple[str, Observation, Limits, list[Action]]] = [
     ("a shrink takes pending satellites, then the newest whole groups, then part of one",
      seen([G0, G1, G2, sat("g3", 1, GroupState.PENDING)], 3), LIMITS,
      [release("g3", "shrink before it started"), AskToLeave("g2", ("g2-0", "g2-1")), AskToLeave("g1", ("g1-1",))]),
+    ("a shrink by part of a pending satellite replaces it with a smaller one",
+     seen([G0, sat("g1", 3, GroupState.PENDING)], 4), LIMITS,
+     [release("g1", "shrink before it started"), SubmitSatellite("g2", 2, NOW, 2)]),
     ("a shrink never takes the main group's workers", seen([G0], 1), Limits(1, 4), []),
 ]
 # fmt: on
@@ -248,26 +250,12 @@ def test_plan_decides_each_round_as_the_table_says(
     assert plan(observation, limits) == expected
 
 
-def apply_to_copy(observation: Observation, actions: list[Action]) -> Observation:
-    """The next round's observation after the agent applied ``actions`` (Slurm accepted every satellite)."""
-    groups = [g.copy() for g in observation.groups]
-    target = observation.target
-    for job, action in enumerate(actions, start=500):
-        if isinstance(action, SubmitSatellite):
-            groups.append(new_satellite_group(action, job))
-        elif isinstance(action, LowerTarget):
-            target = action.target
-        else:
-            record(groups, action)
-    return dataclasses.replace(observation, groups=groups, target=target)
-
-
 @pytest.mark.parametrize(("observation", "limits", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_an_applied_plan_is_not_planned_again(observation: Observation, limits: Limits, expected: list[Action]) -> None:
     actions = plan(observation, limits)
-    if any(isinstance(a, Stop | MainGroupEnded | StopMainStep) for a in actions):
+    if any(isinstance(a, ENDING_ACTIONS) for a in actions):
         return  # the loop ended
-    assert plan(apply_to_copy(observation, actions), limits) == []
+    assert plan(next_round(observation, actions), limits) == []
 
 
 @pytest.mark.parametrize(("observation", "limits", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

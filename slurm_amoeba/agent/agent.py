@@ -1,10 +1,10 @@
 """The job agent: hosts the rendezvous, runs the worker groups, grows and shrinks the job on directive.
 
-One agent per elastic job, in component 0 of its heterogeneous allocation (one task, CPUs only), for the job's whole
-life (DESIGN.md, job flow). It
+One agent per elastic job, in component 0 of its heterogeneous allocation (one task, CPUs only) or in the batch step
+of a one-component job (plain ``sbatch --elastic``), for the job's whole life (DESIGN.md, job flow). It
 
 - hosts the runtime's :class:`~slurm_amoeba.runtime.coordinator.Coordinator` (the TCPStore the workers meet at);
-- starts the **main worker group** (a step in component 1, the job's minimum workers);
+- starts the **main worker group** (a step in component 1, or in the job's own allocation: the minimum workers);
 - on a **grow** directive submits a **satellite** job in the elastic partition, whose step starts more workers that
   warm up and join at a step boundary; on a **shrink** asks workers to leave at a step boundary and then releases
   their satellite; a satellite that Slurm preempts has its workers leave within GraceTime (they get SIGTERM), and the

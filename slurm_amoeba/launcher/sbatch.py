@@ -1,17 +1,25 @@
 """``amoeba-sbatch``: submit a batch script as an elastic job (``amoeba-sbatch --elastic 2:8 job.sh [args]``).
 
-Our options come first; every other option before the script goes to sbatch unchanged (``-t 30``, ``--account=x``,
-``-o out.log``), and what follows the script goes to the script. The worker range may also come from an
-``#SBATCH --elastic=MIN[:MAX]`` line in the script (the SPANK plugin's option); the command line wins. The script
-runs its workers with ``amoeba-run``.
+Its own options (``--elastic``, ``--gpus-per-worker``, ``--cpus-per-worker``, ``--mem-per-worker``,
+``--elastic-partition``, ``--daemon``, ``--test-only``, ``--dry-run``) are recognised only when written out in full;
+every other option before the script is sbatch's and is read as sbatch reads it (:mod:`slurm_amoeba.slurm.options`:
+``-t 30``, ``-t1:00:00``, ``--account=x``, ``-Hv``, ``--wrap=CMD`` instead of a script), and what follows the script
+goes to the script. The job becomes one heterogeneous job (:mod:`slurm_amoeba.launcher.submission`): sbatch's options
+go to the agent's component, which sbatch copies to the workers' one; the account, QOS, constraint, reservation and
+the like are given to both. The worker range may also come from the script's ``#SBATCH --elastic=MIN[:MAX]`` line
+(the SPANK plugin's option); a script written for plain ``sbatch`` (``#SBATCH --ntasks=MIN --gpus-per-task=G``)
+gives each worker its task's GPUs and CPUs, and the agent's component is kept free of GPUs. The script runs its
+workers with ``amoeba-run``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import re
+import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,119 +27,80 @@ from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.submission import ElasticJobShape
-from slurm_amoeba.slurm import CliSlurmClient, SlurmCommandError
+from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
+from slurm_amoeba.slurm.options import (
+    JOB_WIDE_OPTIONS,
+    SIZING_OPTIONS,
+    SbatchOption,
+    last_value,
+    parse_time_minutes,
+    read_directives,
+    read_option,
+    wrap_script,
+)
+from slurm_amoeba.slurm.runner import run_command
 
-# sbatch options that take their value as the next argument (when not written --opt=value).
-_VALUE_OPTIONS = {
-    "-A",
-    "--account",
-    "-p",
-    "--partition",
-    "-J",
-    "--job-name",
-    "-t",
-    "--time",
-    "-o",
-    "--output",
-    "-e",
-    "--error",
-    "-D",
-    "--chdir",
-    "-q",
-    "--qos",
-    "--mem",
-    "-c",
-    "--cpus-per-task",
-    "-d",
-    "--dependency",
-    "--comment",
-    "-w",
-    "--nodelist",
-    "-x",
-    "--exclude",
-    "--mail-type",
-    "--mail-user",
-    "--begin",
-    "--signal",
-    "--export",
-    "-C",
-    "--constraint",
-    "--reservation",
-    "--gres",
-    "-G",
-    "--gpus",
-    "-n",
-    "--ntasks",
-    "-N",
-    "--nodes",
+# Our options: name -> whether it takes a value. Matched exactly, never abbreviated (sbatch has --mem and --gpus).
+_OURS = {
+    "--elastic": True,
+    "--gpus-per-worker": True,
+    "--cpus-per-worker": True,
+    "--mem-per-worker": True,
+    "--elastic-partition": True,
+    "--daemon": True,
+    "--test-only": False,
+    "--dry-run": False,
 }
-_OWN_RESOURCES = {"-n", "--ntasks", "-N", "--nodes", "-c", "--cpus-per-task", "--gres", "-G", "--gpus"}
-_ELASTIC_LINE = re.compile(r"^#SBATCH\s+--elastic(?:=|\s+)(\S+)")
+# sbatch options amoeba-sbatch cannot pass on, with what to write instead.
+_REFUSED = {
+    "array": "an elastic job cannot be a job array (Slurm has no heterogeneous arrays)",
+    "wait": "amoeba-sbatch returns once the job is submitted; wait with `scontrol show job` or the executor",
+    "help": "see `amoeba-sbatch --help`",
+    "usage": "see `amoeba-sbatch --help`",
+    "version": "see `amoeba-sbatch --version`",
+}
+# Sizing options a plain-sbatch script may hold: the minimum workers, one task each (launcher/run.py reads them so).
+_PLAIN_SBATCH_SIZING = {"ntasks", "gpus-per-task", "cpus-per-task"}
 
 
-def split_sbatch_args(args: Sequence[str]) -> tuple[list[str], str, list[str]]:
-    """Split ``[sbatch options] script [script args]``.
+@dataclasses.dataclass
+class Request:
+    """What the command line and the script say, before the job's shape is built.
 
-    Returns:
-        The sbatch options, the script, and its arguments.
-
-    Raises:
-        SpecError: no script is named.
+    Attributes:
+        ours: amoeba-sbatch's own options.
+        options: sbatch's options from the command line, in order.
+        directives: the script's ``#SBATCH`` options.
+        script: the batch script, or None with ``--wrap``.
+        script_args: arguments for the script.
     """
-    options: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("-") or arg == "-":
-            return options, arg, list(args[i + 1 :])
-        options.append(arg)
-        if arg in _VALUE_OPTIONS and i + 1 < len(args):
-            options.append(args[i + 1])
-            i += 1
-        i += 1
-    raise SpecError("amoeba-sbatch needs a batch script: amoeba-sbatch --elastic MIN:MAX [sbatch options] job.sh")
+
+    ours: argparse.Namespace
+    options: list[SbatchOption]
+    directives: list[SbatchOption]
+    script: Path | None
+    script_args: list[str]
 
 
-def elastic_from_script(script: Path) -> str | None:
-    """The value of an ``#SBATCH --elastic=...`` line in the script's header, if any."""
-    for line in script.read_text(errors="replace").splitlines()[1:]:
-        if line.strip() and not line.startswith("#"):
-            break
-        match = _ELASTIC_LINE.match(line)
-        if match:
-            return match.group(1)
-    return None
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A checked submission, ready for sbatch.
 
+    Attributes:
+        shape: the job's components and environment.
+        script: the batch script, or None with ``--wrap``.
+        script_args: arguments for the script.
+        wrap: the ``--wrap`` command, if any.
+        test_only: ask Slurm when it would start the job, submit nothing.
+        dry_run: print what would be submitted, ask Slurm nothing more.
+    """
 
-def _option_value(options: Sequence[str], names: tuple[str, ...]) -> str | None:
-    for i, arg in enumerate(options):
-        for name in names:
-            if arg == name and i + 1 < len(options):
-                return options[i + 1]
-            if name.startswith("--") and arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-            if not name.startswith("--") and arg.startswith(name) and len(arg) > len(name):
-                return arg[len(name) :]
-    return None
-
-
-def _without(options: Sequence[str], names: tuple[str, ...]) -> list[str]:
-    """``options`` less the named ones (in every spelling) and their values."""
-    out: list[str] = []
-    skip = False
-    for arg in options:
-        if skip:
-            skip = False
-            continue
-        if arg in names:
-            skip = True
-            continue
-        if any(
-            arg.startswith(n + "=") if n.startswith("--") else (arg.startswith(n) and len(arg) > len(n)) for n in names
-        ):
-            continue
-        out.append(arg)
-    return out
+    shape: ElasticJobShape
+    script: Path | None
+    script_args: list[str]
+    wrap: str | None = None
+    test_only: bool = False
+    dry_run: bool = False
 
 
 def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
@@ -139,91 +108,178 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
     job = job or JobEnv()
     parser = argparse.ArgumentParser(
         prog="amoeba-sbatch",
-        usage="amoeba-sbatch --elastic MIN[:MAX] [--gpus-per-worker G] [sbatch options] job.sh [args]",
+        usage="amoeba-sbatch [--elastic MIN[:MAX]] [--gpus-per-worker G] [sbatch options] (job.sh [args] | --wrap=CMD)",
         description="Submit a batch script as an elastic Slurm job; its workers run under `amoeba-run`.",
-        epilog="The script runs `amoeba-run python train.py ...`. Any other option goes to sbatch as it is.",
+        epilog="Any other option goes to sbatch as sbatch reads it (-t 1:00:00, -A acct, --qos=q, -C feat, "
+        "--wrap=CMD). The script runs `amoeba-run python train.py ...`.",
+        allow_abbrev=False,
     )
     parser.add_argument("--elastic", metavar="MIN[:MAX]", help="worker range (or #SBATCH --elastic= in the script)")
-    parser.add_argument("--gpus-per-worker", type=int, default=job.gpus_per_worker)
-    parser.add_argument("--cpus-per-worker", type=int, default=job.cpus_per_worker)
-    parser.add_argument("--mem-per-worker", type=int, default=0, metavar="MB")
-    parser.add_argument("--elastic-partition", default=job.elastic_partition)
     parser.add_argument(
-        "--daemon",
-        default=job.daemon_endpoint,
-        help="amoebad endpoint the job's agent reports to",
+        "--gpus-per-worker",
+        type=int,
+        default=None,
+        help=f"GPUs of each worker (default: the script's #SBATCH --gpus-per-task, else {job.gpus_per_worker})",
     )
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=None,
+        help=f"CPUs of each worker (default: the script's #SBATCH --cpus-per-task, else {job.cpus_per_worker})",
+    )
+    parser.add_argument("--mem-per-worker", type=int, default=0, metavar="MB", help="memory of each worker (MiB)")
+    parser.add_argument("--elastic-partition", default=job.elastic_partition, help="partition of the satellites")
+    parser.add_argument("--daemon", default=job.daemon_endpoint, help="amoebad endpoint the job's agent reports to")
+    parser.add_argument(
+        "--test-only", action="store_true", help="print what would be submitted and ask Slurm when it would start"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print what would be submitted; ask Slurm nothing")
     return parser
 
 
-def prepare(argv: Sequence[str], slurm: CliSlurmClient) -> tuple[ElasticJobShape, Path, list[str]]:
+def split_args(argv: Sequence[str], job: JobEnv) -> Request:
+    """Separate our options, sbatch's options, the script and its arguments; read the script's header.
+
+    Raises:
+        SpecError: an sbatch option sbatch would refuse, no script (and no ``--wrap``), a script that does not
+            exist, script arguments with ``--wrap``, or a bad ``#SBATCH`` line.
+    """
+    ours: list[str] = []
+    options: list[SbatchOption] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name = word.split("=", 1)[0]
+        if name in _OURS:
+            takes_value = _OURS[name] and "=" not in word
+            ours.extend(argv[i : i + 2] if takes_value else argv[i : i + 1])
+            i += 2 if takes_value else 1
+        elif word == "--" or not word.startswith("-") or word == "-":
+            rest = list(argv[i + 1 :] if word == "--" else argv[i:])
+            break
+        else:
+            found, i = read_option(argv, i)
+            options.extend(found)
+    parsed = build_parser(job).parse_args(ours)
+    wrap = last_value(options, "wrap")
+    if wrap is not None:
+        if rest:
+            raise SpecError(f"--wrap takes no script and no script arguments, but {shlex.join(rest)!r} follows it")
+        return Request(parsed, options, [], None, [])
+    if not rest:
+        raise SpecError(
+            "amoeba-sbatch needs a batch script (or --wrap=CMD): "
+            "amoeba-sbatch --elastic MIN:MAX [sbatch options] job.sh"
+        )
+    script = Path(rest[0])
+    if not script.is_file():
+        raise SpecError(f"batch script {rest[0]!r} does not exist or is not a file")
+    directives = read_directives(script.read_text(errors="replace"))
+    return Request(parsed, options, directives, script, rest[1:])
+
+
+def _check_options(request: Request) -> None:
+    """Refuse sbatch options that would size or break the elastic job, naming each and what to write instead."""
+    for option in request.options:
+        if option.name in _REFUSED:
+            raise SpecError(f"{' '.join(option.words)}: {_REFUSED[option.name]}")
+        if option.name in SIZING_OPTIONS:
+            raise SpecError(
+                f"amoeba-sbatch sets {' '.join(option.words)} itself from --elastic and "
+                "--gpus-per-worker/--cpus-per-worker/--mem-per-worker; leave it out"
+            )
+        _check_time(option)
+    for option in request.directives:
+        if option.name in SIZING_OPTIONS - _PLAIN_SBATCH_SIZING or option.name in _REFUSED:
+            raise SpecError(
+                f"#SBATCH {' '.join(option.words)} in {request.script}: amoeba-sbatch sizes the job itself (it would "
+                "apply to the agent too); give each worker's GPUs as #SBATCH --gpus-per-task=G or --gpus-per-worker G"
+            )
+        _check_time(option)
+
+
+def _check_time(option: SbatchOption) -> None:
+    if option.name in ("time", "time-min") and option.value is not None:
+        try:
+            parse_time_minutes(option.value)
+        except SpecError as exc:
+            raise SpecError(f"{' '.join(option.words)}: {exc}") from None
+
+
+def _per_worker(flag: int | None, directive: str | None, what: str, default: int) -> int:
+    if directive is not None and not directive.isdigit():
+        raise SpecError(f"#SBATCH --{what}={directive!r}: give a whole number")
+    if flag is not None and directive is not None and flag != int(directive):
+        raise SpecError(
+            f"the script says #SBATCH --{what}={directive} but the command line {flag} per worker: make them the same"
+        )
+    return flag if flag is not None else int(directive) if directive is not None else default
+
+
+def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
     """Check everything and build the job's shape; nothing is submitted.
 
     Returns:
-        The shape, the script, and the script's arguments.
+        The checked submission.
 
     Raises:
-        SpecError: a bad range or resource, a missing script, sbatch resource options that amoeba-sbatch sets
-            itself, or a minimum the partition can never hold.
+        SpecError: a bad range or resource, a missing script, sbatch options that amoeba-sbatch sets itself or
+            cannot pass on, a bad time limit, or a minimum the partition can never hold.
     """
-    ours, rest = build_parser(JobEnv.from_environ(os.environ)).parse_known_args(argv)
-    options, script_name, script_args = split_sbatch_args(rest)
-    script = Path(script_name)
-    if not script.is_file():
-        raise SpecError(f"batch script {script_name!r} does not exist or is not a file")
-    clash = sorted({o.split("=", 1)[0] for o in options} & _OWN_RESOURCES)
-    if clash:
-        raise SpecError(
-            f"amoeba-sbatch sets {', '.join(clash)} itself from --elastic and --gpus-per-worker/--cpus-per-worker; "
-            "leave them out"
-        )
-    elastic = ours.elastic or elastic_from_script(script)
+    job = JobEnv.from_environ(os.environ)
+    request = split_args(argv, job)
+    _check_options(request)
+    ours = request.ours
+    elastic = ours.elastic or last_value(request.directives, "elastic")
     if elastic is None:
-        raise SpecError(f"no worker range: pass --elastic MIN:MAX or put #SBATCH --elastic=MIN:MAX in {script_name}")
-    spec = ElasticSpec.parse(
-        elastic,
-        gpus_per_worker=ours.gpus_per_worker,
-        cpus_per_worker=ours.cpus_per_worker,
-        mem_per_worker_mb=ours.mem_per_worker,
+        where = f"#SBATCH --elastic=MIN:MAX in {request.script}" if request.script else "no script with --wrap"
+        raise SpecError(f"no worker range: pass --elastic MIN:MAX or put {where}")
+    gpus = _per_worker(
+        ours.gpus_per_worker, last_value(request.directives, "gpus-per-task"), "gpus-per-task", job.gpus_per_worker
     )
-    partition = _option_value(options, ("--partition", "-p"))
-    time_text = _option_value(options, ("--time", "-t"))
-    time_min = None
-    if time_text is not None:
-        if not time_text.isdigit():
-            raise SpecError(f"--time={time_text!r}: amoeba-sbatch takes whole minutes, e.g. --time=30")
-        time_min = int(time_text)
-    passthrough = tuple(_without(options, ("--partition", "-p", "--time", "-t")))
+    cpus = _per_worker(
+        ours.cpus_per_worker, last_value(request.directives, "cpus-per-task"), "cpus-per-task", job.cpus_per_worker
+    )
+    spec = ElasticSpec.parse(elastic, gpus_per_worker=gpus, cpus_per_worker=cpus, mem_per_worker_mb=ours.mem_per_worker)
+    passthrough = [w for o in request.options if o.name not in ("partition", "wrap", "parsable") for w in o.words]
+    if last_value(request.directives, "gpus-per-task") is not None:
+        passthrough.append("--gpus-per-task=0")  # the script's line would give the agent's component GPUs too
     shape = ElasticJobShape(
         spec=spec,
-        partition=partition,
+        partition=last_value(request.options, "partition") or last_value(request.directives, "partition"),
         elastic_partition=ours.elastic_partition,
-        time_min=time_min,
         daemon_endpoint=ours.daemon,
-        extra=passthrough,
+        extra=tuple(passthrough),
+        worker_extra=tuple(w for o in request.options if o.name in JOB_WIDE_OPTIONS for w in o.words),
     )
     shape.check_capacity(slurm)
-    return shape, script, script_args
+    return Prepared(
+        shape, request.script, request.script_args, last_value(request.options, "wrap"), ours.test_only, ours.dry_run
+    )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``amoeba-sbatch``: print the job id like ``sbatch --parsable``; exit 2 on bad input, 1 when sbatch fails."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args in ([], ["-h"], ["--help"]):
-        build_parser().print_help()
-        return 0 if args else 2
-    base = CliSlurmClient(timeout=30)
+def _show(shape: ElasticJobShape, script: str, script_args: Sequence[str]) -> list[str]:
+    """Print the sbatch command and the job's environment; returns the sbatch arguments after ``sbatch``."""
+    args = [*het_submit_args(shape.components()), script, *script_args]
+    print("amoeba-sbatch: would submit:", file=sys.stderr)
+    print("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shape.environment().items()), file=sys.stderr)
+    print("  " + shlex.join(["sbatch", *args]), file=sys.stderr)
+    return args
+
+
+def _submit(prepared: Prepared, base: CliSlurmClient, script: Path) -> int:
+    """Submit (or with --test-only/--dry-run, show) the job; print its id. Returns the exit status."""
+    shape = prepared.shape
+    env = {**base.env, **shape.environment()}
     try:
-        shape, script, script_args = prepare(args, base)
-    except (SpecError, ParseError) as exc:
-        print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
-        return 2
-    except SlurmCommandError as exc:
-        print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
-        return 1
-    slurm = CliSlurmClient({**base.env, **shape.environment()}, timeout=30)
-    try:
-        job = slurm.submit(script, shape.components(), script_args)
+        if prepared.test_only or prepared.dry_run:
+            sbatch_args = _show(shape, str(script), prepared.script_args)
+            if prepared.test_only:
+                answer = run_command(["sbatch", "--test-only", *sbatch_args], timeout=30, env=env)
+                print((answer.stderr or answer.stdout).strip(), file=sys.stderr)
+            return 0
+        job = CliSlurmClient(env, timeout=30).submit(script, shape.components(), prepared.script_args)
     except (SlurmCommandError, ParseError, SpecError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 1
@@ -234,6 +290,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``amoeba-sbatch``: print the job id like ``sbatch --parsable``; exit 2 on bad input, 1 when sbatch fails."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in ([], ["-h"], ["--help"]):
+        build_parser().print_help()
+        return 0 if args else 2
+    base = CliSlurmClient(timeout=30)
+    try:
+        prepared = prepare(args, base)
+    except (SpecError, ParseError) as exc:
+        print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
+        return 2
+    except SlurmCommandError as exc:
+        print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
+        return 1
+    if prepared.script is not None:
+        return _submit(prepared, base, prepared.script)
+    with tempfile.TemporaryDirectory(prefix="amoeba-sbatch-") as tmp:  # --wrap: sbatch copies the script it is given
+        script = Path(tmp) / "wrap.sh"
+        script.write_text(wrap_script(prepared.wrap or ""))
+        return _submit(prepared, base, script)
 
 
 if __name__ == "__main__":

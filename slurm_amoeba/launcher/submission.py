@@ -29,7 +29,9 @@ class ElasticJobShape:
         output: the batch script's (the agent's) stdout path pattern.
         error: its stderr path pattern.
         daemon_endpoint: the daemon the agent reports to, if any.
-        extra: further sbatch arguments for component 0 (the user's own sbatch options).
+        extra: further sbatch arguments for component 0 (the user's own sbatch options; sbatch copies most of them
+            to component 1).
+        worker_extra: further sbatch arguments for component 1 (options sbatch does not copy, e.g. the account).
     """
 
     spec: ElasticSpec
@@ -41,6 +43,7 @@ class ElasticJobShape:
     error: str | None = None
     daemon_endpoint: str | None = None
     extra: tuple[str, ...] = ()
+    worker_extra: tuple[str, ...] = ()
 
     def components(self) -> list[SubmitOptions]:
         """Component 0 (the agent) and component 1 (the minimum workers)."""
@@ -61,7 +64,10 @@ class ElasticJobShape:
             cpus_per_task=spec.cpus_per_worker,
             time_min=self.time_min,
             mem_mb=spec.mem_per_worker_mb * spec.min_workers or None,
-            extra=(f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else (),
+            extra=(
+                *self.worker_extra,
+                *((f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()),
+            ),
         )
         return [agent, workers]
 

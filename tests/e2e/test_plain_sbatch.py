@@ -53,7 +53,7 @@ def readme_plain_sbatch_script() -> str:
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
     scripts = [b for b in blocks if "#SBATCH --elastic=" in b and "amoeba-run" in b]
     assert len(scripts) == 1, f"README.md should hold one batch script with #SBATCH --elastic=, found {len(scripts)}"
-    return scripts[0]
+    return str(scripts[0])
 
 
 def test_readme_script_with_plain_sbatch_trains_grows_shrinks_and_completes(

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,8 +29,14 @@ def env(slurm_cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch) -> Iterat
     yield dict(os.environ)
 
 
-def job_count(env: dict[str, str]) -> int:
-    return len(CliSlurmClient(env).jobs())
+def unique_name() -> str:
+    """A job name no other test uses: a submission of this test is found by it, whatever else the cluster runs."""
+    return f"launcher-input-{uuid.uuid4().hex[:12]}"
+
+
+def jobs_named(env: dict[str, str], name: str) -> int:
+    """How many jobs Slurm remembers under ``name`` (squeue's JSON lists finished ones for MinJobAge too)."""
+    return len(CliSlurmClient(env).jobs(name=name))
 
 
 @pytest.mark.parametrize(
@@ -40,26 +47,67 @@ def job_count(env: dict[str, str]) -> int:
         (["--elastic", "abc", "examples/job.sh"], "'abc' is not MIN"),
         (["--elastic", "5:8", "--gpus-per-worker", "4", "examples/job.sh"], "needs 20 GPUs at least.*has 16"),
         (["--elastic", "2:4", "no/such/job.sh"], "'no/such/job.sh' does not exist"),
-        (["--elastic", "2:4", "-N", "2", "examples/job.sh"], "sets -N itself"),
+        (["--elastic", "2:4", "-N", "2", "examples/job.sh"], "sets -N 2 itself"),
         (["examples/job.sh"], "no worker range"),
     ],
 )
 def test_amoeba_sbatch_refuses_bad_input_before_submitting(env: dict[str, str], args: list[str], message: str) -> None:
-    before = job_count(env)
+    name = unique_name()  # on the command line, it beats the script's #SBATCH --job-name
     done = subprocess.run(
-        ["amoeba-sbatch", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False
+        ["amoeba-sbatch", "-J", name, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False
     )
     assert done.returncode == 2, done.stderr
     assert "amoeba-sbatch: error:" in done.stderr
     assert re.search(message, done.stderr), done.stderr
-    assert job_count(env) == before
+    assert jobs_named(env, name) == 0
 
 
 def test_amoeba_sbatch_reads_the_range_from_an_sbatch_elastic_line(env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH --elastic=3:6\n#SBATCH -J x\namoeba-run python train.py\n")
-    shape, _, args = prepare([str(script), "--epochs", "2"], CliSlurmClient(env))
-    assert (shape.spec.min_workers, shape.spec.max_workers) == (3, 6) and args == ["--epochs", "2"]
+    prepared = prepare([str(script), "--epochs", "2"], CliSlurmClient(env))
+    spec = prepared.shape.spec
+    assert (spec.min_workers, spec.max_workers) == (3, 6) and prepared.script_args == ["--epochs", "2"]
+
+
+def test_amoeba_sbatch_test_only_shows_the_job_and_slurms_estimate_without_submitting(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    name = unique_name()
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --elastic=2:4\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run true\n")
+    done = subprocess.run(
+        ["amoeba-sbatch", "--test-only", "-J", name, "-t", "1:00:00", "--qos=normal", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # no job id: nothing was submitted
+    assert "AMOEBA_ELASTIC_MIN=2 AMOEBA_ELASTIC_MAX=4" in done.stderr
+    command = next(line for line in done.stderr.splitlines() if line.strip().startswith("sbatch "))
+    agent, workers = command.split(" : ")
+    assert f"-J {name}" in agent and "-t 1:00:00" in agent and "--gpus-per-task=0" in agent
+    assert "--qos=normal" in workers and "--ntasks=2" in workers and "--gpus-per-task=1" in workers
+    assert re.search(r"sbatch: Job \d+ to start at", done.stderr), done.stderr
+    assert jobs_named(env, name) == 0
+
+
+def test_amoeba_sbatch_test_only_reports_what_slurm_refuses(env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["amoeba-sbatch", "--test-only", "--elastic", "1:2", "-C", "no-such-feature", "--wrap=amoeba-run true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "amoeba-sbatch: error:" in done.stderr, done.stderr
+    assert "Invalid feature specification" in done.stderr, done.stderr
 
 
 def test_executor_refuses_unknown_parameters_with_the_valid_ones(env: dict[str, str], tmp_path: Path) -> None:
@@ -71,19 +119,19 @@ def test_executor_refuses_unknown_parameters_with_the_valid_ones(env: dict[str, 
 
 
 def test_executor_refuses_a_function_that_cannot_be_pickled(env: dict[str, str], tmp_path: Path) -> None:
+    name = unique_name()
     executor = ElasticExecutor(folder=tmp_path)
-    executor.update_parameters(min_workers=1, max_workers=2)
+    executor.update_parameters(min_workers=1, max_workers=2, job_name=name)
     lock = threading.Lock()
-    before = job_count(env)
     with pytest.raises(SpecError, match="cannot be pickled"):
         executor.submit(lambda: lock.locked())
-    assert job_count(env) == before and not list(tmp_path.glob("*.pkl"))
+    assert jobs_named(env, name) == 0 and not list(tmp_path.glob("*.pkl"))
 
 
 def test_executor_refuses_a_minimum_the_partition_can_never_hold(env: dict[str, str], tmp_path: Path) -> None:
     executor = ElasticExecutor(folder=tmp_path)
-    executor.update_parameters(min_workers=5, max_workers=8, gpus_per_worker=4)
-    before = job_count(env)
+    name = unique_name()
+    executor.update_parameters(min_workers=5, max_workers=8, gpus_per_worker=4, job_name=name)
     with pytest.raises(SpecError, match="needs 20 GPUs at least"):
         executor.submit(print, "never")
-    assert job_count(env) == before
+    assert jobs_named(env, name) == 0

@@ -1,0 +1,128 @@
+"""amoeba-sbatch's reading of its command line and script, without Slurm (a fake cluster of 4 nodes x 4 GPUs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.launcher.sbatch import prepare
+from slurm_amoeba.slurm import het_submit_args
+from tests.unit.launcher.test_executor import cluster
+
+PLAIN = "#!/bin/bash\n#SBATCH --elastic=2:8\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run python train.py\n"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "job.sh"
+    path.write_text("#!/bin/bash\n#SBATCH -J x\namoeba-run python train.py\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_job_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AMOEBA_GPUS_PER_WORKER", "AMOEBA_CPUS_PER_WORKER", "AMOEBA_ELASTIC_PARTITION"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def argv_of(*args: str) -> list[str]:
+    prepared = prepare(list(args), cluster(4))
+    return het_submit_args(prepared.shape.components())
+
+
+def test_mem_and_gpus_go_to_sbatch_not_to_our_per_worker_options(script: Path) -> None:
+    prepared = prepare(["--elastic", "2:4", "--mem", "32000", str(script)], cluster(4))
+    assert prepared.shape.spec.mem_per_worker_mb == 0 and prepared.shape.extra == ("--mem", "32000")
+    with pytest.raises(SpecError, match=r"sets --gpus 4 itself"):
+        prepare(["--elastic", "2:4", "--gpus", "4", str(script)], cluster(4))
+
+
+def test_our_options_are_never_abbreviated(script: Path) -> None:
+    with pytest.raises(SpecError, match="--gpus-per is ambiguous for sbatch"):
+        prepare(["--elastic", "2:4", "--gpus-per", "2", str(script)], cluster(4))
+
+
+@pytest.mark.parametrize("time", ["1:00:00", "2-00:00:00", "30", "5:30", "1-12", "UNLIMITED"])
+def test_slurm_time_formats_pass_to_sbatch_unchanged(script: Path, time: str) -> None:
+    args = argv_of("--elastic", "2:4", "-t", time, str(script))
+    assert args[args.index("-t") + 1] == time
+
+
+def test_a_time_slurm_cannot_read_is_refused_naming_the_option(script: Path) -> None:
+    with pytest.raises(SpecError, match=r"-t 1h: time '1h' is not a Slurm time"):
+        prepare(["--elastic", "2:4", "-t", "1h", str(script)], cluster(4))
+
+
+def test_account_qos_constraint_reservation_reach_both_components(script: Path) -> None:
+    args = argv_of(
+        "--elastic", "2:4", "-A", "acct", "--qos=high", "-C", "a100", "--reservation", "r1", "-p", "batch", str(script)
+    )
+    agent, workers = " ".join(args).split(" : ")
+    for part in (agent, workers):
+        assert "-A acct" in part and "--qos=high" in part and "-C a100" in part and "--reservation r1" in part
+        assert "--partition=batch" in part
+
+
+def test_script_args_are_the_scripts_even_when_they_look_like_ours(script: Path) -> None:
+    prepared = prepare(["--elastic", "2:4", str(script), "--elastic", "9", "--gpus-per-worker", "3"], cluster(4))
+    assert prepared.script_args == ["--elastic", "9", "--gpus-per-worker", "3"]
+    assert prepared.shape.spec.max_workers == 4
+
+
+def test_wrap_submits_no_script(script: Path) -> None:
+    prepared = prepare(["--elastic", "1:2", "--wrap=amoeba-run python t.py"], cluster(4))
+    assert prepared.script is None and prepared.wrap == "amoeba-run python t.py"
+    assert "--wrap=amoeba-run python t.py" not in prepared.shape.extra
+    with pytest.raises(SpecError, match="--wrap takes no script"):
+        prepare(["--elastic", "1:2", "--wrap", "true", str(script)], cluster(4))
+
+
+def test_test_only_and_dry_run_are_ours(script: Path) -> None:
+    prepared = prepare(["--test-only", "--elastic", "1:2", str(script)], cluster(4))
+    assert prepared.test_only and not prepared.dry_run and "--test-only" not in prepared.shape.extra
+    assert prepare(["--dry-run", "--elastic", "1:2", str(script)], cluster(4)).dry_run
+
+
+def test_a_plain_sbatch_script_gives_each_worker_its_tasks_gpus_and_the_agent_none(tmp_path: Path) -> None:
+    path = tmp_path / "plain.sh"
+    path.write_text(PLAIN.replace("--gpus-per-task=1", "--gpus-per-task=2 --cpus-per-task=3"))
+    prepared = prepare([str(path)], cluster(4))
+    spec = prepared.shape.spec
+    assert (spec.min_workers, spec.max_workers, spec.gpus_per_worker, spec.cpus_per_worker) == (2, 8, 2, 3)
+    agent, workers = " ".join(het_submit_args(prepared.shape.components())).split(" : ")
+    assert "--gpus-per-task=0" in agent and "--ntasks=1" in agent and "--cpus-per-task=1" in agent
+    assert "--gpus-per-task=2" in workers and "--ntasks=2" in workers
+    with pytest.raises(SpecError, match=r"#SBATCH --gpus-per-task=2 but the command line 1"):
+        prepare(["--gpus-per-worker", "1", str(path)], cluster(4))
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("#SBATCH --gres=gpu:2", "#SBATCH --gres=gpu:2 in .*sizes the job itself"),
+        ("#SBATCH -N 2", "#SBATCH -N 2 in"),
+        ("#SBATCH --array=1-3", "--array=1-3"),
+        ("#SBATCH -t 2h", "-t 2h: time '2h'"),
+    ],
+)
+def test_script_lines_that_would_size_the_agent_are_refused(tmp_path: Path, line: str, needle: str) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text(f"#!/bin/bash\n#SBATCH --elastic=1:2\n{line}\namoeba-run true\n")
+    with pytest.raises(SpecError, match=needle):
+        prepare([str(path)], cluster(4))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-n", "2"], "sets -n 2 itself"),
+        (["--gpus-per-task=1"], "sets --gpus-per-task=1 itself"),
+        (["--array=0-3"], "cannot be a job array"),
+        (["-W"], "returns once the job is submitted"),
+    ],
+)
+def test_command_line_options_it_cannot_pass_are_refused(script: Path, args: list[str], needle: str) -> None:
+    with pytest.raises(SpecError, match=needle):
+        prepare(["--elastic", "1:2", *args, str(script)], cluster(4))

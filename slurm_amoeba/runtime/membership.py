@@ -305,7 +305,7 @@ class Membership:
         info = self.workers.get(worker_id)
         if info is None:  # died before it could register
             info = self.workers[worker_id] = WorkerInfo(worker_id=worker_id)
-        if info.status in (WorkerStatus.LEFT, WorkerStatus.DONE, WorkerStatus.FAILED):
+        if info.status.is_gone():  # the first reason stays (e.g. an eviction, not the fencing kill after it)
             return
         info.status, info.reason = WorkerStatus.DEAD, reason
 

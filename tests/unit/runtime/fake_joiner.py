@@ -1,7 +1,9 @@
-"""A joiner that dies the moment it is admitted (not a test module): it speaks the worker protocol, reports ready,
-waits for its first assignment, and SIGKILLs itself when told to join, before it forms the process group.
+"""Joiners that misbehave at admission (not a test module); they speak the worker protocol themselves.
 
-That is the issue's "joiner SIGKILLed right after admission", made deterministic.
+``fake_joiner.py die``: reports ready and SIGKILLs itself when told to join, before it forms the process group
+(the issue's "joiner SIGKILLed right after admission", made deterministic). ``fake_joiner.py no-show``: stays alive
+and keeps its heartbeat, but never arrives to form a generation; once the coordinator aborts the generation it
+reports the failure like a real member, and waits to be admitted again (a worker stuck before its process group).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
 
@@ -21,30 +24,56 @@ from slurm_amoeba.runtime.protocol import (
     Assignment,
     EventKind,
     WorkerEvent,
+    abort_key,
     assignment_key,
     heartbeat_key,
 )
 
 
-def main() -> int:
-    """Register, report ready with the toy job's sizes, die at the first join."""
-    env = WorkerEnv.from_environ(os.environ)
-    store = TCPStore(env.store_addr, env.store_port, is_master=False, timeout=datetime.timedelta(seconds=30))
-    for kind in (EventKind.REGISTERED, EventKind.READY):
-        event = WorkerEvent(kind=kind, worker=env.worker_id, time=time.time(), pid=os.getpid(), host="localhost")
-        store.queue_push(EVENTS_KEY, event.to_json())
-    key = assignment_key(env.worker_id, 0)
-    deadline = time.monotonic() + 120
-    while not store.check([key]):
-        store.set(heartbeat_key(env.worker_id), repr(time.time()))
-        if time.monotonic() > deadline:
-            return 3
-        time.sleep(0.01)
-    if Assignment.from_json(store.get(key)).action is AssignAction.JOIN:
-        print("admitted: dying before the group forms", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return 0
+class Fake:
+    """The protocol side of a worker, without training."""
+
+    def __init__(self) -> None:
+        self.env = WorkerEnv.from_environ(os.environ)
+        timeout = datetime.timedelta(seconds=30)
+        self.store = TCPStore(self.env.store_addr, self.env.store_port, is_master=False, timeout=timeout)
+
+    def push(self, kind: EventKind, **fields: Any) -> None:
+        event = WorkerEvent(kind=kind, worker=self.env.worker_id, time=time.time(), **fields)
+        self.store.queue_push(EVENTS_KEY, event.to_json())
+
+    def wait_for(self, key: str) -> None:
+        """Wait for a store key, heartbeating meanwhile."""
+        deadline = time.monotonic() + 120
+        while not self.store.check([key]):
+            self.store.set(heartbeat_key(self.env.worker_id), repr(time.time()))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {key} within 120 s")
+            time.sleep(0.01)
+
+
+def main(mode: str) -> int:
+    """Register, report ready, then misbehave at each admission as ``mode`` says."""
+    fake = Fake()
+    fake.push(EventKind.REGISTERED, pid=os.getpid(), host="localhost")
+    fake.push(EventKind.READY)
+    seq = 0
+    while True:
+        key = assignment_key(fake.env.worker_id, seq)
+        fake.wait_for(key)
+        seq += 1
+        assignment = Assignment.from_json(fake.store.get(key))
+        print(f"assignment {seq - 1}: {assignment.action.value} {assignment.reason}", flush=True)
+        if assignment.action is AssignAction.STANDBY:
+            continue
+        if assignment.action is not AssignAction.JOIN or assignment.plan is None:
+            return 0
+        if mode == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        generation = assignment.plan.generation
+        fake.wait_for(abort_key(generation))
+        fake.push(EventKind.REPORT, generation=generation, step=-1, committed_step=-1, failed=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1]))

@@ -86,7 +86,7 @@ def test_joiner_killed_at_admission_releases_the_survivors_at_once_and_the_next_
         job = toy.job
         toy.release(4)
         toy.wait_held(4)
-        (doomed,) = job.add(1, command=[sys.executable, str(HERE / "fake_joiner.py")])
+        (doomed,) = job.add(1, command=[sys.executable, str(HERE / "fake_joiner.py"), "die"])
         toy.wait_ready([doomed])
         started = time.monotonic()
         toy.release(8)
@@ -108,6 +108,31 @@ def test_joiner_killed_at_admission_releases_the_survivors_at_once_and_the_next_
     plans = [r.plan for r in result.view.history]
     assert [p.world_size for p in plans] == [2, 3, 2, 3]
     assert plans[2].rollback and doomed not in plans[2].members
+    counts = epoch_counts(applied_ledger(read_ledgers(out), result.view.history))
+    assert all(set(c.values()) == {1} and len(c) == 100 for c in counts.values())
+    for params in final_params(out).values():
+        for name, tensor in fixed_run.params.items():
+            torch.testing.assert_close(params[name], tensor, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.timeout(200)
+def test_joiner_that_never_shows_up_to_form_is_evicted_after_three_failed_formations(
+    tmp_path: Path, fixed_run: ReferenceRun
+) -> None:
+    out = tmp_path / "job"
+    with ToyJob(out, workers=2, hold=True, collective_timeout_s=2) as toy:
+        job = toy.job
+        toy.release(4)
+        toy.wait_held(4)
+        (stuck,) = job.add(1, command=[sys.executable, str(HERE / "fake_joiner.py"), "no-show"])
+        toy.wait_ready([stuck])
+        toy.release(NEVER)
+        result = toy.finish()
+    assert result.phase is Phase.FINISHED
+    assert result.view.workers[stuck].status is WorkerStatus.DEAD
+    assert "evicted: did not show up to form 3 generations in a row" in result.view.workers[stuck].reason
+    plans = [r.plan for r in result.view.history]
+    assert [p.world_size for p in plans] == [2, 3, 3, 3, 2], "three tries with the no-show, then without it"
     counts = epoch_counts(applied_ledger(read_ledgers(out), result.view.history))
     assert all(set(c.values()) == {1} and len(c) == 100 for c in counts.values())
     for params in final_params(out).values():

@@ -28,24 +28,62 @@ decides generations; local mode (:mod:`slurm_amoeba.local`) and the Slurm agent 
 only ``protocol`` (store keys and JSON messages), ``errors`` and ``planner``. See ``docs/runtime.md``.
 """
 
-from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
-from slurm_amoeba.runtime.errors import (
-    BatchPlanError,
-    JobLostError,
-    MembershipChanged,
-    RuntimeConfigError,
-    RuntimeTimeout,
-    StateError,
-    WorkerFailure,
-)
-from slurm_amoeba.runtime.loader import ElasticDataLoader, Step
-from slurm_amoeba.runtime.membership import Phase, WorkerStatus
-from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
-from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
-from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
-from slurm_amoeba.runtime.state import TorchState
-from slurm_amoeba.runtime.topology import Generation, StepDriver, Topology
-from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
+    from slurm_amoeba.runtime.errors import (
+        BatchPlanError,
+        JobLostError,
+        MembershipChanged,
+        RuntimeConfigError,
+        RuntimeTimeout,
+        StateError,
+        WorkerFailure,
+    )
+    from slurm_amoeba.runtime.loader import ElasticDataLoader, Step
+    from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+    from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
+    from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
+    from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
+    from slurm_amoeba.runtime.state import TorchState
+    from slurm_amoeba.runtime.topology import Generation, StepDriver, Topology
+    from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
+
+_WHERE = {
+    "BatchPlanError": "errors",
+    "Coordinator": "coordinator",
+    "CoordinatorConfig": "coordinator",
+    "CoordinatorView": "coordinator",
+    "ElasticDataLoader": "loader",
+    "ElasticSampler": "sampler",
+    "Generation": "topology",
+    "GenerationTiming": "result",
+    "GlobalBatchPlanner": "planner",
+    "JobLostError": "errors",
+    "MembershipChanged": "errors",
+    "Phase": "membership",
+    "Progress": "sampler",
+    "RunResult": "result",
+    "RunStatus": "result",
+    "RuntimeConfigError": "errors",
+    "RuntimeTimeout": "errors",
+    "StateError": "errors",
+    "Step": "loader",
+    "StepAssignment": "sampler",
+    "StepDriver": "topology",
+    "StepPlan": "planner",
+    "ThroughputStats": "coordinator",
+    "Topology": "topology",
+    "TorchState": "state",
+    "WorkerFailure": "errors",
+    "WorkerRuntime": "worker",
+    "WorkerStatus": "membership",
+    "get_runtime": "worker",
+    "init": "worker",
+    "run": "worker",
+}
 
 __all__ = [
     "BatchPlanError",
@@ -80,3 +118,18 @@ __all__ = [
     "init",
     "run",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Import the module that defines ``name`` on first use (PEP 562), so that importing one side of the runtime
+    (e.g. ``slurm_amoeba.runtime.coordinator`` in the job's agent) does not import the other."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slurm_amoeba.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"slurm_amoeba.runtime.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[3] / "slurm_amoeba" / "runtime"
@@ -65,3 +67,16 @@ def test_worker_side_and_coordinator_side_share_only_the_protocol_errors_and_pla
     for module in WORKER_SIDE:
         crossing = runtime_imports(module)[0] & COORDINATOR_SIDE
         assert not crossing, f"{module} imports coordinator-side {crossing}"
+
+
+def test_the_coordinator_side_loads_without_the_worker_side() -> None:
+    code = (
+        "import sys\n"
+        "import slurm_amoeba.runtime.coordinator\n"
+        "from slurm_amoeba.runtime import Coordinator, Phase\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('slurm_amoeba.runtime.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = {name.rsplit(".", 1)[1] for name in done.stdout.split()}
+    assert "coordinator" in loaded
+    assert not loaded & WORKER_SIDE, f"the coordinator side pulled in {sorted(loaded & WORKER_SIDE)}"

@@ -34,6 +34,13 @@ def unique_name() -> str:
     return f"launcher-input-{uuid.uuid4().hex[:12]}"
 
 
+def amoeba_sbatch(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the amoeba-sbatch command (never through a shell) against the cluster."""
+    return subprocess.run(
+        ["amoeba-sbatch", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False
+    )
+
+
 def jobs_named(env: dict[str, str], name: str) -> int:
     """How many jobs Slurm remembers under ``name`` (squeue's JSON lists finished ones for MinJobAge too)."""
     return len(CliSlurmClient(env).jobs(name=name))
@@ -53,9 +60,7 @@ def jobs_named(env: dict[str, str], name: str) -> int:
 )
 def test_amoeba_sbatch_refuses_bad_input_before_submitting(env: dict[str, str], args: list[str], message: str) -> None:
     name = unique_name()  # on the command line, it beats the script's #SBATCH --job-name
-    done = subprocess.run(
-        ["amoeba-sbatch", "-J", name, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False
-    )
+    done = amoeba_sbatch(env, REPO, "-J", name, *args)
     assert done.returncode == 2, done.stderr
     assert "amoeba-sbatch: error:" in done.stderr
     assert re.search(message, done.stderr), done.stderr
@@ -76,15 +81,7 @@ def test_amoeba_sbatch_test_only_shows_the_job_and_slurms_estimate_without_submi
     name = unique_name()
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH --elastic=2:4\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run true\n")
-    done = subprocess.run(
-        ["amoeba-sbatch", "--test-only", "-J", name, "-t", "1:00:00", "--qos=normal", str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    done = amoeba_sbatch(env, tmp_path, "--test-only", "-J", name, "-t", "1:00:00", "--qos=normal", str(script))
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""  # no job id: nothing was submitted
     assert "AMOEBA_ELASTIC_MIN=2 AMOEBA_ELASTIC_MAX=4" in done.stderr
@@ -97,15 +94,7 @@ def test_amoeba_sbatch_test_only_shows_the_job_and_slurms_estimate_without_submi
 
 
 def test_amoeba_sbatch_test_only_reports_what_slurm_refuses(env: dict[str, str], tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["amoeba-sbatch", "--test-only", "--elastic", "1:2", "-C", "no-such-feature", "--wrap=amoeba-run true"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    done = amoeba_sbatch(env, tmp_path, "--test-only", "--elastic", "1:2", "-C", "no-such-feature", "--wrap=true")
     assert done.returncode == 1 and "amoeba-sbatch: error:" in done.stderr, done.stderr
     assert "Invalid feature specification" in done.stderr, done.stderr
 

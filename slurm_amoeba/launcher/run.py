@@ -2,10 +2,16 @@
 
 In the batch script of an elastic job (submitted with ``amoeba-sbatch``, ``#SBATCH --elastic`` or
 :class:`~slurm_amoeba.launcher.executor.ElasticExecutor`) it becomes the job's **agent**: it hosts the rendezvous,
-starts the minimum workers in component 1 of the job and grows or shrinks the job on directive
-(:mod:`slurm_amoeba.agent.agent`). Each worker runs the given command with the torchrun environment contract
-(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), valid for each generation, plus the
-``AMOEBA_*`` variables the elastic runtime reads.
+starts the minimum workers and grows or shrinks the job on directive (:mod:`slurm_amoeba.agent.agent`). The minimum
+workers run in component 1 of the heterogeneous job that ``amoeba-sbatch`` and the executor submit; in the
+ordinary job that plain ``sbatch`` makes from ``#SBATCH --elastic=MIN:MAX`` they run as a step of the job's own
+allocation (``#SBATCH --ntasks=MIN --gpus-per-task=G``), beside the agent in the batch step. That way round is the
+robust one: SPANK cannot turn a job into a heterogeneous one, and submitting the workers as a second job from the
+batch step would wait in the queue twice and hold the first allocation idle meanwhile.
+
+Each worker runs the given command with the torchrun environment contract (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), valid for each generation, plus the ``AMOEBA_*`` variables the
+elastic runtime reads.
 
 Every option can also come from the job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, with its
 defaults): ``AMOEBA_ELASTIC_MIN``/``AMOEBA_ELASTIC_MAX`` (set by ``amoeba-sbatch`` and by the SPANK plugin),

@@ -5,13 +5,15 @@ actuator -> authenticated ``resize`` directives to the job agents over ZeroMQ. T
 submits or cancels other users' jobs: every Slurm action on a job is its agent's, as the job's owner.
 
 Modules: :mod:`.config` (``amoebad.yaml``), :mod:`.observer` (snapshot), :mod:`.agents` (registrations and reports),
-:mod:`.actuator` (directives), :mod:`.daemon` (loop, API, authorization), :mod:`.state` (restart recovery),
-:mod:`.metrics` (Prometheus).
+:mod:`.actuator` (directives), :mod:`.rounds` (observe -> snapshot -> decide -> act), :mod:`.requests` (the API and
+its who-may-do-what table), :mod:`.ledger` (registered jobs, resizes in flight, the state file), :mod:`.daemon` (the
+one thread that runs rounds and answers requests), :mod:`.state` (restart recovery), :mod:`.metrics` (Prometheus).
 """
 
 from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, load_config, parse_config
-from slurm_amoeba.daemon.daemon import Daemon, RoundSummary
+from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterView, Observation, build_snapshot, observe, satellite_parent
+from slurm_amoeba.daemon.rounds import RoundSummary
 
 __all__ = [
     "ClusterView",

@@ -8,6 +8,7 @@ name with :func:`make_policy`.
 
 from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.check import check_decisions
+from slurm_amoeba.policy.drain import DrainPolicy, drain_decisions
 from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.registry import DEFAULT_POLICY, make_policy, policy_knobs, policy_names
 from slurm_amoeba.policy.sharing import SjfSharingPolicy, sharing_benefit
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "Decision",
     "DecisionKind",
+    "DrainPolicy",
     "ElasticBackfillPolicy",
     "ElasticTiresiasPolicy",
     "FifoPolicy",
@@ -41,6 +43,7 @@ __all__ = [
     "SrtfPolicy",
     "TiresiasPolicy",
     "check_decisions",
+    "drain_decisions",
     "las_order",
     "make_policy",
     "policy_knobs",

@@ -1,0 +1,310 @@
+"""The daemon's books: the registered jobs, their resizes in flight, and what survives a restart.
+
+Bookkeeping of DESIGN.md's control flow, kept apart from its steps (:mod:`.rounds`) and from the requests that feed it
+(:mod:`.requests`): a resize is ordered (:meth:`Ledger.order`), acknowledged by the agent (:meth:`Ledger.apply`),
+reached or abandoned according to the agent's reports (:meth:`Ledger.take_report`), or given up after
+``resize_timeout_s`` (:meth:`Ledger.expire_resizes`). A job whose resize is in flight is never ordered again until it
+arrives. The persistent part (pins, the drain switch, acknowledged resizes) is written to the state file at most once
+per batch of requests or round (:meth:`Ledger.save`); after a restart the acknowledged resizes of the previous daemon
+wait in :attr:`Ledger.recovered` for their agents to register again.
+
+:class:`SatelliteWatch` logs each orphaned or unclaimed satellite once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from slurm_amoeba.daemon.actuator import Directive, Outcome
+from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
+from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.observer import Observation, SatelliteInfo
+from slurm_amoeba.daemon.state import DaemonState, load_state, save_state
+
+logger = logging.getLogger(__name__)
+
+#: A report this long after the agent accepted a resize that shows it settled elsewhere means it changed course.
+SETTLED_AFTER_S = 3.0
+
+
+class Ledger:
+    """The registered jobs and the daemon's persistent state (see the module docstring).
+
+    Args:
+        config: the daemon's configuration (backoffs, timeouts, the state file).
+        metrics: where resize latencies, decisions and directive failures are counted.
+        clock: the daemon's wall clock.
+
+    Attributes:
+        agents: job id -> its registered agent.
+        state_path: the state file, or None.
+        state: pins, the drain switch and acknowledged resizes (as last saved or loaded).
+        recovered: acknowledged resizes of the previous daemon whose agents have not registered again yet.
+    """
+
+    def __init__(self, config: DaemonConfig, metrics: DaemonMetrics, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.agents: dict[str, AgentRecord] = {}
+        self.state_path = Path(config.state_file) if config.state_file else None
+        self.state: DaemonState = load_state(self.state_path)
+        self.recovered: dict[str, InFlight] = dict(self.state.in_flight)
+        self._dirty = False
+        if self.recovered or self.state.pinned or self.state.draining:
+            logger.info(
+                "[daemon/recovery] from %s: %d pinned job(s), draining=%s, %d resize(s) in flight",
+                self.state_path,
+                len(self.state.pinned),
+                self.state.draining,
+                len(self.recovered),
+            )
+
+    # ------------------------------------------------------------------ the state file
+
+    def changed(self) -> None:
+        """Mark the persistent state changed; :meth:`save` writes it."""
+        self._dirty = True
+
+    def save(self) -> None:
+        """Write the state file if anything in it changed since the last write."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.state.in_flight = {
+            job_id: agent.in_flight
+            for job_id, agent in self.agents.items()
+            if agent.in_flight is not None and agent.in_flight.acknowledged
+        }
+        self.state.in_flight.update(self.recovered)
+        save_state(self.state_path, self.state)
+
+    def set_pinned(self, job_id: str, pinned: bool) -> None:
+        """Pin (exclude from the policy) or unpin a job."""
+        if pinned:
+            self.state.pinned.add(job_id)
+        else:
+            self.state.pinned.discard(job_id)
+        self.changed()
+
+    def set_draining(self, draining: bool) -> None:
+        """Switch the drain (every elastic job to its minimum) on or off."""
+        self.state.draining = draining
+        self.changed()
+
+    # ------------------------------------------------------------------ agents
+
+    def register(self, reg: Registration, uid: int, user: str) -> bool:
+        """Record an agent's registration, keeping what the daemon knew of the job before.
+
+        Returns:
+            Whether the job was registered already (an agent registering again).
+        """
+        previous = self.agents.get(reg.job_id)
+        record = AgentRecord(registration=reg, uid=uid, user=user, registered_at=self.clock())
+        if previous is not None:
+            record.in_flight, record.backoff_until = previous.in_flight, previous.backoff_until
+            record.history = previous.history
+        elif reg.job_id in self.recovered:
+            record.in_flight = self.recovered.pop(reg.job_id)
+        self.agents[reg.job_id] = record
+        return previous is not None
+
+    def take_report(self, agent: AgentRecord, report: Report) -> None:
+        """Keep an agent's report and settle its resize in flight: reached, or abandoned by the agent."""
+        agent.accept_report(report)
+        flight = agent.in_flight
+        now = report.received_at
+        if flight is not None and report.size == flight.target and report.target == flight.target:
+            latency = max(0.0, now - flight.ordered_at)
+            self.metrics.resize_latency.observe(latency)
+            logger.info(
+                "[daemon/actuator] job %s reached %d workers %.1f s after the order (%s)",
+                agent.job_id,
+                report.size,
+                latency,
+                flight.source,
+            )
+            agent.in_flight = None
+            self.changed()
+        elif (
+            flight is not None
+            and flight.acknowledged
+            and not report.resizing
+            and report.size != flight.target
+            and now - flight.acknowledged_at >= SETTLED_AFTER_S
+        ):
+            pause = min(self.config.agents.backoff_s, 2 * self.config.interval_s)
+            logger.info(
+                "[daemon/actuator] job %s settled at %d workers instead of the ordered %d (its agent changed course: "
+                "a satellite was preempted or failed, see `amoebactl jobs`); deciding for it again in %g s",
+                agent.job_id,
+                report.size,
+                flight.target,
+                pause,
+            )
+            self.metrics.directive_failures.inc(labels={"reason": "abandoned"})
+            agent.in_flight = None
+            agent.backoff_until = now + pause
+            self.changed()
+
+    def forget(self, gone: Collection[str], active: Collection[str]) -> None:
+        """Forget ended jobs, and pins and recovered resizes of jobs Slurm no longer runs.
+
+        Args:
+            gone: registered jobs Slurm no longer runs.
+            active: ids of every job Slurm runs or holds pending.
+        """
+        for job_id in gone:
+            agent = self.agents.pop(job_id)
+            logger.info("[daemon/observer] job %s (user %s) has ended; its agent is forgotten", job_id, agent.user)
+        stale_pins = {job for job in self.state.pinned if job not in active}
+        stale_recovered = {job for job in self.recovered if job not in active}
+        for job in stale_recovered:
+            del self.recovered[job]
+        if stale_pins or gone or stale_recovered:
+            self.state.pinned -= stale_pins
+            self.changed()
+
+    # ------------------------------------------------------------------ resizes
+
+    def order(self, agent: AgentRecord, target: int, reason: str, source: str, token: Any = None) -> Directive:
+        """Record a resize as in flight and return the directive that carries it to the agent.
+
+        Args:
+            agent: the job's agent.
+            target: the size ordered.
+            reason: why (the agent logs it).
+            source: ``policy``, ``drain`` or ``ctl``.
+            token: handed back with the outcome (a deferred ``amoebactl`` request).
+
+        Returns:
+            The directive, for the actuator.
+        """
+        now = self.clock()
+        size = agent.report.size if agent.report else 0
+        kind = "grow" if target > size else "shrink"
+        agent.in_flight = InFlight(target=target, ordered_at=now, source=source, reason=reason)
+        self.metrics.decisions.inc(labels={"kind": kind, "source": source})
+        logger.info("[daemon/actuator] job %s: %s %d -> %d workers (%s)", agent.job_id, kind, size, target, reason)
+        return Directive(
+            job_id=agent.job_id,
+            endpoint=agent.registration.endpoint,
+            uid=agent.uid,
+            target=target,
+            reason=reason,
+            ordered_at=now,
+            token=token,
+        )
+
+    def apply(self, outcome: Outcome) -> None:
+        """Apply what became of a directive: acknowledged, or refused/unanswered (then the job is left alone)."""
+        directive = outcome.directive
+        agent = self.agents.get(directive.job_id)
+        flight = agent.in_flight if agent is not None else None
+        ours = flight is not None and flight.ordered_at == directive.ordered_at and flight.target == directive.target
+        if outcome.ok and agent is not None and flight is not None and ours:
+            flight.acknowledged = True
+            flight.acknowledged_at = self.clock()
+            report = agent.report
+            if report is not None and report.size == flight.target and report.target == flight.target:
+                agent.in_flight = None
+            self.changed()
+        elif not outcome.ok:
+            why = "unreachable" if outcome.unreachable else "refused"
+            self.metrics.directive_failures.inc(labels={"reason": why})
+            logger.warning(
+                "[daemon/actuator] the agent of job %s %s the resize to %d: %s; leaving the job alone for %g s",
+                directive.job_id,
+                "did not answer" if outcome.unreachable else "refused",
+                directive.target,
+                outcome.error,
+                self.config.agents.backoff_s,
+            )
+            if agent is not None and ours:
+                agent.in_flight = None
+                agent.backoff_until = self.clock() + self.config.agents.backoff_s
+
+    def expire_resizes(self, now: float) -> None:
+        """Give up on acknowledged resizes older than ``resize_timeout_s``; their jobs are left alone for a backoff."""
+        for agent in self.agents.values():
+            flight = agent.in_flight
+            if flight is None or not flight.acknowledged or now - flight.ordered_at <= self.config.resize_timeout_s:
+                continue
+            size = agent.report.size if agent.report else "unknown"
+            logger.warning(
+                "[daemon/actuator] job %s did not reach %d workers within %g s (it reports %s); giving up on "
+                "that resize and leaving the job alone for %g s",
+                agent.job_id,
+                flight.target,
+                self.config.resize_timeout_s,
+                size,
+                self.config.agents.backoff_s,
+            )
+            self.metrics.directive_failures.inc(labels={"reason": "timeout"})
+            agent.in_flight = None
+            agent.backoff_until = now + self.config.agents.backoff_s
+            self.changed()
+
+    def in_flight_count(self) -> int:
+        """Resizes ordered and not yet reached."""
+        return sum(1 for agent in self.agents.values() if agent.in_flight is not None)
+
+
+class SatelliteWatch:
+    """Logs each orphaned satellite (after a grace period) and each unclaimed satellite once.
+
+    Args:
+        orphan_grace_s: a satellite whose parent is gone is reported after this long.
+    """
+
+    def __init__(self, orphan_grace_s: float) -> None:
+        self.orphan_grace_s = orphan_grace_s
+        self._orphans_seen: dict[str, float] = {}
+        self._orphans_reported: set[str] = set()
+        self._unclaimed_reported: set[str] = set()
+
+    def update(self, obs: Observation, now: float) -> None:
+        """Log what is new in ``obs``'s orphans and unclaimed satellites."""
+        current = {s.job_id: s for s in obs.orphans}
+        for job_id in list(self._orphans_seen):
+            if job_id not in current:
+                del self._orphans_seen[job_id]
+                self._orphans_reported.discard(job_id)
+        for job_id, sat in current.items():
+            first = self._orphans_seen.setdefault(job_id, now)
+            if now - first >= self.orphan_grace_s and job_id not in self._orphans_reported:
+                self._orphans_reported.add(job_id)
+                _report_orphan(sat)
+        unclaimed = {s.job_id for s in obs.unclaimed}
+        self._unclaimed_reported &= unclaimed
+        for sat in obs.unclaimed:
+            if sat.job_id in self._unclaimed_reported:
+                continue
+            self._unclaimed_reported.add(sat.job_id)
+            logger.warning(
+                "[daemon/observer] satellite %s of job %s (user %s) is not among the satellites its agent reports; "
+                "the agent should release it (scancel %s)",
+                sat.job_id,
+                sat.parent,
+                sat.user,
+                sat.job_id,
+            )
+
+
+def _report_orphan(sat: SatelliteInfo) -> None:
+    logger.warning(
+        "[daemon/observer] satellite %s (user %s, %s, %d GPU(s) on %s) outlived its parent job %s; the daemon "
+        "never cancels other users' jobs: its owner or an administrator should `scancel %s`",
+        sat.job_id,
+        sat.user,
+        sat.state,
+        sat.gpus,
+        ",".join(sat.nodes) or "no node",
+        sat.parent,
+        sat.job_id,
+    )

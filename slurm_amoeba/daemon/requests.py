@@ -1,0 +1,483 @@
+"""The daemon's API: who may send which request, and what each request reads and changes (DESIGN.md, control flow).
+
+Every request that reaches the daemon carries a munge credential the channel has checked (uids come from munge,
+never from a message field). :meth:`RequestHandler.handle` is the one door: it looks the request's kind up in
+:data:`ACCESS`, finds the job's owner where the kind is about a job, refuses whoever the table does not allow, and
+only then runs the kind's handler. Refusals are logged with the sender's uid, counted by kind and reason, and
+answered with the reason.
+
+==============  ==================================  =================================================================
+kind            who may send it                      reads -> changes
+==============  ==================================  =================================================================
+``register``    the job's owner (Slurm's uid)        Slurm's record of the job -> the job's agent record
+``report``      the job's owner (registered uid)     the agent record -> its size, throughput, history; settles resizes
+``resize``      the job's owner or an operator       the agent record -> a resize in flight, a directive to the agent
+``pin``         the job's owner or an operator       the agent record, else Slurm -> the pinned jobs (state file)
+``drain``       an operator                          -> the drain switch (state file)
+``resume``      an operator                          -> the drain switch (state file)
+``status``      anyone authenticated                 counts, pins, satellites, the last round -> nothing
+``jobs``        anyone authenticated                 every registered job and its history -> nothing
+``policy_show`` anyone authenticated                 the policy and its knobs -> nothing
+==============  ==================================  =================================================================
+
+Operators are the ``operators`` of the configuration (uids and ``@groups``) and the daemon's own uid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import pwd
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message
+from slurm_amoeba.daemon.actuator import Outcome
+from slurm_amoeba.daemon.agents import (
+    HISTORY_KEPT,
+    AgentMessageError,
+    AgentRecord,
+    Registration,
+    Report,
+    check_job_id,
+)
+from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.ledger import Ledger
+from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.rounds import RoundLoop
+from slurm_amoeba.policy import policy_knobs, policy_names
+from slurm_amoeba.transport.channel import ChannelServer, Request
+from slurm_amoeba.transport.munge import Credential
+
+logger = logging.getLogger(__name__)
+
+#: History events in one ``jobs`` reply, over all jobs (keeps the reply far below the 1 MiB message limit).
+JOBS_REPLY_EVENTS = 2000
+
+
+class Who(str, enum.Enum):
+    """Who may send a kind of request."""
+
+    ANYONE = "anyone authenticated"
+    JOB_OWNER = "the job's owner"
+    OWNER_OR_OPERATOR = "the job's owner or an operator"
+    OPERATOR = "an operator"
+
+
+class OwnerFrom(str, enum.Enum):
+    """Where the owner of the job a request names is read (``NO_JOB``: the request names no job)."""
+
+    NO_JOB = "no job"
+    SLURM = "the uid Slurm lists for the job"
+    REGISTRATION = "the uid that registered the job's agent"
+    REGISTRATION_OR_SLURM = "the registration, else Slurm"
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """One row of :data:`ACCESS`.
+
+    Attributes:
+        who: who may send the request.
+        owner_from: where the job's owner is read.
+        reads: what the request reads.
+        changes: what it changes (``nothing`` for reads).
+        verb: what the sender asked to do, for refusals ("uid 7 may not <verb> job 12").
+        unknown_job: the refusal when the job's owner cannot be found (``{job}`` is the job id).
+    """
+
+    who: Who
+    owner_from: OwnerFrom
+    reads: str
+    changes: str
+    verb: str
+    unknown_job: str = ""
+
+
+#: The one who-may-do-what table: request kind -> its rule. Every request goes through it (see the module docstring).
+ACCESS: Mapping[str, Access] = MappingProxyType(
+    {
+        "register": Access(
+            Who.JOB_OWNER,
+            OwnerFrom.SLURM,
+            reads="Slurm's record of the job",
+            changes="the job's agent record (endpoint, worker range)",
+            verb="register the agent of",
+            unknown_job="Slurm runs no job {job}; an agent registers from inside its running job",
+        ),
+        "report": Access(
+            Who.JOB_OWNER,
+            OwnerFrom.REGISTRATION,
+            reads="the job's agent record",
+            changes="its size, throughput, satellites and history; settles its resize in flight",
+            verb="report for",
+            unknown_job="unknown job {job}: it is not registered with this daemon (it may have restarted); "
+            "register again",
+        ),
+        "resize": Access(
+            Who.OWNER_OR_OPERATOR,
+            OwnerFrom.REGISTRATION,
+            reads="the job's agent record",
+            changes="a resize in flight and a directive to the job's agent",
+            verb="resize",
+            unknown_job="job {job} is not an elastic job registered with amoebad; `amoebactl jobs` lists them",
+        ),
+        "pin": Access(
+            Who.OWNER_OR_OPERATOR,
+            OwnerFrom.REGISTRATION_OR_SLURM,
+            reads="the job's agent record, else Slurm's record of the job",
+            changes="the pinned jobs (state file)",
+            verb="pin or unpin",
+            unknown_job="Slurm runs no job {job}; only running or pending jobs can be pinned",
+        ),
+        "drain": Access(Who.OPERATOR, OwnerFrom.NO_JOB, reads="nothing", changes="the drain switch", verb="drain"),
+        "resume": Access(Who.OPERATOR, OwnerFrom.NO_JOB, reads="nothing", changes="the drain switch", verb="resume"),
+        "status": Access(
+            Who.ANYONE,
+            OwnerFrom.NO_JOB,
+            reads="counts, pins, satellites, the last round",
+            changes="nothing",
+            verb="read the status",
+        ),
+        "jobs": Access(
+            Who.ANYONE,
+            OwnerFrom.NO_JOB,
+            reads="every registered job and its history",
+            changes="nothing",
+            verb="list jobs",
+        ),
+        "policy_show": Access(
+            Who.ANYONE, OwnerFrom.NO_JOB, reads="the policy and its knobs", changes="nothing", verb="show the policy"
+        ),
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOwner:
+    """The owner of the job a request names.
+
+    Attributes:
+        job_id: the job.
+        uid: its owner's uid.
+        user: its owner's user name.
+    """
+
+    job_id: str
+    uid: int
+    user: str
+
+
+class Refused(Exception):
+    """A request the daemon will not carry out; the message is the reason sent back.
+
+    Attributes:
+        reason: the refusal's label in the metrics (``invalid``, ``unauthorized``, ``unknown_job``, ``internal``).
+        level: the log level of the refusal.
+    """
+
+    def __init__(self, why: str, reason: str = "invalid", level: int = logging.WARNING) -> None:
+        super().__init__(why)
+        self.reason = reason
+        self.level = level
+
+
+def is_operator(sender: Credential, config: DaemonConfig, daemon_uid: int) -> bool:
+    """Whether ``sender`` may act on every job: a configured operator (or group member), or the daemon's own uid."""
+    if sender.uid == daemon_uid or sender.uid in config.operator_uids:
+        return True
+    if not config.operator_gids:
+        return False
+    if sender.gid in config.operator_gids:
+        return True
+    try:
+        entry = pwd.getpwuid(sender.uid)
+    except KeyError:
+        return False
+    return bool(config.operator_gids.intersection(os.getgrouplist(entry.pw_name, entry.pw_gid)))
+
+
+def check_access(rule: Access, sender: Credential, owner: JobOwner | None, operator: bool) -> None:
+    """Refuse ``sender`` unless ``rule`` lets them send the request.
+
+    Args:
+        rule: the request kind's row of :data:`ACCESS`.
+        sender: who sent it (from munge).
+        owner: the job's owner, for kinds about a job.
+        operator: whether the sender is an operator.
+
+    Raises:
+        Refused: with reason ``unauthorized``, naming the sender's uid and who may.
+    """
+    if rule.who is Who.ANYONE:
+        return
+    if rule.who is Who.OPERATOR:
+        if not operator:
+            raise Refused(f"uid {sender.uid} is not an operator; only operators may {rule.verb}", reason="unauthorized")
+        return
+    if owner is not None and (sender.uid == owner.uid or (rule.who is Who.OWNER_OR_OPERATOR and operator)):
+        return
+    who = "its owner" if owner is None else f"its owner ({owner.user or owner.uid})"
+    who += " or an operator" if rule.who is Who.OWNER_OR_OPERATOR else ""
+    job = "" if owner is None else f" job {owner.job_id}"
+    raise Refused(f"uid {sender.uid} may not {rule.verb}{job}: only {who} may", reason="unauthorized")
+
+
+class RequestHandler:
+    """Answers the requests of agents and ``amoebactl`` (see the module docstring).
+
+    It holds no reference back to the daemon (and the daemon's parts none to it), so a daemon that is dropped without
+    :meth:`~slurm_amoeba.daemon.daemon.Daemon.close` is freed at once, its socket before its ZeroMQ context.
+
+    Args:
+        config: the daemon's configuration.
+        ledger: the registered jobs and the persistent state.
+        round_loop: the rounds (the last observation and round, for ``status``; Slurm's records of a job).
+        metrics: where requests and refusals are counted.
+        daemon_uid: the daemon's own uid (an operator).
+        clock: the daemon's wall clock.
+        order: orders a resize of a registered job (agent, target, reason, source, token).
+
+    Attributes:
+        server: where replies go (set when the daemon binds its socket).
+        metrics_port: the Prometheus endpoint's port, 0 when off (for ``status``).
+    """
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        ledger: Ledger,
+        round_loop: RoundLoop,
+        metrics: DaemonMetrics,
+        *,
+        daemon_uid: int,
+        clock: Callable[[], float],
+        order: Callable[[AgentRecord, int, str, str, Any], None],
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.round_loop = round_loop
+        self.policy = round_loop.policy
+        self.metrics = metrics
+        self.daemon_uid = daemon_uid
+        self.clock = clock
+        self.order = order
+        self.started_at = clock()
+        self.server: ChannelServer | None = None
+        self.metrics_port = 0
+
+    def handle(self, req: Request) -> None:
+        """Answer one authenticated request; nothing a sender does can raise out of here."""
+        kind = req.message.kind
+        rule = ACCESS.get(kind)
+        try:
+            if rule is None:
+                raise Refused(f"the daemon does not take {kind!r} messages; it takes {', '.join(ACCESS)}")
+            owner = self._owner(req, rule)
+            check_access(rule, req.sender, owner, self.is_operator(req.sender))
+            reply = _HANDLERS[kind](self, req) if owner is None else _JOB_HANDLERS[kind](self, req, owner)
+        except Refused as exc:
+            self.refuse(req, str(exc), exc.reason, exc.level)
+            return
+        except (AgentMessageError, ParseError) as exc:
+            self.refuse(req, str(exc))
+            return
+        except Exception:
+            logger.exception("[daemon/api] %s from uid %d failed", kind, req.sender.uid)
+            self.refuse(req, f"the daemon failed on this {kind}; its log has the details", reason="internal")
+            return
+        self.metrics.requests.inc(labels={"kind": kind})
+        if reply is not None:
+            self.answer(req, reply)
+
+    def answer(self, req: Request, reply: Message) -> None:
+        """Send ``reply`` (nowhere before the daemon has bound its socket)."""
+        if self.server is not None:
+            self.server.answer(req, reply)
+
+    def refuse(self, req: Request, why: str, reason: str = "invalid", level: int = logging.WARNING) -> None:
+        """Log, count and answer a refusal."""
+        logger.log(level, "[daemon/api] refused %s from uid %d: %s", req.message.kind, req.sender.uid, why)
+        self.metrics.refusals.inc(labels={"kind": req.message.kind, "reason": reason})
+        self.answer(req, req.message.reply(ok=False, error=why))
+
+    def is_operator(self, sender: Credential) -> bool:
+        """Whether ``sender`` may act on every job (see :func:`is_operator`)."""
+        return is_operator(sender, self.config, self.daemon_uid)
+
+    def answer_resize(self, req: Request, outcome: Outcome) -> None:
+        """Answer an ``amoebactl resize`` once the job's agent has answered its directive."""
+        if outcome.ok:
+            self.answer(req, req.message.reply(data=outcome.data))
+        else:
+            self.answer(req, req.message.reply(ok=False, error=f"the job's agent did not resize: {outcome.error}"))
+
+    def _owner(self, req: Request, rule: Access) -> JobOwner | None:
+        """The owner of the job the request names, from where ``rule`` says; None for kinds without a job."""
+        if rule.owner_from is OwnerFrom.NO_JOB:
+            return None
+        job_id = check_job_id(str(req.message.body["job_id"]))
+        agent = self.ledger.agents.get(job_id)
+        if agent is not None and rule.owner_from is not OwnerFrom.SLURM:
+            return JobOwner(job_id, agent.uid, agent.user)
+        if rule.owner_from is not OwnerFrom.REGISTRATION:
+            records = self.round_loop.job_records(job_id)
+            if records:
+                first = min(records, key=lambda r: r.het_job_offset)
+                return JobOwner(job_id, first.uid, first.user)
+        # INFO: every agent meets this once after a restart of the daemon, and a stale job id is no attack.
+        raise Refused(rule.unknown_job.format(job=job_id), reason="unknown_job", level=logging.INFO)
+
+    def _on_register(self, req: Request, owner: JobOwner) -> Message:
+        reg = Registration.from_body(req.message.body)
+        if reg.elastic_partition != self.config.elastic_partition:
+            # Extras outside the preemptible partition could hold GPUs that regular jobs need: never grow such a job.
+            raise Refused(
+                f"job {reg.job_id} would grow in partition {reg.elastic_partition!r}, but this site's preemptible "
+                f"partition for elastic extras is {self.config.elastic_partition!r}; submit with "
+                f"--elastic-partition {self.config.elastic_partition}"
+            )
+        again = self.ledger.register(reg, owner.uid, owner.user)
+        logger.info(
+            "[daemon/api] job %s (user %s) registered: %d..%d workers of %d GPU(s), directives to %s%s",
+            reg.job_id,
+            owner.user,
+            reg.min_workers,
+            reg.max_workers,
+            reg.gpus_per_worker,
+            reg.endpoint,
+            " (again)" if again else "",
+        )
+        return req.message.reply(data={"interval_s": self.config.interval_s, "daemon_uid": self.daemon_uid})
+
+    def _on_report(self, req: Request, owner: JobOwner) -> Message:
+        report = Report.from_body(req.message.body, self.clock())
+        self.ledger.take_report(self.ledger.agents[owner.job_id], report)
+        return req.message.reply(data={"interval_s": self.config.interval_s})
+
+    def _on_resize(self, req: Request, owner: JobOwner) -> Message | None:
+        job_id, body = owner.job_id, req.message.body
+        target = int(body["target"])
+        agent = self.ledger.agents[job_id]
+        reg = agent.registration
+        if not reg.min_workers <= target <= reg.max_workers:
+            raise Refused(
+                f"job {job_id} runs with {reg.min_workers}..{reg.max_workers} workers; {target} is outside that"
+            )
+        if self.ledger.state.draining and target > reg.min_workers:
+            raise Refused(
+                f"every elastic job is drained to its minimum ({reg.min_workers} for job {job_id}) until an "
+                f"operator runs `amoebactl resume`"
+            )
+        report = agent.report
+        if agent.in_flight is not None or (report is not None and report.resizing):
+            moving_to = agent.in_flight.target if agent.in_flight is not None else report.target if report else target
+            raise Refused(f"job {job_id} is still resizing to {moving_to} workers; try again when it is done")
+        if report is not None and report.size == target:
+            return req.message.reply(data={"size": report.size, "target": target, "note": "already at that size"})
+        user_reason = str(body.get("reason") or "")
+        reason = f"amoebactl resize by uid {req.sender.uid}" + (f": {user_reason}" if user_reason else "")
+        self.order(agent, target, reason, "ctl", req)
+        return None  # answered when the agent answers (see answer_resize)
+
+    def _on_pin(self, req: Request, owner: JobOwner) -> Message:
+        pinned = bool(req.message.body["pinned"])
+        self.ledger.set_pinned(owner.job_id, pinned)
+        logger.info(
+            "[daemon/api] job %s %s by uid %d", owner.job_id, "pinned" if pinned else "unpinned", req.sender.uid
+        )
+        return req.message.reply(data={"job_id": owner.job_id, "pinned": pinned})
+
+    def _on_drain(self, req: Request) -> Message:
+        return self._set_draining(req, True)
+
+    def _on_resume(self, req: Request) -> Message:
+        return self._set_draining(req, False)
+
+    def _set_draining(self, req: Request, draining: bool) -> Message:
+        self.ledger.set_draining(draining)
+        logger.warning(
+            "[daemon/api] %s by uid %d",
+            "drain: every elastic job goes to its minimum" if draining else "resume: the policy decides again",
+            req.sender.uid,
+        )
+        return req.message.reply(data={"draining": draining})
+
+    def status(self) -> dict[str, Any]:
+        """What ``amoebactl status`` shows (JSON-ready)."""
+        obs = self.round_loop.last_observation
+        snapshot = obs.snapshot if obs is not None else None
+        last = self.round_loop.last_round
+        agents = self.ledger.agents
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "uid": self.daemon_uid,
+            "listen": self.server.endpoint if self.server is not None else self.config.listen,
+            "metrics_port": self.metrics_port,
+            "uptime_s": round(self.clock() - self.started_at, 3),
+            "policy": self.policy.name,
+            "interval_s": self.config.interval_s,
+            "draining": self.ledger.state.draining,
+            "agents": len(agents),
+            "jobs": {
+                "elastic": len(obs.managed) if obs else 0,
+                "regular_running": obs.regular_running if obs else 0,
+                "regular_pending": obs.regular_pending if obs else 0,
+            },
+            "workers": sum(job.workers for job in obs.managed.values()) if obs else 0,
+            "gpus": {
+                "total": snapshot.total_gpus if snapshot else 0,
+                "free": snapshot.free_gpus if snapshot else 0,
+            },
+            "in_flight": {job: agent.in_flight.target for job, agent in agents.items() if agent.in_flight},
+            "pinned": sorted(self.ledger.state.pinned),
+            "orphans": [s.as_dict() for s in obs.orphans] if obs else [],
+            "unclaimed": [s.as_dict() for s in obs.unclaimed] if obs else [],
+            "last_round": dataclasses.asdict(last) if last else None,
+            "refusals": (self.server.refusals if self.server else 0) + int(self.metrics.refusals.total()),
+        }
+
+    def _on_status(self, req: Request) -> Message:
+        return req.message.reply(data=self.status())
+
+    def _on_jobs(self, req: Request) -> Message:
+        now = self.clock()
+        agents = self.ledger.agents
+        pinned = self.ledger.state.pinned
+        # Many jobs share one reply (at most 1 MiB): fewer history events each as the list grows.
+        events = max(1, min(HISTORY_KEPT, JOBS_REPLY_EVENTS // max(1, len(agents))))
+        jobs = [agent.summary(now, job_id in pinned, events) for job_id, agent in sorted(agents.items())]
+        return req.message.reply(data={"jobs": jobs})
+
+    def _on_policy_show(self, req: Request) -> Message:
+        return req.message.reply(
+            data={
+                "name": self.policy.name,
+                "knobs": {**policy_knobs(self.config.policy), **self.config.effective_knobs()},
+                "decides_on_events_only": self.policy.decides_on_events_only,
+                "available": policy_names(),
+                "interval_s": self.config.interval_s,
+            }
+        )
+
+
+#: The handlers of the kinds about one job (their rule in :data:`ACCESS` says where its owner is read) ...
+_JOB_HANDLERS: Mapping[str, Callable[[RequestHandler, Request, JobOwner], Message | None]] = {
+    "register": RequestHandler._on_register,
+    "report": RequestHandler._on_report,
+    "resize": RequestHandler._on_resize,
+    "pin": RequestHandler._on_pin,
+}
+#: ... and of the others (functions, not bound methods: see :class:`RequestHandler`).
+_HANDLERS: Mapping[str, Callable[[RequestHandler, Request], Message | None]] = {
+    "drain": RequestHandler._on_drain,
+    "resume": RequestHandler._on_resume,
+    "status": RequestHandler._on_status,
+    "jobs": RequestHandler._on_jobs,
+    "policy_show": RequestHandler._on_policy_show,
+}

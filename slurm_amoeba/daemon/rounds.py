@@ -1,0 +1,267 @@
+"""The daemon's round: observe -> snapshot -> decide -> act, once every ``interval_s`` (DESIGN.md, control flow).
+
+Each step is a function of the previous one's result: :func:`~slurm_amoeba.daemon.observer.observe` reads Slurm,
+:func:`~slurm_amoeba.daemon.observer.build_snapshot` (pure) turns that and the agents' reports into the policy's
+snapshot, :func:`decide` (pure but for timing the policy) asks the policy, wrapped in the operator's drain
+(:class:`~slurm_amoeba.policy.drain.DrainPolicy`), and keeps the resizes of managed jobs, and :meth:`RoundLoop.act`
+hands them to the actuator. Bookkeeping (the ledger's expired resizes and forgotten jobs, satellite warnings, the
+state file, metrics, the rounds kept for ``status``) happens between the steps, in :class:`RoundLoop`, never inside
+them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.daemon.actuator import Actuator
+from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
+from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, build_snapshot, observe
+from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
+from slurm_amoeba.slurm import JobRecord, SlurmCommandError
+
+logger = logging.getLogger(__name__)
+
+#: Recent rounds kept for ``status`` and benchmarks.
+ROUNDS_KEPT = 1000
+#: A registration for a job the last view does not show reads Slurm again, at most this often.
+REFRESH_MIN_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSummary:
+    """What one round did (for ``amoebactl status``, logs and tests).
+
+    Attributes:
+        at: when it started (the daemon's clock).
+        duration_s: how long it took.
+        policy_s: how long the policy took (0 when it did not run).
+        ordered: job id -> ordered size.
+        error: why the round was cut short, or "".
+    """
+
+    at: float
+    duration_s: float
+    policy_s: float
+    ordered: dict[str, int]
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the decide step wants done.
+
+    Attributes:
+        targets: managed job id -> the size to order.
+        reasons: job id -> why (sent to the agent).
+        source: ``policy``, or ``drain`` while an operator's drain is on.
+        policy_s: how long the policy took.
+        error: why nothing may be done (the policy broke an invariant), or "".
+    """
+
+    targets: Mapping[str, int]
+    reasons: Mapping[str, str]
+    source: str
+    policy_s: float
+    error: str = ""
+
+
+def resize_targets(
+    managed: Mapping[str, JobInfo], decisions: Sequence[Decision], default_reason: str
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The decisions the daemon acts on: resizes of the managed elastic jobs that may be resized now.
+
+    Slurm starts and preempts jobs itself; the daemon only resizes the elastic jobs whose agents registered.
+
+    Args:
+        managed: job id -> the managed jobs as the snapshot shows them.
+        decisions: the policy's (checked) decisions.
+        default_reason: the reason of a decision that gives none (the policy's name).
+
+    Returns:
+        job id -> target size, and job id -> reason.
+    """
+    targets: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    for decision in decisions:
+        info = managed.get(decision.job_id)
+        if info is None or not info.is_resizable or decision.workers in (0, info.workers):
+            continue
+        targets[decision.job_id] = decision.workers
+        reasons[decision.job_id] = decision.reason or default_reason
+    return targets, reasons
+
+
+def decide(policy: Policy, obs: Observation, now: float, *, draining: bool) -> Plan:
+    """The decide step: the policy (behind the drain switch) on the snapshot, checked, narrowed to resizes.
+
+    Args:
+        policy: the configured policy.
+        obs: the snapshot step's result.
+        now: the daemon's clock.
+        draining: whether an operator's drain is on.
+
+    Returns:
+        The plan; with ``error`` set and no targets when the decisions broke an invariant.
+    """
+    source = "drain" if draining else "policy"
+    tick = time.perf_counter()
+    decisions = DrainPolicy(policy, draining).decide(obs.snapshot, now)
+    policy_s = time.perf_counter() - tick
+    try:
+        check_decisions(obs.snapshot, decisions)
+    except PolicyError as exc:
+        return Plan({}, {}, source, policy_s, f"policy error: {exc}")
+    targets, reasons = resize_targets(obs.managed, decisions, policy.name)
+    return Plan(targets, reasons, source, policy_s)
+
+
+class RoundLoop:
+    """Runs rounds (see the module docstring) and keeps the latest view of the cluster.
+
+    Args:
+        config: the daemon's configuration.
+        slurm: where jobs and nodes are read from.
+        policy: the configured policy.
+        ledger: the registered jobs and the persistent state.
+        metrics: the daemon's metrics.
+        actuator: where directives go.
+        clock: the daemon's wall clock.
+
+    Attributes:
+        view: Slurm's jobs and nodes as last read.
+        last_observation: the last snapshot step's result.
+        last_round: the last round's summary.
+        rounds: the last :data:`ROUNDS_KEPT` summaries.
+    """
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        slurm: ClusterSource,
+        policy: Policy,
+        ledger: Ledger,
+        metrics: DaemonMetrics,
+        actuator: Actuator,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.slurm = slurm
+        self.policy = policy
+        self.ledger = ledger
+        self.metrics = metrics
+        self.actuator = actuator
+        self.clock = clock
+        self.view: ClusterView | None = None
+        self.last_observation: Observation | None = None
+        self.last_round: RoundSummary | None = None
+        self.rounds: collections.deque[RoundSummary] = collections.deque(maxlen=ROUNDS_KEPT)
+        self.watch = SatelliteWatch(config.orphan_grace_s)
+        self._last_refresh = 0.0
+
+    def run_round(self) -> RoundSummary:
+        """Observe, decide and order once; never raises (a failed round is logged and reported)."""
+        started = time.perf_counter()
+        now = self.clock()
+        try:
+            summary = self._round(now, started)
+        except Exception as exc:
+            logger.exception("[daemon] the round failed; the next one starts afresh")
+            summary = RoundSummary(now, time.perf_counter() - started, 0.0, {}, f"internal error: {exc}")
+        self._book_round(summary, now)
+        return summary
+
+    def _round(self, now: float, started: float) -> RoundSummary:
+        try:
+            view = observe(self.slurm, now)
+        except (SlurmCommandError, ParseError) as exc:
+            self.metrics.observe_failures.inc()
+            logger.warning("[daemon/observer] Slurm did not answer (%s); no decisions this round", exc)
+            return RoundSummary(now, time.perf_counter() - started, 0.0, {}, f"Slurm did not answer: {exc}")
+        self.view = view
+        self.ledger.expire_resizes(now)  # before the snapshot, which shows jobs with a resize in flight as resizing
+        obs = self.snapshot(view, now)
+        self._book_observation(obs, view, now)
+        plan = decide(self.policy, obs, now, draining=self.ledger.state.draining)
+        self.metrics.policy_time.observe(plan.policy_s)
+        if plan.error:
+            logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
+            return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
+        self.act(plan)
+        update_gauges(self.metrics, obs, self.ledger)
+        return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
+
+    def snapshot(self, view: ClusterView, now: float) -> Observation:
+        """The snapshot step; while an operator's drain is on no job shows pinned (a drain outranks a pin)."""
+        state = self.ledger.state
+        return build_snapshot(
+            view,
+            self.ledger.agents,
+            pinned=() if state.draining else state.pinned,
+            regular_partitions=self.config.regular_partitions,
+            elastic_partition=self.config.elastic_partition,
+            stale_after_s=self.config.agents.stale_after_s,
+            now=now,
+            make_room_after_s=self.config.make_room_after_s,
+        )
+
+    def act(self, plan: Plan) -> None:
+        """The act step: one directive per target, recorded in the ledger as in flight."""
+        for job_id, target in plan.targets.items():
+            agent = self.ledger.agents[job_id]
+            self.actuator.send(self.ledger.order(agent, target, plan.reasons[job_id], plan.source))
+
+    def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
+        self.last_observation = obs
+        self.ledger.forget(obs.gone, view.active_groups())
+        self.watch.update(obs, now)
+
+    def _book_round(self, summary: RoundSummary, now: float) -> None:
+        self.last_round = summary
+        self.rounds.append(summary)
+        self.ledger.save()
+        self.metrics.loop_time.observe(summary.duration_s)
+        if not summary.error:
+            self.metrics.last_round.set(now)
+
+    def job_records(self, job_id: str) -> list[JobRecord]:
+        """The active records of a job, reading Slurm again when the last view does not know it.
+
+        Slurm is read at most every :data:`REFRESH_MIN_S`; a failure is logged and reads as "no such job".
+        """
+        known = self.view.active_job(job_id) if self.view is not None else []
+        if known:
+            return known
+        now = self.clock()
+        if now - self._last_refresh < REFRESH_MIN_S:
+            return []
+        self._last_refresh = now
+        try:
+            self.view = observe(self.slurm, now)
+        except (SlurmCommandError, ParseError) as exc:
+            logger.warning("[daemon/observer] could not read Slurm: %s", exc)
+            return []
+        return self.view.active_job(job_id)
+
+
+def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:
+    """Bring the gauges up to date with a round's observation and the ledger."""
+    metrics.jobs.replace(
+        [
+            ({"kind": "elastic"}, len(obs.managed)),
+            ({"kind": "regular_running"}, obs.regular_running),
+            ({"kind": "regular_pending"}, obs.regular_pending),
+        ]
+    )
+    metrics.agents.set(len(ledger.agents))
+    metrics.workers.replace(({"job": job_id}, info.workers) for job_id, info in obs.managed.items())
+    metrics.gpus.replace([({"state": "total"}, obs.snapshot.total_gpus), ({"state": "free"}, obs.snapshot.free_gpus)])
+    metrics.in_flight.set(ledger.in_flight_count())
+    metrics.orphans.set(len(obs.orphans))
+    metrics.draining.set(1 if ledger.state.draining else 0)

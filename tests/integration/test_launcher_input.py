@@ -18,6 +18,7 @@ from slurm_amoeba.launcher import ElasticExecutor
 from slurm_amoeba.launcher.sbatch import prepare
 from slurm_amoeba.slurm import CliSlurmClient
 from tests.conftest import REPO, ClusterHandle
+from tests.integration.test_satellite_terms import ACCOUNT, QOS, account  # noqa: F401 (account: the fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
@@ -124,3 +125,29 @@ def test_executor_refuses_a_minimum_the_partition_can_never_hold(env: dict[str, 
     with pytest.raises(SpecError, match="needs 20 GPUs at least"):
         executor.submit(print, "never")
     assert jobs_named(env, name) == 0
+
+
+@pytest.mark.usefixtures("account")  # the tests' account and QOS exist (made by sacctmgr)
+def test_amoeba_sbatch_charges_both_components_and_gives_the_agent_no_gpu(env: dict[str, str], tmp_path: Path) -> None:
+    name = unique_name()
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --elastic=2:4\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run true\n")
+    done = amoeba_sbatch(env, tmp_path, "-H", "-J", name, "-A", ACCOUNT, "--qos", QOS, str(script))
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.strip())
+    try:
+        records = sorted(CliSlurmClient(env).jobs(name=name), key=lambda r: r.het_job_offset)
+        assert [(r.het_job_offset, r.account, r.qos) for r in records] == [(0, ACCOUNT, QOS), (1, ACCOUNT, QOS)]
+        show = subprocess.run(
+            ["scontrol", "-o", "show", "job", str(job_id)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+            check=False,
+        )
+        tres = re.findall(r"HetJobOffset=(\d+) .*? TRES=(\S+)", show.stdout)
+        assert dict(tres)["0"].find("gres/gpu") == -1, show.stdout  # the agent's component holds no GPU
+        assert "gres/gpu=2" in dict(tres)["1"], show.stdout
+    finally:
+        CliSlurmClient(env).cancel(job_id)

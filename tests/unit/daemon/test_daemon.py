@@ -263,6 +263,18 @@ def test_a_drain_holds_every_job_at_its_minimum_until_resumed(daemon: Daemon, ag
     assert daemon.run_round().ordered == {"100": 4}
 
 
+def test_a_drain_outranks_a_pin_and_the_pin_holds_again_after_resume(daemon: Daemon, agent: FakeAgent) -> None:
+    register_and_report(daemon, agent.endpoint, size=3)
+    assert ask(daemon, "pin", {"job_id": "100", "pinned": True}).body["ok"]
+    assert ask(daemon, "drain", {}).body["ok"]
+    assert daemon.run_round().ordered == {"100": 1}
+    settle(daemon, "100")
+    assert ask(daemon, "report", report_body("100", 1)).body["ok"]
+    assert ask(daemon, "resume", {}).body["ok"]
+    assert daemon.run_round().ordered == {}  # pinned: the policy does not grow it back
+    assert daemon.metrics.decisions.value({"kind": "shrink", "source": "drain"}) == 1
+
+
 def test_an_agent_that_refuses_is_left_alone_for_the_backoff(daemon: Daemon) -> None:
     refusing = FakeAgent(accept=False)
     try:

@@ -58,6 +58,7 @@ _REFUSED = {
     "help": "see `amoeba-sbatch --help`",
     "usage": "see `amoeba-sbatch --help`",
     "version": "see `amoeba-sbatch --version`",
+    "no-elastic": "amoeba-sbatch submits an elastic job; submit an ordinary one with plain sbatch",
 }
 # Sizing options a plain-sbatch script may hold: the minimum workers, one task each (launcher/run.py reads them so).
 _PLAIN_SBATCH_SIZING = {"ntasks", "gpus-per-task", "cpus-per-task"}
@@ -245,6 +246,13 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
     passthrough = [w for o in request.options if o.name not in ("partition", "wrap", "parsable") for w in o.words]
     if last_value(request.directives, "gpus-per-task") is not None:
         passthrough.append("--gpus-per-task=0")  # the script's line would give the agent's component GPUs too
+    if any(o.name in ("elastic", "elastic-partition") for o in request.directives):
+        # The SPANK plugin reads the script's line and sets AMOEBA_ELASTIC_* in the job over what we export: give it
+        # the range and partition decided here, on the command line, which beats the script.
+        passthrough += [
+            f"--elastic={spec.min_workers}:{spec.max_workers}",
+            f"--elastic-partition={ours.elastic_partition}",
+        ]
     shape = ElasticJobShape(
         spec=spec,
         partition=last_value(request.options, "partition") or last_value(request.directives, "partition"),

@@ -54,6 +54,13 @@ SBATCH_OPTIONS: dict[str, tuple[str, Arity]] = {
     "uid": ("", _R), "usage": ("", _N), "use-min-nodes": ("", _N), "verbose": ("v", _N), "version": ("V", _N),
     "wait": ("W", _N), "wait-all-nodes": ("", _R), "wckey": ("", _R), "wrap": ("", _R),
 }  # fmt: skip
+#: The options this project's SPANK plugin adds to sbatch (``spank/src/options.c``), where a site installs it.
+PLUGIN_OPTIONS: dict[str, tuple[str, Arity]] = {
+    "elastic": ("", _R),
+    "elastic-partition": ("", _R),
+    "no-elastic": ("", _N),
+}
+_ALL = {**SBATCH_OPTIONS, **PLUGIN_OPTIONS}
 _SHORT = {short: name for name, (short, _) in SBATCH_OPTIONS.items() if short}
 
 #: Options that say where and under whose name a job runs. sbatch copies most options of a heterogeneous job's first
@@ -82,11 +89,11 @@ class SbatchOption:
     """One option as the user wrote it.
 
     Attributes:
-        name: sbatch's long name (``"time"`` for ``-t``, ``--time`` or ``--ti``), or the spelling without dashes of an
-            option sbatch 22.05 does not list (a SPANK plugin's).
+        name: sbatch's long name (``"time"`` for ``-t``, ``--time`` or ``--ti``; ``"elastic"`` for this project's
+            plugin), or the spelling without dashes of an option neither lists (another SPANK plugin's).
         value: its value, or None for a flag.
         words: the argv items it took, as written (``("-t", "30")``); passed on unchanged.
-        known: whether sbatch 22.05 lists it.
+        known: whether sbatch 22.05 or this project's plugin lists it.
     """
 
     name: str
@@ -101,9 +108,9 @@ def resolve_long(spelling: str) -> str | None:
     Raises:
         SpecError: the spelling is a prefix of several options.
     """
-    if spelling in SBATCH_OPTIONS:
+    if spelling in _ALL:
         return spelling
-    matches = sorted(name for name in SBATCH_OPTIONS if name.startswith(spelling))
+    matches = sorted(name for name in _ALL if name.startswith(spelling))
     if len(matches) > 1:
         raise SpecError(f"--{spelling} is ambiguous for sbatch: it could be --{', --'.join(matches)}; write it out")
     return matches[0] if matches else None
@@ -114,7 +121,7 @@ def _long(args: Sequence[str], i: int) -> tuple[SbatchOption, int]:
     name = resolve_long(spelling)
     if name is None:  # not sbatch's own: a plugin's; only --opt=value says it has a value
         return SbatchOption(spelling, inline if eq else None, (args[i],), known=False), i + 1
-    arity = SBATCH_OPTIONS[name][1]
+    arity = _ALL[name][1]
     if eq:
         if arity is Arity.NONE:
             raise SpecError(f"sbatch option --{name} takes no value, but {args[i]!r} gives one")

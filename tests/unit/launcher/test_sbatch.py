@@ -126,3 +126,12 @@ def test_script_lines_that_would_size_the_agent_are_refused(tmp_path: Path, line
 def test_command_line_options_it_cannot_pass_are_refused(script: Path, args: list[str], needle: str) -> None:
     with pytest.raises(SpecError, match=needle):
         prepare(["--elastic", "1:2", *args, str(script)], cluster(4))
+
+
+def test_the_command_line_range_beats_the_scripts_in_the_job_too(tmp_path: Path) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text("#!/bin/bash\n#SBATCH --elastic=2:8\namoeba-run true\n")
+    prepared = prepare(["--elastic", "1:3", "--elastic-partition", "spot", str(path)], cluster(4))
+    assert prepared.shape.extra[-2:] == ("--elastic=1:3", "--elastic-partition=spot")
+    with pytest.raises(SpecError, match="--no-elastic: amoeba-sbatch submits an elastic job"):
+        prepare(["--elastic", "1:3", "--no-elastic", str(path)], cluster(4))

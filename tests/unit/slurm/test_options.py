@@ -94,10 +94,10 @@ def test_unique_prefixes_resolve_like_getopt_and_ambiguous_ones_are_refused() ->
 
 
 def test_unknown_long_options_pass_as_written() -> None:
-    options, rest = split_command_line(["--container-image=x", "--no-elastic", "job.sh"])
+    options, rest = split_command_line(["--container-image=x", "--container-writable", "job.sh"])
     assert [(o.name, o.value, o.known) for o in options] == [
         ("container-image", "x", False),
-        ("no-elastic", None, False),
+        ("container-writable", None, False),
     ]
     assert rest == ["job.sh"]
 
@@ -153,3 +153,12 @@ def test_wrap_script_is_what_sbatch_writes() -> None:
     assert wrap_script("amoeba-run python t.py") == (
         "#!/bin/sh\n# This script was created by sbatch --wrap.\n\namoeba-run python t.py\n"
     )
+
+
+def test_the_plugins_options_take_their_value_in_either_spelling() -> None:
+    options = read_directives("#!/bin/bash\n#SBATCH --elastic 2:8\n#SBATCH --elastic-partition=spot --no-elastic\n")
+    assert [(o.name, o.value, o.known) for o in options] == [
+        ("elastic", "2:8", True),
+        ("elastic-partition", "spot", True),
+        ("no-elastic", None, True),
+    ]

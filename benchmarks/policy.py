@@ -38,7 +38,8 @@ from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
 from slurm_amoeba.daemon.config import AgentSettings, DaemonConfig
 from slurm_amoeba.daemon.daemon import Daemon
-from slurm_amoeba.daemon.observer import ClusterView, build_snapshot
+from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import check_decisions, make_policy
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
 from slurm_amoeba.transport.channel import ChannelServer, request

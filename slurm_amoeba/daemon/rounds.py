@@ -1,7 +1,7 @@
 """The daemon's round: observe -> snapshot -> decide -> act, once every ``interval_s`` (DESIGN.md, control flow).
 
 Each step is a function of the previous one's result: :func:`~slurm_amoeba.daemon.observer.observe` reads Slurm,
-:func:`~slurm_amoeba.daemon.observer.build_snapshot` (pure) turns that and the agents' reports into the policy's
+:func:`~slurm_amoeba.daemon.snapshot.build_snapshot` (pure) turns that and the agents' reports into the policy's
 snapshot, :func:`decide` (pure but for timing the policy) asks the policy, wrapped in the operator's drain
 (:class:`~slurm_amoeba.policy.drain.DrainPolicy`), and keeps the resizes of managed jobs, and :meth:`RoundLoop.act`
 hands them to the actuator. Bookkeeping (the ledger's expired resizes and forgotten jobs, satellite warnings, the
@@ -22,7 +22,8 @@ from slurm_amoeba.daemon.actuator import Actuator
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, build_snapshot, observe
+from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, observe
+from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 

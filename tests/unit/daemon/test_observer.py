@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
-from slurm_amoeba.daemon.observer import ClusterView, Observation, build_snapshot, fit_placement, satellite_parent
+from slurm_amoeba.daemon.observer import ClusterView, Observation, satellite_parent
+from slurm_amoeba.daemon.snapshot import build_snapshot, fit_placement
 from slurm_amoeba.policy import JobPhase, check_decisions, make_policy
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState

@@ -1,0 +1,436 @@
+"""The snapshot step: Slurm's view plus the agents' reports -> the policy's :class:`~slurm_amoeba.policy.Snapshot`.
+
+Second step of DESIGN.md's control flow, after :func:`~slurm_amoeba.daemon.observer.observe`. :func:`build_snapshot`
+is a pure function made of named steps, each pure and tested on its own:
+
+- :func:`split_satellites`: satellites whose parent is a registered job of the same owner belong to it; satellites
+  whose parent is gone are **orphans**; satellites the parent's agent does not list are **unclaimed**;
+- :func:`placeable_nodes`: the nodes of the regular and elastic partitions that have GPUs;
+- :func:`managed_job`: every job the daemon manages (a registered agent whose Slurm job runs) is elastic, sized as
+  its agent reports, placed where Slurm says its own allocation and its satellites hold GPUs, and marked
+  ``resizing`` while a resize is in flight (the agent's target differs from its size, the daemon ordered one that
+  has not arrived, a satellite is still pending, or the agent has not reported lately) so that no policy re-orders
+  it;
+- :func:`unmanaged_job`: every other job that holds GPUs is a fixed-size running job; every job that waits for GPUs
+  in a regular partition is a pending fixed-size job (the ones elastic extras make room for);
+- :func:`show_released` and :func:`cap_young_pending`: the near future rather than the last second (see
+  :func:`build_snapshot`).
+
+Counting: a worker of a managed job holds ``gpus_per_worker`` GPUs; other jobs are counted in GPUs (one "worker"
+per GPU), which is all the policies need of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from slurm_amoeba.daemon.agents import AgentRecord
+from slurm_amoeba.daemon.observer import ClusterView, Observation, SatelliteInfo, satellite_parent
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
+from slurm_amoeba.slurm import JobRecord, NodeRecord
+from slurm_amoeba.slurm import JobState as SlurmState
+
+#: Pending reasons of jobs that cannot start whatever GPUs are free (no point making room for them).
+BLOCKED_REASONS = frozenset(
+    {
+        "JobHeldUser",
+        "JobHeldAdmin",
+        "Dependency",
+        "DependencyNeverSatisfied",
+        "BeginTime",
+        "PartitionDown",
+        "PartitionInactive",
+        "PartitionTimeLimit",
+        "AssocGrpGRES",
+        "QOSMaxGRESPerUser",
+    }
+)
+#: A satellite submitted this long before a report that does not list it is "unclaimed" (reports race submits).
+UNCLAIMED_MARGIN_S = 10.0
+
+
+def _gpus_by_node(records: Iterable[JobRecord]) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for record in records:
+        if record.state is not SlurmState.RUNNING and record.state is not SlurmState.COMPLETING:
+            continue
+        for node, indices in zip(record.nodes, record.gpu_indices, strict=False):
+            if indices:
+                held[node] = held.get(node, 0) + len(indices)
+    return held
+
+
+def fit_placement(gpus_by_node: Mapping[str, int], gpus_per_worker: int, workers: int) -> dict[str, int]:
+    """A placement of exactly ``workers`` workers, as close to where Slurm says the job holds GPUs as possible.
+
+    While a resize is under way Slurm's allocations and the agent's size disagree for a moment; the policy needs a
+    placement that adds up to the size, so extra nodes are dropped (smallest first) and missing workers are put on
+    the node where the job holds most (or nowhere in particular: the first node named).
+
+    Args:
+        gpus_by_node: node -> GPUs the job (and its satellites) hold there.
+        gpus_per_worker: GPUs per worker.
+        workers: the size to place.
+
+    Returns:
+        node -> workers, summing to ``workers``.
+    """
+    placement = {node: gpus // gpus_per_worker for node, gpus in gpus_by_node.items() if gpus >= gpus_per_worker}
+    total = sum(placement.values())
+    for node in sorted(placement, key=lambda name: (placement[name], name)):
+        if total <= workers:
+            break
+        take = min(placement[node], total - workers)
+        placement[node] -= take
+        total -= take
+    placement = {node: count for node, count in placement.items() if count > 0}
+    if total < workers:
+        anchor = max(placement, key=lambda name: placement[name]) if placement else next(iter(gpus_by_node), "")
+        if anchor:
+            placement[anchor] = placement.get(anchor, 0) + workers - total
+        else:
+            return {}
+    return placement
+
+
+def _partitions(record: JobRecord) -> set[str]:
+    return {part for part in record.partition.split(",") if part}
+
+
+def build_snapshot(
+    view: ClusterView,
+    agents: Mapping[str, AgentRecord],
+    *,
+    pinned: Iterable[str],
+    regular_partitions: Sequence[str],
+    elastic_partition: str,
+    stale_after_s: float,
+    now: float,
+    make_room_after_s: float = 0.0,
+) -> Observation:
+    """Turn Slurm's view and the agents' records into the policy's snapshot (see the module docstring).
+
+    The steps, each a pure function of its own: :func:`split_satellites` (claimed, orphaned, unclaimed),
+    :func:`placeable_nodes`, one :class:`~slurm_amoeba.policy.JobInfo` per job (:func:`managed_job` for the elastic
+    jobs the daemon manages, :func:`unmanaged_job` for the others), then two adjustments that make the snapshot
+    show the near future rather than the last second:
+
+    - :func:`show_released`: GPUs a managed job is **giving back** (Slurm still lists them for the job, but its
+      agent reports a size that no longer needs them and is not growing: a satellite on its way out after a shrink
+      or a preemption) are shown free, so that nobody else is shrunk for GPUs that are about to be free anyway;
+    - :func:`cap_young_pending`: a pending regular job younger than ``make_room_after_s`` asks only for what is
+      free now: Slurm starts it or preempts elastic extras for it by itself at once, and the agents report that
+      within seconds; the daemon makes room for it (shrinks elastic jobs) only if it is still waiting after that.
+
+    Args:
+        view: Slurm's jobs and nodes.
+        agents: job id -> registered agent.
+        pinned: ids of jobs an operator excluded from the policy.
+        regular_partitions: partitions whose pending jobs count as waiting for GPUs.
+        elastic_partition: the satellites' partition (its nodes are placeable too).
+        stale_after_s: a managed job whose agent has not reported for this long is left alone.
+        now: the daemon's clock (Unix seconds).
+        make_room_after_s: see above; 0 makes room for every pending job at once.
+
+    Returns:
+        The observation.
+    """
+    pins = set(pinned)
+    split = split_satellites(view.active_groups(), agents)
+    jobs: list[JobInfo] = []
+    managed: dict[str, JobInfo] = {}
+    releasing: dict[str, int] = {}
+    for key, records in split.groups.items():
+        agent = agents.get(key)
+        if agent is not None and any(r.state is SlurmState.RUNNING for r in records):
+            sats = split.satellites.get(key, [])
+            info, leaving = managed_job(key, records, sats, agent, key in pins, stale_after_s, now)
+            managed[key] = info
+            for name, gpus in leaving.items():
+                releasing[name] = releasing.get(name, 0) + gpus
+        else:
+            other = unmanaged_job(key, records, pinned=key in pins, regular_partitions=regular_partitions, now=now)
+            if other is None:
+                continue
+            info = other
+        jobs.append(info)
+    nodes = show_released(placeable_nodes(view.nodes, regular_partitions, elastic_partition), releasing)
+    others = [info for info in jobs if info.job_id not in managed]
+    free_now = sum(node_info.gpus_free for node_info in nodes)
+    return Observation(
+        snapshot=Snapshot(nodes=nodes, jobs=cap_young_pending(jobs, free_now, now, make_room_after_s)),
+        managed=managed,
+        orphans=split.orphans,
+        unclaimed=split.unclaimed,
+        gone=tuple(job_id for job_id in agents if job_id not in split.groups),
+        regular_running=sum(1 for info in others if info.state is JobPhase.RUNNING),
+        regular_pending=sum(1 for info in others if info.state is JobPhase.PENDING),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SatelliteSplit:
+    """Slurm's active jobs with the satellites sorted out (see :func:`split_satellites`).
+
+    Attributes:
+        groups: job id -> records, without the satellites claimed by a registered parent.
+        satellites: parent job id -> its claimed satellites.
+        orphans: satellites whose parent job is gone (they stay in ``groups``: fixed-size jobs holding GPUs).
+        unclaimed: claimed satellites that the parent's agent does not list (a report that predates the submit by
+            less than :data:`UNCLAIMED_MARGIN_S` does not count).
+    """
+
+    groups: dict[str, list[JobRecord]]
+    satellites: dict[str, list[JobRecord]]
+    orphans: tuple[SatelliteInfo, ...]
+    unclaimed: tuple[SatelliteInfo, ...]
+
+
+def split_satellites(groups: Mapping[str, list[JobRecord]], agents: Mapping[str, AgentRecord]) -> SatelliteSplit:
+    """Sort the satellites out of the active jobs: claimed by their registered parent (same owner), or orphans.
+
+    Args:
+        groups: active job id -> records (:meth:`ClusterView.active_groups`).
+        agents: job id -> registered agent.
+
+    Returns:
+        The split; ``groups`` is a new mapping.
+    """
+    rest = dict(groups)
+    satellites: dict[str, list[JobRecord]] = {}
+    orphans: list[SatelliteInfo] = []
+    unclaimed: list[SatelliteInfo] = []
+    for key, records in groups.items():
+        parent = satellite_parent(records[0]) if len(records) == 1 else None
+        if parent is None:
+            continue
+        record = records[0]
+        if parent not in groups:
+            orphans.append(SatelliteInfo.of(record, parent))
+            continue  # stays a fixed-size job holding GPUs
+        agent = agents.get(parent)
+        if agent is None or agent.uid != record.uid:
+            continue
+        satellites.setdefault(parent, []).append(record)
+        del rest[key]
+        report = agent.report
+        if (
+            report is not None
+            and key not in report.satellites
+            and record.submit_time + UNCLAIMED_MARGIN_S < (report.received_at)
+        ):
+            unclaimed.append(SatelliteInfo.of(record, parent))
+    return SatelliteSplit(rest, satellites, tuple(orphans), tuple(unclaimed))
+
+
+def placeable_nodes(
+    nodes: Iterable[NodeRecord], regular_partitions: Sequence[str], elastic_partition: str
+) -> tuple[NodeInfo, ...]:
+    """The nodes with GPUs in a regular or the elastic partition, each once, named by its first such partition."""
+    regular = set(regular_partitions)
+    placeable: dict[str, NodeInfo] = {}
+    for node in nodes:
+        parts = [part for part in node.partitions if part in regular or part == elastic_partition]
+        if not parts or node.name in placeable or node.gpus_total <= 0:
+            continue
+        placeable[node.name] = NodeInfo(node.name, node.gpus_total, node.gpus_free, parts[0])
+    return tuple(placeable.values())
+
+
+def unmanaged_job(
+    key: str, records: Sequence[JobRecord], *, pinned: bool, regular_partitions: Sequence[str], now: float
+) -> JobInfo | None:
+    """A job the daemon does not manage, as the policy sees it: fixed-size, counted in GPUs (a "worker" per GPU).
+
+    Args:
+        key: the job's id.
+        records: its active records (a heterogeneous job's components).
+        pinned: whether an operator pinned it.
+        regular_partitions: partitions whose pending jobs count as waiting for GPUs.
+        now: the daemon's clock.
+
+    Returns:
+        A running job where it holds GPUs; a pending job where every component waits, for GPUs, in a regular
+        partition and for no reason free GPUs cannot cure (:data:`BLOCKED_REASONS`); None otherwise.
+    """
+    held = _gpus_by_node(records)
+    first = min(records, key=lambda r: r.het_job_offset)
+    submit = float(first.submit_time)
+    priority = max(r.priority for r in records)
+    if held:
+        gpus = sum(held.values())
+        ran = max(0.0, now - first.start_time) if first.start_time else 0.0
+        return JobInfo(
+            job_id=key,
+            state=JobPhase.RUNNING,
+            submit_time=submit,
+            requested_workers=gpus,
+            min_workers=gpus,
+            max_workers=gpus,
+            workers=gpus,
+            placement=held,
+            priority=priority,
+            owner=first.user,
+            partition=first.partition,
+            attained_service=ran * gpus,
+            executed_time=ran,
+            pinned=pinned,
+        )
+    if not all(r.state is SlurmState.PENDING for r in records):
+        return None
+    wanted = sum(r.gpus_per_node * max(r.node_count, 1) for r in records)
+    regular = set(regular_partitions)
+    waits_for_gpus = any(_partitions(r) & regular for r in records) and not any(
+        r.state_reason in BLOCKED_REASONS for r in records
+    )
+    if wanted <= 0 or not waits_for_gpus:
+        return None
+    return JobInfo(
+        job_id=key,
+        state=JobPhase.PENDING,
+        submit_time=submit,
+        requested_workers=wanted,
+        min_workers=wanted,
+        max_workers=wanted,
+        priority=priority,
+        owner=first.user,
+        partition=first.partition,
+    )
+
+
+def show_released(nodes: Sequence[NodeInfo], releasing: Mapping[str, int]) -> tuple[NodeInfo, ...]:
+    """The nodes with the GPUs managed jobs are giving back shown free (never more than a node has).
+
+    Args:
+        nodes: the placeable nodes.
+        releasing: node name -> GPUs being given back there.
+
+    Returns:
+        The nodes, in the same order.
+    """
+    return tuple(
+        dataclasses.replace(node, gpus_free=min(node.gpus_total, node.gpus_free + releasing[node.name]))
+        if releasing.get(node.name)
+        else node
+        for node in nodes
+    )
+
+
+def cap_young_pending(
+    jobs: Sequence[JobInfo], free_gpus: int, now: float, make_room_after_s: float
+) -> tuple[JobInfo, ...]:
+    """Pending jobs younger than ``make_room_after_s`` ask for at most the free GPUs; those that get none are left out.
+
+    Args:
+        jobs: the snapshot's jobs.
+        free_gpus: GPUs free now (after :func:`show_released`).
+        now: the daemon's clock.
+        make_room_after_s: how long a pending job is left to Slurm; 0 leaves every job as it is.
+
+    Returns:
+        The jobs, in the same order.
+    """
+    if make_room_after_s <= 0:
+        return tuple(jobs)
+    kept: list[JobInfo] = []
+    for info in jobs:
+        if info.state is not JobPhase.PENDING or now - info.submit_time >= make_room_after_s:
+            kept.append(info)
+            continue
+        capped = min(info.requested_workers, free_gpus)
+        if capped > 0:
+            kept.append(dataclasses.replace(info, requested_workers=capped, min_workers=capped, max_workers=capped))
+    return tuple(kept)
+
+
+def _split_leaving(
+    records: Sequence[JobRecord], satellites: Sequence[JobRecord], keep_gpus: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Split a job's GPUs into the ``keep_gpus`` it keeps and those it is giving back.
+
+    The job's own allocation is kept first, then its satellites in the order they were submitted; what is left
+    over belongs to satellites on their way out (a shrink or a preemption the agent has already counted).
+    """
+    kept: dict[str, int] = {}
+    leaving: dict[str, int] = {}
+    room = keep_gpus
+    for record in [*records, *sorted(satellites, key=lambda r: r.job_id)]:
+        for name, gpus in _gpus_by_node([record]).items():
+            take = min(gpus, room)
+            room -= take
+            if take:
+                kept[name] = kept.get(name, 0) + take
+            if gpus > take:
+                leaving[name] = leaving.get(name, 0) + gpus - take
+    return kept, leaving
+
+
+def managed_job(
+    key: str,
+    records: Sequence[JobRecord],
+    satellites: Sequence[JobRecord],
+    agent: AgentRecord,
+    pinned: bool,
+    stale_after_s: float,
+    now: float,
+) -> tuple[JobInfo, dict[str, int]]:
+    """A managed elastic job as the policy sees it, and node -> GPUs it is giving back (see :func:`build_snapshot`).
+
+    Its size is what its agent reports (or, without a recent report, what Slurm says it holds); it shows as
+    ``resizing`` whenever the daemon must leave it alone: its agent is moving, has not reported lately, or refused
+    a directive a moment ago, a resize is in flight, or a satellite is still pending.
+
+    Args:
+        key: the job's id.
+        records: its own records (the agent's component and the minimum workers).
+        satellites: its claimed satellites.
+        agent: its registered agent.
+        pinned: whether an operator (or its owner) pinned it.
+        stale_after_s: a report older than this is no word from the agent.
+        now: the daemon's clock.
+
+    Returns:
+        The job, and node -> GPUs it is giving back.
+    """
+    reg = agent.registration
+    held = _gpus_by_node([*records, *satellites])
+    report = agent.report
+    fresh = agent.is_fresh(now, stale_after_s)
+    leaving: dict[str, int] = {}
+    if report is not None and fresh:
+        workers = report.size
+        resizing = report.resizing or not reg.min_workers <= report.size <= reg.max_workers
+        throughput = dict(report.throughput)
+        growing = report.target > report.size or (agent.in_flight is not None and agent.in_flight.target > report.size)
+        if not growing:  # a report sent before the agent took a grow order must not turn its new satellite "free"
+            held, leaving = _split_leaving(records, satellites, report.size * reg.gpus_per_worker)
+    else:
+        workers = sum(gpus // reg.gpus_per_worker for gpus in held.values())
+        resizing = True  # no recent word from the agent: leave the job alone until it reports
+        throughput = {}
+    resizing = resizing or agent.in_flight is not None or agent.backoff_until > now
+    resizing = resizing or any(s.state is SlurmState.PENDING for s in satellites)
+    workers = min(max(workers, 1), max(reg.max_workers, 1))
+    first = min(records, key=lambda r: r.het_job_offset)
+    started = float(first.start_time) if first.start_time else now
+    info = JobInfo(
+        job_id=key,
+        state=JobPhase.RUNNING,
+        submit_time=float(first.submit_time),
+        requested_workers=reg.min_workers,
+        min_workers=reg.min_workers,
+        max_workers=reg.max_workers,
+        workers=workers,
+        gpus_per_worker=reg.gpus_per_worker,
+        placement=fit_placement(held, reg.gpus_per_worker, workers),
+        throughput=throughput,
+        priority=max(r.priority for r in records),
+        owner=agent.user,
+        partition=reg.partition,
+        attained_service=max(0.0, now - started) * workers * reg.gpus_per_worker,
+        executed_time=max(0.0, now - started),
+        resizing=resizing,
+        pinned=pinned,
+    )
+    return info, leaving

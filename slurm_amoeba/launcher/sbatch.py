@@ -26,6 +26,7 @@ from pathlib import Path
 from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.launcher.parameters import parse_memory_mb
 from slurm_amoeba.launcher.submission import ElasticJobShape
 from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
 from slurm_amoeba.slurm.options import (
@@ -104,6 +105,15 @@ class Prepared:
     dry_run: bool = False
 
 
+def _memory(text: str) -> int:
+    try:
+        return parse_memory_mb(text)
+    except SpecError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: write MiB as a number, or e.g. 32G or 512M"
+        ) from None
+
+
 def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
     """The command line of ``amoeba-sbatch``; defaults from ``job`` (the submitter's environment), else JobEnv's."""
     job = job or JobEnv()
@@ -120,17 +130,32 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
         "--gpus-per-worker",
         type=int,
         default=None,
+        metavar="G",
         help=f"GPUs of each worker (default: the script's #SBATCH --gpus-per-task, else {job.gpus_per_worker})",
     )
     parser.add_argument(
         "--cpus-per-worker",
         type=int,
         default=None,
+        metavar="C",
         help=f"CPUs of each worker (default: the script's #SBATCH --cpus-per-task, else {job.cpus_per_worker})",
     )
-    parser.add_argument("--mem-per-worker", type=int, default=0, metavar="MB", help="memory of each worker (MiB)")
-    parser.add_argument("--elastic-partition", default=job.elastic_partition, help="partition of the satellites")
-    parser.add_argument("--daemon", default=job.daemon_endpoint, help="amoebad endpoint the job's agent reports to")
+    parser.add_argument(
+        "--mem-per-worker",
+        type=_memory,
+        default=0,
+        metavar="SIZE",
+        help="memory of each worker, as Slurm writes it: MiB without a unit, or e.g. 32G (default: Slurm's)",
+    )
+    parser.add_argument(
+        "--elastic-partition",
+        default=job.elastic_partition,
+        metavar="NAME",
+        help=f"partition of the satellites (default: {job.elastic_partition})",
+    )
+    parser.add_argument(
+        "--daemon", default=job.daemon_endpoint, metavar="ENDPOINT", help="amoebad endpoint the job's agent reports to"
+    )
     parser.add_argument(
         "--test-only", action="store_true", help="print what would be submitted and ask Slurm when it would start"
     )

@@ -135,3 +135,14 @@ def test_the_command_line_range_beats_the_scripts_in_the_job_too(tmp_path: Path)
     assert prepared.shape.extra[-2:] == ("--elastic=1:3", "--elastic-partition=spot")
     with pytest.raises(SpecError, match="--no-elastic: amoeba-sbatch submits an elastic job"):
         prepare(["--elastic", "1:3", "--no-elastic", str(path)], cluster(4))
+
+
+def test_memory_per_worker_takes_slurms_sizes(script: Path) -> None:
+    assert (
+        prepare(["--elastic", "2:4", "--mem-per-worker", "32G", str(script)], cluster(4)).shape.spec.mem_per_worker_mb
+        == 32768
+    )
+    assert (
+        prepare(["--elastic", "2:4", "--mem-per-worker=500", str(script)], cluster(4)).shape.spec.mem_per_worker_mb
+        == 500
+    )

@@ -1,0 +1,126 @@
+"""Each step of the snapshot on its own: satellites, nodes, unmanaged jobs, GPUs given back, young pending jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slurm_amoeba.daemon.snapshot import (
+    cap_young_pending,
+    managed_job,
+    placeable_nodes,
+    show_released,
+    split_satellites,
+    unmanaged_job,
+)
+from slurm_amoeba.policy import JobPhase, NodeInfo
+from slurm_amoeba.slurm import JobRecord
+from slurm_amoeba.slurm import JobState as SlurmState
+from tests.unit.daemon.fakes import OTHER_UID, job, node, satellite
+from tests.unit.daemon.test_observer import NOW, agent, elastic_job
+from tests.unit.policy.helpers import job as policy_job
+
+
+def groups_of(*records: JobRecord) -> dict[str, list[JobRecord]]:
+    groups: dict[str, list[JobRecord]] = {}
+    for record in records:
+        groups.setdefault(str(record.het_job_id or record.job_id), []).append(record)
+    return groups
+
+
+def test_split_satellites_gives_each_satellite_to_its_registered_parent_of_the_same_owner() -> None:
+    groups = groups_of(
+        *elastic_job(100),
+        satellite(200, 100, gpus={"n2": 1}),
+        satellite(201, 100, group="g2", uid=OTHER_UID, gpus={"n2": 1}),  # another user's: not the parent's
+        satellite(202, 55, gpus={"n3": 1}),  # parent gone
+        satellite(203, 300, gpus={"n3": 1}),  # parent runs but never registered
+        job(300, gpus={"n4": 1}),
+    )
+    split = split_satellites(groups, {"100": agent("100")})
+    assert {key: [r.job_id for r in records] for key, records in split.satellites.items()} == {"100": [200]}
+    assert sorted(split.groups) == ["100", "201", "202", "203", "300"]
+    assert [s.job_id for s in split.orphans] == ["202"] and split.orphans[0].parent == "55"
+    assert "200" in groups  # the caller's mapping is left as it was
+
+
+@pytest.mark.parametrize(
+    ("submitted", "listed", "unclaimed"),
+    [(NOW - 600, False, True), (NOW - 600, True, False), (NOW - 5, False, False)],
+    ids=["old-and-unlisted", "listed", "too-young-to-tell"],
+)
+def test_a_satellite_the_agent_does_not_list_is_unclaimed_once_the_report_is_clearly_newer(
+    submitted: float, listed: bool, unclaimed: bool
+) -> None:
+    record = agent("100")
+    assert record.report is not None
+    if listed:
+        record.accept_report(dataclasses.replace(record.report, satellites=("200",)))
+    groups = groups_of(*elastic_job(100), satellite(200, 100, gpus={"n2": 1}, submit_time=int(submitted)))
+    split = split_satellites(groups, {"100": record})
+    assert [s.job_id for s in split.unclaimed] == (["200"] if unclaimed else [])
+
+
+def test_placeable_nodes_are_the_managed_partitions_nodes_with_gpus_each_once() -> None:
+    nodes = [
+        node("n1", partitions=("batch", "elastic")),
+        node("n2", partitions=("debug", "elastic")),
+        node("n3", partitions=("debug",)),
+        node("n4", total=0),
+        node("n1", partitions=("elastic",)),
+    ]
+    placeable = placeable_nodes(nodes, ["batch"], "elastic")
+    assert [(n.name, n.partition, n.gpus_total) for n in placeable] == [("n1", "batch", 4), ("n2", "elastic", 4)]
+
+
+@pytest.mark.parametrize(
+    ("records", "phase", "gpus"),
+    [
+        ([job(7, gpus={"n1": 2, "n2": 1})], JobPhase.RUNNING, 3),
+        ([job(7, state=SlurmState.PENDING, gpus_per_node=2, node_count=2, reason="Priority")], JobPhase.PENDING, 4),
+        ([job(7, state=SlurmState.PENDING, gpus_per_node=2, reason="JobHeldUser")], None, 0),
+        ([job(7, state=SlurmState.PENDING, gpus_per_node=2, partition="elastic")], None, 0),
+        ([job(7, state=SlurmState.PENDING, gpus_per_node=0)], None, 0),
+        ([job(7, gpus={})], None, 0),
+    ],
+    ids=["running-holds-gpus", "pending-for-gpus", "held-by-its-user", "not-in-a-regular-partition", "no-gpus", "cpu"],
+)
+def test_an_unmanaged_job_is_fixed_size_and_counted_in_gpus(
+    records: list[JobRecord], phase: JobPhase | None, gpus: int
+) -> None:
+    info = unmanaged_job("7", records, pinned=False, regular_partitions=["batch"], now=NOW)
+    if phase is None:
+        assert info is None
+        return
+    assert info is not None and info.state is phase
+    assert info.min_workers == info.max_workers == info.requested_workers == gpus
+
+
+def test_a_managed_job_gives_back_the_gpus_of_satellites_beyond_its_reported_size() -> None:
+    records = elastic_job(100, gpus={"n1": 2})
+    satellites = [satellite(200, 100, gpus={"n2": 1}), satellite(201, 100, group="g2", gpus={"n3": 1})]
+    info, leaving = managed_job("100", records, satellites, agent("100", size=3), False, 10.0, NOW)
+    assert info.workers == 3 and sum(info.placement.values()) == 3
+    assert leaving == {"n3": 1}  # the newest satellite is the one on its way out
+
+
+def test_show_released_frees_what_is_given_back_but_never_more_than_a_node_has() -> None:
+    nodes = (NodeInfo("n1", 4, 1), NodeInfo("n2", 4, 3), NodeInfo("n3", 4, 0))
+    shown = show_released(nodes, {"n1": 2, "n2": 4, "n9": 1})
+    assert [n.gpus_free for n in shown] == [3, 4, 0]
+
+
+def test_cap_young_pending_asks_only_for_what_is_free_and_drops_a_young_job_that_would_get_nothing() -> None:
+    jobs = [
+        policy_job("young", 4, submit=NOW - 1),
+        policy_job("old", 4, submit=NOW - 60),
+        policy_job("run", 2, placement={"n0": 2}, submit=NOW - 1),
+    ]
+    assert [(j.job_id, j.requested_workers) for j in cap_young_pending(jobs, 3, NOW, 5.0)] == [
+        ("young", 3),
+        ("old", 4),
+        ("run", 2),
+    ]
+    assert [j.job_id for j in cap_young_pending(jobs, 0, NOW, 5.0)] == ["old", "run"]
+    assert list(cap_young_pending(jobs, 0, NOW, 0.0)) == jobs

@@ -20,7 +20,7 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurm_amoeba.core.errors import ParseError, SpecError
@@ -31,6 +31,7 @@ from slurm_amoeba.launcher.submission import ElasticJobShape
 from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
 from slurm_amoeba.slurm.options import (
     JOB_WIDE_OPTIONS,
+    PLUGIN_OPTION_ENV_PREFIX,
     SIZING_OPTIONS,
     SbatchOption,
     last_value,
@@ -301,10 +302,17 @@ def _show(shape: ElasticJobShape, script: str, script_args: Sequence[str]) -> li
     return args
 
 
+def submission_env(base: Mapping[str, str], shape: ElasticJobShape) -> dict[str, str]:
+    """The environment sbatch runs in, which the job inherits: the submitter's, the job's variables, and not the
+    ``--elastic`` of an enclosing elastic job (the SPANK plugin would set that job's range over this one's)."""
+    env = {k: v for k, v in base.items() if not k.startswith(PLUGIN_OPTION_ENV_PREFIX)}
+    return {**env, **shape.environment()}
+
+
 def _submit(prepared: Prepared, base: CliSlurmClient, script: Path) -> int:
     """Submit (or with --test-only/--dry-run, show) the job; print its id. Returns the exit status."""
     shape = prepared.shape
-    env = {**base.env, **shape.environment()}
+    env = submission_env(base.env, shape)
     try:
         if prepared.test_only or prepared.dry_run:
             sbatch_args = _show(shape, str(script), prepared.script_args)

@@ -60,6 +60,9 @@ PLUGIN_OPTIONS: dict[str, tuple[str, Arity]] = {
     "elastic-partition": ("", _R),
     "no-elastic": ("", _N),
 }
+#: Where Slurm keeps a job's options of this plugin for the commands run inside it (``--elastic`` of an enclosing
+#: job reaches an sbatch run in it this way; docs/spank.md, "Inheritance").
+PLUGIN_OPTION_ENV_PREFIX = "SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_"
 _ALL = {**SBATCH_OPTIONS, **PLUGIN_OPTIONS}
 _SHORT = {short: name for name, (short, _) in SBATCH_OPTIONS.items() if short}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.launcher.sbatch import prepare
+from slurm_amoeba.launcher.sbatch import prepare, submission_env
 from slurm_amoeba.slurm import het_submit_args
 from tests.unit.launcher.test_executor import cluster
 
@@ -146,3 +146,11 @@ def test_memory_per_worker_takes_slurms_sizes(script: Path) -> None:
         prepare(["--elastic", "2:4", "--mem-per-worker=500", str(script)], cluster(4)).shape.spec.mem_per_worker_mb
         == 500
     )
+
+
+def test_an_enclosing_elastic_jobs_option_does_not_reach_the_new_job(script: Path) -> None:
+    shape = prepare(["--elastic", "1:3", str(script)], cluster(4)).shape
+    enclosing = {"SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_elastic": "2:8", "AMOEBA_ELASTIC_MIN": "2", "PATH": "/bin"}
+    env = submission_env(enclosing, shape)
+    assert "SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_elastic" not in env
+    assert (env["AMOEBA_ELASTIC_MIN"], env["AMOEBA_ELASTIC_MAX"], env["PATH"]) == ("1", "3", "/bin")

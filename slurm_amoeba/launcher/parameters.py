@@ -18,6 +18,7 @@ from typing import Any
 from slurm_amoeba.core.errors import SpecError, unknown_key_message
 from slurm_amoeba.core.jobenv import DEFAULT_CPUS_PER_WORKER, DEFAULT_ELASTIC_PARTITION, DEFAULT_GPUS_PER_WORKER
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.slurm.options import parse_time_minutes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +33,8 @@ class ElasticParameters:
         mem_per_worker: memory of each worker: MiB as a number, or a Slurm size such as ``"32G"``; 0: Slurm's default.
         partition: partition of the job itself (the agent and the minimum workers); None: the default one.
         elastic_partition: partition of the satellites that grow the job.
-        time: time limit in minutes (submitit's ``timeout_min``); None: the partition's.
+        time: time limit in minutes (submitit's ``timeout_min``; ``update_parameters`` also reads a Slurm time such as
+            ``"1:00:00"``); None: the partition's.
         job_name: the job's name.
         account: ``--account`` of the job; its satellites are charged to it too.
         qos: ``--qos`` of the job (and its satellites).
@@ -249,8 +251,13 @@ def _optional_text(name: str, value: Any) -> str | None:
 def _time(value: Any) -> int | None:
     if value is None:
         return None
+    if isinstance(value, str):  # Slurm's own formats, as sbatch reads them: "1:00:00", "2-00:00:00", "90"
+        return parse_time_minutes(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"time={value!r} is invalid: give whole minutes (submitit's timeout_min), e.g. time=60")
+        raise SpecError(
+            f"time={value!r} is invalid: give whole minutes (submitit's timeout_min), e.g. time=60, or a Slurm time "
+            "such as '1:00:00'"
+        )
     return value
 
 

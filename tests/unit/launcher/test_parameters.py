@@ -89,7 +89,8 @@ def test_what_means_nothing_for_an_elastic_job_is_refused_with_the_reason(key: s
         ({"additional_parameters": {"output": "x"}}, "set by the executor"),
         ({"additional_parameters": {"Bad Key": 1}}, "not an sbatch option name"),
         ({"additional_parameters": {"gres": "gpu:1\n#SBATCH -p x"}}, "on one line"),
-        ({"timeout_min": "1:00:00"}, "give whole minutes"),
+        ({"timeout_min": 0}, "give whole minutes"),
+        ({"slurm_time": "an hour"}, "is not a Slurm time"),
         ({"account": ""}, "non-empty string"),
         ({"time": 10, "timeout_min": 20}, "time is given twice"),
         ({"min_workers": 5, "max_workers": 2}, "max_workers=2 is below min_workers=5"),
@@ -100,6 +101,11 @@ def test_what_means_nothing_for_an_elastic_job_is_refused_with_the_reason(key: s
 def test_bad_values_are_refused_with_the_value_and_the_fix(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         given(**kwargs)
+
+
+@pytest.mark.parametrize(("value", "minutes"), [(90, 90), ("1:00:00", 60), ("2-00:00:00", 2880), ("45", 45)])
+def test_the_time_limit_takes_minutes_or_slurms_time_formats(value: int | str, minutes: int) -> None:
+    assert given(timeout_min=value).time == minutes
 
 
 def test_a_refused_update_leaves_the_parameters_as_they_were() -> None:

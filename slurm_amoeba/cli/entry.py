@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Sequence
+
+import slurm_amoeba
 
 #: The distribution's name on PyPI (``pip install slurm-amoeba``).
 DISTRIBUTION = "slurm-amoeba"
@@ -28,17 +29,9 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
-def package_version() -> str:
-    """The installed version of slurm-amoeba (from the package metadata)."""
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed: pip install -e . in the checkout)"
-
-
 def version_line(prog: str) -> str:
-    """What ``PROG --version`` prints, e.g. ``amoebactl (slurm-amoeba) 0.1.0``."""
-    return f"{prog} ({DISTRIBUTION}) {package_version()}"
+    """What ``PROG --version`` prints, e.g. ``amoebactl (slurm-amoeba) 0.1.0`` (the installed package's version)."""
+    return f"{prog} ({DISTRIBUTION}) {slurm_amoeba.__version__}"
 
 
 def add_version_flag(parser: argparse.ArgumentParser, prog: str) -> None:

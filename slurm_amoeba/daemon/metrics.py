@@ -11,7 +11,6 @@ several daemons in one process (the tests) do not share values.
 from __future__ import annotations
 
 import http.server
-import importlib.metadata
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -20,6 +19,8 @@ from typing import TypeVar
 import prometheus_client
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+import slurm_amoeba
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -202,14 +203,6 @@ class Registry:
         return prometheus_client.generate_latest(self.collectors).decode()
 
 
-def package_version() -> str:
-    """The installed slurm-amoeba's version (``unknown`` outside an installed package)."""
-    try:
-        return importlib.metadata.version("slurm-amoeba")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 class DaemonMetrics:
     """The metrics ``amoebad`` exports, by name.
 
@@ -220,7 +213,7 @@ class DaemonMetrics:
     def __init__(self) -> None:
         self.registry = Registry(process=True)
         r = self.registry
-        r.info("amoeba_build", "The daemon's slurm-amoeba version.", {"version": package_version()})
+        r.info("amoeba_build", "The daemon's slurm-amoeba version.", {"version": slurm_amoeba.__version__})
         self.jobs = r.gauge(
             "amoeba_jobs", "Jobs the daemon sees, by kind (elastic, regular_running, regular_pending).", ["kind"]
         )

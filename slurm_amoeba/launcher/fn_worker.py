@@ -85,6 +85,16 @@ class RankZeroCopy(io.TextIOBase):
         """The worker's stream's encoding."""
         return self._stream.encoding
 
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        """The worker's stream's error handling."""
+        return self._stream.errors
+
+    def __getattr__(self, name: str) -> object:
+        # What TextIOBase lacks (``buffer``, ``reconfigure``, ...) is the worker's stream's: bytes written to
+        # ``sys.stdout.buffer`` go to the worker's log only.
+        return getattr(self._stream, name)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job's function (see the module docstring)."""

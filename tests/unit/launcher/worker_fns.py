@@ -9,6 +9,7 @@ import sys
 def shout(word: str) -> str:
     """Print to stdout, log to stderr, and return."""
     print(f"stdout of {word}")
+    sys.stdout.buffer.write(b"bytes reach the worker's own log only\n")  # what some libraries do
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     logging.getLogger("worker").info("stderr of %s", word)
     return word.upper()

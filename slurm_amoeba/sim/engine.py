@@ -198,7 +198,8 @@ class WorkModel:
 
     def remaining_seconds(self, epoch: int, progress: float) -> float:
         """Seconds left at the requested size from ``progress`` in ``epoch`` (the oracle)."""
-        return max(self.epoch_ends[-1] - progress, 0.0)
+        left = self.epoch_ends[-1] - progress
+        return left if left > 0.0 else 0.0
 
 
 class TraceWorkModel(WorkModel):
@@ -269,6 +270,7 @@ class _Job:
         "grace_until",
         "host_of",
         "info",
+        "key",
         "model",
         "pause_until",
         "placement",
@@ -290,6 +292,7 @@ class _Job:
         self.model = model
         self.time_limit = time_limit
         self.grace_until: float | None = None
+        self.key = (spec.submit_time, spec.name)  # submit order, the order of every snapshot
         self.placement: dict[str, int] = {}
         self.workers = 0
         self.shared_with: str | None = None
@@ -422,10 +425,10 @@ class Simulator:
         waiting = not job.placement and job.completion is None
         if waiting and name not in self._is_waiting:
             self._is_waiting.add(name)
-            bisect.insort(self._waiting, (job.spec.submit_time, name))
+            bisect.insort(self._waiting, job.key)
         elif not waiting and name in self._is_waiting:
             self._is_waiting.discard(name)
-            del self._waiting[bisect.bisect_left(self._waiting, (job.spec.submit_time, name))]
+            del self._waiting[bisect.bisect_left(self._waiting, job.key)]
 
     def _check_rounds(self) -> None:
         """Refuse a run that would tick for ever: a policy deciding every interval and a job lasting ages."""
@@ -461,7 +464,7 @@ class Simulator:
             span = now - job.t
             job.executed += span
             job.attained += span * job.workers
-            start = max(job.t, job.pause_until)
+            start = job.pause_until if job.pause_until > job.t else job.t
             ends = job.model.epoch_ends
             while start < now and job.epoch < len(ends):
                 need = ends[job.epoch] - job.progress
@@ -689,10 +692,21 @@ class Simulator:
                     break
                 keys.append(key)
                 demand += self._jobs[key[1]].spec.requested_workers
-        keys.extend((job.spec.submit_time, name) for name, job in self._running.items())
+        keys.extend(job.key for job in self._running.values())
         keys.sort()
-        jobs = tuple(self._job_info(self._jobs[name]) for _, name in keys)
-        return Snapshot(self._nodes_tuple, jobs, self.colocation)
+        every = self._jobs
+        infos: list[JobInfo] = []
+        for _, name in keys:
+            job = every[name]
+            info = job.info
+            if info is None:
+                info = self._job_info(job)
+            elif job.workers:  # the fields that move with time (see _job_info), inlined: this is the hot loop
+                info.remaining_work = job.model.remaining_seconds(job.epoch, job.progress)
+                info.attained_service = job.attained
+                info.executed_time = job.executed
+            infos.append(info)
+        return Snapshot(self._nodes_tuple, tuple(infos), self.colocation)
 
     # -- main loop ------------------------------------------------------------------------------------------
 

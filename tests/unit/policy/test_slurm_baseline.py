@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from slurm_amoeba.policy import PolicyError, check_decisions, make_policy
+from slurm_amoeba.policy import PolicyError, Snapshot, check_decisions, make_policy
 from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy, SlurmPartition
 
 from .helpers import job, sizes, snapshot
+from .strategies import snapshots
 
 # One node of 4 GPUs; R holds 2 of them until t=1000 (its time limit); the top job P needs all 4.
 _BUSY = job("R", 2, placement={"n0": 2}, time_limit=1000.0)
@@ -163,3 +166,17 @@ def test_bad_settings_are_refused_with_the_knob_named() -> None:
         SlurmPartition("x", preempt_mode="suspend")
     with pytest.raises(PolicyError, match="max_age_s=-1"):
         SlurmBaselinePolicy(max_age_s=-1)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshot=snapshots(), now=st.floats(0, 100_000), easy=st.booleans())
+def test_with_elastic_backfill_and_partitions_no_invariant_breaks(snapshot: Snapshot, now: float, easy: bool) -> None:
+    tiers = (SlurmPartition("", 2), SlurmPartition("low", 1, "requeue", 30.0))
+    for grow in (False, True):
+        policy = SlurmBaselinePolicy(grow_elastic=grow, partitions=tiers, bf_reservations=int(easy))
+        decisions = policy.decide(snapshot, now)
+        check_decisions(snapshot, decisions)
+        jobs = {job.job_id: job for job in snapshot.jobs}
+        for decision in decisions:
+            if decision.workers and jobs[decision.job_id].workers and not grow:
+                raise AssertionError(f"Slurm alone resized {decision.job_id}")

@@ -26,14 +26,14 @@ def server(munged: None) -> Iterator[ChannelServer]:
 
 
 def _send_raw(endpoint: str, frames: list[bytes]) -> list[bytes]:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(endpoint)
         sock.send_multipart(frames)
         assert sock.poll(5000), "no refusal came back"
-        return sock.recv_multipart()
+        return list(sock.recv_multipart())
     finally:
         sock.close()
 

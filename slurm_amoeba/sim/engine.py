@@ -12,10 +12,10 @@ a checkpoint), every grow or shrink of a running job ``resize_cost`` seconds (th
 takes effect only ``grow_lag`` seconds after it was ordered (the job trains at its old size meanwhile).
 
 Like Slurm's ``default_queue_depth``, the snapshot holds every running job but only the oldest pending jobs
-(``queue_depth``, and always enough of them to fill the cluster twice over), so that one round costs the same whether
-ten or forty thousand jobs wait: an overloaded trace then takes time linear in its jobs. For FIFO this changes nothing
-(a job behind jobs asking for more than the cluster cannot start); for policies that look further down the queue it
-is an approximation, measured in docs/simulator.md; ``queue_depth=0`` shows every job.
+(``queue_depth``, and always enough of them to ask for more GPUs than the cluster has), so that one round costs the
+same whether ten or forty thousand jobs wait: an overloaded trace then takes time linear in its jobs. For FIFO this
+changes nothing (a job behind jobs asking for more than the cluster cannot start); for policies that look further
+down the queue it is an approximation, measured in docs/simulator.md; ``queue_depth=0`` shows every job.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ DEFAULT_SCALING_EXPONENT = 0.26
 MAX_ROUNDS_WITHOUT_HORIZON = 10_000_000
 
 #: Pending jobs a policy sees at least, oldest first (see the module docstring).
-DEFAULT_QUEUE_DEPTH = 1000
+DEFAULT_QUEUE_DEPTH = 500
 
 
 def estimated_time_limit(seconds: float, factor: float) -> float:
@@ -104,7 +104,7 @@ class SimConfig:
         grace_time: Slurm's ``GraceTime``: a preempted job keeps its GPUs (and trains on) for this long before it
             leaves; the ``slurm`` policy waits for it. 0 preempts at once.
         queue_depth: the policy sees the running jobs and the oldest pending ones, at least this many (and enough
-            to fill the cluster twice over); 0 shows every pending job.
+            to ask for more GPUs than the cluster has); 0 shows every pending job.
     """
 
     nodes: int = 16
@@ -686,7 +686,7 @@ class Simulator:
             keys = list(self._waiting)
         else:
             demand = 0
-            enough = 2 * self.config.total_gpus
+            enough = self.config.total_gpus
             for key in self._waiting:
                 if len(keys) >= depth and demand > enough:
                     break

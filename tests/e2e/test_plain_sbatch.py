@@ -87,8 +87,9 @@ def test_readme_script_with_plain_sbatch_trains_grows_shrinks_and_completes(
         assert agent.resize(2) == 2
         wait_until("back to 2 workers", lambda: agent.workers() == 2, timeout=30)
         wait_until("the job to end", lambda: client.accounting_state(int(job_id)).is_final(), timeout=240)
+        state = client.accounting_state(int(job_id))
         log = (tmp_path / f"agent-{job_id}.out").read_text()
-        assert client.accounting_state(int(job_id)) is JobState.COMPLETED, log
+        assert state is JobState.COMPLETED, f"job {job_id} ended {state.value}; the agent's log ends:\n{log[-3000:]}"
         result = json.loads((ledger / "result.json").read_text())
         assert result["samples"] == EPOCHS_IN_README * DATASET
         generations = agent.history()["generations"]

@@ -14,17 +14,22 @@ sampler to the same topology for the loader.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
+from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, StateError
+from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.sampler import ElasticSampler
 from slurm_amoeba.runtime.topology import StepDriver
+
+if TYPE_CHECKING:
+    from slurm_amoeba.runtime.topology import GradientReducer
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +167,35 @@ class StateExtras(MutableMapping[str, Any]):
 ResetCallback = Callable[[], None]
 
 
+class StatefulPart(Protocol):
+    """What the state keeps of an LR scheduler or a ``GradScaler``: its ``state_dict`` round trip."""
+
+    def state_dict(self) -> Any:
+        """The part's state (JSON data and tensors)."""
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Put a state from :meth:`state_dict` back."""
+
+
+def refuse_wrapped(model: torch.nn.Module) -> None:
+    """Refuse a model wrapped in ``DistributedDataParallel`` (or FSDP1), saying what to do instead.
+
+    Such a wrapper is bound to one process group, and each generation has its own; the runtime reduces the
+    gradients itself (or, for a sharded model, re-shards it per generation: ``slurm_amoeba.runtime.fsdp``).
+
+    Raises:
+        RuntimeConfigError: the model is wrapped.
+    """
+    name = type(model).__name__
+    if name in ("DistributedDataParallel", "FullyShardedDataParallel") or hasattr(model, "_fsdp_wrapped_module"):
+        inner = "model.module" if name == "DistributedDataParallel" else "the unwrapped module"
+        raise RuntimeConfigError(
+            f"TorchState got a model wrapped in {name}, which is bound to one process group while every generation "
+            f"of an elastic job has its own: pass {inner} instead and do not wrap it (the runtime all-reduces the "
+            "gradients like DDP); for a sharded model use slurm_amoeba.runtime.fsdp.ShardedState with fully_shard"
+        )
+
+
 class TorchState:
     """The training state of one worker (the Horovod-shaped user API).
 
@@ -170,9 +204,12 @@ class TorchState:
         optimizer: its optimizer.
         sampler: the elastic sampler; its position is part of the state.
         extras: user values that must survive resizes and rollbacks (see :class:`StateExtras`).
+        schedulers: LR schedulers (``torch.optim.lr_scheduler``) whose state travels and rolls back with the rest.
+        scaler: a ``torch.amp.GradScaler`` whose scale and growth tracker travel and roll back with the rest.
 
     Raises:
         StateError: an extra cannot be sent.
+        RuntimeConfigError: the model is wrapped in ``DistributedDataParallel`` (pass ``model.module``).
     """
 
     def __init__(
@@ -181,11 +218,17 @@ class TorchState:
         optimizer: torch.optim.Optimizer,
         sampler: ElasticSampler,
         extras: Mapping[str, Any] | None = None,
+        *,
+        schedulers: Sequence[StatefulPart] = (),
+        scaler: StatefulPart | None = None,
     ) -> None:
+        refuse_wrapped(model)
         self.model = model
         self.optimizer = optimizer
         self.sampler = sampler
         self.extras = StateExtras(extras)
+        self.schedulers = list(schedulers)
+        self.scaler = scaler
         self._reset_callbacks: list[ResetCallback] = []
         self._committed: dict[str, Any] | None = None
         self._driver: StepDriver | None = None
@@ -254,6 +297,38 @@ class TorchState:
             WorkerFailure: the all-reduce failed (a peer died); the elastic entry point rolls back.
         """
         self.driver.apply_step(self)
+        self.after_step()
+
+    @contextlib.contextmanager
+    def sync(self) -> Iterator[None]:
+        """Your own optimizer step, on gradients reduced over the workers: ``with state.sync(): optimizer.step()``.
+
+        On entry the gradients are all-reduced (with the control word), so inside the block they are the global
+        batch's: ``scaler.unscale_(optimizer)``, ``clip_grad_norm_``, ``scaler.step(optimizer)``,
+        ``scaler.update()``, ``scheduler.step()`` all see the same values on every worker. On a normal exit the
+        gradients are zeroed and the sampler advances (the step counts); if the block raises, neither happens.
+        **A collective**, like :meth:`step`, which is ``with state.sync(): state.optimizer.step()``.
+
+        Raises:
+            RuntimeConfigError: the state is used outside ``slurm_amoeba.runtime.run()``.
+            WorkerFailure: the all-reduce failed (a peer died); the elastic entry point rolls back.
+        """
+        driver = self.driver
+        driver.reduce_gradients()
+        yield
+        driver.end_step(self)
+        self.after_step()
+
+    def after_step(self) -> None:
+        """Called after each step's end (a hook for states that must act before a switch; nothing here)."""
+
+    def switch_pending(self) -> bool:
+        """Whether the members agreed to end the generation at this step boundary."""
+        try:
+            self.driver.check_boundary()
+        except MembershipChanged:
+            return True
+        return False
 
     def commit(self) -> None:
         """Keep an in-memory copy of the state to roll back to after a failure.
@@ -313,7 +388,36 @@ class TorchState:
             "progress": self.sampler.state_dict(),
             "rng": rng,
             "extras": dict(self.extras),
+            "schedulers": [scheduler.state_dict() for scheduler in self.schedulers],
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
         }
+
+    def _parts_problem(self, manifest: Mapping[str, Any]) -> str | None:
+        schedulers = int(manifest.get("schedulers", 0))
+        if schedulers != len(self.schedulers) or bool(manifest.get("scaler")) != (self.scaler is not None):
+            return (
+                f"this worker's state has {len(self.schedulers)} LR schedulers and "
+                f"{'a' if self.scaler is not None else 'no'} GradScaler but the running workers' has {schedulers} "
+                f"and {'a' if manifest.get('scaler') else 'no'} GradScaler; pass the same schedulers= and scaler= "
+                "to TorchState in every worker"
+            )
+        return None
+
+    def gradient_reducer(self, previous: GradientReducer | None) -> GradientReducer:
+        """What reduces this state's gradients in a new generation (the runtime calls it once the state is in place).
+
+        Args:
+            previous: the last generation's reducer; kept if it still fits the model.
+
+        Returns:
+            The flat-bucket all-reduce of :mod:`~slurm_amoeba.runtime.gradients` for this model.
+        """
+        if isinstance(previous, GradientBuckets) and previous.model is self.model:
+            previous.zero()
+            return previous
+        if previous is not None:
+            previous.close()
+        return GradientBuckets(self.model)
 
     def check_compatible(self, manifest: Mapping[str, Any]) -> str | None:
         """Compare a sender's manifest with this worker's model and optimizer before receiving anything.
@@ -324,6 +428,9 @@ class TorchState:
         Returns:
             ``None`` if the state fits, else a sentence naming the first mismatch.
         """
+        parts = self._parts_problem(manifest)
+        if parts is not None:
+            return parts
         mine = self.model.state_dict()
         theirs = {str(name): (dtype, list(shape)) for name, dtype, shape in manifest["model"]}
         missing = sorted(set(theirs) - set(mine))
@@ -366,6 +473,8 @@ class TorchState:
             "tensors": [[str(t.dtype), list(t.shape), t.device.type] for t in tensors],
             "model": model,
             "param_groups": [len(g["params"]) for g in self.optimizer.param_groups],
+            "schedulers": len(self.schedulers),
+            "scaler": self.scaler is not None,
         }
         json.dumps(manifest)  # fails loudly here rather than on the receivers
         return manifest, tensors
@@ -390,6 +499,13 @@ class TorchState:
         if "cuda" in tree["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(tree["rng"]["cuda"].cpu())
         self.extras.replace_all(tree["extras"])
+        self._load_parts(tree)
+
+    def _load_parts(self, tree: Mapping[str, Any]) -> None:
+        for scheduler, scheduler_state in zip(self.schedulers, tree["schedulers"], strict=True):
+            scheduler.load_state_dict(clone_tree(scheduler_state))
+        if self.scaler is not None and tree["scaler"] is not None:
+            self.scaler.load_state_dict(dict(tree["scaler"]))
 
     def run_reset_callbacks(self) -> None:
         """Call the registered reset callbacks in order."""

@@ -59,11 +59,36 @@ class Topology(Protocol):
         """Raise :class:`~slurm_amoeba.runtime.errors.MembershipChanged` when the members agreed to switch here."""
 
 
+class GradientReducer(Protocol):
+    """What reduces a state's gradients in one generation, with the control word (see ``gradients``)."""
+
+    def arm(self, control: float) -> None:
+        """Start reducing during the step's last backward."""
+
+    def finish(self, control: float) -> float:
+        """Reduce what is left, wait, and return the control word summed over the members."""
+
+    def abandon(self) -> None:
+        """Forget pending reductions after a failure."""
+
+    def zero(self) -> None:
+        """Zero the gradients and the control word."""
+
+    def close(self) -> None:
+        """Release hooks (the reducer is replaced)."""
+
+
 class StepDriver(Topology, Protocol):
-    """What the state needs from the runtime: the two collectives behind ``state.step()`` and ``state.commit()``."""
+    """What the state needs from the runtime: the collectives behind ``state.step()``/``sync()``/``commit()``."""
 
     def apply_step(self, state: TorchState) -> None:
         """Reduce gradients over the members, step the optimizer, advance the sampler."""
+
+    def reduce_gradients(self) -> None:
+        """Reduce gradients over the members (the first half of a step whose optimizer step the user calls)."""
+
+    def end_step(self, state: TorchState) -> None:
+        """Zero gradients and advance the sampler (the second half)."""
 
     def agree_on_commit(self, step: int) -> None:
         """Check that every member commits at ``step``."""

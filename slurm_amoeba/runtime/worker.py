@@ -51,7 +51,6 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
-from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
@@ -75,7 +74,7 @@ from slurm_amoeba.runtime.protocol import (
 )
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus, generation_table
 from slurm_amoeba.runtime.state import TorchState, encode_tree
-from slurm_amoeba.runtime.topology import Generation
+from slurm_amoeba.runtime.topology import Generation, GradientReducer
 from slurm_amoeba.runtime.transfer import StateRefused, sync_state
 
 log = logging.getLogger(__name__)
@@ -169,7 +168,8 @@ class WorkerRuntime:
         self._switch_agreed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._grad: GradientBuckets | None = None
+        self._grad: GradientReducer | None = None
+        self._agreed_now = False
         self._step_time_s = 0.0
         self._samples_per_s = 0.0
         self._last_step_end = 0.0
@@ -317,15 +317,29 @@ class WorkerRuntime:
             RuntimeConfigError: called outside a generation.
             WorkerFailure: the all-reduce failed.
         """
+        self.reduce_gradients()
+        state.optimizer.step()
+        self.end_step(state)
+
+    def reduce_gradients(self) -> None:
+        """All-reduce the gradients and the control word (the first half of :meth:`apply_step`).
+
+        Raises:
+            RuntimeConfigError: called outside a generation.
+            WorkerFailure: the all-reduce failed.
+        """
         grad = self._grad
         if grad is None or self.generation == 0:
             raise RuntimeConfigError(f"{self.prefix} state.step() was called outside slurm_amoeba.runtime.run()")
         try:
-            agreed = grad.finish(self._control_word()) > 0
+            self._agreed_now = grad.finish(self._control_word()) > 0
         except RuntimeError as exc:
             raise self._failure("gradient all-reduce", exc) from None
-        state.optimizer.step()
-        grad.zero()
+
+    def end_step(self, state: TorchState) -> None:
+        """Zero the gradients, advance the sampler, time the step (the second half of :meth:`apply_step`)."""
+        if self._grad is not None:
+            self._grad.zero()
         consumed = state.sampler.advance()
         now = time.perf_counter()
         if self._last_step_end:
@@ -336,7 +350,7 @@ class WorkerRuntime:
             self._samples_per_s = rate if first else 0.8 * self._samples_per_s + 0.2 * rate
         self._last_step_end = now
         self._progress = state.sampler.state_dict()
-        if agreed:
+        if self._agreed_now:
             self._switch_agreed = True
 
     def agree_on_commit(self, step: int) -> None:
@@ -420,12 +434,7 @@ class WorkerRuntime:
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
         state.save()
-        if self._grad is None or self._grad.model is not state.model:
-            if self._grad is not None:
-                self._grad.close()
-            self._grad = GradientBuckets(state.model)
-        else:
-            self._grad.zero()
+        self._grad = state.gradient_reducer(self._grad)
         self._last_step_end = 0.0
         timing = GenerationTiming(
             generation=plan.generation,

@@ -278,7 +278,9 @@ class RequestHandler:
             if rule is None:
                 raise Refused(f"the daemon does not take {kind!r} messages; it takes {', '.join(ACCESS)}")
             owner = self._owner(req, rule)
-            check_access(rule, req.sender, owner, self.is_operator(req.sender))
+            # Operators are looked up only where the rule names them (with @groups it reads the user database).
+            operator = rule.who in (Who.OPERATOR, Who.OWNER_OR_OPERATOR) and self.is_operator(req.sender)
+            check_access(rule, req.sender, owner, operator)
             reply = _HANDLERS[kind](self, req) if owner is None else _JOB_HANDLERS[kind](self, req, owner)
         except Refused as exc:
             self.refuse(req, str(exc), exc.reason, exc.level)

@@ -23,6 +23,7 @@ per GPU), which is all the policies need of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 from slurm_amoeba.daemon.agents import AgentRecord
@@ -256,23 +257,24 @@ def unmanaged_job(
     """
     held = _gpus_by_node(records)
     first = min(records, key=lambda r: r.het_job_offset)
-    submit = float(first.submit_time)
-    priority = max(r.priority for r in records)
+    fixed = functools.partial(
+        JobInfo,
+        job_id=key,
+        submit_time=float(first.submit_time),
+        priority=max(r.priority for r in records),
+        owner=first.user,
+        partition=first.partition,
+    )
     if held:
         gpus = sum(held.values())
         ran = max(0.0, now - first.start_time) if first.start_time else 0.0
-        return JobInfo(
-            job_id=key,
+        return fixed(
             state=JobPhase.RUNNING,
-            submit_time=submit,
             requested_workers=gpus,
             min_workers=gpus,
             max_workers=gpus,
             workers=gpus,
             placement=held,
-            priority=priority,
-            owner=first.user,
-            partition=first.partition,
             attained_service=ran * gpus,
             executed_time=ran,
             pinned=pinned,
@@ -286,17 +288,7 @@ def unmanaged_job(
     )
     if wanted <= 0 or not waits_for_gpus:
         return None
-    return JobInfo(
-        job_id=key,
-        state=JobPhase.PENDING,
-        submit_time=submit,
-        requested_workers=wanted,
-        min_workers=wanted,
-        max_workers=wanted,
-        priority=priority,
-        owner=first.user,
-        partition=first.partition,
-    )
+    return fixed(state=JobPhase.PENDING, requested_workers=wanted, min_workers=wanted, max_workers=wanted)
 
 
 def show_released(nodes: Sequence[NodeInfo], releasing: Mapping[str, int]) -> tuple[NodeInfo, ...]:

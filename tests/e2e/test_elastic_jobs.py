@@ -49,14 +49,19 @@ def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 60.0) 
 
 @pytest.fixture
 def job_env(slurm_cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """This process's environment pointed at the cluster, with the venv's commands first on PATH."""
+    """This process's environment pointed at the cluster, with the venv's commands first on PATH.
+
+    Afterwards, jobs that appeared during the test and are still active (the test's job, its satellites) are
+    cancelled; jobs that were there before are left alone.
+    """
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("AMOEBA_DAEMON_ENDPOINT", raising=False)
-    yield dict(os.environ)
     client = CliSlurmClient(dict(os.environ))
+    before = {job.job_id for job in client.jobs()}
+    yield dict(os.environ)
     for job in client.jobs():
-        if job.state.is_active():
+        if job.state.is_active() and job.job_id not in before and job.job_id > max(before, default=0):
             client.cancel(job.job_id)
 
 

@@ -220,6 +220,79 @@ def amoeba_event(out: Path, event: str) -> dict[str, float]:
     return result
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with)."""
+    ordered = sorted(values)
+    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else ordered * 3
+    return {
+        "median": statistics.median(ordered),
+        "q1": quartiles[0],
+        "q3": quartiles[2],
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": float(len(ordered)),
+    }
+
+
+def _resized(generation: int, size: int) -> Callable[[CoordinatorView], bool]:
+    return lambda v: v.generation > generation and v.world_size == size
+
+
+def _stepped(since: CoordinatorView, steps: int) -> Callable[[CoordinatorView], bool]:
+    return lambda v: v.generation == since.generation and _progress_step(v) >= _progress_step(since) + steps
+
+
+def repeated_resizes(out: Path, cycles: int) -> dict[str, Any]:
+    """``cycles`` scale-outs (1 -> 2, a joiner warmed up in the background) and scale-ins (2 -> 1, SIGTERM) of one
+    job; what its first worker, a member throughout, loses at each switch.
+
+    A switch's pause is the gap between the worker's own step ends around it (last step of the old generation to
+    first step of the new one) minus the median step time: the time lost beyond one ordinary step. The worker's
+    timeline gives the split: ``group_s`` (meeting the other members and forming the process group) and
+    ``state_s`` (state transfer to the joiner, the auto-commit).
+    """
+    job = _amoeba_job(out, 1, ["--flush", "--commit-every", "20", "--steps", "1000000"])
+    with job:
+        job.wait_for(lambda v: v.world_size == 1 and _progress_step(v) >= 30, DEADLINE_S, "training to run")
+        view = job.view()
+        assert view.plan is not None
+        keeper = view.plan.members[0]
+        for _ in range(cycles):
+            for target in (2, 1):
+                before = job.view()
+                if target == 2:
+                    job.add(1)
+                else:
+                    assert before.plan is not None
+                    job.terminate(before.plan.members[-1])
+                after = job.wait_for(_resized(before.generation, target), DEADLINE_S, f"{target} workers")
+                job.wait_for(_stepped(after, 30), DEADLINE_S, "steps after the switch")
+        job.coordinator.store.set("bench/stop_at", str(_progress_step(job.view()) + 20))
+        job.wait(DEADLINE_S)
+    records = [r for r in _records(out, f"steps-amoeba-{keeper}.jsonl") if r[1] >= 0]
+    step_s = _median_step(records, skip=5)
+    pauses: dict[str, list[float]] = {"out": [], "in": []}
+    for before_r, after_r in itertools.pairwise(records):
+        if after_r[3] != before_r[3]:
+            kind = "out" if after_r[2] > before_r[2] else "in"
+            pauses[kind].append(after_r[0] - before_r[0] - step_s)
+    timeline = json.loads((out / f"timeline-{keeper}.json").read_text())[1:]
+    split = {
+        kind: {
+            key: _spread([row[key] for row in timeline if (row["world_size"] == 2) == (kind == "out")])
+            for key in ("group_s", "state_s")
+        }
+        for kind in ("out", "in")
+    }
+    return {
+        "step_s": step_s,
+        "pauses": pauses,
+        "scale_out": _spread(pauses["out"]),
+        "scale_in": _spread(pauses["in"]),
+        "split": split,
+    }
+
+
 def stop_resume(out: Path) -> dict[str, float]:
     """1 -> 2 by stop-resume: SIGTERM, checkpoint, exit, relaunch 2 processes at once, restore."""
     port = str(_free_port())
@@ -295,6 +368,14 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def run_pauses(work: Path, cycles: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The worker's pause over ``cycles`` repeated scale-outs and scale-ins (:func:`repeated_resizes`)."""
+    progress(f"worker pause: {cycles} scale-outs and {cycles} scale-ins of one job")
+    directory = work / "pauses"
+    directory.mkdir()
+    return repeated_resizes(directory, cycles)
+
+
 def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement; returns the JSON report."""
     ratios: list[float] = []
@@ -321,6 +402,7 @@ def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], N
             events[name].append(measure(directory))
     report: dict[str, Any] = {
         "overhead_ratio": _median(ratios) - 1.0,
+        "overhead_spread": {k: v - 1.0 if k != "n" else v for k, v in _spread(ratios).items()},
         "scale_out_pause_s": _median([e["stall_s"] for e in events["join"]]),
         "stop_resume_pause_s": _median([e["stall_s"] for e in events["stop"]]),
         "torchrun_restart_pause_s": _median([e["stall_s"] for e in events["torchrun"]]),
@@ -362,11 +444,30 @@ def format_table(report: dict[str, Any]) -> str:
         ("failure_recovery_s", f"{report['failure_recovery_s']:.3f} s", "2 -> 1, SIGKILL to training again"),
     ]
     out = report["scale_out_pause_s"]
+    spread = report["overhead_spread"]
+    rows.insert(1, ("overhead quartiles", f"{spread['q1'] * 100:+.1f}..{spread['q3'] * 100:+.1f} %", "block pairs"))
     rows.append(("scale-out / stop-resume", f"{out / report['stop_resume_pause_s'] * 100:.1f} %", "target <= 5 %"))
     rows.append(("scale-out / torchrun", f"{out / report['torchrun_restart_pause_s'] * 100:.1f} %", "target <= 5 %"))
     width = max(len(r[0]) for r in rows)
     lines = [f"{'measure'.ljust(width)}  {'value':>12}  notes", "-" * (width + 60)]
     lines += [f"{name.ljust(width)}  {value:>12}  {note}" for name, value, note in rows]
+    return "\n".join(lines)
+
+
+def format_pauses(pauses: dict[str, Any]) -> str:
+    """The worker-pause figures: beyond one step, median [quartiles] (range), and where the time went."""
+
+    def ms(spread: dict[str, float]) -> str:
+        return (
+            f"{spread['median'] * 1000:6.1f} ms [{spread['q1'] * 1000:.1f}..{spread['q3'] * 1000:.1f}] "
+            f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"
+        )
+
+    lines = [f"worker pause beyond one step (median step {pauses['step_s'] * 1000:.1f} ms)"]
+    for kind, name in (("out", "scale-out 1 -> 2"), ("in", "scale-in 2 -> 1")):
+        lines.append(f"  {name:<17} {ms(pauses['scale_' + kind])}")
+        for key in ("group_s", "state_s"):
+            lines.append(f"    {key:<15} {ms(pauses['split'][kind][key])}")
     return "\n".join(lines)
 
 
@@ -377,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=0, help="repetitions (default 3, or 1 with --quick)")
     parser.add_argument("--json", type=Path, help="also write the report as JSON to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory with logs")
+    parser.add_argument("--cycles", type=int, default=10, help="scale-out/scale-in pairs for the worker pause")
+    parser.add_argument("--pause-only", action="store_true", help="measure only the worker pause")
     args = parser.parse_args(argv)
     reps = args.reps or (1 if args.quick else 3)
     steps = 400 if args.quick else 1000
@@ -386,9 +489,14 @@ def main(argv: list[str] | None = None) -> int:
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
 
-    report = run_benchmark(work, reps, steps, progress)
-    report["details"]["wall_s"] = time.monotonic() - started
-    print(format_table(report))
+    if args.pause_only:
+        report: dict[str, Any] = {"worker_pause": run_pauses(work, args.cycles, progress)}
+    else:
+        report = run_benchmark(work, reps, steps, progress)
+        report["worker_pause"] = run_pauses(work, args.cycles, progress)
+        print(format_table(report))
+    report["wall_s"] = time.monotonic() - started
+    print(format_pauses(report["worker_pause"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.keep:

@@ -12,6 +12,7 @@ The model is an MLP of 1.06 M parameters on synthetic data, global batch 64, as 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -127,9 +128,11 @@ def run_amoeba(args: argparse.Namespace) -> None:
                 if state.step_index >= limit[0]:
                     return
 
-    amoeba.run(train, state)
+    result = amoeba.run(train, state)
     log.dump()
     ddp_log.dump()
+    timeline = [dataclasses.asdict(row) for row in result.timeline]  # where a switch's time went, per generation
+    (args.out / f"timeline-{runtime.worker_id}.json").write_text(json.dumps(timeline))
 
 
 def _checkpoint_path(args: argparse.Namespace) -> Path:

@@ -259,9 +259,9 @@ class Membership:
                     record, ended_at=now, end_reason="failure" if event.failed else "switch"
                 )
             info.report = event
-            if event.leaving:
-                info.status, info.reason = WorkerStatus.LEFT, "left at a step boundary"
-            elif info.status is not WorkerStatus.DEAD:
+            if event.leaving:  # decided with the others' reports: it may first hand the state to joiners
+                info.leave_requested = True
+            if info.status is not WorkerStatus.DEAD:
                 info.status = WorkerStatus.REPORTED
             return
         # A report for a generation that has already moved on: the worker missed the deadline but is alive and
@@ -427,11 +427,12 @@ class Membership:
         # failed with an error of its own (e.g. a joiner whose model does not match) left the state untouched.
         rollback = any(r.failed for r in reports) or any(m.status is WorkerStatus.DEAD for m in members)
         survivors = [m for m in members if m.status is WorkerStatus.REPORTED]
-        leavers = [m for m in survivors if m.leave_requested]
+        handover = self._handover(survivors)
+        leavers = [m for m in survivors if m.leave_requested and m is not handover]
         for info in leavers:
             info.status, info.reason = WorkerStatus.LEFT, "leave requested"
             self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
-        survivors = [m for m in survivors if not m.leave_requested]
+        survivors = [m for m in survivors if m not in leavers]
         if not any(m.report is not None and m.report.committed_step >= 0 for m in survivors):
             self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)
             return
@@ -440,7 +441,18 @@ class Membership:
         if size == 0:
             self._finish(now, f"no allowed world size fits {len(survivors)} workers", Phase.LOST)
             return
-        self._form((survivors + pool)[:size], survivors=survivors, now=now, reason="", rollback=rollback)
+        reason = f"{handover.worker_id} hands the state over before it leaves" if handover else ""
+        self._form((survivors + pool)[:size], survivors=survivors, now=now, reason=reason, rollback=rollback)
+
+    def _handover(self, survivors: list[WorkerInfo]) -> WorkerInfo | None:
+        """A leaving member kept for one more generation, as the source that hands the state to warm joiners, when
+        every survivor holding the state is leaving (else the job would be lost); it leaves at the next boundary."""
+        holders = [m for m in survivors if m.report is not None and m.report.committed_step >= 0]
+        if not holders or not all(m.leave_requested for m in holders):
+            return None
+        if not self._ready_pool({m.worker_id for m in survivors}):
+            return None
+        return max(holders, key=lambda m: (m.report.committed_step, m.report.step))  # type: ignore[union-attr]
 
     def _form(
         self,

@@ -108,7 +108,7 @@ def _broadcast(
         if tensors is None:
             for index, part in zip(indices, torch.split(flat, sizes), strict=True):
                 target = device if specs[index][2] == "cuda" else torch.device("cpu")
-                received[index] = part.reshape(specs[index][1]).to(target).clone()
+                received[index] = part.reshape(specs[index][1]).to(target)  # views of one buffer, no copy
     return [t for t in received if t is not None]
 
 

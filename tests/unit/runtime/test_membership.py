@@ -338,3 +338,25 @@ def test_job_finished_by_one_member_stays_finished_when_another_dies_at_the_end(
     job.m.mark_dead("w1", "process exited with signal 9")
     job.tick()
     assert job.m.phase is Phase.FINISHED
+
+
+def test_last_holder_leaving_with_a_warm_joiner_hands_the_state_over_then_leaves() -> None:
+    job = SimJob(initial=1)
+    job.apply_assignments()
+    job.train(4)
+    job.add()
+    job.workers["w0"].sigterm = True  # preempted while the joiner waits: the job must not be lost
+    job.boundary()
+    job.workers["w0"].alive = True  # it waits for the coordinator's answer instead of exiting at once
+    job.tick()
+    assert job.plan.members == ("w0", "w1") and job.plan.source == "w0" and job.plan.joiners == ("w1",)
+    assert "hands the state over" in job.plan.reason
+    job.apply_assignments()
+    job.tick()
+    assert job.want == job.plan.generation, "the leaver asks for the next switch at once"
+    job.train(1)
+    job.boundary()
+    job.tick()
+    after = job.m.plan
+    assert job.m.phase is Phase.RUNNING and after is not None and after.members == ("w1",) and not after.sync
+    assert job.m.workers["w0"].status is WorkerStatus.LEFT

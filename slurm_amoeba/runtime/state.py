@@ -343,7 +343,7 @@ class TorchState:
             WorkerFailure: the check failed because a peer died.
         """
         snapshot = self.capture()
-        self.driver.agree_on_commit(self.step_index)
+        self.driver.agree_on_commit(self.step_index, snapshot)
         self._committed = snapshot
 
     # ----------------------------------------------------------------------------------------------- runtime API

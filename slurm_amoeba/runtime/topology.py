@@ -11,7 +11,8 @@ layer ``runtime/``, worker side); it imports neither the worker nor the coordina
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -90,8 +91,8 @@ class StepDriver(Topology, Protocol):
     def end_step(self, state: TorchState) -> None:
         """Zero gradients and advance the sampler (the second half)."""
 
-    def agree_on_commit(self, step: int) -> None:
-        """Check that every member commits at ``step``."""
+    def agree_on_commit(self, step: int, snapshot: Mapping[str, Any] | None = None) -> None:
+        """Check that every member commits at ``step`` (and write ``snapshot`` to disk when a checkpoint is due)."""
 
     def before_last_micro_batch(self) -> None:
         """Start reducing gradient buckets during the step's last backward."""

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
     JobLostError,
     MembershipChanged,
@@ -73,7 +74,7 @@ from slurm_amoeba.runtime.protocol import (
     heartbeat_key,
 )
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus, generation_table
-from slurm_amoeba.runtime.state import TorchState, clone_tree, encode_tree
+from slurm_amoeba.runtime.state import TorchState, encode_tree
 from slurm_amoeba.runtime.topology import Generation, GradientReducer
 from slurm_amoeba.runtime.transfer import StateRefused, sync_state
 
@@ -122,7 +123,9 @@ def get_runtime() -> WorkerRuntime:
     return _runtime
 
 
-def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
+def run(
+    train: Callable[[TorchState], T], state: TorchState, *, checkpoint: CheckpointPolicy | None = None
+) -> RunResult[T]:
     """The elastic entry point: run ``train(state)`` in every generation this worker is a member of.
 
     ``train`` is called again after each membership change (state as it was at the switch) and after each failure
@@ -132,6 +135,8 @@ def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
     Args:
         train: the training function.
         state: the worker's state.
+        checkpoint: write due commits to disk and resume from the newest complete checkpoint there
+            (:mod:`slurm_amoeba.runtime.checkpoint`); default: ``AMOEBA_CHECKPOINT_*``, else no disk checkpoints.
 
     Returns:
         How it ended for this worker.
@@ -142,7 +147,7 @@ def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
         JobLostError: the coordinator declared the job lost.
         RuntimeTimeout: a deadline passed (coordinator unreachable, admission never came).
     """
-    return get_runtime().run(train, state)
+    return get_runtime().run(train, state, checkpoint=checkpoint)
 
 
 class WorkerRuntime:
@@ -175,6 +180,7 @@ class WorkerRuntime:
         self._last_step_end = 0.0
         self._progress: dict[str, int] = {}
         self._timeline: list[GenerationTiming] = []
+        self._checkpoints: Checkpointer | None = None
 
     # ----------------------------------------------------------------------------------------------- setup
 
@@ -353,8 +359,8 @@ class WorkerRuntime:
         if self._agreed_now:
             self._switch_agreed = True
 
-    def agree_on_commit(self, step: int) -> None:
-        """Check that every member commits at the same step.
+    def agree_on_commit(self, step: int, snapshot: Mapping[str, Any] | None = None) -> None:
+        """Check that every member commits at the same step; write ``snapshot`` to disk when a checkpoint is due.
 
         Raises:
             RuntimeConfigError: members commit at different steps.
@@ -362,7 +368,8 @@ class WorkerRuntime:
         """
         if self.generation == 0:
             return
-        probe = torch.tensor([float(step), -float(step)], dtype=torch.float64, device=self.device)
+        due = float(self._checkpoints is not None and self._checkpoints.due(step))
+        probe = torch.tensor([float(step), -float(step), due], dtype=torch.float64, device=self.device)
         try:
             dist.all_reduce(probe, op=dist.ReduceOp.MAX)
         except RuntimeError as exc:
@@ -373,6 +380,8 @@ class WorkerRuntime:
                 f"{self.prefix} commit() at step {step} while other members are at steps {low}..{high}: "
                 "commit() is a collective; call it at the same step on every worker"
             )
+        if probe[2].item() > 0 and self._checkpoints is not None and snapshot is not None:
+            self._checkpoints.submit(CheckpointJob(snapshot, step, self.generation, self.rank, self.world_size))
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -518,24 +527,18 @@ class WorkerRuntime:
             if result is not None:
                 return result
             if self._leave.is_set():
-                # The coordinator answers at once (leave), or keeps this worker one generation more to hand the
-                # state to warm joiners when no staying member holds it; a silent coordinator does not keep it.
-                try:
-                    assignment = self._wait_assignment(self.env.collective_timeout_s, member=True)
-                except RuntimeTimeout:
-                    assignment = Assignment(AssignAction.LEAVE, reason="no answer from the coordinator")
-                if assignment.action is AssignAction.LEAVE:
-                    log.info("%s left at step %s", self.prefix, state.step_index)
-                    return self._result(RunStatus.LEFT)
-                continue
+                log.info("%s left at step %s", self.prefix, state.step_index)
+                return self._result(RunStatus.LEFT)
             assignment = self._wait_assignment(after_report_s, member=True)
 
-    def run(self, train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
+    def run(
+        self, train: Callable[[TorchState], T], state: TorchState, *, checkpoint: CheckpointPolicy | None = None
+    ) -> RunResult[T]:
         """See :func:`run`."""
         encode_tree(state.as_tree(), "state", [])  # refuse unsendable state before joining anything
+        self._checkpoints = open_checkpoints(checkpoint, self.store, state, self.prefix)
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
         state.bind(self)
-        self._prewarm(state)
         self._push(EventKind.READY, allowed_sizes=sizes)
         log.info("%s warm and ready", self.prefix)
         status = RunStatus.ENDED
@@ -548,16 +551,11 @@ class WorkerRuntime:
             self._push(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            if self._checkpoints is not None:
+                self._checkpoints.close()
             self.shutdown()
             state.bind(None)
             _announce(generation_table(self.prefix, status, tuple(self._timeline)))
-
-    def _prewarm(self, state: TorchState) -> None:
-        """Warm-up for the switch, while the members still train: build the gradient buckets now (kept at the
-        switch) and make the allocator hold memory of the state's sizes, so that receiving and committing the state
-        at the switch neither allocates fresh pages nor makes the running members wait for that."""
-        self._grad = state.gradient_reducer(self._grad)
-        clone_tree(state.as_tree())  # allocated and freed: later allocations of these sizes reuse the memory
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""

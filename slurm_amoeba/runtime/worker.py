@@ -74,7 +74,7 @@ from slurm_amoeba.runtime.protocol import (
     heartbeat_key,
 )
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus, generation_table
-from slurm_amoeba.runtime.state import TorchState, encode_tree
+from slurm_amoeba.runtime.state import TorchState, clone_tree, encode_tree
 from slurm_amoeba.runtime.topology import Generation, GradientReducer
 from slurm_amoeba.runtime.transfer import StateRefused, sync_state
 
@@ -527,8 +527,16 @@ class WorkerRuntime:
             if result is not None:
                 return result
             if self._leave.is_set():
-                log.info("%s left at step %s", self.prefix, state.step_index)
-                return self._result(RunStatus.LEFT)
+                # The coordinator answers at once (leave), or keeps this worker one generation more to hand the
+                # state to warm joiners when no staying member holds it; a silent coordinator does not keep it.
+                try:
+                    assignment = self._wait_assignment(self.env.collective_timeout_s, member=True)
+                except RuntimeTimeout:
+                    assignment = Assignment(AssignAction.LEAVE, reason="no answer from the coordinator")
+                if assignment.action is AssignAction.LEAVE:
+                    log.info("%s left at step %s", self.prefix, state.step_index)
+                    return self._result(RunStatus.LEFT)
+                continue
             assignment = self._wait_assignment(after_report_s, member=True)
 
     def run(
@@ -539,6 +547,7 @@ class WorkerRuntime:
         self._checkpoints = open_checkpoints(checkpoint, self.store, state, self.prefix)
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
         state.bind(self)
+        self._prewarm(state)
         self._push(EventKind.READY, allowed_sizes=sizes)
         log.info("%s warm and ready", self.prefix)
         status = RunStatus.ENDED
@@ -556,6 +565,13 @@ class WorkerRuntime:
             self.shutdown()
             state.bind(None)
             _announce(generation_table(self.prefix, status, tuple(self._timeline)))
+
+    def _prewarm(self, state: TorchState) -> None:
+        """Warm-up for the switch, while the members still train: build the gradient buckets now (kept at the
+        switch) and make the allocator hold memory of the state's sizes, so that receiving and committing the state
+        at the switch neither allocates fresh pages nor makes the running members wait for that."""
+        self._grad = state.gradient_reducer(self._grad)
+        clone_tree(state.as_tree())  # allocated and freed: later allocations of these sizes reuse the memory
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""

@@ -1,0 +1,86 @@
+"""The agent's link to the daemon, against a stand-in daemon on loopback: registration, reports, who may direct.
+
+The stand-in is a real channel server in a thread (munge credentials included); it forgets the job once, as a
+restarted daemon does, and the link registers again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from slurm_amoeba.agent.link import DaemonLink
+from slurm_amoeba.transport.channel import ChannelServer
+
+REGISTRATION = {
+    "job_id": "42",
+    "endpoint": "tcp://127.0.0.1:1",
+    "min_workers": 1,
+    "max_workers": 4,
+    "gpus_per_worker": 1,
+    "partition": "batch",
+    "elastic_partition": "elastic",
+}
+REPORT = {"job_id": "42", "size": 1, "generation": 1, "target": 1, "throughput": {}, "history": [], "satellites": []}
+
+
+class StandInDaemon:
+    """Answers registrations; answers the first report with "unknown job" (it restarted), later ones with ok."""
+
+    def __init__(self) -> None:
+        self.server = ChannelServer("tcp://127.0.0.1:*")
+        self.kinds: list[str] = []
+        self._forgot = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            req = self.server.receive(0.05)
+            if req is None:
+                continue
+            self.kinds.append(req.message.kind)
+            if req.message.kind == "report" and not self._forgot:
+                self._forgot = True
+                self.server.answer(req, req.message.reply(ok=False, error="unknown job 42; register first"))
+            else:
+                self.server.answer(req, req.message.reply())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.server.close()
+
+
+@pytest.fixture
+def daemon(munged: None) -> Iterator[StandInDaemon]:
+    stand_in = StandInDaemon()
+    yield stand_in
+    stand_in.close()
+
+
+def test_a_registered_agent_takes_directives_from_its_owner_and_the_daemon_only(daemon: StandInDaemon) -> None:
+    link = DaemonLink(daemon.server.endpoint, owner_uid=1234, prefix="[42/agent]")
+    assert not link.may_direct(os.getuid()), "before registering, the daemon's uid is nobody's"
+    link.register(REGISTRATION)
+    assert daemon.kinds == ["register"] and link.daemon_uid == os.getuid()
+    assert link.may_direct(1234) and link.may_direct(os.getuid()) and not link.may_direct(4321)
+
+
+def test_a_report_the_daemon_does_not_know_registers_again(daemon: StandInDaemon) -> None:
+    link = DaemonLink(daemon.server.endpoint, owner_uid=os.getuid(), prefix="[42/agent]")
+    link.register(REGISTRATION)
+    link.report(REPORT)
+    link.report(REPORT)
+    assert daemon.kinds == ["register", "report", "register", "report"]
+
+
+def test_without_a_daemon_nothing_is_sent_and_only_the_owner_directs() -> None:
+    link = DaemonLink(None, owner_uid=1234, prefix="[42/agent]")
+    link.register(REGISTRATION)
+    link.report(REPORT)
+    assert link.daemon_uid is None and link.may_direct(1234) and not link.may_direct(0)

@@ -11,11 +11,12 @@ quiet stretches cost nothing. Every start or move pays ``restart_cost`` seconds 
 a checkpoint), every grow or shrink of a running job ``resize_cost`` seconds (the elastic runtime's pause), and a grow
 takes effect only ``grow_lag`` seconds after it was ordered (the job trains at its old size meanwhile).
 
-Like Slurm's ``default_queue_depth``, the snapshot holds every running job but only the oldest pending jobs
-(``queue_depth``, and always enough of them to ask for more GPUs than the cluster has), so that one round costs the
-same whether ten or forty thousand jobs wait: an overloaded trace then takes time linear in its jobs. For FIFO this
-changes nothing (a job behind jobs asking for more than the cluster cannot start); for policies that look further
-down the queue it is an approximation, measured in docs/simulator.md; ``queue_depth=0`` shows every job.
+With ``queue_depth`` set (like Slurm's ``default_queue_depth``), the snapshot holds every running job but only the
+oldest pending jobs (that many, and always enough of them to ask for more GPUs than the cluster has), so that one
+round costs the same whether ten or forty thousand jobs wait: an overloaded trace then takes time linear in its
+jobs. For FIFO this changes nothing (a job behind jobs asking for more than the cluster cannot start); for policies
+that look further down the queue it is an approximation that can move the figures (docs/simulator.md measures it),
+so the default, 0, shows every pending job.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ DEFAULT_SCALING_EXPONENT = 0.26
 #: (about 19 years of simulated time at 60 s) unless a horizon stops the run.
 MAX_ROUNDS_WITHOUT_HORIZON = 10_000_000
 
-#: Pending jobs a policy sees at least, oldest first (see the module docstring).
-DEFAULT_QUEUE_DEPTH = 500
+#: Pending jobs a policy sees at least, oldest first; 0: every one (see the module docstring).
+DEFAULT_QUEUE_DEPTH = 0
 
 
 def estimated_time_limit(seconds: float, factor: float) -> float:

@@ -158,3 +158,11 @@ def test_a_host_that_grows_keeps_its_guest_and_the_gpus_add_up() -> None:
     # Two GPUs held from 0, four from 120 (the guest's GPUs are the host's, never counted twice).
     assert result.usage[-1] == (120.0, 4)
     assert max(used for _, used in result.usage) == 4
+
+
+def test_a_queue_depth_changes_nothing_for_fifo() -> None:
+    jobs = [JobSpec(f"j{i:03d}", i * 7.0, 1 + i % 4, duration=50.0 + (i * 37) % 400) for i in range(120)]
+    runs = [_run(jobs, "fifo", nodes=1, gpus_per_node=4, queue_depth=depth).run() for depth in (0, 3)]
+    exact, shallow = ({record.name: record for record in run.jobs} for run in runs)
+    assert exact == shallow
+    assert max(record.first_start or 0.0 for record in exact.values()) > 10_000  # the queue really was long

@@ -21,7 +21,8 @@ kind                sender           body
 ``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
 ``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
 ``status``          ctl -> daemon    (empty)
-``jobs``            ctl -> daemon    (empty)
+``jobs``            ctl -> daemon    optional ``offset`` and ``limit`` (a page of the jobs; the reply's ``next``
+                                     is the offset of the next page, or null on the last)
 ``policy_show``     ctl -> daemon    (empty)
 ``reply``           anyone           ``ok``, ``error`` (a sentence, or ""), ``data`` (an object)
 ==================  ===============  ==============================================================================
@@ -81,6 +82,10 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {},
     "policy_show": {},
     "reply": {"ok": (bool,), "error": (str,), "data": (dict,)},
+}
+# Fields a kind may carry but need not (older senders leave them out), checked like :data:`SCHEMAS`' fields.
+OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "jobs": {"offset": (int,), "limit": (int,)},
 }
 
 
@@ -163,11 +168,13 @@ def _check_body(kind: str, body: Any) -> dict[str, Any]:
     missing = sorted(set(schema) - set(body))
     if missing:
         raise ProtocolError(f"{kind}: missing field(s) {', '.join(missing)}")
-    extra = sorted(set(body) - set(schema))
+    optional = OPTIONAL_FIELDS.get(kind, {})
+    extra = sorted(set(body) - set(schema) - set(optional))
     if extra:
         named = quote(", ".join(extra[:5]), 80)
-        raise ProtocolError(f"{kind}: unknown field(s) {named}; known: {', '.join(sorted(schema)) or '-'}")
-    for name, types in schema.items():
+        known = sorted({*schema, *optional})
+        raise ProtocolError(f"{kind}: unknown field(s) {named}; known: {', '.join(known) or '-'}")
+    for name, types in {**schema, **{key: t for key, t in optional.items() if key in body}}.items():
         value = body[name]
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:

@@ -29,7 +29,7 @@ from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
 from slurm_amoeba.daemon.observer import ClusterSource, Observation
 from slurm_amoeba.daemon.requests import RequestHandler
-from slurm_amoeba.daemon.rounds import RoundLoop, RoundSummary
+from slurm_amoeba.daemon.rounds import REFRESH_MIN_S, RoundLoop, RoundSummary
 from slurm_amoeba.daemon.state import DaemonState
 from slurm_amoeba.policy import JobInfo, make_policy
 from slurm_amoeba.transport.channel import ChannelServer, Request
@@ -169,12 +169,21 @@ class Daemon:
         if self.server is None:
             self.start()
         next_round = time.monotonic()
+        last_begun = -REFRESH_MIN_S
         while not stop.is_set():
-            if time.monotonic() >= next_round:
-                self.run_round()
-                next_round = max(next_round + self.config.interval_s, time.monotonic())
-            self.apply_outcomes()
-            self.serve(min(0.05, max(0.001, next_round - time.monotonic())))
+            now = time.monotonic()
+            early = self.round_loop.refresh_wanted and now - last_begun >= REFRESH_MIN_S
+            if (now >= next_round or early) and self.round_loop.begin_round():
+                last_begun = now
+                next_round = max(next_round + self.config.interval_s, now) if now >= next_round else next_round
+            try:
+                self.round_loop.finish_round()
+                self.apply_outcomes()
+                self.serve(min(0.05, max(0.001, next_round - time.monotonic())))
+            except Exception:  # the loop outlives anything (a state file that cannot be written, a socket error)
+                self.metrics.loop_errors.inc()
+                logger.exception("[daemon] the loop hit an error; it goes on")
+                time.sleep(0.05)
 
     def serve(self, timeout_s: float) -> int:
         """Answer the requests that arrive within ``timeout_s`` (at most :data:`BATCH` of them).
@@ -186,13 +195,17 @@ class Daemon:
         if server is None:
             raise RuntimeError("Daemon.serve() before Daemon.start(): the API socket is not bound yet")
         handled = 0
-        req = server.receive(timeout_s)
-        while req is not None:
-            self.handle(req)
-            handled += 1
-            if handled >= BATCH:
-                break
-            req = server.receive(0.001)
+        refused = server.refusals
+        try:
+            req = server.receive(timeout_s)
+            while req is not None:
+                self.handle(req)
+                handled += 1
+                if handled >= BATCH:
+                    break
+                req = server.receive(0.001)
+        finally:
+            self.metrics.unreadable.inc(max(0, server.refusals - refused))
         self.ledger.save()
         return handled
 

@@ -238,6 +238,10 @@ class DaemonMetrics:
         self.observe_failures = r.counter("amoeba_observe_failures_total", "Rounds skipped: Slurm did not answer.")
         self.draining = r.gauge("amoeba_draining", "1 while an operator has drained every elastic job to its minimum.")
         self.last_round = r.gauge("amoeba_last_round_timestamp_seconds", "Unix time of the last completed round.")
+        self.unreadable = r.counter(
+            "amoeba_unreadable_messages_total", "Messages refused before a handler: bad credential, frames or JSON."
+        )
+        self.loop_errors = r.counter("amoeba_loop_errors_total", "Errors the daemon's loop caught and went past.")
 
 
 class MetricsServer:
@@ -268,8 +272,14 @@ class MetricsServer:
         self._server.server_close()
 
 
+#: Seconds a metrics connection may stay silent before it is closed (an idle client holds no thread for longer).
+CONNECTION_TIMEOUT_S = 10.0
+
+
 def _make_handler(render: Callable[[], str]) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = CONNECTION_TIMEOUT_S
+
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] == "/metrics":
                 body = render().encode()

@@ -107,7 +107,8 @@ ACCESS: Mapping[str, Access] = MappingProxyType(
             reads="Slurm's record of the job",
             changes="the job's agent record (endpoint, worker range)",
             verb="register the agent of",
-            unknown_job="Slurm runs no job {job}; an agent registers from inside its running job",
+            unknown_job="unknown job {job}: the daemon's last view of Slurm shows no such running job (an agent "
+            "registers from inside its running job); Slurm is read again now, retry in a few seconds",
         ),
         "report": Access(
             Who.JOB_OWNER,
@@ -132,7 +133,8 @@ ACCESS: Mapping[str, Access] = MappingProxyType(
             reads="the job's agent record, else Slurm's record of the job",
             changes="the pinned jobs (state file)",
             verb="pin or unpin",
-            unknown_job="Slurm runs no job {job}; only running or pending jobs can be pinned",
+            unknown_job="the daemon's last view of Slurm shows no job {job}; only running or pending jobs can be "
+            "pinned (Slurm is read again now: retry in a few seconds)",
         ),
         "drain": Access(Who.OPERATOR, OwnerFrom.NO_JOB, reads="nothing", changes="the drain switch", verb="drain"),
         "resume": Access(Who.OPERATOR, OwnerFrom.NO_JOB, reads="nothing", changes="the drain switch", verb="resume"),

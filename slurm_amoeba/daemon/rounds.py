@@ -7,6 +7,12 @@ snapshot, :func:`decide` (pure but for timing the policy) asks the policy, wrapp
 hands them to the actuator. Bookkeeping (the ledger's expired resizes and forgotten jobs, satellite warnings, the
 state file, metrics, the rounds kept for ``status``) happens between the steps, in :class:`RoundLoop`, never inside
 them.
+
+Reading Slurm can hang (a slurmctld that does not answer holds squeue for ``slurm.timeout_s``), so the live loop
+never reads it on its own thread: :meth:`RoundLoop.begin_round` starts the observe step on a thread of its own and
+:meth:`RoundLoop.finish_round` runs the rest of the round once Slurm has answered. A hung slurmctld delays rounds;
+requests are answered meanwhile, from the last view (a request about a job the view does not show yet asks for an
+early round and is told to retry).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -164,23 +171,54 @@ class RoundLoop:
         self.last_round: RoundSummary | None = None
         self.rounds: collections.deque[RoundSummary] = collections.deque(maxlen=ROUNDS_KEPT)
         self.watch = SatelliteWatch(config.orphan_grace_s)
-        self._last_refresh = 0.0
+        self.refresh_wanted = False
+        self._pending: _Observing | None = None
+
+    def begin_round(self) -> bool:
+        """Start a round: read Slurm on a thread of its own (see the module docstring).
+
+        Returns:
+            False when the previous round's read of Slurm has not come back yet (nothing is started).
+        """
+        if self._pending is not None:
+            return False
+        self.refresh_wanted = False
+        self._pending = _Observing(self.slurm, self.clock())
+        return True
+
+    @property
+    def observing(self) -> bool:
+        """Whether a round waits for Slurm's answer."""
+        return self._pending is not None
+
+    def finish_round(self) -> RoundSummary | None:
+        """Finish the round :meth:`begin_round` started once Slurm has answered; never raises.
+
+        Returns:
+            The round's summary, or None while Slurm has not answered (or no round was started).
+        """
+        pending = self._pending
+        if pending is None or not pending.done.is_set():
+            return None
+        self._pending = None
+        return self._run(pending.now, pending.started, lambda: pending.result())
 
     def run_round(self) -> RoundSummary:
         """Observe, decide and order once; never raises (a failed round is logged and reported)."""
-        started = time.perf_counter()
-        now = self.clock()
+        return self._run(self.clock(), time.perf_counter(), lambda: observe(self.slurm, self.clock()))
+
+    def _run(self, now: float, started: float, read: Callable[[], ClusterView]) -> RoundSummary:
         try:
-            summary = self._round(now, started)
+            summary = self._round(now, started, read)
         except Exception as exc:
             logger.exception("[daemon] the round failed; the next one starts afresh")
             summary = RoundSummary(now, time.perf_counter() - started, 0.0, {}, f"internal error: {exc}")
         self._book_round(summary, now)
         return summary
 
-    def _round(self, now: float, started: float) -> RoundSummary:
+    def _round(self, now: float, started: float, read: Callable[[], ClusterView]) -> RoundSummary:
         try:
-            view = observe(self.slurm, now)
+            view = read()
         except (SlurmCommandError, ParseError) as exc:
             self.metrics.observe_failures.inc()
             logger.warning("[daemon/observer] Slurm did not answer (%s); no decisions this round", exc)
@@ -232,23 +270,43 @@ class RoundLoop:
             self.metrics.last_round.set(now)
 
     def job_records(self, job_id: str) -> list[JobRecord]:
-        """The active records of a job, reading Slurm again when the last view does not know it.
+        """The active records of a job as the last view shows them; never reads Slurm (see the module docstring).
 
-        Slurm is read at most every :data:`REFRESH_MIN_S`; a failure is logged and reads as "no such job".
+        When the view does not show the job, :attr:`refresh_wanted` asks the loop for an early round (at most every
+        :data:`REFRESH_MIN_S`) and the answer is "no such job" until it has come.
         """
         known = self.view.active_job(job_id) if self.view is not None else []
-        if known:
-            return known
-        now = self.clock()
-        if now - self._last_refresh < REFRESH_MIN_S:
-            return []
-        self._last_refresh = now
+        if not known:
+            self.refresh_wanted = True
+        return known
+
+
+class _Observing:
+    """One read of Slurm on a thread of its own; :attr:`done` is set when it returned or failed."""
+
+    def __init__(self, slurm: ClusterSource, now: float) -> None:
+        self.now = now
+        self.started = time.perf_counter()
+        self.done = threading.Event()
+        self._view: ClusterView | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._read, args=(slurm,), name="amoebad-observe", daemon=True).start()
+
+    def _read(self, slurm: ClusterSource) -> None:
         try:
-            self.view = observe(self.slurm, now)
-        except (SlurmCommandError, ParseError) as exc:
-            logger.warning("[daemon/observer] could not read Slurm: %s", exc)
-            return []
-        return self.view.active_job(job_id)
+            self._view = observe(slurm, self.now)
+        except BaseException as exc:  # handed to the loop's thread, which logs it like a failure of its own read
+            self._error = exc
+        finally:
+            self.done.set()
+
+    def result(self) -> ClusterView:
+        """The view Slurm gave, or the read's exception raised again."""
+        if self._error is not None:
+            raise self._error
+        if self._view is None:
+            raise RuntimeError("the read of Slurm has not finished; wait for done")
+        return self._view
 
 
 def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:

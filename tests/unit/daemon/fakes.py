@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from typing import Any
 
@@ -88,15 +89,20 @@ def node(name: str, total: int = 4, used: int = 0, partitions: tuple[str, ...] =
 
 @dataclasses.dataclass
 class FakeSlurm:
-    """Slurm in memory: the test edits ``job_list``/``node_list``; ``down`` makes every call fail."""
+    """Slurm in memory: the test edits ``job_list``/``node_list``; ``down`` makes every call fail; while ``hung``
+    is set, ``jobs()`` blocks (a slurmctld that does not answer) until ``release`` is set."""
 
     job_list: list[JobRecord] = dataclasses.field(default_factory=list)
     node_list: list[NodeRecord] = dataclasses.field(default_factory=list)
     down: bool = False
     calls: int = 0
+    hung: bool = False
+    release: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def jobs(self) -> list[JobRecord]:
         self.calls += 1
+        if self.hung:
+            self.release.wait(60)
         if self.down:
             raise SlurmCommandError(
                 ["squeue", "--json"], 1, "slurm_load_jobs error: Unable to contact slurm controller"

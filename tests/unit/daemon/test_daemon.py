@@ -19,6 +19,7 @@ from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, encode
 from slurm_amoeba.daemon import Daemon, DaemonConfig
 from slurm_amoeba.daemon.config import AgentSettings
 from slurm_amoeba.daemon.metrics import MetricsServer
+from slurm_amoeba.daemon.observer import observe
 from slurm_amoeba.daemon.state import load_state
 from slurm_amoeba.slurm import JobState as SlurmState
 from slurm_amoeba.transport.channel import ChannelServer
@@ -110,6 +111,7 @@ def make_daemon(
     settings.update(overrides)
     daemon = Daemon(dataclasses.replace(DaemonConfig(), **settings), slurm, clock=clock)  # type: ignore[arg-type]
     daemon.server = RecordingServer()
+    daemon.round_loop.view = observe(slurm, clock())  # requests are answered from the last view of Slurm
     return daemon
 
 
@@ -182,7 +184,7 @@ def test_only_the_jobs_owner_may_register_or_report_for_it(daemon: Daemon, agent
 
 def test_registering_a_job_slurm_does_not_run_is_refused(daemon: Daemon) -> None:
     reply = ask(daemon, "register", register_body("999"))
-    assert not reply.body["ok"] and "Slurm runs no job 999" in reply.body["error"]
+    assert not reply.body["ok"] and "unknown job 999" in reply.body["error"]
 
 
 @pytest.mark.parametrize(

@@ -106,10 +106,10 @@ def test_a_stranger_gets_exactly_what_the_table_allows_and_changes_nothing_else(
 @pytest.mark.parametrize(
     ("kind", "error"),
     [
-        ("register", "Slurm runs no job 999"),
+        ("register", "unknown job 999"),
         ("report", "unknown job 999"),
         ("resize", "job 999 is not an elastic job registered"),
-        ("pin", "Slurm runs no job 999"),
+        ("pin", "shows no job 999"),
     ],
 )
 def test_a_request_about_an_unknown_job_is_refused_by_its_rules_message(tmp_path: Path, kind: str, error: str) -> None:

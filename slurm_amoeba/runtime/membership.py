@@ -350,6 +350,10 @@ class Membership:
                 size = self._target_size(len(pool))
                 if size:
                     self._form(pool[:size], survivors=[], now=now, reason="first generation")
+            elif len(self.workers) >= self.config.initial_workers and all(
+                i.status.is_gone() for i in self.workers.values()
+            ):  # no wait without an end: nobody is left to start the job (e.g. the script fails at import)
+                self._finish(now, "every worker exited before the first generation formed", Phase.LOST)
         elif self.phase is Phase.RUNNING:
             self._maybe_abort()
             self._maybe_want(now)

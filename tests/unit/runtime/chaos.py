@@ -10,7 +10,7 @@ SIGSTOP/SIGCONT), waits for the end within a deadline and returns a :class:`Chao
   documented loss: the runtime keeps no disk checkpoint); ``lost-leaving``: the same, where some of those holders
   were leaving gracefully (docs: "if every worker holding the state leaves or dies at once" -- a leaver does not
   yet hand the state to warm joiners first); a loss without either is ``unexpected-loss``;
-* ``hang``: the job did not end within the deadline.
+* ``hang``: the job did not end within the deadline; ``no-start``: no first generation ever formed.
 
 Used by ``tests/unit/runtime/test_chaos.py`` (a few seeds) and ``scripts/chaos-runtime`` (hundreds).
 """
@@ -49,7 +49,8 @@ class ChaosOutcome:
 
     Attributes:
         seed: its seed.
-        outcome: ``finished``, ``lost``, ``lost-leaving``, ``hang``, ``ledger``, ``params`` or ``unexpected-loss``.
+        outcome: ``finished``, ``lost``, ``lost-leaving``, ``hang``, ``no-start``, ``ledger``, ``params`` or
+            ``unexpected-loss``.
         operations: what was done, in order (``op:worker``).
         sizes: world size of each generation.
         seconds: wall time of the run.
@@ -159,9 +160,9 @@ class _Chaos:
         try:
             view = self.job.wait_for(planned, 30, "the next generation")
         except RuntimeTimeout:
-            return joiner
+            return "none (no switch came)"
         if view.plan is None or view.phase.is_over():
-            return joiner
+            return "none (the job ended first)"
         if op == "kill_at_switch":
             victim = self.rng.choice(list(view.plan.members))
         else:
@@ -191,6 +192,9 @@ def chaos_run(seed: int, out: Path, reference: dict[str, torch.Tensor], operatio
     view = result.view
     sizes = [r.plan.world_size for r in view.history]
     verdict = ChaosOutcome(seed, "finished", chaos.done, sizes, time.monotonic() - started)
+    if not view.history:  # the workers never formed a first generation (e.g. the script fails at start)
+        verdict.outcome, verdict.detail = "no-start", view.lost_reason
+        return verdict
     if result.phase is Phase.LOST:
         holders = _holders(view)
         if holders <= chaos.downed:

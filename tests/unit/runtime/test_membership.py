@@ -360,3 +360,14 @@ def test_last_holder_leaving_with_a_warm_joiner_hands_the_state_over_then_leaves
     after = job.m.plan
     assert job.m.phase is Phase.RUNNING and after is not None and after.members == ("w1",) and not after.sync
     assert job.m.workers["w0"].status is WorkerStatus.LEFT
+
+
+def test_job_whose_every_initial_worker_exits_before_the_first_generation_is_lost_not_left_waiting() -> None:
+    m = Membership(MembershipConfig(initial_workers=2))
+    m.handle(WorkerEvent(kind=EventKind.REGISTERED, worker="w0", time=0.0), 0.0)
+    m.mark_dead("w1", "process exited with status 1")
+    m.decide(0.1)
+    assert m.phase is Phase.STARTING, "w0 may still come up"
+    m.mark_dead("w0", "process exited with status 1")
+    m.decide(0.2)
+    assert m.phase is Phase.LOST and "before the first generation" in m.lost_reason

@@ -52,6 +52,7 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
+from slurm_amoeba.runtime.failures import failure_message
 from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
@@ -557,7 +558,7 @@ class WorkerRuntime:
             status = result.status
             return result
         except BaseException as exc:
-            self._push(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}")
+            self._push(EventKind.ERROR, step=state.step_index, message=failure_message(exc))
             raise
         finally:
             if self._checkpoints is not None:

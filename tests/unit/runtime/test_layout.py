@@ -12,6 +12,7 @@ WORKER_SIDE = {"worker", "group", "transfer", "state", "sampler", "loader", "gra
 WORKER_SIDE |= {"checkpoint"}  # disk checkpoints of the worker's commit
 COORDINATOR_SIDE = {"coordinator", "membership"}
 SHARED = {"protocol", "errors", "planner"}
+SHARED |= {"failures"}  # failure classes: the worker classifies, the coordinator and agent decide
 
 
 def runtime_imports(module: str) -> tuple[set[str], list[str]]:

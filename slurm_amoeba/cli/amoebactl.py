@@ -18,7 +18,7 @@ from typing import Any
 
 from slurm_amoeba.cli.entry import add_version_flag
 from slurm_amoeba.core.jobenv import ENV_DAEMON_ENDPOINT
-from slurm_amoeba.core.messages import Message
+from slurm_amoeba.core.messages import Message, quote
 from slurm_amoeba.transport.channel import ChannelError, request
 from slurm_amoeba.transport.munge import MungeError
 
@@ -95,8 +95,10 @@ def _throughput(table: Mapping[str, Any]) -> str:
 
 def _format_jobs(data: Mapping[str, Any]) -> str:
     jobs = data.get("jobs", [])
+    others = int(data.get("others") or 0)
+    hidden = f"{others} elastic job(s) of other users (only operators see them)" if others else ""
     if not jobs:
-        return "no elastic job is registered with the daemon"
+        return hidden or "no elastic job is registered with the daemon"
     rows = [["JOB", "USER", "SIZE", "TARGET", "RANGE", "GPU/W", "SATELLITES", "PINNED", "REPORT", "THROUGHPUT"]]
     for job in jobs:
         age = job.get("last_report_age_s")
@@ -118,7 +120,9 @@ def _format_jobs(data: Mapping[str, Any]) -> str:
     for job in jobs:
         if job["history"]:
             lines.append(f"\njob {job['job_id']} history (newest last):")
-            lines.extend(f"  {json.dumps(event) if not isinstance(event, str) else event}" for event in job["history"])
+            lines.extend(f"  {json.dumps(event)}" for event in job["history"])  # escaped: no control reaches a terminal
+    if hidden:
+        lines.append(f"\n{hidden}")
     return "\n".join(lines)
 
 
@@ -147,6 +151,12 @@ def _format_status(data: Mapping[str, Any]) -> str:
         lines.append(f"  satellite {sat['job_id']} of gone job {sat['parent']} (user {sat['user']}): scancel it")
     for sat in data.get("unclaimed", []):
         lines.append(f"  satellite {sat['job_id']} of job {sat['parent']} is not listed by its agent")
+    if data.get("limited_to_own_jobs"):
+        lines.append(
+            f"shown       your own jobs only; in all {data.get('pinned_count', 0)} pinned, "
+            f"{data.get('orphans_count', 0)} orphan(s), {data.get('unclaimed_count', 0)} unclaimed satellite(s) "
+            f"(operators see every job)"
+        )
     return "\n".join(lines)
 
 
@@ -166,6 +176,31 @@ def _format(command: str, data: Mapping[str, Any]) -> str:
     return "draining: every elastic job goes to its minimum" if data.get("draining") else "resumed: the policy decides"
 
 
+#: Pages of ``jobs`` amoebactl follows at most (a daemon whose ``next`` never ends cannot hold it forever).
+MAX_PAGES = 10_000
+
+
+def _ask(args: argparse.Namespace, message: Message) -> Mapping[str, Any]:
+    return request(args.endpoint, message, timeout_s=args.timeout, retries=0).body
+
+
+def _jobs(args: argparse.Namespace) -> dict[str, Any]:
+    """Every page of ``jobs``, as one reply body (the daemon sends at most a page per request)."""
+    jobs: list[Any] = []
+    offset = 0
+    for _ in range(MAX_PAGES):
+        body = _ask(args, Message("jobs", {"offset": offset}))
+        if not body["ok"]:
+            return dict(body)
+        data = body["data"]
+        jobs.extend(data.get("jobs", []))
+        following = data.get("next")
+        if not isinstance(following, int) or isinstance(following, bool) or following <= offset:
+            return {**body, "data": {**data, "jobs": jobs, "next": None}}
+        offset = following
+    raise ChannelError(f"jobs: the daemon sent more than {MAX_PAGES} pages; is it the daemon?")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``amoebactl``; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -173,13 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"amoebactl: --timeout {args.timeout} must be more than 0 seconds", file=sys.stderr)
         return 2
     try:
-        reply = request(args.endpoint, _message(args), timeout_s=args.timeout, retries=0)
+        body = _jobs(args) if args.command == "jobs" else dict(_ask(args, _message(args)))
     except (ChannelError, MungeError) as exc:
         print(f"amoebactl: {exc}", file=sys.stderr)
         return 3
-    body = reply.body
     if not body["ok"]:
-        print(f"amoebactl: refused: {body['error']}", file=sys.stderr)
+        print(f"amoebactl: refused: {quote(body['error'], 2000)[1:-1]}", file=sys.stderr)
         return 1
     data = body["data"]
     print(json.dumps(data, indent=2, sort_keys=True) if args.json else _format(args.command, data))

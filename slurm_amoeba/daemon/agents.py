@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.core.messages import quote
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 _AGENT_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:[0-9]{1,5}$|^tcp://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}$")
-#: Events kept per job for ``amoebactl jobs`` (the agent sends its recent history with each report).
+#: Events kept per job for ``amoebactl jobs`` (the agent sends its recent history with each report) ...
 HISTORY_KEPT = 50
+#: ... and their size at most, encoded (the newest events that fit are kept).
+HISTORY_BYTES = 16384
+#: Nesting an event may have (an object of values and lists of values); deeper ones are kept as a quoted string,
+#: so that a ``jobs`` reply, where events sit 7 levels down, stays within the protocol's nesting limit.
+EVENT_DEPTH = 2
 #: Largest worker count the daemon accepts in a registration (a sanity bound, not a site policy).
 MAX_WORKERS = 100_000
 
@@ -38,6 +45,39 @@ def check_job_id(job_id: str) -> str:
     if not _JOB_ID.match(job_id):
         raise AgentMessageError(f"job_id {job_id!r} is not a Slurm job id (digits only, e.g. '1234')")
     return job_id
+
+
+def _depth(value: object) -> int:
+    """Nesting of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
+
+
+def bounded_history(events: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    """The newest of ``events`` within :data:`HISTORY_KEPT` events and :data:`HISTORY_BYTES` bytes.
+
+    An event nested deeper than :data:`EVENT_DEPTH` is kept as ``{"event": "unreadable", "text": <quoted>}``.
+    """
+    kept: list[Any] = []
+    size = 0
+    for event in reversed(list(events)[-HISTORY_KEPT:]):
+        if _depth(event) > EVENT_DEPTH:
+            event = {"event": "unreadable", "text": quote(event, 200)}
+        size += len(json.dumps(event, separators=(",", ":")))
+        if size > HISTORY_BYTES:
+            break
+        kept.append(event)
+    return tuple(reversed(kept))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +178,7 @@ class Report:
             if isinstance(item, bool) or not isinstance(item, (str, int)):
                 raise AgentMessageError(f"satellite {item!r} is not a Slurm job id")
             satellites.append(check_job_id(str(item)))
-        history = tuple(body["history"])[-HISTORY_KEPT:]
+        history = bounded_history(list(body["history"]))
         return cls(size, generation, target, throughput, tuple(satellites), history, received_at)
 
 

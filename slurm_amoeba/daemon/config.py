@@ -51,6 +51,37 @@ class AgentSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one user may ask of the daemon, and the site's worker caps (docs/admin.md, Security model).
+
+    Attributes:
+        requests_per_s: requests (reports included) one uid may send per second, sustained; beyond it they are
+            refused (the daemon's own uid is not limited).
+        burst: requests one uid may send at once after a quiet while.
+        agents_per_uid: elastic jobs one uid may have registered at once.
+        max_workers: the most workers any elastic job runs with at this site (the SPANK plugin's ``max_workers``).
+        user_max_workers: uid -> a lower cap for that user's jobs (``max_workers_per_user`` names or uids).
+        account_max_workers: Slurm account -> a lower cap for jobs charged to it (``max_workers_per_account``).
+    """
+
+    requests_per_s: float = 20.0
+    burst: int = 40
+    agents_per_uid: int = 64
+    max_workers: int = 1024
+    user_max_workers: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    account_max_workers: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def worker_cap(self, uid: int, account: str) -> tuple[int, str]:
+        """The most workers a job of ``uid`` charged to ``account`` may run with, and which setting says so."""
+        caps = [(self.max_workers, "limits.max_workers")]
+        if uid in self.user_max_workers:
+            caps.append((self.user_max_workers[uid], f"limits.max_workers_per_user (uid {uid})"))
+        if account in self.account_max_workers:
+            caps.append((self.account_max_workers[account], f"limits.max_workers_per_account ({account})"))
+        return min(caps)
+
+
+@dataclasses.dataclass(frozen=True)
 class DaemonConfig:
     """Everything ``amoebad`` is configured with (see ``configs/amoebad.yaml`` for the annotated file).
 
@@ -67,6 +98,7 @@ class DaemonConfig:
         operator_uids: ``operators`` resolved to uids.
         operator_gids: groups (``@group`` entries in ``operators``) whose members are operators.
         agents: how directives are sent.
+        limits: request rates and agents per uid, and the site's worker caps.
         resize_timeout_s: a resize not completed within this long is considered abandoned.
         make_room_after_s: a pending regular job younger than this is left to Slurm (which starts it, or preempts
             elastic extras for it, at once); after it the daemon shrinks elastic jobs for it.
@@ -90,6 +122,7 @@ class DaemonConfig:
     operator_uids: frozenset[int] = frozenset()
     operator_gids: frozenset[int] = frozenset()
     agents: AgentSettings = dataclasses.field(default_factory=AgentSettings)
+    limits: Limits = dataclasses.field(default_factory=Limits)
     resize_timeout_s: float = 120.0
     make_room_after_s: float = 5.0
     orphan_grace_s: float = 30.0
@@ -120,6 +153,14 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "partitions": {"regular": list(base.regular_partitions), "elastic": base.elastic_partition},
         "agents": dataclasses.asdict(base.agents),
         "slurm": {"timeout_s": base.slurm_timeout_s, "conf": base.slurm_conf},
+        "limits": {
+            "requests_per_s": base.limits.requests_per_s,
+            "burst": base.limits.burst,
+            "agents_per_uid": base.limits.agents_per_uid,
+            "max_workers": base.limits.max_workers,
+            "max_workers_per_user": {},
+            "max_workers_per_account": {},
+        },
     }
     top: dict[str, object] = {
         "interval_s": base.interval_s,
@@ -129,6 +170,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "partitions": nested["partitions"],
         "operators": list(base.operators),
         "agents": nested["agents"],
+        "limits": nested["limits"],
         "resize_timeout_s": base.resize_timeout_s,
         "make_room_after_s": base.make_room_after_s,
         "orphan_grace_s": base.orphan_grace_s,
@@ -247,6 +289,52 @@ def _operators(section: _Section) -> tuple[tuple[str, ...], frozenset[int], froz
     return tuple(names), frozenset(uids), frozenset(gids)
 
 
+def _user_uid(section: _Section, key: str, user: object) -> int:
+    if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+        return user
+    if isinstance(user, str) and user.isdigit():
+        return int(user)
+    if isinstance(user, str):
+        try:
+            return pwd.getpwnam(user).pw_uid
+        except KeyError:
+            pass
+    section.fail(key, user, f"there is no user {user!r} on this host (`getent passwd {user}`); give a name or a uid")
+
+
+def _caps(section: _Section, key: str, high: int) -> dict[object, int]:
+    raw = section.data.get(key) or {}
+    if not isinstance(raw, dict):
+        section.fail(section.full(key), raw, "give a mapping of names to worker counts")
+    caps: dict[object, int] = {}
+    for name, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            section.fail(f"{section.full(key)}.{name}", value, f"give a whole number from 1 to {high} (max_workers)")
+        caps[name] = value
+    return caps
+
+
+def _limits(top: _Section) -> Limits:
+    limits = top.section("limits")
+    base = Limits()
+    site = limits.integer("max_workers", base.max_workers, 1, 100_000)
+    users = _caps(limits, "max_workers_per_user", site)
+    accounts = _caps(limits, "max_workers_per_account", site)
+    for account in accounts:
+        if not isinstance(account, str) or not _NAME.match(account):
+            limits.fail(f"limits.max_workers_per_account.{account}", account, "give a Slurm account name")
+    return Limits(
+        requests_per_s=limits.number("requests_per_s", base.requests_per_s, maximum=100_000),
+        burst=limits.integer("burst", base.burst, 1, 1_000_000),
+        agents_per_uid=limits.integer("agents_per_uid", base.agents_per_uid, 1, 100_000),
+        max_workers=site,
+        user_max_workers={
+            _user_uid(limits, f"limits.max_workers_per_user.{user}", user): cap for user, cap in users.items()
+        },
+        account_max_workers={str(account): cap for account, cap in accounts.items()},
+    )
+
+
 def _knob_type_ok(default: object, value: object) -> bool:
     if isinstance(default, bool):
         return isinstance(value, bool)
@@ -323,6 +411,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         stale_after_s=agents.number("stale_after_s", base.stale_after_s),
         backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
     )
+    site_limits = _limits(top)
     slurm = top.section("slurm")
     slurm_timeout = slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600)
     slurm_conf = slurm.optional_string("conf")
@@ -347,6 +436,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         operator_uids=uids,
         operator_gids=gids,
         agents=agent_settings,
+        limits=site_limits,
         resize_timeout_s=top.number("resize_timeout_s", defaults.resize_timeout_s),
         make_room_after_s=top.number("make_room_after_s", defaults.make_room_after_s, positive=False, maximum=3600),
         orphan_grace_s=top.number("orphan_grace_s", defaults.orphan_grace_s, positive=False),

@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import logging
 import os
 import pwd
+import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
-from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message
+from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message, quote
 from slurm_amoeba.daemon.actuator import Outcome
 from slurm_amoeba.daemon.agents import (
-    HISTORY_KEPT,
     AgentMessageError,
     AgentRecord,
     Registration,
@@ -47,6 +48,7 @@ from slurm_amoeba.daemon.agents import (
 )
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger
+from slurm_amoeba.daemon.limits import LimitError, RateLimiter, vet_registration
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.rounds import RoundLoop
 from slurm_amoeba.policy import policy_knobs, policy_names
@@ -55,8 +57,10 @@ from slurm_amoeba.transport.munge import Credential
 
 logger = logging.getLogger(__name__)
 
-#: History events in one ``jobs`` reply, over all jobs (keeps the reply far below the 1 MiB message limit).
-JOBS_REPLY_EVENTS = 2000
+#: Jobs in one ``jobs`` reply at most (``amoebactl jobs`` follows the pages) ...
+JOBS_PAGE = 200
+#: ... and their summaries' size at most (a summary holds at most HISTORY_BYTES of history): far below the 1 MiB limit.
+JOBS_REPLY_BYTES = 512 * 1024
 
 
 class Who(str, enum.Enum):
@@ -229,6 +233,37 @@ def check_access(rule: Access, sender: Credential, owner: JobOwner | None, opera
     raise Refused(f"uid {sender.uid} may not {rule.verb}{job}: only {who} may", reason="unauthorized")
 
 
+@dataclasses.dataclass(frozen=True)
+class _View:
+    """What one sender of ``status`` or ``jobs`` may see: everything (``uid`` None, an operator), or their own jobs.
+
+    Attributes:
+        uid: the sender's uid, or None for an operator.
+        user: the sender's user name (satellites are listed by name), or "".
+        agents: the registered jobs (whose owners are their registering uids).
+    """
+
+    uid: int | None
+    user: str
+    agents: Mapping[str, AgentRecord]
+
+    @property
+    def everything(self) -> bool:
+        """Whether the sender sees every job."""
+        return self.uid is None
+
+    def job(self, job_id: str) -> bool:
+        """Whether the sender may see ``job_id`` (an unregistered job only an operator)."""
+        if self.uid is None:
+            return True
+        agent = self.agents.get(job_id)
+        return agent is not None and agent.uid == self.uid
+
+    def user_named(self, name: str) -> bool:
+        """Whether the sender may see a job of the user ``name``."""
+        return self.uid is None or (bool(self.user) and name == self.user)
+
+
 class RequestHandler:
     """Answers the requests of agents and ``amoebactl`` (see the module docstring).
 
@@ -271,12 +306,15 @@ class RequestHandler:
         self.started_at = clock()
         self.server: ChannelServer | None = None
         self.metrics_port = 0
+        self.limiter = RateLimiter(config.limits.requests_per_s, config.limits.burst)
+        self._flood_logged: dict[int, float] = {}
 
     def handle(self, req: Request) -> None:
         """Answer one authenticated request; nothing a sender does can raise out of here."""
         kind = req.message.kind
         rule = ACCESS.get(kind)
         try:
+            self._check_rate(req.sender.uid)
             if rule is None:
                 raise Refused(f"the daemon does not take {kind!r} messages; it takes {', '.join(ACCESS)}")
             owner = self._owner(req, rule)
@@ -286,6 +324,9 @@ class RequestHandler:
             reply = _HANDLERS[kind](self, req) if owner is None else _JOB_HANDLERS[kind](self, req, owner)
         except Refused as exc:
             self.refuse(req, str(exc), exc.reason, exc.level)
+            return
+        except LimitError as exc:
+            self.refuse(req, str(exc), reason="limit")
             return
         except (AgentMessageError, ParseError) as exc:
             self.refuse(req, str(exc))
@@ -308,6 +349,28 @@ class RequestHandler:
         logger.log(level, "[daemon/api] refused %s from uid %d: %s", req.message.kind, req.sender.uid, why)
         self.metrics.refusals.inc(labels={"kind": req.message.kind, "reason": reason})
         self.answer(req, req.message.reply(ok=False, error=why))
+
+    def _check_rate(self, uid: int) -> None:
+        """Refuse a uid over ``limits.requests_per_s`` (the daemon's own uid is never limited).
+
+        A flood is logged at WARNING once a minute per uid (DEBUG otherwise), so that it cannot flood the log too.
+        """
+        now = time.monotonic()
+        if uid == self.daemon_uid or self.limiter.allow(uid, now):
+            return
+        level = logging.DEBUG
+        if now - self._flood_logged.get(uid, -60.0) >= 60.0:
+            level = logging.WARNING
+            self._flood_logged[uid] = now
+            if len(self._flood_logged) > 4096:
+                self._flood_logged = {uid: now}
+        limits = self.config.limits
+        raise Refused(
+            f"uid {uid} sends more than {limits.requests_per_s:g} requests per second (limits.requests_per_s, "
+            f"burst {limits.burst}); slow down",
+            reason="rate_limited",
+            level=level,
+        )
 
     def is_operator(self, sender: Credential) -> bool:
         """Whether ``sender`` may act on every job (see :func:`is_operator`)."""
@@ -345,6 +408,15 @@ class RequestHandler:
                 f"partition for elastic extras is {self.config.elastic_partition!r}; submit with "
                 f"--elastic-partition {self.config.elastic_partition}"
             )
+        vetted = vet_registration(reg, self.round_loop.job_records(reg.job_id), self.config.limits)
+        reg = vetted.registration
+        most = self.config.limits.agents_per_uid
+        held = sum(1 for job, agent in self.ledger.agents.items() if agent.uid == owner.uid and job != reg.job_id)
+        if held >= most:
+            raise LimitError(
+                f"uid {owner.uid} has {held} elastic jobs registered already, this site's limit "
+                f"(limits.agents_per_uid = {most}); job {reg.job_id} runs at its fixed size"
+            )
         again = self.ledger.register(reg, owner.uid, owner.user)
         logger.info(
             "[daemon/api] job %s (user %s) registered: %d..%d workers of %d GPU(s), directives to %s%s",
@@ -353,10 +425,19 @@ class RequestHandler:
             reg.min_workers,
             reg.max_workers,
             reg.gpus_per_worker,
-            reg.endpoint,
+            quote(reg.endpoint, 80),
             " (again)" if again else "",
         )
-        return req.message.reply(data={"interval_s": self.config.interval_s, "daemon_uid": self.daemon_uid})
+        for note in vetted.notes:
+            logger.warning("[daemon/api] job %s (user %s): %s", reg.job_id, owner.user, note)
+        data = {
+            "interval_s": self.config.interval_s,
+            "daemon_uid": self.daemon_uid,
+            "min_workers": reg.min_workers,
+            "max_workers": reg.max_workers,
+            "clamped": list(vetted.notes),
+        }
+        return req.message.reply(data=data)
 
     def _on_report(self, req: Request, owner: JobOwner) -> Message:
         report = Report.from_body(req.message.body, self.clock())
@@ -411,12 +492,23 @@ class RequestHandler:
         )
         return req.message.reply(data={"draining": draining})
 
-    def status(self) -> dict[str, Any]:
-        """What ``amoebactl status`` shows (JSON-ready)."""
+    def status(self, viewer: Credential | None = None) -> dict[str, Any]:
+        """What ``amoebactl status`` shows (JSON-ready).
+
+        Args:
+            viewer: who asks; an operator (or None: the daemon itself) sees every job, anyone else their own jobs
+                (in flight, pinned, satellites, the last round's orders) and counts of the rest.
+        """
         obs = self.round_loop.last_observation
         snapshot = obs.snapshot if obs is not None else None
         last = self.round_loop.last_round
         agents = self.ledger.agents
+        sees = self._sees(viewer)
+        orphans = [s for s in obs.orphans if sees.user_named(s.user)] if obs else []
+        unclaimed = [s for s in obs.unclaimed if sees.user_named(s.user)] if obs else []
+        last_round = dataclasses.asdict(last) if last else None
+        if last_round is not None:
+            last_round["ordered"] = {job: n for job, n in last_round["ordered"].items() if sees.job(job)}
         return {
             "protocol": PROTOCOL_VERSION,
             "pid": os.getpid(),
@@ -438,25 +530,59 @@ class RequestHandler:
                 "total": snapshot.total_gpus if snapshot else 0,
                 "free": snapshot.free_gpus if snapshot else 0,
             },
-            "in_flight": {job: agent.in_flight.target for job, agent in agents.items() if agent.in_flight},
-            "pinned": sorted(self.ledger.state.pinned),
-            "orphans": [s.as_dict() for s in obs.orphans] if obs else [],
-            "unclaimed": [s.as_dict() for s in obs.unclaimed] if obs else [],
-            "last_round": dataclasses.asdict(last) if last else None,
+            "in_flight": {
+                job: agent.in_flight.target for job, agent in agents.items() if agent.in_flight and sees.job(job)
+            },
+            "pinned": sorted(job for job in self.ledger.state.pinned if sees.job(job)),
+            "pinned_count": len(self.ledger.state.pinned),
+            "orphans": [s.as_dict() for s in orphans],
+            "orphans_count": len(obs.orphans) if obs else 0,
+            "unclaimed": [s.as_dict() for s in unclaimed],
+            "unclaimed_count": len(obs.unclaimed) if obs else 0,
+            "last_round": last_round,
             "refusals": (self.server.refusals if self.server else 0) + int(self.metrics.refusals.total()),
+            "limited_to_own_jobs": not sees.everything,
         }
 
+    def _sees(self, viewer: Credential | None) -> _View:
+        if viewer is None or self.is_operator(viewer):
+            return _View(None, "", {})
+        try:
+            name = pwd.getpwuid(viewer.uid).pw_name
+        except KeyError:
+            name = ""
+        return _View(viewer.uid, name, self.ledger.agents)
+
     def _on_status(self, req: Request) -> Message:
-        return req.message.reply(data=self.status())
+        return req.message.reply(data=self.status(req.sender))
 
     def _on_jobs(self, req: Request) -> Message:
+        """A page of the jobs the sender may see (every job for operators, their own for others) and a count of
+        the rest; ``next`` is the offset of the next page (None on the last)."""
+        body = req.message.body
+        offset, limit = int(body.get("offset", 0)), int(body.get("limit", JOBS_PAGE))
+        if offset < 0 or not 1 <= limit <= JOBS_PAGE:
+            raise Refused(f"jobs: offset={offset}, limit={limit}: give an offset >= 0 and a limit of 1..{JOBS_PAGE}")
         now = self.clock()
-        agents = self.ledger.agents
+        sees = self._sees(req.sender)
         pinned = self.ledger.state.pinned
-        # Many jobs share one reply (at most 1 MiB): fewer history events each as the list grows.
-        events = max(1, min(HISTORY_KEPT, JOBS_REPLY_EVENTS // max(1, len(agents))))
-        jobs = [agent.summary(now, job_id in pinned, events) for job_id, agent in sorted(agents.items())]
-        return req.message.reply(data={"jobs": jobs})
+        visible = sorted((job_id, agent) for job_id, agent in self.ledger.agents.items() if sees.job(job_id))
+        page: list[dict[str, Any]] = []
+        size = 0
+        for job_id, agent in visible[offset : offset + limit]:
+            summary = agent.summary(now, job_id in pinned)
+            size += len(json.dumps(summary, separators=(",", ":")))
+            if page and size > JOBS_REPLY_BYTES:
+                break
+            page.append(summary)
+        end = offset + len(page)
+        data = {
+            "jobs": page,
+            "total": len(visible),
+            "others": len(self.ledger.agents) - len(visible),
+            "next": end if end < len(visible) else None,
+        }
+        return req.message.reply(data=data)
 
     def _on_policy_show(self, req: Request) -> Message:
         return req.message.reply(

@@ -17,7 +17,7 @@ import pytest
 
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, encode
 from slurm_amoeba.daemon import Daemon, DaemonConfig
-from slurm_amoeba.daemon.config import AgentSettings
+from slurm_amoeba.daemon.config import AgentSettings, Limits
 from slurm_amoeba.daemon.metrics import MetricsServer
 from slurm_amoeba.daemon.observer import observe
 from slurm_amoeba.daemon.state import load_state
@@ -344,7 +344,9 @@ def test_a_dead_slurmctld_skips_the_round_without_deciding(daemon: Daemon, agent
     assert daemon.run_round().ordered == {"100": 4}
 
 
-def test_anyone_authenticated_may_read_status_jobs_and_the_policy(daemon: Daemon, agent: FakeAgent) -> None:
+def test_anyone_authenticated_may_read_status_jobs_and_the_policy_but_sees_only_counts_of_others_jobs(
+    daemon: Daemon, agent: FakeAgent
+) -> None:
     register_and_report(daemon, agent.endpoint)
     daemon.run_round()
     status = ask(daemon, "status", {}, uid=OTHER_UID)
@@ -355,7 +357,10 @@ def test_anyone_authenticated_may_read_status_jobs_and_the_policy(daemon: Daemon
         and data["gpus"] == {"total": 8, "free": 6}
         and data["policy"] == "elastic-backfill"
     )
-    jobs = ask(daemon, "jobs", {}, uid=OTHER_UID).body["data"]["jobs"]
+    assert data["limited_to_own_jobs"] is True
+    others = ask(daemon, "jobs", {}, uid=OTHER_UID).body["data"]
+    assert others == {"jobs": [], "total": 0, "others": 1, "next": None}
+    jobs = ask(daemon, "jobs", {}).body["data"]["jobs"]  # the owner (here also the daemon's uid) sees it in full
     assert [(j["job_id"], j["size"], j["user"]) for j in jobs] == [("100", 2, "alice")]
     policy = ask(daemon, "policy_show", {}, uid=OTHER_UID).body["data"]
     assert policy["name"] == "elastic-backfill" and policy["knobs"]["start_pending"] is False
@@ -423,22 +428,31 @@ def test_with_e_tiresias_only_the_managed_elastic_jobs_are_ordered(tmp_path: Pat
         d.close()
 
 
-def test_the_jobs_reply_stays_under_the_message_limit_with_a_thousand_jobs(tmp_path: Path) -> None:
+def test_the_jobs_reply_comes_in_pages_each_under_the_message_limit_with_a_thousand_fat_jobs(tmp_path: Path) -> None:
     slurm = FakeSlurm(node_list=[node(f"n{i}", total=8) for i in range(250)])
     slurm.job_list = [job(1000 + i, gpus={f"n{i // 4}": 2}) for i in range(1000)]
     slurm.set_used()
-    d = make_daemon(tmp_path, slurm)
+    d = make_daemon(tmp_path, slurm, limits=Limits(agents_per_uid=1000))
     try:
         d.run_round()
-        fat = [{"t": 1.0, "event": "generation", "reason": "x" * 200}] * 20
+        fat = [{"t": 1.0, "event": "generation", "reason": "x" * 1500}] * 50
         for i in range(1000):
             job_id = str(1000 + i)
             assert ask(d, "register", register_body(job_id)).body["ok"]
             assert ask(d, "report", {**report_body(job_id, 2), "history": fat}).body["ok"]
-        reply = ask(d, "jobs", {})
-        assert len(reply.body["data"]["jobs"]) == 1000
-        assert len(encode(reply)) < MAX_MESSAGE_BYTES
-        assert all(len(j["history"]) == 2 for j in reply.body["data"]["jobs"])
+        seen: list[str] = []
+        offset: int | None = 0
+        pages = 0
+        while offset is not None:
+            reply = ask(d, "jobs", {"offset": offset, "limit": 200})
+            assert len(encode(reply)) < MAX_MESSAGE_BYTES
+            data = reply.body["data"]
+            seen += [j["job_id"] for j in data["jobs"]]
+            offset, pages = data["next"], pages + 1
+        assert seen == [str(1000 + i) for i in range(1000)]
+        assert pages > 5  # 16 KiB of history each: about 30 jobs a page
+        assert not ask(d, "jobs", {"offset": -1}).body["ok"]
+        assert not ask(d, "jobs", {"limit": 10_000}).body["ok"]
     finally:
         d.close()
 

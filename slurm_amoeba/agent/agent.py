@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-from slurm_amoeba.agent.config import AgentConfig
+from slurm_amoeba.agent.config import AgentConfig, configured_daemon_uid
 from slurm_amoeba.agent.entry import worker_entry
 from slurm_amoeba.agent.groups import GroupState, WorkerGroup, planned_size, worker_ids
 from slurm_amoeba.agent.link import DaemonLink
@@ -59,11 +59,12 @@ from slurm_amoeba.agent.plan import (
     record,
     workers_per_satellite,
 )
-from slurm_amoeba.agent.status import Journal
+from slurm_amoeba.agent.status import Journal, fit_status
 from slurm_amoeba.agent.submission import SatelliteSlurm
 from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
+from slurm_amoeba.core.messages import quote
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
@@ -143,7 +144,8 @@ class Agent:
         self.groups: list[WorkerGroup] = []
         self.target = config.spec.min_workers
         self.journal = Journal(clock)
-        self.link = DaemonLink(config.daemon_endpoint, os.getuid(), self.prefix)
+        daemon_uid = config.daemon_uid if config.daemon_uid is not None else configured_daemon_uid()
+        self.link = DaemonLink(config.daemon_endpoint, os.getuid(), self.prefix, daemon_uid)
         self._clock = clock
         self._start_step = step_starter
         self._stop_reason = ""
@@ -261,14 +263,31 @@ class Agent:
                 self.write_status(self._view)
                 next_status = now + 1.0
             if self.config.daemon_endpoint and now >= next_report:
-                self._report(self._view)
+                try:
+                    self._report(self._view)
+                except Exception as exc:  # a report is best effort: never the end of the job
+                    log.warning("%s report not sent: %s", self.prefix, quote(exc, 200))
                 next_report = now + self.config.report_s
             if self._channel is not None:
-                req = self._channel.receive(self.config.poll_s)
-                if req is not None:
-                    self._handle(req)
+                self.serve_one(self._channel, self.config.poll_s)
             else:
                 time.sleep(self.config.poll_s)
+
+    def serve_one(self, channel: ChannelServer, timeout_s: float) -> None:
+        """Take at most one directive; nothing a peer sends ends the loop (a refusal answers it, at most quoted)."""
+        try:
+            req = channel.receive(timeout_s)
+        except Exception as exc:  # a socket error: log, and the next round tries again
+            log.warning("%s receiving a directive failed: %s", self.prefix, quote(exc, 200))
+            return
+        if req is None:
+            return
+        try:
+            self._handle(channel, req)
+        except Exception as exc:  # a bug a message provoked must cost that message only, not the job
+            log.exception("%s a %s directive failed", self.prefix, quote(req.message.kind, 40))
+            with contextlib.suppress(Exception):
+                channel.refuse(req, f"the agent could not handle it ({type(exc).__name__})")
 
     def round(self) -> int | None:
         """One round: observe, plan, apply. Returns the job's exit status once it ends, else None."""
@@ -445,31 +464,37 @@ class Agent:
         """Workers the job has or is getting (groups not leaving or ended)."""
         return planned_size(self.groups)
 
-    def _handle(self, req: Request) -> None:
-        assert self._channel is not None
+    def _handle(self, channel: ChannelServer, req: Request) -> None:
         msg = req.message
         if msg.kind == "status":
-            self._channel.answer(req, msg.reply(data=self.status()))
+            if not self.link.may_read(req.sender.uid):
+                channel.refuse(
+                    req,
+                    f"uid {req.sender.uid} may not read job {self.config.job_id}: only its owner, the daemon and "
+                    "root may",
+                )
+                return
+            channel.answer(req, msg.reply(data=fit_status(self.status())))
             return
         if not self.link.may_direct(req.sender.uid):
-            self._channel.refuse(
+            channel.refuse(
                 req,
                 f"uid {req.sender.uid} may not direct job {self.config.job_id}: only its "
                 f"owner (uid {self.link.owner_uid}) and the daemon may",
             )
             return
         if msg.kind != "resize":
-            self._channel.refuse(req, f"the agent does not take {msg.kind!r} messages; it takes resize and status")
+            channel.refuse(req, f"the agent does not take {msg.kind!r} messages; it takes resize and status")
             return
         if msg.body["job_id"] != self.config.job_id:
-            self._channel.refuse(req, f"this is the agent of job {self.config.job_id}, not {msg.body['job_id']}")
+            channel.refuse(req, f"this is the agent of job {self.config.job_id}, not {quote(msg.body['job_id'])}")
             return
         try:
             target = self.resize(int(msg.body["target"]), str(msg.body["reason"]))
         except SpecError as exc:
-            self._channel.answer(req, msg.reply(ok=False, error=str(exc)))
+            channel.answer(req, msg.reply(ok=False, error=str(exc)))
             return
-        self._channel.answer(req, msg.reply(data={"size": self.coordinator.view().world_size, "target": target}))
+        channel.answer(req, msg.reply(data={"size": self.coordinator.view().world_size, "target": target}))
 
     def _register_with_daemon(self) -> None:
         spec = self.config.spec

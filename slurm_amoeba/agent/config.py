@@ -1,13 +1,84 @@
-"""The settings of one job's agent (:class:`AgentConfig`), built by ``amoeba-run`` from the job it runs in."""
+"""The settings of one job's agent (:class:`AgentConfig`), built by ``amoeba-run`` from the job it runs in, and the
+daemon identity the site pins (:func:`configured_daemon_uid`).
+
+Which uid ``amoebad`` runs as comes from the site, never from whoever answers on the daemon's port: the SPANK
+plugin's plugstack argument ``daemon_uid=N`` or ``daemon_user=NAME`` exported into the job as ``AMOEBA_DAEMON_UID``,
+else the site file ``/etc/slurm-amoeba/daemon.conf`` (``AMOEBA_SITE_FILE`` names another; lines ``daemon_uid = N``
+or ``daemon_user = NAME``, ``#`` comments). With neither, the agent trusts only a daemon of the job's own uid (a
+user's private amoebad, as in tests) — see docs/admin.md, "Security model".
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pwd
 from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.jobenv import ENV_DAEMON_UID
+from slurm_amoeba.core.messages import quote
 from slurm_amoeba.core.spec import ElasticSpec
+
+#: The site file the agent reads the daemon's identity from when the job's environment does not carry it.
+SITE_FILE = Path("/etc/slurm-amoeba/daemon.conf")
+#: Names another site file (tests; a site that keeps its configuration elsewhere).
+ENV_SITE_FILE = "AMOEBA_SITE_FILE"
+_MAX_SITE_FILE = 65536
+
+
+def _uid_of(key: str, value: str, where: str) -> int:
+    if key == "daemon_uid":
+        if not (value.isascii() and value.isdigit()) or len(value) > 10:
+            raise SpecError(f"{where}: daemon_uid={quote(value)} is not a uid; give a number, e.g. daemon_uid=990")
+        return int(value)
+    try:
+        return pwd.getpwnam(value).pw_uid
+    except KeyError:
+        raise SpecError(f"{where}: daemon_user={quote(value)} is no user on this node; name amoebad's user") from None
+
+
+def read_site_file(path: Path) -> int | None:
+    """The daemon's uid from a site file (``daemon_uid = N`` or ``daemon_user = NAME``), or None when it has none.
+
+    Raises:
+        SpecError: the file is unreadable, too large, or names a malformed uid or an unknown user.
+    """
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_SITE_FILE + 1)
+    except OSError as exc:
+        raise SpecError(f"cannot read the site file {path}: {exc.strerror}") from None
+    if len(data) > _MAX_SITE_FILE:
+        raise SpecError(f"the site file {path} is over {_MAX_SITE_FILE} bytes; it holds a few key = value lines")
+    uid: int | None = None
+    for number, raw in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = (part.strip() for part in line.partition("="))
+        if not sep:
+            raise SpecError(f"{path}:{number}: {quote(line)} is not key = value")
+        if key in ("daemon_uid", "daemon_user"):
+            uid = _uid_of(key, value, f"{path}:{number}")
+    return uid
+
+
+def configured_daemon_uid(environ: Mapping[str, str] | None = None) -> int | None:
+    """The uid ``amoebad`` runs as, as the site configured it (see the module docstring); None: not configured.
+
+    Raises:
+        SpecError: a configured value is malformed (the message names where it came from and the fix).
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(ENV_DAEMON_UID, "")
+    if text:
+        return _uid_of("daemon_uid", text, ENV_DAEMON_UID)
+    path = Path(env.get(ENV_SITE_FILE, "") or SITE_FILE)
+    if not path.exists():
+        return None
+    return read_site_file(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +93,8 @@ class AgentConfig:
         advertise_addr: the address of the agent's node that workers and the daemon can reach.
         elastic_partition: where satellites run.
         daemon_endpoint: the daemon's address (``tcp://host:port``), or None to run without a daemon.
+        daemon_uid: the uid the daemon runs as (:func:`configured_daemon_uid`); None: only a daemon of the job's
+            own uid is trusted.
         worker_env: extra environment for every worker.
         satellite_time_min: time limit of satellites in minutes (None: the partition's).
         satellite_qos: the QOS of satellites; None: the parent job's own. A site whose preemption is QOS-based
@@ -41,6 +114,7 @@ class AgentConfig:
     advertise_addr: str
     elastic_partition: str = "elastic"
     daemon_endpoint: str | None = None
+    daemon_uid: int | None = None
     worker_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     satellite_time_min: int | None = None
     satellite_qos: str | None = None

@@ -4,6 +4,12 @@ DESIGN.md, control flow: the agent registers its job with ``amoebad`` (its direc
 per worker, partitions), reports size, throughput and recent history every few seconds, and takes directives from
 the job's owner and from the daemon's uid (as munge vouches for the sender), and from nobody else. A daemon that
 restarted and forgot the job answers a report with "unknown job": the agent registers again.
+
+The daemon's uid is pinned from the site's configuration (:func:`~slurm_amoeba.agent.config.configured_daemon_uid`),
+never taken from whoever answers on the daemon's port: every registration and report expects a reply from that uid,
+and only that uid's directives are obeyed. A site that configured none gets a link that trusts only a daemon running
+as the job's own uid (a user's private amoebad); any other answerer is logged once and the job runs without a daemon
+(a configured link keeps trying: the real daemon may be back after a restart).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.messages import Message
-from slurm_amoeba.transport.channel import ChannelError, request, request_from
+from slurm_amoeba.transport.channel import ChannelError, request
 
 log = logging.getLogger(__name__)
+
+ROOT_UID = 0
 
 
 class DaemonLink:
@@ -25,32 +33,67 @@ class DaemonLink:
         endpoint: the daemon's address (``tcp://host:port``), or None to run without a daemon.
         owner_uid: the job owner's uid (the agent's own).
         prefix: the log prefix (``[job/agent]``).
+        daemon_uid: the uid the site says the daemon runs as; None: not configured (only ``owner_uid`` is trusted).
     """
 
-    def __init__(self, endpoint: str | None, owner_uid: int, prefix: str) -> None:
+    def __init__(self, endpoint: str | None, owner_uid: int, prefix: str, daemon_uid: int | None = None) -> None:
         self.endpoint = endpoint
         self.owner_uid = owner_uid
-        self.daemon_uid: int | None = None
+        self.configured = daemon_uid is not None
+        #: The only uid whose replies and directives count as the daemon's.
+        self.daemon_uid: int = owner_uid if daemon_uid is None else daemon_uid
+        self.registered = False
         self._prefix = prefix
         self._registration: dict[str, Any] | None = None
+        self._warned: set[str] = set()
 
     def may_direct(self, uid: int) -> bool:
-        """Whether the sender ``uid`` may resize the job: its owner, or the daemon it registered with."""
-        return uid == self.owner_uid or (self.daemon_uid is not None and uid == self.daemon_uid)
+        """Whether the sender ``uid`` may resize the job: its owner, or the daemon's pinned uid."""
+        return uid == self.owner_uid or (self.configured and uid == self.daemon_uid)
+
+    def may_read(self, uid: int) -> bool:
+        """Whether ``uid`` may read the job's status: its owner, the daemon's pinned uid, or root."""
+        return uid == ROOT_UID or self.may_direct(uid)
+
+    def _warn_once(self, key: str, text: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(text, *args)
+
+    def _request(self, message: Message, timeout_s: float, retries: int, level: int) -> Message | None:
+        """Send to the daemon, expecting its pinned uid; None (logged) when nothing trusted answered."""
+        assert self.endpoint is not None
+        try:
+            return request(self.endpoint, message, timeout_s=timeout_s, retries=retries, expect_uid=self.daemon_uid)
+        except ChannelError as exc:  # no answer, munged down (signing failed), or an answer from another uid
+            if "expected" in str(exc):
+                if not self.configured:
+                    self.endpoint = None  # nothing to pin: run without a daemon rather than report to a stranger
+                self._warn_once(
+                    "identity",
+                    "%s %s is not trusted: %s (the daemon's uid is %s); its answers and directives are ignored",
+                    self._prefix,
+                    self.endpoint,
+                    exc,
+                    f"configured as {self.daemon_uid}"
+                    if self.configured
+                    else "not configured: set daemon_uid in the SPANK plugstack line or the site file",
+                )
+            else:
+                log.log(level, "%s %s to the daemon: %s", self._prefix, message.kind, exc)
+            return None
 
     def register(self, registration: Mapping[str, Any]) -> None:
         """Register the job (a ``register`` message's body); a daemon that does not answer is logged, not fatal."""
         self._registration = dict(registration)
         if not self.endpoint:
             return
-        try:
-            daemon, reply = request_from(self.endpoint, Message("register", self._registration), timeout_s=3, retries=1)
-        except ChannelError as exc:
-            log.warning("%s the daemon did not take the registration (%s); running without it", self._prefix, exc)
+        reply = self._request(Message("register", self._registration), timeout_s=3, retries=1, level=logging.WARNING)
+        if reply is None:
             return
         if reply.body["ok"]:
-            self.daemon_uid = daemon.uid
-            log.info("%s registered with the daemon at %s", self._prefix, self.endpoint)
+            self.registered = True
+            log.info("%s registered with the daemon at %s (uid %d)", self._prefix, self.endpoint, self.daemon_uid)
         else:
             log.warning("%s the daemon refused the registration: %s", self._prefix, reply.body["error"])
 
@@ -58,10 +101,8 @@ class DaemonLink:
         """Send a ``report``; register again if the daemon forgot the job. An undelivered report is dropped."""
         if not self.endpoint:
             return
-        try:
-            reply = request(self.endpoint, Message("report", dict(body)), timeout_s=2, retries=0)
-        except ChannelError as exc:
-            log.debug("%s report not delivered: %s", self._prefix, exc)
+        reply = self._request(Message("report", dict(body)), timeout_s=2, retries=0, level=logging.DEBUG)
+        if reply is None:
             return
         if not reply.body["ok"] and "unknown job" in str(reply.body["error"]) and self._registration is not None:
             self.register(self._registration)  # the daemon restarted and forgot us

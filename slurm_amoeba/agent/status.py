@@ -7,16 +7,49 @@ generations with their pauses, throughput per size, the agent's events and a tim
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from slurm_amoeba.agent.groups import WorkerGroup
+from slurm_amoeba.core.messages import MAX_EVENT_BYTES, MAX_MESSAGE_BYTES, quote
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.coordinator import CoordinatorView
 
 SERIES_LIMIT = 5000
-HISTORY_LIMIT = 2000
+HISTORY_LIMIT = 200  # events x MAX_EVENT_BYTES each: at most ~400 kB, well inside one message
+FIELD_CHARS = 256  # a string field of an event (an error, a reason) is cut to this, quoted
+#: What a ``status`` reply's document may take of the message limit (the envelope and the reply's fields fit beside).
+STATUS_BUDGET = MAX_MESSAGE_BYTES - 16384
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def bounded_event(event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` cut to fit :data:`~slurm_amoeba.core.messages.MAX_EVENT_BYTES` encoded: long strings quoted and cut,
+    and if it still does not fit, only its time and name with ``truncated: true``."""
+    out = {k: (quote(v, FIELD_CHARS) if isinstance(v, str) and len(v) > FIELD_CHARS else v) for k, v in event.items()}
+    if _size(out) <= MAX_EVENT_BYTES:
+        return out
+    return {"t": event["t"], "event": event["event"], "truncated": True}  # the name is the agent's own word
+
+
+def fit_status(doc: dict[str, Any], budget: int = STATUS_BUDGET) -> dict[str, Any]:
+    """The status document cut to ``budget`` bytes encoded: the oldest series points, events and generations go
+    first (halving each list in turn); ``truncated`` says that something went. A small document is returned as is."""
+    if _size(doc) <= budget:
+        return doc
+    out = dict(doc, truncated=True)
+    while _size(out) > budget:
+        longest = max(("series", "history", "generations"), key=lambda k: len(out.get(k) or []))
+        items = list(out.get(longest) or [])
+        if not items:
+            return {k: out[k] for k in ("job_id", "phase", "size", "target", "generation", "truncated") if k in out}
+        out[longest] = items[len(items) // 2 + (len(items) % 2) :] if len(items) > 1 else []
+    return out
 
 
 class Journal:
@@ -35,8 +68,9 @@ class Journal:
         self._seen_generations = 0
 
     def event(self, event: str, **fields: Any) -> None:
-        """Add ``{"t", "event", **fields}`` to the history (the oldest entries go past the limit)."""
-        self.history.append({"t": round(self._clock(), 3), "event": event, **fields})
+        """Add ``{"t", "event", **fields}`` to the history (bounded in bytes: :func:`bounded_event`; the oldest
+        entries go past the count limit)."""
+        self.history.append(bounded_event({"t": round(self._clock(), 3), "event": event, **fields}))
         del self.history[:-HISTORY_LIMIT]
 
     def wall(self, mono: float | None) -> float | None:

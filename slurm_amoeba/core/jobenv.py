@@ -15,6 +15,9 @@ variable                     meaning (default)
 ``AMOEBA_GPUS_PER_WORKER``   GPUs of each worker (1)
 ``AMOEBA_CPUS_PER_WORKER``   CPUs of each worker (1)
 ``AMOEBA_DAEMON_ENDPOINT``   the ``amoebad`` the agent registers with, ``tcp://host:port`` (none: no daemon)
+``AMOEBA_DAEMON_UID``        the uid ``amoebad`` runs as, from the site's plugstack line (SPANK ``daemon_uid=`` or
+                             ``daemon_user=``); the agent trusts only this uid's directives and replies (none: the
+                             site file ``/etc/slurm-amoeba/daemon.conf``, else only a daemon of the job's own uid)
 ``AMOEBA_STATE_DIR``         the agent's status file and the workers' logs (``./amoeba-<job id>``)
 ``AMOEBA_PARENT_JOB``        set by the agent for its workers: the elastic job's id, also inside satellites
 ``AMOEBA_JOB_FOLDER``        set by the executor: the submitit job folder holding the pickled function
@@ -39,6 +42,7 @@ ENV_ELASTIC_PARTITION = "AMOEBA_ELASTIC_PARTITION"
 ENV_GPUS_PER_WORKER = "AMOEBA_GPUS_PER_WORKER"
 ENV_CPUS_PER_WORKER = "AMOEBA_CPUS_PER_WORKER"
 ENV_DAEMON_ENDPOINT = "AMOEBA_DAEMON_ENDPOINT"
+ENV_DAEMON_UID = "AMOEBA_DAEMON_UID"
 ENV_STATE_DIR = "AMOEBA_STATE_DIR"
 ENV_PARENT_JOB = "AMOEBA_PARENT_JOB"
 ENV_JOB_FOLDER = "AMOEBA_JOB_FOLDER"
@@ -69,6 +73,7 @@ class JobEnv:
         gpus_per_worker: ``AMOEBA_GPUS_PER_WORKER``.
         cpus_per_worker: ``AMOEBA_CPUS_PER_WORKER``.
         daemon_endpoint: ``AMOEBA_DAEMON_ENDPOINT``; None: no daemon.
+        daemon_uid: ``AMOEBA_DAEMON_UID``; None: not configured by the site's plugstack line.
         state_dir: ``AMOEBA_STATE_DIR``; None: ``./amoeba-<job id>``.
         parent_job: ``AMOEBA_PARENT_JOB``; None outside a worker.
         job_folder: ``AMOEBA_JOB_FOLDER``; None outside an executor's job.
@@ -83,6 +88,7 @@ class JobEnv:
     gpus_per_worker: int = dataclasses.field(default=DEFAULT_GPUS_PER_WORKER, metadata=_env(ENV_GPUS_PER_WORKER, 0))
     cpus_per_worker: int = dataclasses.field(default=DEFAULT_CPUS_PER_WORKER, metadata=_env(ENV_CPUS_PER_WORKER, 1))
     daemon_endpoint: str | None = dataclasses.field(default=None, metadata=_env(ENV_DAEMON_ENDPOINT))
+    daemon_uid: int | None = dataclasses.field(default=None, metadata=_env(ENV_DAEMON_UID, 0))
     state_dir: str | None = dataclasses.field(default=None, metadata=_env(ENV_STATE_DIR))
     parent_job: str | None = dataclasses.field(default=None, metadata=_env(ENV_PARENT_JOB))
     job_folder: str | None = dataclasses.field(default=None, metadata=_env(ENV_JOB_FOLDER))

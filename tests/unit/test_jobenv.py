@@ -65,6 +65,7 @@ def test_round_trip_through_the_environment_keeps_every_field() -> None:
         gpus_per_worker=0,
         cpus_per_worker=4,
         daemon_endpoint="tcp://10.0.0.1:6820",
+        daemon_uid=990,
         state_dir="/scratch/a b",
         parent_job="123",
         job_folder="/jobs/123",

@@ -64,11 +64,19 @@ def daemon(munged: None) -> Iterator[StandInDaemon]:
 
 
 def test_a_registered_agent_takes_directives_from_its_owner_and_the_daemon_only(daemon: StandInDaemon) -> None:
-    link = DaemonLink(daemon.server.endpoint, owner_uid=1234, prefix="[42/agent]")
-    assert not link.may_direct(os.getuid()), "before registering, the daemon's uid is nobody's"
+    link = DaemonLink(daemon.server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
     link.register(REGISTRATION)
-    assert daemon.kinds == ["register"] and link.daemon_uid == os.getuid()
+    assert daemon.kinds == ["register"] and link.registered and link.daemon_uid == os.getuid()
     assert link.may_direct(1234) and link.may_direct(os.getuid()) and not link.may_direct(4321)
+
+
+def test_without_a_configured_identity_a_daemon_of_another_uid_is_not_trusted(daemon: StandInDaemon) -> None:
+    link = DaemonLink(daemon.server.endpoint, owner_uid=1234, prefix="[42/agent]")
+    link.register(REGISTRATION)
+    link.report(REPORT)
+    assert daemon.kinds == ["register"], "one answer of uid 0 and the job runs without a daemon"
+    assert not link.registered and link.endpoint is None and link.daemon_uid == 1234
+    assert not link.may_direct(os.getuid()), "the answerer's uid is not the daemon's"
 
 
 def test_a_report_the_daemon_does_not_know_registers_again(daemon: StandInDaemon) -> None:
@@ -83,4 +91,4 @@ def test_without_a_daemon_nothing_is_sent_and_only_the_owner_directs() -> None:
     link = DaemonLink(None, owner_uid=1234, prefix="[42/agent]")
     link.register(REGISTRATION)
     link.report(REPORT)
-    assert link.daemon_uid is None and link.may_direct(1234) and not link.may_direct(0)
+    assert not link.registered and link.may_direct(1234) and not link.may_direct(0) and not link.may_read(4321)

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
     JobLostError,
     MembershipChanged,
@@ -51,6 +52,7 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
+from slurm_amoeba.runtime.failures import failure_message
 from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
@@ -122,7 +124,9 @@ def get_runtime() -> WorkerRuntime:
     return _runtime
 
 
-def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
+def run(
+    train: Callable[[TorchState], T], state: TorchState, *, checkpoint: CheckpointPolicy | None = None
+) -> RunResult[T]:
     """The elastic entry point: run ``train(state)`` in every generation this worker is a member of.
 
     ``train`` is called again after each membership change (state as it was at the switch) and after each failure
@@ -132,6 +136,8 @@ def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
     Args:
         train: the training function.
         state: the worker's state.
+        checkpoint: write due commits to disk and resume from the newest complete checkpoint there
+            (:mod:`slurm_amoeba.runtime.checkpoint`); default: ``AMOEBA_CHECKPOINT_*``, else no disk checkpoints.
 
     Returns:
         How it ended for this worker.
@@ -142,7 +148,7 @@ def run(train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
         JobLostError: the coordinator declared the job lost.
         RuntimeTimeout: a deadline passed (coordinator unreachable, admission never came).
     """
-    return get_runtime().run(train, state)
+    return get_runtime().run(train, state, checkpoint=checkpoint)
 
 
 class WorkerRuntime:
@@ -175,6 +181,7 @@ class WorkerRuntime:
         self._last_step_end = 0.0
         self._progress: dict[str, int] = {}
         self._timeline: list[GenerationTiming] = []
+        self._checkpoints: Checkpointer | None = None
 
     # ----------------------------------------------------------------------------------------------- setup
 
@@ -353,8 +360,8 @@ class WorkerRuntime:
         if self._agreed_now:
             self._switch_agreed = True
 
-    def agree_on_commit(self, step: int) -> None:
-        """Check that every member commits at the same step.
+    def agree_on_commit(self, step: int, snapshot: Mapping[str, Any] | None = None) -> None:
+        """Check that every member commits at the same step; write ``snapshot`` to disk when a checkpoint is due.
 
         Raises:
             RuntimeConfigError: members commit at different steps.
@@ -362,7 +369,8 @@ class WorkerRuntime:
         """
         if self.generation == 0:
             return
-        probe = torch.tensor([float(step), -float(step)], dtype=torch.float64, device=self.device)
+        due = float(self._checkpoints is not None and self._checkpoints.due(step))
+        probe = torch.tensor([float(step), -float(step), due], dtype=torch.float64, device=self.device)
         try:
             dist.all_reduce(probe, op=dist.ReduceOp.MAX)
         except RuntimeError as exc:
@@ -373,6 +381,8 @@ class WorkerRuntime:
                 f"{self.prefix} commit() at step {step} while other members are at steps {low}..{high}: "
                 "commit() is a collective; call it at the same step on every worker"
             )
+        if probe[2].item() > 0 and self._checkpoints is not None and snapshot is not None:
+            self._checkpoints.submit(CheckpointJob(snapshot, step, self.generation, self.rank, self.world_size))
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -530,9 +540,12 @@ class WorkerRuntime:
                 continue
             assignment = self._wait_assignment(after_report_s, member=True)
 
-    def run(self, train: Callable[[TorchState], T], state: TorchState) -> RunResult[T]:
+    def run(
+        self, train: Callable[[TorchState], T], state: TorchState, *, checkpoint: CheckpointPolicy | None = None
+    ) -> RunResult[T]:
         """See :func:`run`."""
         encode_tree(state.as_tree(), "state", [])  # refuse unsendable state before joining anything
+        self._checkpoints = open_checkpoints(checkpoint, self.store, state, self.prefix)
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
         state.bind(self)
         self._prewarm(state)
@@ -545,9 +558,11 @@ class WorkerRuntime:
             status = result.status
             return result
         except BaseException as exc:
-            self._push(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}")
+            self._push(EventKind.ERROR, step=state.step_index, message=failure_message(exc))
             raise
         finally:
+            if self._checkpoints is not None:
+                self._checkpoints.close()
             self.shutdown()
             state.bind(None)
             _announce(generation_table(self.prefix, status, tuple(self._timeline)))

@@ -203,3 +203,21 @@ def test_a_job_killed_whole_resumes_from_its_checkpoint_with_the_uninterrupted_t
     for worker, tensors in params.items():
         for name, tensor in fixed_run.params.items():
             torch.testing.assert_close(tensors[name], tensor, rtol=1e-9, atol=1e-11, msg=f"{worker} {name}")
+
+
+@pytest.mark.timeout(200)
+def test_checkpoints_by_time_are_agreed_by_every_member_so_each_one_completes(
+    tmp_path: Path, fixed_run: ReferenceRun
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    env = {"AMOEBA_CHECKPOINT_DIR": str(checkpoints), "AMOEBA_CHECKPOINT_EVERY": "1s", "AMOEBA_CHECKPOINT_KEEP": "100"}
+    with ToyJob(tmp_path / "out", workers=2, hold=False, env=env, extra_args=["--step-delay", "0.05"]) as toy:
+        result = toy.finish()
+    assert result.phase.value == "finished", result
+    found = list_checkpoints(checkpoints)
+    # 45 steps of >= 50 ms, a commit every 5 steps: a checkpoint every 1 s is due every 4th commit or so.
+    assert len(found) >= 2, found
+    assert all(c.complete for c in found), f"members disagreed on a time-based checkpoint: {found}"
+    assert all(c.step % 5 == 0 for c in found)
+    newest = read_checkpoint(found[-1].path)
+    assert newest["progress"]["step"] == found[-1].step

@@ -10,9 +10,9 @@ import pytest
 
 from slurm_amoeba.cli import amoebactl
 from slurm_amoeba.core.messages import Message
-from slurm_amoeba.daemon import Daemon
+from slurm_amoeba.daemon import Daemon, requests
 from slurm_amoeba.transport.channel import request
-from tests.unit.daemon.fakes import register_body, report_body
+from tests.unit.daemon.fakes import FakeSlurm, job, register_body, report_body
 
 Running = tuple[Daemon, threading.Thread]
 
@@ -94,3 +94,23 @@ def test_no_daemon_exits_3_and_says_so(capsys: pytest.CaptureFixture[str]) -> No
 def test_a_bad_timeout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert amoebactl.main(["--timeout", "0", "status"]) == 2
     assert "--timeout 0.0 must be more than 0 seconds" in capsys.readouterr().err
+
+
+def test_jobs_follows_every_page(
+    running: Running, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon, _ = running
+    assert isinstance(daemon.slurm, FakeSlurm) and daemon.server is not None
+    daemon.slurm.job_list += [job(101, gpus={"n1": 1}), job(102, gpus={"n1": 1})]
+    rounds = len(daemon.rounds)
+    deadline = time.monotonic() + 5
+    while len(daemon.rounds) < rounds + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for job_id in ("100", "101", "102"):
+        body = register_body(job_id, endpoint="tcp://127.0.0.1:9", low=1, high=1)
+        assert request(daemon.server.endpoint, Message("register", body), timeout_s=5).body["ok"]
+    monkeypatch.setattr(requests, "JOBS_PAGE", 1)  # one job a page
+    assert ctl(daemon, "--json", "jobs") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [j["job_id"] for j in data["jobs"]] == ["100", "101", "102"] and data["next"] is None
+    assert daemon.metrics.requests.value({"kind": "jobs"}) == 3

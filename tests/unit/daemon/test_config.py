@@ -132,3 +132,40 @@ def test_the_systemd_unit_runs_the_daemon_unprivileged_after_checking_its_config
     assert settings["ExecStart"].endswith("amoebad --config /etc/amoebad/amoebad.yaml")
     assert settings["StateDirectory"] == "amoebad"
     assert load_config(REPO / "configs" / "amoebad.yaml").state_file == "/var/lib/amoebad/state.json"
+
+
+def test_limits_are_read_with_users_by_name_or_uid_and_accounts() -> None:
+    config = parse_config(
+        {
+            "limits": {
+                "requests_per_s": 5,
+                "burst": 10,
+                "agents_per_uid": 3,
+                "max_workers": 16,
+                "max_workers_per_user": {"root": 4, 65534: 2},
+                "max_workers_per_account": {"physics": 8},
+            }
+        }
+    )
+    limits = config.limits
+    assert (limits.requests_per_s, limits.burst, limits.agents_per_uid, limits.max_workers) == (5.0, 10, 3, 16)
+    assert limits.user_max_workers == {0: 4, 65534: 2}
+    assert limits.worker_cap(0, "physics") == (4, "limits.max_workers_per_user (uid 0)")
+    assert limits.worker_cap(1, "physics") == (8, "limits.max_workers_per_account (physics)")
+    assert limits.worker_cap(1, "") == (16, "limits.max_workers")
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ({"max_worker": 4}, "unknown key 'limits.max_worker'"),
+        ({"max_workers_per_user": {"no-such-user-xyz": 2}}, "no user 'no-such-user-xyz'"),
+        ({"max_workers": 8, "max_workers_per_account": {"a": 9}}, "limits.max_workers_per_account.a = 9"),
+        ({"max_workers_per_account": {"bad name": 2}}, "Slurm account name"),
+        ({"requests_per_s": 0}, "limits.requests_per_s = 0"),
+    ],
+)
+def test_a_bad_limit_is_refused_by_name(limits: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"limits": limits}, "site.yaml")
+    assert named in str(info.value)

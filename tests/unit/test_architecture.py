@@ -1,0 +1,107 @@
+"""The shape of the house: which layer may import which, and no function or class too large to change safely.
+
+The layer table is the one of docs/architecture.md; a new package must be added here and there together. Imports are
+read from the source (every ``import`` and ``from ... import`` anywhere in a module, function-level ones included),
+so a lazy import cannot hide an upward dependency.
+
+Size: a function over ``MAX_FUNCTION_LINES`` or a class over ``MAX_CLASS_LINES`` lines (docstrings included) needs a
+reason written beside it: a comment ``# shape: <why>`` on the line just above its ``def``/``class`` line (or above its
+first decorator).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "slurm_amoeba"
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 400
+
+LAYERS: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "slurm": frozenset({"core"}),
+    "transport": frozenset({"core"}),
+    "policy": frozenset({"core"}),
+    "runtime": frozenset({"core"}),
+    "agent": frozenset({"core", "slurm", "transport", "runtime"}),
+    "launcher": frozenset({"core", "slurm", "transport", "runtime", "agent"}),
+    "daemon": frozenset({"core", "slurm", "transport", "policy"}),
+    "sim": frozenset({"core", "slurm", "policy"}),
+    "local": frozenset({"core", "runtime"}),
+    "cli": frozenset({"core", "slurm", "transport", "policy", "launcher", "daemon", "sim", "local"}),
+}
+"""Package -> the packages of slurm_amoeba it may import (besides itself)."""
+
+FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {
+    "core": frozenset({"torch", "zmq", "submitit", "cloudpickle", "matplotlib", "yaml", "prometheus_client"}),
+    "slurm": frozenset({"torch", "zmq", "submitit", "cloudpickle", "matplotlib"}),
+    "transport": frozenset({"torch", "submitit", "cloudpickle", "matplotlib"}),
+    "policy": frozenset({"torch", "zmq", "submitit", "cloudpickle", "matplotlib", "yaml"}),
+    "daemon": frozenset({"torch", "submitit", "cloudpickle", "matplotlib"}),
+    "sim": frozenset({"torch", "zmq", "submitit", "cloudpickle"}),
+}
+"""Package -> third-party modules it must not import (a daemon host or the simulator installs no torch)."""
+
+
+def _modules() -> Iterator[tuple[str, Path, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        layer = parts[0] if len(parts) > 1 else ""
+        yield layer, path, ast.parse(path.read_text(), filename=str(path))
+
+
+def _imported(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(LAYERS), f"add {sorted(packages - set(LAYERS))} to LAYERS and docs/architecture.md"
+
+
+def test_no_package_imports_a_layer_it_may_not() -> None:
+    wrong: list[str] = []
+    for layer, path, tree in _modules():
+        if not layer:
+            continue
+        for line, module in _imported(tree):
+            top, _, rest = module.partition(".")
+            if top == "slurm_amoeba":
+                target = rest.split(".")[0]
+                if target and target != layer and target not in LAYERS[layer]:
+                    wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {layer} imports {module}")
+            elif top in FORBIDDEN_THIRD_PARTY.get(layer, frozenset()):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {layer} imports {module}")
+    assert not wrong, "imports against the layer table:\n" + "\n".join(wrong)
+
+
+def _has_reason(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return first >= 2 and lines[first - 2].strip().startswith("# shape:")
+
+
+def test_no_function_or_class_too_large_without_a_reason() -> None:
+    large: list[str] = []
+    for _, path, tree in _modules():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > limit and not _has_reason(lines, node):
+                    large.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name} has {size} lines")
+    assert not large, f"over {MAX_FUNCTION_LINES} (function) / {MAX_CLASS_LINES} (class) lines:\n" + "\n".join(large)
+
+
+@pytest.mark.parametrize("source", ["import slurm_amoeba.agent.x", "from slurm_amoeba.agent import x"])
+def test_the_import_reader_sees_both_forms(source: str) -> None:
+    assert [m for _, m in _imported(ast.parse(source))][0].startswith("slurm_amoeba.agent")

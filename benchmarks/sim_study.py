@@ -327,3 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print()
             sys.stdout.flush()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -209,7 +209,13 @@ class FakeAgent:
         ]
 
     def start(self) -> None:
+        """Register (again until the daemon takes it: a job its last view of Slurm does not show yet is told to
+        retry, as a real agent's reports are) and start serving and reporting."""
+        deadline = time.monotonic() + 20
         self.register()
+        while not self.registrations and time.monotonic() < deadline:
+            time.sleep(0.5)
+            self.register()
         for thread in self._threads:
             thread.start()
 

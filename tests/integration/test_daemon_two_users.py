@@ -149,9 +149,9 @@ def test_user_b_can_neither_change_nor_read_user_as_job(
         assert jobs["ok"] and jobs["data"]["jobs"] == [] and jobs["data"]["others"] == 1, jobs
         status = foreign_request(daemon.endpoint, Message("status", {}), user=USER_B).body
         assert status["ok"] and status["data"]["limited_to_own_jobs"] is True
-        for reply in (jobs, status):
-            text = json.dumps(reply)
-            assert job_id not in text and "secret-of-a" not in text and agent.endpoint not in text
+        for read in (jobs, status):
+            text = json.dumps(read)
+            assert f'"{job_id}"' not in text and "secret-of-a" not in text and agent.endpoint not in text
 
         own = foreign_request(daemon.endpoint, Message("jobs", {}), user=USER_A).body["data"]["jobs"]
         assert [(j["job_id"], j["uid"], j["history"]) for j in own] == [

@@ -340,9 +340,17 @@ class RequestHandler:
             self.answer(req, reply)
 
     def answer(self, req: Request, reply: Message) -> None:
-        """Send ``reply`` (nowhere before the daemon has bound its socket)."""
-        if self.server is not None:
+        """Send ``reply`` (nowhere before the daemon has bound its socket); a reply that cannot be sent is logged and
+        counted, never raised (the transport turns one too large into a short refusal itself)."""
+        if self.server is None:
+            return
+        try:
             self.server.answer(req, reply)
+        except Exception:
+            logger.exception(
+                "[daemon/api] the answer to %s from uid %d could not be sent", req.message.kind, req.sender.uid
+            )
+            self.metrics.loop_errors.inc()
 
     def refuse(self, req: Request, why: str, reason: str = "invalid", level: int = logging.WARNING) -> None:
         """Log, count and answer a refusal."""

@@ -252,3 +252,15 @@ def test_history_is_kept_bounded_in_count_bytes_and_nesting() -> None:
     assert len(json.dumps(kept)) <= HISTORY_BYTES + 100
     assert kept[-1] == {"event": "unreadable", "text": "{'d': {'d': {'d': 'x'}}}"}
     assert kept[-2]["n"] == 59 and len(kept) < 20
+
+
+def test_a_reply_that_cannot_be_encoded_is_logged_and_counted_not_raised(tmp_path: Path) -> None:
+    d = make(tmp_path, two_users())
+    try:
+        # A request from a peer on the socket (not a hand-made one, whose answers are only recorded).
+        message = dataclasses.replace(req("status", {}), route=(b"peer", b""))
+        d.requests.answer(message, message.message.reply(data={"x": object()}))  # not JSON: encode raises TypeError
+        assert d.metrics.loop_errors.value() == 1
+        assert ask(d, "status", {}).body["ok"]
+    finally:
+        d.close()

@@ -19,9 +19,10 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gradients import GradientBuckets
@@ -167,16 +168,6 @@ class StateExtras(MutableMapping[str, Any]):
 ResetCallback = Callable[[], None]
 
 
-class StatefulPart(Protocol):
-    """What the state keeps of an LR scheduler or a ``GradScaler``: its ``state_dict`` round trip."""
-
-    def state_dict(self) -> Any:
-        """The part's state (JSON data and tensors)."""
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        """Put a state from :meth:`state_dict` back."""
-
-
 def refuse_wrapped(model: torch.nn.Module) -> None:
     """Refuse a model wrapped in ``DistributedDataParallel`` (or FSDP1), saying what to do instead.
 
@@ -219,8 +210,8 @@ class TorchState:
         sampler: ElasticSampler,
         extras: Mapping[str, Any] | None = None,
         *,
-        schedulers: Sequence[StatefulPart] = (),
-        scaler: StatefulPart | None = None,
+        schedulers: Sequence[LRScheduler] = (),
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         refuse_wrapped(model)
         self.model = model

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[3] / "slurm_amoeba" / "runtime"
-WORKER_SIDE = {"worker", "group", "transfer", "state", "sampler", "loader", "gradients", "topology", "result"}
+WORKER_SIDE = {"worker", "group", "transfer", "state", "sampler", "loader", "gradients", "topology", "result", "fsdp"}
 WORKER_SIDE |= {"checkpoint"}  # disk checkpoints of the worker's commit
 COORDINATOR_SIDE = {"coordinator", "membership"}
 SHARED = {"protocol", "errors", "planner"}

@@ -23,6 +23,7 @@ that is the user's or the daemon's call. One thread runs the loop and handles di
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
+from slurm_amoeba.runtime.auth import JOB_SECRET_FILE
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
@@ -77,6 +79,15 @@ __all__ = ["Agent", "AgentConfig", "JobCoordinator", "RunningStep", "StepStarter
 log = logging.getLogger(__name__)
 
 ENDED_BY_SIGNAL = 143  # the exit status of a job stopped by SIGTERM (128 + 15)
+
+
+def directive_bind_address(advertise_addr: str) -> str:
+    """Where the directive server binds: the address the daemon reaches the agent at when it is an IP address (the
+    node's address Slurm gave), else every address (a host name ZeroMQ cannot bind)."""
+    try:
+        return str(ipaddress.ip_address(advertise_addr))
+    except ValueError:
+        return "0.0.0.0"  # noqa: S104 - a host name: bind all, the channel authenticates every request
 
 
 class JobCoordinator(Protocol):
@@ -162,6 +173,7 @@ class Agent:
                 initial_workers=config.spec.min_workers,
                 max_workers=config.spec.max_workers,
                 advertise_addr=config.advertise_addr,
+                secret_file=str(config.state_dir / JOB_SECRET_FILE),  # the job's secret, 0600, for its workers
                 **config.coordinator,  # type: ignore[arg-type]
             )
         )
@@ -179,7 +191,7 @@ class Agent:
             signal.signal(sig, self._on_signal)
         try:
             self.coordinator.start()
-            self._channel = ChannelServer("tcp://0.0.0.0:*")
+            self._channel = ChannelServer(f"tcp://{directive_bind_address(self.config.advertise_addr)}:*")
             spec = self.config.spec
             self.journal.event("started", min_workers=spec.min_workers, max_workers=spec.max_workers)
             log.info(

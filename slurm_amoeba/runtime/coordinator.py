@@ -30,12 +30,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.runtime.auth import (
+    COORDINATOR,
+    ENV_JOB_SECRET,
+    ENV_JOB_SECRET_FILE,
+    AuthError,
+    JobKey,
+    Opener,
+    Sealer,
+)
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import (
     AbortGeneration,
@@ -83,6 +93,8 @@ class CoordinatorConfig:
         heartbeat_s: passed to workers: heartbeat interval.
         poll_s: passed to workers: how often they look for a pending change.
         loop_interval_s: the coordinator's own polling interval.
+        secret_file: where to write the job's secret (mode 0600) for the workers; empty: hand it to them in their
+            environment instead (``AMOEBA_JOB_SECRET``; local mode). See :mod:`slurm_amoeba.runtime.auth`.
     """
 
     job_id: str
@@ -99,6 +111,7 @@ class CoordinatorConfig:
     heartbeat_s: float = 0.5
     poll_s: float = 0.05
     loop_interval_s: float = 0.005
+    secret_file: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +220,10 @@ class Coordinator:
         self._loop_error: BaseException | None = None
         self._deaths: list[tuple[str, str]] = []
         self._prefix = f"[{config.job_id}/coordinator]"
+        # The job's secret: what the coordinator and its workers put into the store is sealed with it (runtime/auth).
+        self.job_key = JobKey.new()
+        self._sealer = Sealer(self.job_key, COORDINATOR)
+        self._opener = Opener(self.job_key)
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -232,6 +249,8 @@ class Coordinator:
                 f"cannot host the store of job {self.config.job_id!r} on port {self.config.port}: {exc}; "
                 "choose a free port or 0"
             ) from None
+        if self.config.secret_file:
+            self.job_key.write(Path(self.config.secret_file))
         store.set(JOB_KEY, json.dumps({"job_id": self.config.job_id}))
         store.set(WANT_KEY, "0")
         self._store = store
@@ -289,8 +308,12 @@ class Coordinator:
             SpecError: the worker id is malformed.
             RuntimeConfigError: the coordinator is not started.
         """
-        env = dataclasses.replace(self._env_template, worker_id=worker_id, store_port=self.port)
-        return env.to_environ()
+        env = dataclasses.replace(self._env_template, worker_id=worker_id, store_port=self.port).to_environ()
+        if self.config.secret_file:
+            env[ENV_JOB_SECRET_FILE] = self.config.secret_file
+        else:
+            env[ENV_JOB_SECRET] = self.job_key.hex()
+        return env
 
     def request_leave(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully at the next step boundary.
@@ -429,9 +452,12 @@ class Coordinator:
         for _ in range(count):
             raw = store.queue_pop(EVENTS_KEY, block=False)
             try:
-                event = WorkerEvent.from_json(raw)
-            except ParseError as exc:
-                log.warning("%s ignored a malformed event: %s", self._prefix, exc)
+                sender, text = self._opener.sender_of(EVENTS_KEY, raw)
+                event = WorkerEvent.from_json(text)
+                if event.worker != sender:
+                    raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
+            except ParseError as exc:  # AuthError too: only holders of the job's secret are heard
+                log.warning("%s ignored an event: %s", self._prefix, exc)
                 continue
             log.debug("%s event %s", self._prefix, event)
             if event.kind.value in ("error", "left"):
@@ -455,6 +481,11 @@ class Coordinator:
                 worker = key.rsplit("/", 1)[1]
                 if self._heartbeats.get(worker) != value:
                     self._heartbeats[worker] = value
+                    try:
+                        self._opener.open(key, value, sender=worker, fresh=True)
+                    except AuthError as exc:
+                        log.debug("%s ignored a heartbeat of %s: %s", self._prefix, worker, exc)
+                        continue
                     self.membership.heartbeat(worker, now)
 
     def _read_progress(self) -> None:
@@ -466,7 +497,7 @@ class Coordinator:
             return
         self._progress_raw = raw
         try:
-            progress = json.loads(raw)
+            progress = json.loads(self._opener.open(PROGRESS_KEY, raw, fresh=True))
             size = int(progress["world_size"])
             rate = float(progress["samples_per_s"])
             step_time = float(progress["step_time_s"])
@@ -506,7 +537,8 @@ class Coordinator:
                         plan.rollback,
                         plan.start_step,
                     )
-                store.set(assignment_key(action.worker, action.seq), assignment.to_json())
+                key = assignment_key(action.worker, action.seq)
+                store.set(key, self._sealer.seal(key, assignment.to_json()))
 
 
 def _worker_view(info: WorkerInfo, now: float) -> WorkerView:

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobKey, Opener, Sealer
 from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
     JobLostError,
@@ -105,7 +106,7 @@ def init(environ: Mapping[str, str] | None = None) -> WorkerRuntime:
     if _runtime is not None:
         raise RuntimeConfigError("slurm_amoeba.runtime.init() was already called in this process")
     env = WorkerEnv.from_environ(os.environ if environ is None else environ)
-    runtime = WorkerRuntime(env)
+    runtime = WorkerRuntime(env, JobKey.from_environ(os.environ if environ is None else environ))
     runtime.start()
     _runtime = runtime
     return runtime
@@ -158,9 +159,11 @@ class WorkerRuntime:
         env: the worker's environment contract.
     """
 
-    def __init__(self, env: WorkerEnv) -> None:
+    def __init__(self, env: WorkerEnv, key: JobKey) -> None:
         self.env = env
         self.worker_id = env.worker_id
+        self._sealer = Sealer(key, env.worker_id)  # what it writes for the coordinator (runtime/auth)
+        self._opener = Opener(key)  # what the coordinator writes for it
         self.prefix = f"[{env.job_id}/{env.worker_id}]"
         self.device = pick_device(env, self.prefix)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -216,7 +219,7 @@ class WorkerRuntime:
                 f"{self.prefix} the store at {self.env.store_addr}:{self.env.store_port} belongs to job "
                 f"{job.get('job_id')!r}, not {self.env.job_id!r}; check AMOEBA_STORE_ADDR/PORT"
             )
-        self.store.set(heartbeat_key(self.worker_id), repr(time.time()))
+        self._beat(self.store, time.time())
         self._push(EventKind.REGISTERED, pid=os.getpid(), host=socket.gethostname())
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -239,7 +242,11 @@ class WorkerRuntime:
 
     def _push(self, kind: EventKind, **fields: Any) -> None:
         event = WorkerEvent(kind=kind, worker=self.worker_id, time=time.time(), **fields)
-        self.store.queue_push(EVENTS_KEY, event.to_json())
+        self.store.queue_push(EVENTS_KEY, self._sealer.seal(EVENTS_KEY, event.to_json()))
+
+    def _beat(self, store: TCPStore, now: float) -> None:
+        key = heartbeat_key(self.worker_id)
+        store.set(key, self._sealer.seal(key, repr(now)))
 
     def _background(self) -> None:
         """Heartbeats, progress reports (rank 0) and the cheap look for a pending change, off the training thread."""
@@ -250,10 +257,11 @@ class WorkerRuntime:
             try:
                 now = time.time()
                 if now >= next_beat:
-                    store.set(heartbeat_key(self.worker_id), repr(now))
+                    self._beat(store, now)
                     next_beat = now + self.env.heartbeat_s
                     if self.rank == 0 and self.generation and self._step_time_s > 0:
-                        store.set(PROGRESS_KEY, json.dumps(self._progress_report(now)))
+                        report = json.dumps(self._progress_report(now))
+                        store.set(PROGRESS_KEY, self._sealer.seal(PROGRESS_KEY, report))
                 generation = self.generation
                 if generation and self._change_seen_in != generation and int(store.get(WANT_KEY)) == generation:
                     self._change_seen_in = generation
@@ -394,7 +402,7 @@ class WorkerRuntime:
         # long: it polls slowly until the coordinator asks the running generation to end, then fast, so that it
         # does not delay the next generation's formation.
         want = b"" if member else store.get(WANT_KEY)
-        while not store.check([key]):
+        while (assignment := self._read_assignment(store, key)) is None:
             if not member and self._leave.is_set():
                 self._push(EventKind.LEFT, message="SIGTERM while waiting for admission")
                 return Assignment(AssignAction.LEAVE, reason="SIGTERM while waiting for admission")
@@ -408,7 +416,18 @@ class WorkerRuntime:
             else:
                 time.sleep(0.025)
         self._seq += 1
-        return Assignment.from_json(store.get(key))
+        return assignment
+
+    def _read_assignment(self, store: TCPStore, key: str) -> Assignment | None:
+        """The coordinator's assignment at ``key``; None while there is none, or only one not sealed by it (anyone
+        can write to the store; the coordinator's own write replaces it)."""
+        if not store.check([key]):
+            return None
+        try:
+            return Assignment.from_json(self._opener.open(key, store.get(key), sender=COORDINATOR))
+        except AuthError as exc:
+            log.warning("%s ignored a forged assignment at %s: %s", self.prefix, key, exc)
+            return None
 
     def _settings(self) -> GroupSettings:
         return GroupSettings(

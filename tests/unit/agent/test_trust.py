@@ -60,7 +60,7 @@ class Client:
 
     def __init__(self, agent: Agent, channel: ChannelServer) -> None:
         self.agent, self.channel = agent, channel
-        self.sock = zmq.Context.instance().socket(zmq.REQ)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(channel.endpoint)
 
@@ -279,7 +279,7 @@ class Squatter:
     """Binds the daemon's port as ``nobody`` would: answers every request "ok", signed by nobody's munge."""
 
     def __init__(self) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"

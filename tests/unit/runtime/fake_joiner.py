@@ -18,6 +18,7 @@ from typing import Any
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
+from slurm_amoeba.runtime.auth import COORDINATOR, JobKey, Opener, Sealer
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
     AssignAction,
@@ -37,16 +38,19 @@ class Fake:
         self.env = WorkerEnv.from_environ(os.environ)
         timeout = datetime.timedelta(seconds=30)
         self.store = TCPStore(self.env.store_addr, self.env.store_port, is_master=False, timeout=timeout)
+        key = JobKey.from_environ(os.environ)  # it holds the job's secret, as every worker the job launched
+        self.sealer, self.opener = Sealer(key, self.env.worker_id), Opener(key)
 
     def push(self, kind: EventKind, **fields: Any) -> None:
         event = WorkerEvent(kind=kind, worker=self.env.worker_id, time=time.time(), **fields)
-        self.store.queue_push(EVENTS_KEY, event.to_json())
+        self.store.queue_push(EVENTS_KEY, self.sealer.seal(EVENTS_KEY, event.to_json()))
 
     def wait_for(self, key: str) -> None:
         """Wait for a store key, heartbeating meanwhile."""
         deadline = time.monotonic() + 120
         while not self.store.check([key]):
-            self.store.set(heartbeat_key(self.env.worker_id), repr(time.time()))
+            beat = heartbeat_key(self.env.worker_id)
+            self.store.set(beat, self.sealer.seal(beat, repr(time.time())))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {key} within 120 s")
             time.sleep(0.01)
@@ -62,7 +66,7 @@ def main(mode: str) -> int:
         key = assignment_key(fake.env.worker_id, seq)
         fake.wait_for(key)
         seq += 1
-        assignment = Assignment.from_json(fake.store.get(key))
+        assignment = Assignment.from_json(fake.opener.open(key, fake.store.get(key), sender=COORDINATOR))
         print(f"assignment {seq - 1}: {assignment.action.value} {assignment.reason}", flush=True)
         if assignment.action is AssignAction.STANDBY:
             continue

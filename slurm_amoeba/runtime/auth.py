@@ -1,0 +1,205 @@
+"""The job's secret, and the authenticated values the coordinator and its workers put into the job's TCPStore.
+
+torch's ``TCPStore`` has no credential: anyone who reaches its port can read and write any key. So the runtime's own
+exchanges (docs/runtime.md, "Who may talk to the store") carry an HMAC-SHA256 made with a per-job secret that the
+coordinator draws (:func:`secrets.token_bytes`) and hands to the workers it launches, in their environment
+(``AMOEBA_JOB_SECRET``, hex; local mode) or in a 0600 file (``AMOEBA_JOB_SECRET_FILE``; the Slurm agent writes
+``<state_dir>/job.secret`` so that the secret never sits in a job's submitted environment or on a command line).
+
+A sealed value is a JSON object ``{"s": sender, "e": epoch, "n": counter, "m": text, "h": tag}``. The tag covers the
+store key it was written to, the sender, the sender's epoch (random per process) and counter, and the text: a value
+copied to another key, claimed by another sender, or altered fails; an :class:`Opener` that checks freshness also
+refuses a counter it has seen from that sender, epoch and key (a replayed value). A client without the secret can
+connect, but what it writes is refused, and it cannot impersonate a worker or the coordinator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.core.messages import quote
+
+ENV_JOB_SECRET = "AMOEBA_JOB_SECRET"  # noqa: S105 - the variable's name, not a secret
+ENV_JOB_SECRET_FILE = "AMOEBA_JOB_SECRET_FILE"  # noqa: S105 - the variable's name
+#: The agent's secret file in the job's state directory.
+JOB_SECRET_FILE = "job.secret"  # noqa: S105 - a file name
+SECRET_BYTES = 32
+#: The coordinator's name as a sender.
+COORDINATOR = "coordinator"
+_MAX_SEALED = 1 << 22  # 4 MiB: no runtime value comes near; a bigger one is refused before parsing
+
+
+class AuthError(ParseError):
+    """A store value that is not sealed with the job's secret, or was sealed for another key or sender, or replayed."""
+
+
+class JobKey:
+    """The job's secret.
+
+    Args:
+        secret: at least 16 random bytes (:meth:`new` draws 32).
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise SpecError(f"the job's secret has {len(secret)} bytes; it needs at least 16 (use JobKey.new())")
+        self._secret = secret
+
+    @classmethod
+    def new(cls) -> JobKey:
+        """A fresh random secret."""
+        return cls(secrets.token_bytes(SECRET_BYTES))
+
+    def hex(self) -> str:
+        """The secret as hex text (for ``AMOEBA_JOB_SECRET``)."""
+        return self._secret.hex()
+
+    def write(self, path: Path) -> Path:
+        """Write the secret to ``path`` (hex, mode 0600, replacing a file there, never through a symlink).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, self.hex().encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> JobKey:
+        """The secret a launcher handed a worker: ``AMOEBA_JOB_SECRET`` or the file ``AMOEBA_JOB_SECRET_FILE``.
+
+        Raises:
+            SpecError: neither is set, the file is unreadable or readable by others, or the text is not hex.
+        """
+        text = env.get(ENV_JOB_SECRET, "")
+        where = ENV_JOB_SECRET
+        if not text and env.get(ENV_JOB_SECRET_FILE):
+            path = Path(env[ENV_JOB_SECRET_FILE])
+            where = str(path)
+            try:
+                if path.stat().st_mode & 0o077:
+                    raise SpecError(f"the job's secret file {path} is readable by others; it must be mode 0600")
+                text = path.read_text(encoding="ascii", errors="replace").strip()
+            except OSError as exc:
+                raise SpecError(f"cannot read the job's secret file {path}: {exc.strerror}") from None
+        if not text:
+            raise SpecError(
+                f"no job secret: the launcher sets {ENV_JOB_SECRET} or {ENV_JOB_SECRET_FILE} for every worker "
+                "(Coordinator.worker_env does)"
+            )
+        try:
+            return cls(bytes.fromhex(text))
+        except ValueError:
+            raise SpecError(f"the job's secret in {where} is not hex text") from None
+
+    def tag(self, key: str, sender: str, epoch: str, counter: int, text: str) -> str:
+        """The HMAC-SHA256 of one sealed value (hex)."""
+        data = "\0".join((key, sender, epoch, str(counter), text)).encode()
+        return hmac.new(self._secret, data, hashlib.sha256).hexdigest()
+
+
+class Sealer:
+    """Seals what one process (a worker, or the coordinator) writes; thread-safe.
+
+    Args:
+        key: the job's secret.
+        sender: this process's name (a worker id, or :data:`COORDINATOR`).
+    """
+
+    def __init__(self, key: JobKey, sender: str) -> None:
+        self.key, self.sender = key, sender
+        self.epoch = secrets.token_hex(8)
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def seal(self, store_key: str, text: str) -> str:
+        """``text`` sealed for ``store_key``."""
+        with self._lock:
+            counter = next(self._counter)
+        tag = self.key.tag(store_key, self.sender, self.epoch, counter, text)
+        return json.dumps({"s": self.sender, "e": self.epoch, "n": counter, "m": text, "h": tag}, sort_keys=True)
+
+
+class Opener:
+    """Checks sealed values read from the store; with ``fresh`` it refuses a counter seen before (replays).
+
+    Args:
+        key: the job's secret.
+    """
+
+    def __init__(self, key: JobKey) -> None:
+        self.key = key
+        self.refused = 0
+        self._last: dict[tuple[str, str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def open(self, store_key: str, raw: str | bytes, *, sender: str | None = None, fresh: bool = False) -> str:
+        """The text sealed in ``raw`` for ``store_key``; the sealed sender must be ``sender`` when given.
+
+        Raises:
+            AuthError: not sealed with the job's secret for this key and sender, or (``fresh``) replayed.
+        """
+        try:
+            sealed = self._parse(raw)
+            text, who = sealed["m"], sealed["s"]
+            if sender is not None and who != sender:
+                raise AuthError(f"sealed by {quote(who)}, not by {sender!r}", source=store_key)
+            expected = self.key.tag(store_key, who, sealed["e"], sealed["n"], text)
+            if not hmac.compare_digest(expected, sealed["h"]):
+                raise AuthError("its HMAC does not match (not made with the job's secret, or for another key)")
+            if fresh:
+                self._check_fresh((who, sealed["e"], store_key), sealed["n"])
+        except AuthError:
+            with self._lock:
+                self.refused += 1
+            raise
+        return str(text)
+
+    def sender_of(self, store_key: str, raw: str | bytes) -> tuple[str, str]:
+        """``(sender, text)`` of a sealed value, checked and fresh (for the events queue, shared by all workers).
+
+        Raises:
+            AuthError: see :meth:`open`.
+        """
+        text = self.open(store_key, raw, fresh=True)
+        return str(self._parse(raw)["s"]), text
+
+    def _check_fresh(self, stream: tuple[str, str, str], counter: int) -> None:
+        with self._lock:
+            if counter <= self._last.get(stream, 0):
+                raise AuthError(f"counter {counter} of {quote(stream[0])} was seen before (a replayed value)")
+            self._last[stream] = counter
+
+    @staticmethod
+    def _parse(raw: str | bytes) -> dict[str, object]:
+        if len(raw) > _MAX_SEALED:
+            raise AuthError(f"a value of {len(raw)} bytes is over the {_MAX_SEALED} limit")
+        try:
+            data = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise AuthError(f"not a sealed value ({type(exc).__name__})") from None
+        ok = (
+            isinstance(data, dict)
+            and isinstance(data.get("s"), str)
+            and isinstance(data.get("e"), str)
+            and isinstance(data.get("m"), str)
+            and isinstance(data.get("h"), str)
+            and type(data.get("n")) is int
+        )
+        if not ok:
+            raise AuthError("not a sealed value (fields s, e, n, m, h)")
+        return data

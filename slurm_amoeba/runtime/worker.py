@@ -152,8 +152,7 @@ def run(
     return get_runtime().run(train, state, checkpoint=checkpoint)
 
 
-# shape: the one object per training process: setup, the step hooks TorchState calls, the commit check (with the
-# checkpoint hooks) and the generation loop share its fields; the step hooks are the piece to split out next.
+# shape: one object per training process; setup, step hooks, commit check and generation loop share its fields
 class WorkerRuntime:
     """The elastic runtime of one worker process (see the module docstring); create it with :func:`init`.
 

@@ -6,9 +6,10 @@ submits or cancels other users' jobs: every Slurm action on a job is its agent's
 
 Modules: :mod:`.config` (``amoebad.yaml``), :mod:`.observer` (one read of Slurm), :mod:`.snapshot` (the policy's
 snapshot), :mod:`.agents` (registrations and reports), :mod:`.actuator` (directives), :mod:`.rounds` (observe ->
-snapshot -> decide -> act), :mod:`.requests` (the API and its who-may-do-what table), :mod:`.ledger` (registered
-jobs, resizes in flight, the state file), :mod:`.daemon` (the one thread that runs rounds and answers requests),
-:mod:`.state` (restart recovery), :mod:`.metrics` (Prometheus).
+snapshot -> decide -> act), :mod:`.requests` (the API and its who-may-do-what table), :mod:`.limits` (requests per
+uid, the site's worker caps), :mod:`.ledger` (registered jobs, resizes in flight, the state file), :mod:`.daemon`
+(the one thread that runs rounds and answers requests), :mod:`.state` (restart recovery), :mod:`.metrics`
+(Prometheus).
 """
 
 from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, load_config, parse_config

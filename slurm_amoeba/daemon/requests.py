@@ -15,12 +15,14 @@ kind            who may send it                      reads -> changes
 ``pin``         the job's owner or an operator       the agent record, else Slurm -> the pinned jobs (state file)
 ``drain``       an operator                          -> the drain switch (state file)
 ``resume``      an operator                          -> the drain switch (state file)
-``status``      anyone authenticated                 counts, pins, satellites, the last round -> nothing
-``jobs``        anyone authenticated                 every registered job and its history -> nothing
+``status``      anyone authenticated                 counts; the sender's own pins, satellites, orders -> nothing
+``jobs``        anyone authenticated                 a page of the sender's own jobs, counts of others' -> nothing
 ``policy_show`` anyone authenticated                 the policy and its knobs -> nothing
 ==============  ==================================  =================================================================
 
-Operators are the ``operators`` of the configuration (uids and ``@groups``) and the daemon's own uid.
+Operators are the ``operators`` of the configuration (uids and ``@groups``) and the daemon's own uid; they see every
+job in ``status`` and ``jobs``. Before the table, each uid but the daemon's is held to ``limits.requests_per_s``
+(:mod:`.limits`); a registration's worker range is checked against the site's caps and Slurm's record of the job.
 """
 
 from __future__ import annotations
@@ -145,14 +147,14 @@ ACCESS: Mapping[str, Access] = MappingProxyType(
         "status": Access(
             Who.ANYONE,
             OwnerFrom.NO_JOB,
-            reads="counts, pins, satellites, the last round",
+            reads="counts; the sender's own pins, satellites and orders (an operator's: everyone's)",
             changes="nothing",
             verb="read the status",
         ),
         "jobs": Access(
             Who.ANYONE,
             OwnerFrom.NO_JOB,
-            reads="every registered job and its history",
+            reads="a page of the sender's own jobs and counts of others' (an operator's: every job)",
             changes="nothing",
             verb="list jobs",
         ),

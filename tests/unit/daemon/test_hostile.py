@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from slurm_amoeba.core.messages import Message
-from slurm_amoeba.daemon import Daemon, DaemonConfig
+from slurm_amoeba.daemon import Daemon, DaemonConfig, metrics
 from slurm_amoeba.daemon.agents import HISTORY_BYTES, InFlight, bounded_history
 from slurm_amoeba.daemon.config import Limits
 from slurm_amoeba.transport.channel import request
@@ -264,3 +265,33 @@ def test_a_reply_that_cannot_be_encoded_is_logged_and_counted_not_raised(tmp_pat
         assert ask(d, "status", {}).body["ok"]
     finally:
         d.close()
+
+
+def test_a_read_of_slurm_that_fails_on_its_thread_ends_the_round_with_the_reason(
+    hanging: tuple[Daemon, FakeSlurm],
+) -> None:
+    daemon, slurm = hanging
+    time.sleep(0.3)
+    rounds = len(daemon.rounds)
+    slurm.down = True
+    slurm.release.set()
+    deadline = time.monotonic() + 10
+    while not any(r.error for r in list(daemon.rounds)[rounds:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    failed = [r for r in list(daemon.rounds)[rounds:] if r.error]
+    assert failed and "Slurm did not answer" in failed[0].error
+    assert daemon.metrics.observe_failures.value() >= 1
+    assert daemon.metrics.loop_errors.value() == 0
+
+
+def test_an_idle_metrics_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "CONNECTION_TIMEOUT_S", 0.5)
+    server = metrics.MetricsServer("127.0.0.1", 0, lambda: "")
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as idle:
+            tick = time.monotonic()
+            assert idle.recv(1) == b""  # closed by the server, sending nothing
+            assert time.monotonic() - tick < 3
+    finally:
+        server.stop()

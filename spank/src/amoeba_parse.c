@@ -8,6 +8,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ELASTIC_FLAG "--elastic"
@@ -172,7 +173,7 @@ int amoeba_parse_partition(const char *text, const char *what, char *out,
 
 /* ---- plugstack.conf arguments: one table drives parsing and help ---- */
 
-enum key_type { KEY_BOOL, KEY_COUNT, KEY_PARTITION };
+enum key_type { KEY_BOOL, KEY_COUNT, KEY_PARTITION, KEY_UID };
 
 struct config_key {
 	const char *name;
@@ -189,6 +190,8 @@ static const struct config_key config_keys[] = {
 	  offsetof(struct amoeba_config, default_partition), "NAME" },
 	{ "sbatch_support", KEY_BOOL,
 	  offsetof(struct amoeba_config, sbatch_support), "0|1" },
+	{ "daemon_uid", KEY_UID,
+	  offsetof(struct amoeba_config, daemon_uid), "UID" },
 };
 #define CONFIG_KEY_COUNT (sizeof(config_keys) / sizeof(config_keys[0]))
 
@@ -200,6 +203,7 @@ void amoeba_config_defaults(struct amoeba_config *cfg)
 	(void) snprintf(cfg->default_partition, sizeof(cfg->default_partition),
 			"%s", AMOEBA_DEFAULT_PARTITION);
 	cfg->sbatch_support = AMOEBA_DEFAULT_SBATCH_SUPPORT;
+	cfg->daemon_uid = AMOEBA_DEFAULT_DAEMON_UID;
 }
 
 /* "enabled=0|1 (default 1), max_workers=N (default 1024), ..." */
@@ -227,6 +231,9 @@ static void describe_keys(char *buf, size_t buflen)
 			break;
 		case KEY_PARTITION:
 			(void) snprintf(value, sizeof(value), "%s", field);
+			break;
+		case KEY_UID:
+			(void) snprintf(value, sizeof(value), "none");
 			break;
 		}
 		n = snprintf(buf + used, buflen - used, "%s%s=%s (default %s)",
@@ -278,6 +285,25 @@ static int set_key(struct amoeba_config *cfg, const struct config_key *k,
 		}
 		*(unsigned *) field = (unsigned) n;
 		return 0;
+	case KEY_UID: {
+		size_t digits = strspn(value, "0123456789");
+
+		n = 0;
+		if (digits >= 1 && digits <= 10 && !value[digits])
+			n = strtoul(value, NULL, 10);
+		if (digits < 1 || digits > 10 || value[digits] ||
+		    n > AMOEBA_DAEMON_UID_MAX) {
+			set_error(err, errlen,
+				  "plugstack.conf argument %s: %s takes the "
+				  "numeric uid amoebad runs as (0 to %lu), e.g. "
+				  "daemon_uid=990",
+				  amoeba_quote(arg, q, sizeof(q)), k->name,
+				  AMOEBA_DAEMON_UID_MAX);
+			return -1;
+		}
+		*(long long *) field = (long long) n;
+		return 0;
+	}
 	case KEY_PARTITION: {
 		char what[64];
 
@@ -383,6 +409,7 @@ int amoeba_request_finish(struct amoeba_request *req,
 	env->vars[0].name = AMOEBA_ENV_ELASTIC_MIN;
 	env->vars[1].name = AMOEBA_ENV_ELASTIC_MAX;
 	env->vars[2].name = AMOEBA_ENV_ELASTIC_PARTITION;
+	env->vars[3].name = AMOEBA_ENV_DAEMON_UID;
 
 	switch (req->mode) {
 	case AMOEBA_MODE_UNSET:
@@ -409,6 +436,10 @@ int amoeba_request_finish(struct amoeba_request *req,
 				"%u", req->range.max);
 		(void) snprintf(env->vars[2].value, sizeof(env->vars[2].value),
 				"%s", req->partition);
+		if (cfg->daemon_uid >= 0)
+			(void) snprintf(env->vars[3].value,
+					sizeof(env->vars[3].value), "%lld",
+					cfg->daemon_uid);
 		*has_env = true;
 		return 0;
 	}

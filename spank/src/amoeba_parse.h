@@ -35,6 +35,8 @@ struct amoeba_config {
 	unsigned max_workers;  /* max_workers=N: the largest MAX a job may ask for */
 	char default_partition[AMOEBA_PARTITION_MAX + 1]; /* default_partition=NAME */
 	bool sbatch_support;   /* sbatch_support=0|1: 0 hides the options from sbatch/salloc */
+	long long daemon_uid;  /* daemon_uid=N: amoebad's uid, exported to elastic jobs as
+				  AMOEBA_DAEMON_UID (their agents trust only it); -1: none */
 };
 
 /* Defaults, also written in docs/spank.md. */
@@ -42,6 +44,9 @@ struct amoeba_config {
 #define AMOEBA_DEFAULT_MAX_WORKERS 1024u
 #define AMOEBA_DEFAULT_PARTITION "elastic"
 #define AMOEBA_DEFAULT_SBATCH_SUPPORT true
+#define AMOEBA_DEFAULT_DAEMON_UID (-1LL)
+/* The largest uid daemon_uid= takes ((uid_t) -1 is no uid). */
+#define AMOEBA_DAEMON_UID_MAX 4294967294UL
 
 /* A worker range; MIN alone means MAX = MIN (a fixed-size job). */
 struct amoeba_range {
@@ -75,10 +80,11 @@ struct amoeba_request {
 };
 
 /*
- * The job environment a request turns into: AMOEBA_ENV_ELASTIC_MIN, _MAX and
- * _PARTITION of amoeba_env.h, in that order.
+ * The job environment a request turns into: AMOEBA_ENV_ELASTIC_MIN, _MAX,
+ * _PARTITION and AMOEBA_ENV_DAEMON_UID of amoeba_env.h, in that order (the
+ * daemon's uid is empty, which the job reads as unset, when the site gave none).
  */
-#define AMOEBA_REQUEST_VARS 3
+#define AMOEBA_REQUEST_VARS 4
 
 struct amoeba_env_var {
 	const char *name;

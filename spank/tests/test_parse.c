@@ -280,6 +280,40 @@ static void test_request_exports_range_and_default_partition(void)
 	CHECK_STR(env.vars[1].value, "4");
 	CHECK_STR(env.vars[2].name, "AMOEBA_ELASTIC_PARTITION");
 	CHECK_STR(env.vars[2].value, "elastic");
+	CHECK_STR(env.vars[3].name, "AMOEBA_DAEMON_UID");
+	CHECK_STR(env.vars[3].value, ""); /* the site named no daemon uid */
+}
+
+static void test_config_daemon_uid_reaches_the_job(void)
+{
+	struct amoeba_config cfg;
+	struct amoeba_request req;
+	struct amoeba_env env;
+	bool has_env;
+	static const char *const bad[] = { "daemon_uid=", "daemon_uid=-1",
+					   "daemon_uid=4294967295",
+					   "daemon_uid=99999999999",
+					   "daemon_uid=99x", "daemon_uid=amoeba" };
+
+	CHECK(parse_args(&cfg, "daemon_uid=990", NULL) == 0);
+	CHECK(cfg.daemon_uid == 990);
+	CHECK(parse_args(&cfg, "daemon_uid=0", NULL) == 0);
+	CHECK(cfg.daemon_uid == 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct amoeba_config other;
+
+		CHECK(parse_args(&other, bad[i], NULL) < 0);
+		CHECK_HAS(err, "daemon_uid takes the numeric uid amoebad "
+			       "runs as");
+	}
+	CHECK(parse_args(&cfg, "daemon_uid=990", NULL) == 0);
+	amoeba_request_reset(&req);
+	CHECK(amoeba_request_apply(&req, &cfg, AMOEBA_OPT_ELASTIC, "1:2", false,
+				   err, sizeof(err)) == 0);
+	CHECK(amoeba_request_finish(&req, &cfg, &env, &has_env, err,
+				    sizeof(err)) == 0);
+	CHECK_STR(env.vars[3].name, "AMOEBA_DAEMON_UID");
+	CHECK_STR(env.vars[3].value, "990");
 }
 
 static void test_request_min_alone_is_fixed_size(void)
@@ -476,6 +510,7 @@ int main(void)
 	test_config_rejects_repeated_key();
 	test_request_exports_range_and_default_partition();
 	test_request_min_alone_is_fixed_size();
+	test_config_daemon_uid_reaches_the_job();
 	test_request_is_idempotent_and_no_elastic_wins();
 	test_request_result_does_not_depend_on_option_order();
 	test_request_failure_leaves_request_unchanged();

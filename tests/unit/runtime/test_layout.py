@@ -13,6 +13,7 @@ WORKER_SIDE |= {"checkpoint"}  # disk checkpoints of the worker's commit
 COORDINATOR_SIDE = {"coordinator", "membership"}
 SHARED = {"protocol", "errors", "planner"}
 SHARED |= {"failures"}  # failure classes: the worker classifies, the coordinator and agent decide
+SHARED |= {"auth"}  # the job's secret: the coordinator seals assignments, workers seal events, each opens the other's
 
 
 def runtime_imports(module: str) -> tuple[set[str], list[str]]:

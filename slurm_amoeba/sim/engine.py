@@ -26,7 +26,7 @@ import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Policy, Snapshot, check_decisions
 from slurm_amoeba.policy.common import place_most_free
@@ -353,6 +353,82 @@ def trace_models(
     return build
 
 
+def _check_workload(jobs: Sequence[JobSpec], config: SimConfig) -> None:
+    """Refuse a job larger than the cluster (with its line) and two jobs of one name, before anything runs."""
+    for spec in jobs:
+        if spec.requested_workers > config.total_gpus:
+            where = f" (line {spec.line})" if spec.line else ""
+            raise SimError(
+                f"job {spec.name}{where} requests {spec.requested_workers} GPUs but the cluster has "
+                f"{config.total_gpus} ({config.nodes} nodes x {config.gpus_per_node}); use more --nodes or "
+                f"drop the job"
+            )
+    if len({spec.name for spec in jobs}) != len(jobs):
+        raise SimError("the workload has two jobs with the same name; names must be unique")
+
+
+def _new_job(spec: JobSpec, model: WorkModel, config: SimConfig) -> _Job:
+    """The engine's state of a job, with its time limit (given, or from the model of user estimates)."""
+    limit = spec.time_limit
+    if limit is None:
+        needs = model.remaining_seconds(0, 0.0) + config.restart_cost
+        limit = estimated_time_limit(needs, config.time_limit_factor)
+    return _Job(spec, model, limit)
+
+
+def _check_rounds(jobs: Iterable[_Job], policy: Policy, interval: float) -> None:
+    """Refuse a run that would tick for ever: a policy deciding every interval and a job lasting ages."""
+    for job in jobs:
+        seconds = job.model.remaining_seconds(0, 0.0)
+        if seconds / interval > MAX_ROUNDS_WITHOUT_HORIZON:
+            where = f" (line {job.spec.line})" if job.spec.line else ""
+            raise SimError(
+                f"job {job.spec.name}{where} runs {seconds:.3g} s at its requested size; policy {policy.name} "
+                f"decides every {interval:g} s, so the run would take {seconds / interval:.3g} rounds; pass "
+                f"--horizon SECONDS to stop the run there (unfinished jobs are reported) or fix the job"
+            )
+
+
+class _Queue:
+    """The jobs that hold GPUs and those that wait for them (in submit order), kept up to date as jobs change."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, _Job] = {}
+        self.waiting: list[tuple[float, str]] = []  # pending jobs' keys, oldest first
+        self._is_waiting: set[str] = set()
+
+    def sync(self, job: _Job) -> None:
+        """File the job under running, waiting or neither (finished) after any change of its state."""
+        name = job.spec.name
+        if job.placement and job.completion is None:
+            self.running[name] = job
+        else:
+            self.running.pop(name, None)
+        waiting = not job.placement and job.completion is None
+        if waiting and name not in self._is_waiting:
+            self._is_waiting.add(name)
+            bisect.insort(self.waiting, job.key)
+        elif not waiting and name in self._is_waiting:
+            self._is_waiting.discard(name)
+            del self.waiting[bisect.bisect_left(self.waiting, job.key)]
+
+    def visible(self, jobs: Mapping[str, _Job], depth: int, enough: int) -> list[tuple[float, str]]:
+        """Keys of the running jobs and the oldest waiting ones (all with ``depth`` 0), in submit order."""
+        keys: list[tuple[float, str]] = []
+        if depth == 0:
+            keys = list(self.waiting)
+        else:
+            demand = 0
+            for key in self.waiting:
+                if len(keys) >= depth and demand > enough:
+                    break
+                keys.append(key)
+                demand += jobs[key[1]].spec.requested_workers
+        keys.extend(job.key for job in self.running.values())
+        keys.sort()
+        return keys
+
+
 class Simulator:
     """One simulation run: a workload, a policy and a cluster."""
 
@@ -380,19 +456,10 @@ class Simulator:
         self.config = config
         self.policy = policy
         self.colocation = dict(colocation or {})
-        for spec in jobs:
-            if spec.requested_workers > config.total_gpus:
-                where = f" (line {spec.line})" if spec.line else ""
-                raise SimError(
-                    f"job {spec.name}{where} requests {spec.requested_workers} GPUs but the cluster has "
-                    f"{config.total_gpus} ({config.nodes} nodes x {config.gpus_per_node}); use more --nodes or "
-                    f"drop the job"
-                )
-        self._jobs = {spec.name: self._new_job(spec, models(spec)) for spec in jobs}
-        if len(self._jobs) != len(jobs):
-            raise SimError("the workload has two jobs with the same name; names must be unique")
+        _check_workload(jobs, config)
+        self._jobs = {spec.name: _new_job(spec, models(spec), config) for spec in jobs}
         if config.horizon is None and not policy.decides_on_events_only:
-            self._check_rounds()
+            _check_rounds(self._jobs.values(), policy, config.interval)
         self._arrivals = sorted(self._jobs.values(), key=lambda job: (job.spec.submit_time, job.spec.name))
         self._node_names = [f"node{i:03d}" for i in range(config.nodes)]
         self._free = dict.fromkeys(self._node_names, config.gpus_per_node)
@@ -402,47 +469,10 @@ class Simulator:
         self._nodes_tuple: tuple[NodeInfo, ...] | None = None
         self._heap: list[tuple[float, int, str]] = []
         self._graces: list[tuple[float, str]] = []
-        self._running: dict[str, _Job] = {}
-        self._waiting: list[tuple[float, str]] = []  # pending jobs' (submit, name), oldest first
-        self._is_waiting: set[str] = set()
+        self._queue = _Queue()
         self._used = 0
         self._usage: list[tuple[float, int]] = []
         self._decisions = 0
-
-    def _new_job(self, spec: JobSpec, model: WorkModel) -> _Job:
-        limit = spec.time_limit
-        if limit is None:
-            needs = model.remaining_seconds(0, 0.0) + self.config.restart_cost
-            limit = estimated_time_limit(needs, self.config.time_limit_factor)
-        return _Job(spec, model, limit)
-
-    def _sync(self, job: _Job) -> None:
-        """File the job under running, waiting or neither (finished) after any change of its state."""
-        name = job.spec.name
-        if job.placement and job.completion is None:
-            self._running[name] = job
-        else:
-            self._running.pop(name, None)
-        waiting = not job.placement and job.completion is None
-        if waiting and name not in self._is_waiting:
-            self._is_waiting.add(name)
-            bisect.insort(self._waiting, job.key)
-        elif not waiting and name in self._is_waiting:
-            self._is_waiting.discard(name)
-            del self._waiting[bisect.bisect_left(self._waiting, job.key)]
-
-    def _check_rounds(self) -> None:
-        """Refuse a run that would tick for ever: a policy deciding every interval and a job lasting ages."""
-        for job in self._jobs.values():
-            seconds = job.model.remaining_seconds(0, 0.0)
-            if seconds / self.config.interval > MAX_ROUNDS_WITHOUT_HORIZON:
-                where = f" (line {job.spec.line})" if job.spec.line else ""
-                raise SimError(
-                    f"job {job.spec.name}{where} runs {seconds:.3g} s at its requested size; policy "
-                    f"{self.policy.name} decides every {self.config.interval:g} s, so the run would take "
-                    f"{seconds / self.config.interval:.3g} rounds; pass --horizon SECONDS to stop the run there "
-                    f"(unfinished jobs are reported) or fix the job"
-                )
 
     # -- progress -------------------------------------------------------------------------------------------
 
@@ -520,7 +550,7 @@ class Simulator:
             job.epoch = len(job.model.epoch_ends)
             job.completion = at
             self._release(job, at)
-            self._sync(job)
+            self._queue.sync(job)
             del active[name]
             finished += 1
         return finished
@@ -568,7 +598,7 @@ class Simulator:
         job.place({})
         job.rate = 0.0
         job.info = None
-        self._sync(job)
+        self._queue.sync(job)
         self._record_usage(now)
 
     def _apply(self, decision: Decision, now: float) -> None:
@@ -592,7 +622,7 @@ class Simulator:
         if decision.workers == 0:
             job.preemptions += 1
             self._predict(job)
-            self._sync(job)
+            self._queue.sync(job)
             return
         placement = dict(decision.placement)
         if not placement:
@@ -635,7 +665,7 @@ class Simulator:
         job.rate = self._speed(job)
         job.info = None
         self._predict(job)
-        self._sync(job)
+        self._queue.sync(job)
         self._record_usage(now)
 
     # -- snapshot -------------------------------------------------------------------------------------------
@@ -681,20 +711,7 @@ class Simulator:
         """Every running job and the oldest pending ones (``queue_depth``), in submit order."""
         if self._nodes_tuple is None:
             self._nodes_tuple = tuple(self._node_infos.values())
-        depth = self.config.queue_depth
-        keys: list[tuple[float, str]] = []
-        if depth == 0:
-            keys = list(self._waiting)
-        else:
-            demand = 0
-            enough = self.config.total_gpus
-            for key in self._waiting:
-                if len(keys) >= depth and demand > enough:
-                    break
-                keys.append(key)
-                demand += self._jobs[key[1]].spec.requested_workers
-        keys.extend(job.key for job in self._running.values())
-        keys.sort()
+        keys = self._queue.visible(self._jobs, self.config.queue_depth, self.config.total_gpus)
         every = self._jobs
         infos: list[JobInfo] = []
         for _, name in keys:
@@ -745,12 +762,12 @@ class Simulator:
             while next_arrival < total and self._arrivals[next_arrival].spec.submit_time <= now:
                 job = self._arrivals[next_arrival]
                 active[job.spec.name] = job
-                self._sync(job)
+                self._queue.sync(job)
                 next_arrival += 1
                 arrived += 1
             dirty = dirty or finished > 0 or arrived > 0
             if active and (dirty or not self.policy.decides_on_events_only):
-                for job in self._running.values():
+                for job in self._queue.running.values():
                     self._advance(job, now)
                 snapshot = self._snapshot()
                 decisions = self.policy.decide(snapshot, now)
@@ -760,7 +777,7 @@ class Simulator:
                 for decision in sorted(decisions, key=self._apply_order):
                     self._apply(decision, now)
                 dirty = bool(decisions)
-                if not decisions and next_arrival == total and not self._running:
+                if not decisions and next_arrival == total and not self._queue.running:
                     raise SimError(
                         f"policy {self.policy.name} starts none of the {len(active)} waiting jobs on an idle cluster "
                         f"at t={now:.0f} s and no job is left to arrive; the run would never end"
@@ -796,24 +813,20 @@ class Simulator:
         return max(following, math.ceil(soonest / interval) * interval)
 
     def _result(self, wall: float) -> SimResult:
-        records = [
-            JobRecord(
-                name=job.spec.name,
-                submit_time=job.spec.submit_time,
-                first_start=job.first_start,
-                completion=job.completion,
-                requested_workers=job.spec.requested_workers,
-                resizes=job.resizes,
-                preemptions=job.preemptions,
-                restarts=job.restarts,
-            )
-            for job in self._jobs.values()
-        ]
-        return SimResult(
-            policy=self.policy.name,
-            total_gpus=self.config.total_gpus,
-            jobs=records,
-            usage=list(self._usage),
-            decisions=self._decisions,
-            wall_s=wall,
-        )
+        records = [_record(job) for job in self._jobs.values()]
+        return SimResult(self.policy.name, self.config.total_gpus, records, list(self._usage), self._decisions, wall)
+
+
+def _record(job: _Job) -> JobRecord:
+    """What happened to one job, for the result."""
+    spec = job.spec
+    return JobRecord(
+        spec.name,
+        spec.submit_time,
+        job.first_start,
+        job.completion,
+        spec.requested_workers,
+        job.resizes,
+        job.preemptions,
+        job.restarts,
+    )

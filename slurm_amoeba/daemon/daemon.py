@@ -173,13 +173,15 @@ class Daemon:
         while not stop.is_set():
             now = time.monotonic()
             early = self.round_loop.refresh_wanted and now - last_begun >= REFRESH_MIN_S
-            if (now >= next_round or early) and self.round_loop.begin_round():
-                last_begun = now
-                next_round = max(next_round + self.config.interval_s, now) if now >= next_round else next_round
             try:
+                if (now >= next_round or early) and self.round_loop.begin_round():
+                    last_begun = now
+                    next_round = max(next_round + self.config.interval_s, now) if now >= next_round else next_round
                 self.round_loop.finish_round()
                 self.apply_outcomes()
-                self.serve(min(0.05, max(0.001, next_round - time.monotonic())))
+                # While Slurm is being read the round waits on it, not on the clock: no need to wake up early.
+                wait = 0.05 if self.round_loop.observing else min(0.05, max(0.001, next_round - time.monotonic()))
+                self.serve(wait)
             except Exception:  # the loop outlives anything (a state file that cannot be written, a socket error)
                 self.metrics.loop_errors.inc()
                 logger.exception("[daemon] the loop hit an error; it goes on")

@@ -227,7 +227,8 @@ def plot(
     util_ax.set_xlabel("time (hours)")
     util_ax.set_ylabel("GPUs held / GPUs")
     util_ax.set_ylim(0, 1.05)
-    util_ax.set_title(f"GPU utilization over time ({chosen}, {bin_s / 60:.0f}-minute means)")
+    width = f"{bin_s / 60:.0f}-minute" if bin_s >= 60 else f"{bin_s:.0f}-second"
+    util_ax.set_title(f"GPU utilization over time ({chosen}, {width} means)")
     util_ax.grid(True, alpha=0.3)
     util_ax.legend(fontsize=8)
     if title:

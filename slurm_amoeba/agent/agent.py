@@ -295,7 +295,7 @@ class Agent:
         if req is None:
             return
         try:
-            self._handle(channel, req)
+            handle_directive(self, channel, req)
         except Exception as exc:  # a bug a message provoked must cost that message only, not the job
             log.exception("%s a %s directive failed", self.prefix, quote(req.message.kind, 40))
             with contextlib.suppress(Exception):
@@ -476,38 +476,6 @@ class Agent:
         """Workers the job has or is getting (groups not leaving or ended)."""
         return planned_size(self.groups)
 
-    def _handle(self, channel: ChannelServer, req: Request) -> None:
-        msg = req.message
-        if msg.kind == "status":
-            if not self.link.may_read(req.sender.uid):
-                channel.refuse(
-                    req,
-                    f"uid {req.sender.uid} may not read job {self.config.job_id}: only its owner, the daemon and "
-                    "root may",
-                )
-                return
-            channel.answer(req, msg.reply(data=fit_status(self.status())))
-            return
-        if not self.link.may_direct(req.sender.uid):
-            channel.refuse(
-                req,
-                f"uid {req.sender.uid} may not direct job {self.config.job_id}: only its "
-                f"owner (uid {self.link.owner_uid}) and the daemon may",
-            )
-            return
-        if msg.kind != "resize":
-            channel.refuse(req, f"the agent does not take {msg.kind!r} messages; it takes resize and status")
-            return
-        if msg.body["job_id"] != self.config.job_id:
-            channel.refuse(req, f"this is the agent of job {self.config.job_id}, not {quote(msg.body['job_id'])}")
-            return
-        try:
-            target = self.resize(int(msg.body["target"]), str(msg.body["reason"]))
-        except SpecError as exc:
-            channel.answer(req, msg.reply(ok=False, error=str(exc)))
-            return
-        channel.answer(req, msg.reply(data={"size": self.coordinator.view().world_size, "target": target}))
-
     def _register_with_daemon(self) -> None:
         spec = self.config.spec
         self.link.register(
@@ -555,3 +523,37 @@ class Agent:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.status(view)))
         tmp.replace(path)
+
+
+def handle_directive(agent: Agent, channel: ChannelServer, req: Request) -> None:
+    """Answer one authenticated directive: ``status`` for the owner, the daemon and root; ``resize`` for the owner
+    and the daemon; anything else is refused."""
+    msg = req.message
+    if msg.kind == "status":
+        if not agent.link.may_read(req.sender.uid):
+            channel.refuse(
+                req,
+                f"uid {req.sender.uid} may not read job {agent.config.job_id}: only its owner, the daemon and root may",
+            )
+            return
+        channel.answer(req, msg.reply(data=fit_status(agent.status())))
+        return
+    if not agent.link.may_direct(req.sender.uid):
+        channel.refuse(
+            req,
+            f"uid {req.sender.uid} may not direct job {agent.config.job_id}: only its "
+            f"owner (uid {agent.link.owner_uid}) and the daemon may",
+        )
+        return
+    if msg.kind != "resize":
+        channel.refuse(req, f"the agent does not take {msg.kind!r} messages; it takes resize and status")
+        return
+    if msg.body["job_id"] != agent.config.job_id:
+        channel.refuse(req, f"this is the agent of job {agent.config.job_id}, not {quote(msg.body['job_id'])}")
+        return
+    try:
+        target = agent.resize(int(msg.body["target"]), str(msg.body["reason"]))
+    except SpecError as exc:
+        channel.answer(req, msg.reply(ok=False, error=str(exc)))
+        return
+    channel.answer(req, msg.reply(data={"size": agent.coordinator.view().world_size, "target": target}))

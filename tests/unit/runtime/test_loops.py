@@ -178,3 +178,19 @@ def test_sync_outside_run_says_where_to_call_it() -> None:
     state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), _sampler())
     with pytest.raises(amoeba.RuntimeConfigError, match="inside slurm_amoeba.runtime.run"), state.sync():
         pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="torch 2.13's gloo has no PREMUL_SUM, which FSDP2 reduces with after set_gradient_divide_factor(1.0); "
+    "ShardedReducer rescales FSDP's average into the sum instead (slurm_amoeba/runtime/fsdp.py)",
+)
+def test_gloo_refuses_the_premul_sum_that_an_fsdp_divide_factor_needs(tmp_path: Path) -> None:
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        values = torch.ones(2)
+        dist.all_reduce(values, op=dist._make_nccl_premul_sum(0.5))  # type: ignore[attr-defined]
+    finally:
+        dist.destroy_process_group()

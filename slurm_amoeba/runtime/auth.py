@@ -153,21 +153,7 @@ class Opener:
         Raises:
             AuthError: not sealed with the job's secret for this key and sender, or (``fresh``) replayed.
         """
-        try:
-            sealed = self._parse(raw)
-            text, who = sealed["m"], sealed["s"]
-            if sender is not None and who != sender:
-                raise AuthError(f"sealed by {quote(who)}, not by {sender!r}", source=store_key)
-            expected = self.key.tag(store_key, who, sealed["e"], sealed["n"], text)
-            if not hmac.compare_digest(expected, sealed["h"]):
-                raise AuthError("its HMAC does not match (not made with the job's secret, or for another key)")
-            if fresh:
-                self._check_fresh((who, sealed["e"], store_key), sealed["n"])
-        except AuthError:
-            with self._lock:
-                self.refused += 1
-            raise
-        return str(text)
+        return self._open(store_key, raw, sender, fresh)[1]
 
     def sender_of(self, store_key: str, raw: str | bytes) -> tuple[str, str]:
         """``(sender, text)`` of a sealed value, checked and fresh (for the events queue, shared by all workers).
@@ -175,8 +161,23 @@ class Opener:
         Raises:
             AuthError: see :meth:`open`.
         """
-        text = self.open(store_key, raw, fresh=True)
-        return str(self._parse(raw)["s"]), text
+        return self._open(store_key, raw, None, True)
+
+    def _open(self, store_key: str, raw: str | bytes, sender: str | None, fresh: bool) -> tuple[str, str]:
+        try:
+            who, epoch, counter, text, tag = _parse(raw)
+            if sender is not None and who != sender:
+                raise AuthError(f"sealed by {quote(who)}, not by {sender!r}", source=store_key)
+            expected = self.key.tag(store_key, who, epoch, counter, text)
+            if not hmac.compare_digest(expected, tag):
+                raise AuthError("its HMAC does not match (not made with the job's secret, or for another key)")
+            if fresh:
+                self._check_fresh((who, epoch, store_key), counter)
+        except AuthError:
+            with self._lock:
+                self.refused += 1
+            raise
+        return who, text
 
     def _check_fresh(self, stream: tuple[str, str, str], counter: int) -> None:
         with self._lock:
@@ -184,22 +185,28 @@ class Opener:
                 raise AuthError(f"counter {counter} of {quote(stream[0])} was seen before (a replayed value)")
             self._last[stream] = counter
 
-    @staticmethod
-    def _parse(raw: str | bytes) -> dict[str, object]:
-        if len(raw) > _MAX_SEALED:
-            raise AuthError(f"a value of {len(raw)} bytes is over the {_MAX_SEALED} limit")
-        try:
-            data = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise AuthError(f"not a sealed value ({type(exc).__name__})") from None
-        ok = (
-            isinstance(data, dict)
-            and isinstance(data.get("s"), str)
-            and isinstance(data.get("e"), str)
-            and isinstance(data.get("m"), str)
-            and isinstance(data.get("h"), str)
-            and type(data.get("n")) is int
-        )
-        if not ok:
-            raise AuthError("not a sealed value (fields s, e, n, m, h)")
-        return data
+
+def _parse(raw: str | bytes) -> tuple[str, str, int, str, str]:
+    """``(sender, epoch, counter, text, tag)`` of a sealed value's JSON.
+
+    Raises:
+        AuthError: too large, not JSON, or not the five fields with their types.
+    """
+    if len(raw) > _MAX_SEALED:
+        raise AuthError(f"a value of {len(raw)} bytes is over the {_MAX_SEALED} limit")
+    try:
+        data = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise AuthError(f"not a sealed value ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise AuthError("not a sealed value (a JSON object)")
+    who, epoch, counter, text, tag = (data.get(k) for k in ("s", "e", "n", "m", "h"))
+    if (
+        isinstance(who, str)
+        and isinstance(epoch, str)
+        and type(counter) is int
+        and isinstance(text, str)
+        and isinstance(tag, str)
+    ):
+        return who, epoch, counter, text, tag
+    raise AuthError("not a sealed value (fields s, e, n, m, h)")

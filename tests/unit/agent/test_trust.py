@@ -281,7 +281,7 @@ class Squatter:
     def __init__(self) -> None:
         self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        port: int = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.kinds: list[str] = []
         self._stop = threading.Event()

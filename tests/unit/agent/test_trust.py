@@ -27,8 +27,9 @@ from slurm_amoeba.agent.status import Journal, fit_status
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.messages import MAX_EVENT_BYTES, MAX_MESSAGE_BYTES, Message, decode, encode
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.transport import channel as channel_module
 from slurm_amoeba.transport.channel import ChannelServer, request
-from slurm_amoeba.transport.munge import seal, unseal
+from slurm_amoeba.transport.munge import MungeError, seal, unseal
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
 
 NOBODY = 65534
@@ -349,3 +350,29 @@ def test_the_pinned_daemon_is_trusted(munged: None) -> None:
         stop.set()
         thread.join(timeout=5)
         server.close()
+
+
+def test_a_munged_hiccup_costs_a_report_and_an_answer_never_the_agent(
+    served: tuple[Agent, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, client = served
+    frames = signed(Message("status", {}))  # signed while munged still answers
+
+    def munged_down(payload: bytes) -> bytes:
+        raise MungeError("Failed to connect to munged: Connection refused")
+
+    monkeypatch.setattr(channel_module, "seal", munged_down)
+    link = DaemonLink("tcp://127.0.0.1:9", owner_uid=os.getuid(), prefix="[42/agent]", daemon_uid=os.getuid())
+    link.register(REGISTRATION)  # signing fails: ChannelError inside, logged
+    link.report({"job_id": "42"})
+    assert not link.registered
+    client.sock.send_multipart(frames)
+    agent.serve_one(client.channel, 0.5)  # the answer cannot be signed: logged, not raised
+    assert not client.sock.poll(200)
+    monkeypatch.undo()
+    client.close()
+    fresh = Client(agent, client.channel)
+    try:
+        assert fresh.exchange(signed(Message("status", {}))).body["ok"]
+    finally:
+        fresh.close()

@@ -25,6 +25,8 @@ from slurm_amoeba.policy import DEFAULT_POLICY, PolicyError, make_policy, policy
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: How often a job's agent reports (the agent's ``report_s`` default): ``limits.requests_per_s`` must allow it.
+AGENT_REPORT_S = 2.0
 
 
 class ConfigError(AmoebaError, ValueError):
@@ -56,7 +58,8 @@ class Limits:
 
     Attributes:
         requests_per_s: requests (reports included) one uid may send per second, sustained; beyond it they are
-            refused (the daemon's own uid is not limited).
+            refused (the daemon's own uid is not limited). An agent reports every 2 s, so keep it above
+            ``agents_per_uid / 2`` with room for ``amoebactl``.
         burst: requests one uid may send at once after a quiet while.
         agents_per_uid: elastic jobs one uid may have registered at once.
         max_workers: the most workers any elastic job runs with at this site (the SPANK plugin's ``max_workers``).
@@ -64,8 +67,8 @@ class Limits:
         account_max_workers: Slurm account -> a lower cap for jobs charged to it (``max_workers_per_account``).
     """
 
-    requests_per_s: float = 20.0
-    burst: int = 40
+    requests_per_s: float = 50.0
+    burst: int = 100
     agents_per_uid: int = 64
     max_workers: int = 1024
     user_max_workers: Mapping[int, int] = dataclasses.field(default_factory=dict)
@@ -323,10 +326,19 @@ def _limits(top: _Section) -> Limits:
     for account in accounts:
         if not isinstance(account, str) or not _NAME.match(account):
             limits.fail(f"limits.max_workers_per_account.{account}", account, "give a Slurm account name")
+    rate = limits.number("requests_per_s", base.requests_per_s, maximum=100_000)
+    agents = limits.integer("agents_per_uid", base.agents_per_uid, 1, 100_000)
+    if rate * AGENT_REPORT_S < agents:
+        limits.fail(
+            "limits.requests_per_s",
+            rate,
+            f"each agent reports every {AGENT_REPORT_S:g} s, so limits.agents_per_uid = {agents} agents of one user "
+            f"send {agents / AGENT_REPORT_S:g} reports per second; give at least that (and room for amoebactl)",
+        )
     return Limits(
-        requests_per_s=limits.number("requests_per_s", base.requests_per_s, maximum=100_000),
+        requests_per_s=rate,
         burst=limits.integer("burst", base.burst, 1, 1_000_000),
-        agents_per_uid=limits.integer("agents_per_uid", base.agents_per_uid, 1, 100_000),
+        agents_per_uid=agents,
         max_workers=site,
         user_max_workers={
             _user_uid(limits, f"limits.max_workers_per_user.{user}", user): cap for user, cap in users.items()

@@ -163,6 +163,7 @@ def test_limits_are_read_with_users_by_name_or_uid_and_accounts() -> None:
         ({"max_workers": 8, "max_workers_per_account": {"a": 9}}, "limits.max_workers_per_account.a = 9"),
         ({"max_workers_per_account": {"bad name": 2}}, "Slurm account name"),
         ({"requests_per_s": 0}, "limits.requests_per_s = 0"),
+        ({"requests_per_s": 10, "agents_per_uid": 64}, "send 32 reports per second"),
     ],
 )
 def test_a_bad_limit_is_refused_by_name(limits: dict[str, Any], named: str) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from tests.unit.runtime.chaos import chaos_run, run_reference
 
-SEEDS = [7, 10, 12]
+SEEDS = [7, 10, 15]  # kill at a switch and in transfer, grow, SIGSTOP short and long, SIGTERM, remove
 
 
 @pytest.fixture(scope="module")

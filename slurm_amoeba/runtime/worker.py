@@ -596,7 +596,7 @@ class WorkerRuntime:
         # The first matrix product and the first backward of a process initialise the BLAS library and the autograd
         # engine (tens of ms on a loaded machine): do it here, not in the first step that the members wait for.
         probe = torch.ones(16, 16, device=self.device, requires_grad=True)
-        (probe @ probe).sum().backward()
+        torch.autograd.grad((probe @ probe).sum(), probe)
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""

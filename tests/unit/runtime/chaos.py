@@ -175,15 +175,24 @@ def chaos_run(seed: int, out: Path, reference: dict[str, torch.Tensor], operatio
     """One seeded chaos run of the toy job in ``out`` (see the module docstring)."""
     rng = random.Random(seed)
     started = time.monotonic()
-    command = toy_command(out, [*TOY_ARGS, "--step-delay", str(STEP_DELAY_S)], hold=False)
+    command = toy_command(out, [*TOY_ARGS, "--step-delay", str(STEP_DELAY_S)], hold=True)
     ops = [rng.choice(OPERATIONS) for _ in range(operations)]
-    with _job(out, command, workers=rng.choice([1, 2, 3])) as job:
+    job = _job(out, command, workers=rng.choice([1, 2, 3]))
+    job.start_coordinator()
+    # The job may not run past a random step until the operations are done (a pending switch still proceeds),
+    # so that joiners warm up in time and operations land mid-step as well as at a held step boundary.
+    release = rng.randint(3, STEPS // 3)
+    job.coordinator.store.set("test/release", str(release))
+    with job:
         chaos = _Chaos(job, rng)
         try:
             job.wait_for(lambda v: v.phase is not Phase.STARTING, 60, "the first generation")
             for op in ops:
                 time.sleep(rng.uniform(0.0, 1.0))
                 chaos.apply(op)
+                release += rng.randint(1, 8)
+                job.coordinator.store.set("test/release", str(release))
+            job.coordinator.store.set("test/release", str(10**9))
             result = job.wait(END_DEADLINE_S)
         except RuntimeTimeout as exc:
             view = job.view()

@@ -182,7 +182,10 @@ def test_a_job_killed_whole_resumes_from_its_checkpoint_with_the_uninterrupted_t
         for worker in view.plan.members:
             toy.job.kill(worker)
         first_history = toy.job.view().history
-    assert [c.step for c in list_checkpoints(checkpoints) if c.complete] == [15, 20]
+    complete = [c.step for c in list_checkpoints(checkpoints) if c.complete]
+    # The kill may land before the writer pruned the oldest one, and a write that fell behind is replaced by the next:
+    # what holds is that 20 is the newest complete checkpoint and at most keep + 1 are left.
+    assert complete[-1] == 20 and len(complete) <= 3 and set(complete) <= {5, 10, 15, 20}, complete
 
     with ToyJob(second, workers=2, hold=False, env=env) as toy:
         result = toy.finish()

@@ -14,7 +14,7 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -123,27 +123,28 @@ def envelope(kind: str, body: object, **fields: object) -> dict[str, object]:
     return {"v": 1, "kind": kind, "id": "x1", "sent_at": 1.0, "body": body, **fields}
 
 
-HOSTILE: dict[str, list[bytes]] = {
-    "one frame": [b"hello"],
-    "three frames": [b"a", b"b", b"c"],
-    "no credential": [b"", raw(envelope("status", {}))],
-    "garbage credential": [b"MUNGE:garbage:", raw(envelope("status", {}))],
-    "not JSON": signed(b"{not json"),
-    "not UTF-8": signed(b'{"v": 1, "kind": "\xff\xfe"}'),
-    "deep": signed(b"[" * 5000 + b"]" * 5000),
-    "huge integer": signed(
+# Built when a test runs, not at import: munged may not be up yet, and a credential expires (munge TTL).
+HOSTILE: dict[str, Callable[[], list[bytes]]] = {
+    "one frame": lambda: [b"hello"],
+    "three frames": lambda: [b"a", b"b", b"c"],
+    "no credential": lambda: [b"", raw(envelope("status", {}))],
+    "garbage credential": lambda: [b"MUNGE:garbage:", raw(envelope("status", {}))],
+    "not JSON": lambda: signed(b"{not json"),
+    "not UTF-8": lambda: signed(b'{"v": 1, "kind": "\xff\xfe"}'),
+    "deep": lambda: signed(b"[" * 5000 + b"]" * 5000),
+    "huge integer": lambda: signed(
         raw(envelope("resize", {"job_id": "42", "target": 0, "reason": ""})).replace(
             b'"target": 0', b'"target": ' + b"9" * 5000
         )
     ),
-    "overflowing time": signed(raw(envelope("status", {})).replace(b'"sent_at": 1.0', b'"sent_at": 1e400')),
-    "NaN": signed(raw(envelope("status", {})).replace(b'"sent_at": 1.0', b'"sent_at": NaN')),
-    "unknown kind, long non-ASCII": signed(raw(envelope("\u00e9" * 100_000, {}))),
-    "wrong body types": signed(raw(envelope("resize", {"job_id": 42, "target": "3", "reason": None}))),
-    "extra fields": signed(raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "x": [[[[]]]]}))),
-    "wrong version": signed(raw(envelope("status", {}, v=2))),
-    "a reply as a request": signed(Message("reply", {"ok": True, "error": "", "data": {}})),
-    "a message for the daemon": signed(Message("drain", {})),
+    "overflowing time": lambda: signed(raw(envelope("status", {})).replace(b'"sent_at": 1.0', b'"sent_at": 1e400')),
+    "NaN": lambda: signed(raw(envelope("status", {})).replace(b'"sent_at": 1.0', b'"sent_at": NaN')),
+    "unknown kind, long non-ASCII": lambda: signed(raw(envelope("\u00e9" * 100_000, {}))),
+    "wrong body types": lambda: signed(raw(envelope("resize", {"job_id": 42, "target": "3", "reason": None}))),
+    "extra fields": lambda: signed(raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "x": [[[[]]]]}))),
+    "wrong version": lambda: signed(raw(envelope("status", {}, v=2))),
+    "a reply as a request": lambda: signed(Message("reply", {"ok": True, "error": "", "data": {}})),
+    "a message for the daemon": lambda: signed(Message("drain", {})),
 }
 
 
@@ -152,7 +153,7 @@ def test_a_hostile_frame_is_refused_and_the_agent_answers_the_next_request(
     served: tuple[Agent, Client], name: str
 ) -> None:
     agent, client = served
-    frames = HOSTILE[name]
+    frames = HOSTILE[name]()
     if len(frames) == 2:
         reply = client.exchange(frames)
         assert not reply.body["ok"] and len(reply.body["error"]) <= 400, reply.body["error"]

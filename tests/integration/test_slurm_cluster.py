@@ -163,8 +163,14 @@ def test_a_regular_job_preempts_an_elastic_job_within_its_grace_time(
     grace = slurm_cluster.grace_time_s
     wait_until("a TERM handler of the elastic job", lambda: any(marks.iterdir()), timeout=grace + 15)
     term_at = min(float(p.read_text()) for p in marks.iterdir())
-    wait_until("the regular job to run", lambda: (tmp_path / "regular.out").exists(), timeout=grace + 30)
-    regular_at = float((tmp_path / "regular.out").read_text().split()[0])
+    regular_out = tmp_path / "regular.out"
+    # slurmd creates the output file when the job starts, before its first line is written: wait for the line.
+    wait_until(
+        "the regular job to run",
+        lambda: regular_out.exists() and bool(regular_out.read_text().split()),
+        timeout=grace + 30,
+    )
+    regular_at = float(regular_out.read_text().split()[0])
     assert term_at - started < grace, "TERM must come at the start of GraceTime, not at its end"
     assert regular_at > term_at
     wait_until("accounting to record the preemption", lambda: _final(client, elastic_id), timeout=30)

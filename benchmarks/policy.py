@@ -42,7 +42,7 @@ from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import check_decisions, make_policy
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
-from slurm_amoeba.transport.channel import ChannelServer, request
+from slurm_amoeba.transport.channel import ChannelServer, destination, request
 from slurm_amoeba.transport.munge import seal, unseal
 
 
@@ -382,7 +382,7 @@ def _agents_child(endpoint: str, spec_file: str, duration_s: float) -> int:
             message = Message("report", body)
             payload = encode(message)
             sent[message.id] = time.perf_counter()
-            sock.send_multipart([b"", seal(payload), payload])
+            sock.send_multipart([b"", seal(payload, to=destination(endpoint)), payload])
             index += 1
         while sock.poll(0):
             frames = sock.recv_multipart()
@@ -432,9 +432,9 @@ def bench_munge(repeats: int = 300) -> dict[str, float]:
     seals, unseals = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        credential = seal(payload)
+        credential = seal(payload, to="tcp port 6820")
         t1 = time.perf_counter()
-        unseal(credential, payload)
+        unseal(credential, payload, to="tcp port 6820")
         t2 = time.perf_counter()
         seals.append(t1 - t0)
         unseals.append(t2 - t1)

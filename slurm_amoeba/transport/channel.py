@@ -6,6 +6,14 @@ payload) and the payload, a versioned JSON message (:mod:`slurm_amoeba.core.mess
 vouches for it; what cannot be authenticated or parsed is answered with a refusal and never reaches the caller.
 :func:`request` sends one message and waits for its reply with a deadline and retries.
 
+Each credential names where it goes and when it was sent. A request's destination is :func:`destination` of the
+endpoint the sender connects to (``tcp port 6820``: the port, because a host has many names and addresses and the
+server cannot know which one a client used); the server takes only credentials naming its own bound port, sent
+within :data:`~slurm_amoeba.transport.munge.MAX_AGE_S`, and never the same credential twice (munged's replay cache
+and the server's :class:`~slurm_amoeba.transport.munge.ReplayCache`). A reply's destination is ``reply <id>`` of the
+request it answers, so that no reply (the daemon's, say) can be replayed as the answer to another request or as a
+request.
+
 The job agent serves directives with it; the daemon (a layer below in DESIGN.md's list) serves agents and
 ``amoebactl`` with the same code.
 """
@@ -15,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 
 import zmq
 
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode, quote
-from slurm_amoeba.transport.munge import Credential, MungeError, seal, unseal
+from slurm_amoeba.transport.munge import Credential, MungeError, ReplayCache, seal, unseal
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +55,51 @@ class Request:
     route: tuple[bytes, ...]
 
 
-def _frames(message: Message) -> list[bytes]:
+def destination(endpoint: str) -> str:
+    """The name a credential gives its receiver: ``tcp port N`` for a TCP endpoint, the endpoint itself otherwise.
+
+    Both ends derive it the same way: a sender from the endpoint it connects to, a server from the one it bound.
+    """
+    if endpoint.startswith("tcp://"):
+        port = endpoint.rsplit(":", 1)[-1]
+        if port.isdigit():
+            return f"tcp port {int(port)}"
+    return endpoint
+
+
+def reply_destination(request_id: str) -> str:
+    """The destination of the reply to the request with this id."""
+    return f"reply {request_id[:200]}"
+
+
+def frames_for(message: Message, to: str) -> list[bytes]:
+    """The two frames (credential, payload) of ``message`` for the receiver named ``to`` (see :func:`destination`).
+
+    Raises:
+        ProtocolError: the message does not encode.
+        MungeError: munged did not sign it.
+    """
     payload = encode(message)
-    return [seal(payload), payload]
+    return [seal(payload, to=to), payload]
 
 
-def _open(frames: list[bytes]) -> tuple[Credential, Message]:
+def _open(frames: list[bytes], to: str, seen: ReplayCache | None = None) -> tuple[Credential, Message]:
     if len(frames) != 2:
         raise ProtocolError(f"expected 2 frames (credential, message), got {len(frames)}")
     cred, payload = frames
-    sender = unseal(cred, payload)
+    sender = unseal(cred, payload, to=to)
+    if seen is not None:
+        seen.check(cred)
     return sender, decode(payload)
+
+
+def _request_id(body: list[bytes]) -> str:
+    """The id of a refused request when its payload is a readable message (its sender then gets a refusal it can
+    read, e.g. that its credential was made for another port); a fresh id otherwise."""
+    try:
+        return decode(body[-1]).id if body else uuid.uuid4().hex
+    except Exception:  # the payload is what was refused: no id to answer with
+        return uuid.uuid4().hex
 
 
 class ChannelServer:
@@ -75,7 +118,9 @@ class ChannelServer:
         self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
         self._socket.bind(endpoint)
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.destination = destination(self.endpoint)
         self.refusals = 0
+        self._seen = ReplayCache()
 
     def receive(self, timeout_s: float) -> Request | None:
         """Wait up to ``timeout_s`` for a valid request.
@@ -100,7 +145,7 @@ class ChannelServer:
                 continue
             route, body = tuple(frames[: split + 1]), frames[split + 1 :]
             try:
-                sender, message = _open(body)
+                sender, message = _open(body, self.destination, self._seen)
             except (MungeError, ProtocolError) as exc:
                 reason = quote(str(exc), 300)[1:-1]
             except Exception as exc:  # anything a peer's bytes can provoke is a refusal, never the end of the loop
@@ -109,7 +154,8 @@ class ChannelServer:
                 return Request(sender=sender, message=message, route=route)
             self.refusals += 1
             logger.warning("[channel] refused a message: %s", reason)
-            self._send(route, Message("reply", {"ok": False, "error": f"refused: {reason}", "data": {}}))
+            refusal = {"ok": False, "error": f"refused: {reason}", "data": {}}
+            self._send(route, Message("reply", refusal, id=_request_id(body)))
 
     def answer(self, request: Request, reply: Message) -> None:
         """Send ``reply`` to the sender of ``request``."""
@@ -122,13 +168,14 @@ class ChannelServer:
         self.answer(request, request.message.reply(ok=False, error=reason))
 
     def _send(self, route: tuple[bytes, ...], message: Message) -> None:
+        to = reply_destination(message.id)
         try:
-            frames = _frames(message)
+            frames = frames_for(message, to)
         except ProtocolError as exc:  # a reply too large or malformed: say so in a reply that always fits
             logger.warning("[channel] could not encode the %s: %s", message.kind, exc)
             error = f"the answer could not be sent: {quote(str(exc), 200)[1:-1]}"
             try:
-                frames = _frames(Message("reply", {"ok": False, "error": error, "data": {}}, id=message.id))
+                frames = frames_for(Message("reply", {"ok": False, "error": error, "data": {}}, id=message.id), to)
             except (ProtocolError, MungeError) as again:
                 logger.warning("[channel] could not answer: %s", again)
                 return
@@ -199,7 +246,7 @@ def request_from(
     last = ""
     for attempt in range(retries + 1):
         try:
-            frames = _frames(message)  # a fresh credential per attempt: munge refuses a replayed one
+            frames = frames_for(message, destination(endpoint))  # a fresh credential per attempt: no replays
         except (MungeError, ProtocolError) as exc:
             raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}") from None
         sock = ctx.socket(zmq.REQ)
@@ -213,7 +260,7 @@ def request_from(
                 raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}") from None
             if sock.poll(int(timeout_s * 1000)):
                 try:
-                    sender, reply = _open(sock.recv_multipart())
+                    sender, reply = _open(sock.recv_multipart(), reply_destination(message.id))
                 except (MungeError, ProtocolError) as exc:
                     raise ChannelError(f"the reply from {endpoint} could not be trusted: {exc}") from None
                 except Exception as exc:

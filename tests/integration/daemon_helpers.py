@@ -10,7 +10,6 @@ the daemon while one is in flight.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import signal
 import socket
 import subprocess
@@ -27,8 +26,15 @@ import zmq
 
 from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SubmitOptions
-from slurm_amoeba.transport.channel import ChannelError, ChannelServer, request, request_from
-from slurm_amoeba.transport.munge import unseal
+from slurm_amoeba.transport.channel import (
+    ChannelError,
+    ChannelServer,
+    destination,
+    reply_destination,
+    request,
+    request_from,
+)
+from slurm_amoeba.transport.munge import binding, unseal
 from tests.conftest import ClusterHandle
 
 
@@ -129,12 +135,13 @@ def foreign_request(endpoint: str, message: Message, user: str = "nobody", timeo
     """Send ``message`` signed by another user's munge credential (``runuser -u USER -- munge``).
 
     The venv's python lives under /root, which other users cannot traverse, so only the credential is made as
-    that user: ``munge`` reads the payload (the SHA-256 of the message bytes, as :func:`seal` does) from stdin.
+    that user: ``munge`` reads the payload (what :func:`seal` binds: the message's bytes, its destination and its
+    send time) from stdin.
     """
     payload = encode(message)
     made = subprocess.run(
         ["runuser", "-u", user, "--", "munge"],
-        input=hashlib.sha256(payload).digest(),
+        input=binding(payload, destination(endpoint), round(time.time() * 1000)),
         capture_output=True,
         timeout=30,
         check=True,
@@ -149,8 +156,9 @@ def foreign_request(endpoint: str, message: Message, user: str = "nobody", timeo
         if not sock.poll(int(timeout_s * 1000)):
             pytest.fail(f"the daemon did not answer a request signed by {user} within {timeout_s} s")
         cred, reply_payload = sock.recv_multipart()
-        unseal(cred, reply_payload)  # the daemon's answer is authenticated too
-        return decode(reply_payload)
+        reply = decode(reply_payload)
+        unseal(cred, reply_payload, to=reply_destination(message.id))  # the daemon's answer is authenticated too
+        return reply
     finally:
         sock.close(linger=0)
 

@@ -8,12 +8,12 @@ reach, so only the credential is made as that user), as the daemon's integration
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,8 +28,8 @@ from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.messages import MAX_EVENT_BYTES, MAX_MESSAGE_BYTES, Message, decode, encode
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.transport import channel as channel_module
-from slurm_amoeba.transport.channel import ChannelServer, request
-from slurm_amoeba.transport.munge import MungeError, seal, unseal
+from slurm_amoeba.transport.channel import ChannelServer, reply_destination, request
+from slurm_amoeba.transport.munge import MungeError, binding, seal, unseal
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
 
 NOBODY = 65534
@@ -44,11 +44,11 @@ REGISTRATION = {
 }
 
 
-def seal_as(user: str, payload: bytes) -> bytes:
-    """A munge credential for ``payload`` made by ``user``."""
+def seal_as(user: str, payload: bytes, to: str) -> bytes:
+    """A munge credential for ``payload`` and destination ``to``, made by ``user``."""
     made = subprocess.run(
         ["runuser", "-u", user, "--", "munge"],
-        input=hashlib.sha256(payload).digest(),
+        input=binding(payload, to, round(time.time() * 1000)),
         capture_output=True,
         timeout=30,
         check=True,
@@ -73,8 +73,8 @@ class Client:
                 break
         assert self.sock.poll(1000), "the agent did not answer"
         credential, payload = self.sock.recv_multipart()
-        unseal(credential, payload)
         reply = decode(payload)
+        unseal(credential, payload, to=reply_destination(reply.id))
         assert len(payload) < 4096 or reply.body["ok"], "a refusal never echoes what was sent"
         return reply
 
@@ -99,6 +99,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, munged: None) -> Ite
     agent.start_main_group()
     coordinator.members("g0-0", "g0-1")
     channel = ChannelServer("tcp://127.0.0.1:*")
+    DESTINATION["to"] = channel.destination
     client = Client(agent, channel)
     yield agent, client
     client.close()
@@ -110,9 +111,12 @@ def resize(target: int, job_id: str = str(PARENT)) -> Message:
     return Message("resize", {"job_id": job_id, "target": target, "reason": "test"})
 
 
+DESTINATION = {"to": ""}  # the served channel's destination, set by the fixture (its port is a free one)
+
+
 def signed(message: Message | bytes) -> list[bytes]:
     payload = message if isinstance(message, bytes) else encode(message)
-    return [seal(payload), payload]
+    return [seal(payload, to=DESTINATION["to"]), payload]
 
 
 def raw(doc: object) -> bytes:
@@ -204,7 +208,7 @@ def test_another_user_can_neither_resize_nor_read_the_job(served: tuple[Agent, C
     agent, client = served
     for message in (resize(8), Message("status", {})):
         payload = encode(message)
-        reply = client.exchange([seal_as("nobody", payload), payload])
+        reply = client.exchange([seal_as("nobody", payload, client.channel.destination), payload])
         assert not reply.body["ok"] and f"uid {NOBODY} may not" in reply.body["error"]
         assert not reply.body["data"], "nothing of the job in a refusal"
     assert agent.target == 2
@@ -298,7 +302,8 @@ class Squatter:
             message = decode(payload)
             self.kinds.append(message.kind)
             answer = encode(message.reply())
-            self.sock.send_multipart([*route, seal_as("nobody", answer), answer])
+            credential = seal_as("nobody", answer, reply_destination(message.id))
+            self.sock.send_multipart([*route, credential, answer])
 
     def close(self) -> None:
         self._stop.set()
@@ -326,7 +331,7 @@ def test_a_squatter_on_the_daemons_port_is_neither_registered_with_nor_obeyed(
     assert not link.may_direct(NOBODY)
     agent.link = link
     payload = encode(resize(8))
-    reply = client.exchange([seal_as("nobody", payload), payload])
+    reply = client.exchange([seal_as("nobody", payload, client.channel.destination), payload])
     assert not reply.body["ok"] and agent.target == 2, "the squatter's resize is refused"
 
 
@@ -359,7 +364,7 @@ def test_a_munged_hiccup_costs_a_report_and_an_answer_never_the_agent(
     agent, client = served
     frames = signed(Message("status", {}))  # signed while munged still answers
 
-    def munged_down(payload: bytes) -> bytes:
+    def munged_down(payload: bytes, **_: object) -> bytes:
         raise MungeError("Failed to connect to munged: Connection refused")
 
     monkeypatch.setattr(channel_module, "seal", munged_down)

@@ -16,19 +16,19 @@ import zmq
 
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, encode
 from slurm_amoeba.daemon import Daemon
-from slurm_amoeba.transport.channel import request
+from slurm_amoeba.transport.channel import destination, request
 from slurm_amoeba.transport.munge import seal
 
 
-def envelope(payload: bytes) -> list[bytes]:
-    return [b"", seal(payload), payload]
+def envelope(payload: bytes, to: str) -> list[bytes]:
+    return [b"", seal(payload, to=to), payload]
 
 
-def signed_json(doc: object) -> list[bytes]:
-    return envelope(json.dumps(doc).encode())
+def signed_json(doc: object, to: str) -> list[bytes]:
+    return envelope(json.dumps(doc).encode(), to)
 
 
-def garbage(rng: random.Random) -> list[bytes]:
+def garbage(rng: random.Random, to: str) -> list[bytes]:
     """One hostile multipart message."""
     good = json.loads(
         encode(
@@ -52,34 +52,34 @@ def garbage(rng: random.Random) -> list[bytes]:
     if choice == 1:
         return [b"", rng.randbytes(rng.randrange(0, 300)), rng.randbytes(rng.randrange(0, 300))]
     if choice == 2:
-        return signed_json({**good, "v": rng.choice([0, 2, "1", None, 1.5])})
+        return signed_json({**good, "v": rng.choice([0, 2, "1", None, 1.5])}, to)
     if choice == 3:
-        return signed_json({**good, "kind": rng.choice(["explode", "", 7, "reply"])})
+        return signed_json({**good, "kind": rng.choice(["explode", "", 7, "reply"])}, to)
     if choice == 4:
         body = dict(good["body"])
         body[rng.choice(list(body))] = rng.choice([None, -1, 2**60, "x" * 50, [], {}, True, 1e308])
-        return signed_json({**good, "body": body})
+        return signed_json({**good, "body": body}, to)
     if choice == 5:
         body = {
             **good["body"],
             "throughput": {rng.choice(["-1", "0", "x", "1e9", "٣"]): rng.choice([1.0, -5.0, "fast"])},
         }
-        return signed_json({**good, "body": body})
+        return signed_json({**good, "body": body}, to)
     if choice == 6:
-        return envelope(b"[" * 100_000 + b"]" * 100_000)  # deep nesting
+        return envelope(b"[" * 100_000 + b"]" * 100_000, to)  # deep nesting
     if choice == 7:
-        return envelope(rng.randbytes(rng.randrange(1, 2000)))  # signed, not JSON
+        return envelope(rng.randbytes(rng.randrange(1, 2000)), to)  # signed, not JSON
     if choice == 8:
         payload = json.dumps(good).encode()
-        return [b"", seal(payload + b" "), payload]  # a credential for other bytes
+        return [b"", seal(payload + b" ", to=to), payload]  # a credential for other bytes
     if choice == 9:
         payload = json.dumps(good).encode()
-        cred = seal(payload)
+        cred = seal(payload, to=to)
         return [b"", cred, payload, b"extra"]
     if choice == 10:
         return [b"", b"x" * (2 << 20)]  # over the socket's size limit
     body = {**good["body"], "satellites": [rng.choice(["1; rm -rf /", -1, None, "123"])], "job_id": "100"}
-    return signed_json({**good, "body": body})
+    return signed_json({**good, "body": body}, to)
 
 
 def oversized(frames: list[bytes]) -> bool:
@@ -99,7 +99,7 @@ def test_random_and_hostile_frames_never_stop_the_daemon(
     sock.connect(endpoint)
     expected = received = huge = 0
     for _ in range(300):
-        frames = garbage(rng)
+        frames = garbage(rng, destination(endpoint))
         if oversized(frames):
             # ZeroMQ drops a peer that sends a frame over the limit: send it on a connection of its own.
             throwaway = context.socket(zmq.DEALER)
@@ -198,7 +198,7 @@ def test_issue_11s_frames_are_refused_briefly_and_the_daemon_goes_on(
 ) -> None:
     daemon, thread = running
     assert daemon.server is not None
-    body = refusal(exchange(daemon.server.endpoint, envelope(payload)))
+    body = refusal(exchange(daemon.server.endpoint, envelope(payload, daemon.server.destination)))
     assert says in str(body["error"]), body
     still_answers(daemon, thread)
     assert daemon.metrics.unreadable.value() >= 1
@@ -207,7 +207,7 @@ def test_issue_11s_frames_are_refused_briefly_and_the_daemon_goes_on(
 def test_a_replayed_frame_is_refused(running: tuple[Daemon, threading.Thread]) -> None:
     daemon, thread = running
     assert daemon.server is not None
-    frames = envelope(encode(Message("status", {})))
+    frames = envelope(encode(Message("status", {})), daemon.server.destination)
     first = exchange(daemon.server.endpoint, frames)
     assert json.loads(first[2])["body"]["ok"] is True
     again = refusal(exchange(daemon.server.endpoint, frames))

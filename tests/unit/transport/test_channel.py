@@ -38,8 +38,8 @@ def _send_raw(endpoint: str, frames: list[bytes]) -> list[bytes]:
         sock.close()
 
 
-def _signed(payload: bytes) -> list[bytes]:
-    return [seal(payload), payload]
+def _signed(payload: bytes, to: str) -> list[bytes]:
+    return [seal(payload, to=to), payload]
 
 
 HOSTILE = [
@@ -55,7 +55,7 @@ def test_a_hostile_request_gets_a_short_refusal_and_the_server_goes_on(server: C
     answers: list[Message] = []
     thread = threading.Thread(target=lambda: _serve_one(server, answers))
     thread.start()
-    reply = _send_raw(server.endpoint, _signed(payload))
+    reply = _send_raw(server.endpoint, _signed(payload, server.destination))
     refusal = decode(reply[1])
     assert refusal.body["ok"] is False and len(reply[1]) < 1000
     assert server.refusals == 1
@@ -89,7 +89,7 @@ def test_a_reply_too_large_becomes_a_refusal_that_fits(server: ChannelServer) ->
 
 
 def test_a_munge_failure_while_signing_is_a_channel_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(payload: bytes) -> bytes:
+    def broken(payload: bytes, **_: object) -> bytes:
         raise MungeError("munged is not answering")
 
     monkeypatch.setattr(channel, "seal", broken)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.daemon.agents import Registration
 from slurm_amoeba.daemon.config import Limits
+from slurm_amoeba.daemon.observer import Submitted
 from slurm_amoeba.slurm import JobRecord
 
 #: Uids the limiter remembers; past it, those whose bucket is full again are forgotten (they lose nothing).
@@ -78,9 +79,51 @@ def slurm_workers(records: Sequence[JobRecord], gpus_per_worker: int) -> int:
     return gpus // gpus_per_worker if gpus_per_worker > 0 else 0
 
 
-def vet_registration(reg: Registration, records: Sequence[JobRecord], limits: Limits) -> Vetted:
+def check_submitted(reg: Registration, submitted: Submitted) -> tuple[int, list[str]]:
+    """The minimum Slurm recorded for the job, and notes on a claim that differs from it.
+
+    In amoeba-sbatch's shape (:attr:`Submitted.workers`) the minimum is component 1's task count and the GPUs per
+    worker its GPUs per task; a claimed minimum that differs is replaced by Slurm's (noted); claimed GPUs per worker
+    that differ are refused (the policy would count every satellite wrong). A job of one component is checked
+    for its GPUs per task only, when it gave them; a heterogeneous job of another shape is refused.
+
+    Returns:
+        The minimum to take (the claim where Slurm's record does not say), and the notes.
+
+    Raises:
+        LimitError: GPUs per worker that disagree with Slurm's record, or a heterogeneous job that is not an elastic
+            job's shape.
+    """
+    workers = submitted.workers
+    if workers is None and len(submitted.components) > 1:
+        raise LimitError(
+            f"job {reg.job_id} is a heterogeneous job of {len(submitted.components)} components, not an elastic job "
+            "as amoeba-sbatch submits it (component 0: the agent, without GPUs; component 1: the minimum workers); "
+            "the daemon does not manage it"
+        )
+    component = workers or submitted.components[0]
+    if component.gpus_per_task and component.gpus_per_task != reg.gpus_per_worker:
+        raise LimitError(
+            f"job {reg.job_id} claims {reg.gpus_per_worker} GPU(s) per worker, but Slurm's record of its workers "
+            f"says {component.gpus_per_task} (--gpus-per-task of component {component.offset}); the daemon does not "
+            "manage it"
+        )
+    if workers is None or workers.tasks == reg.min_workers:
+        return reg.min_workers, []
+    note = (
+        f"min_workers set from {reg.min_workers} to {workers.tasks}: Slurm's record of job {reg.job_id} (component 1, "
+        f"--ntasks={workers.tasks}) says so"
+    )
+    return workers.tasks, [note]
+
+
+def vet_registration(
+    reg: Registration, records: Sequence[JobRecord], limits: Limits, submitted: Submitted | None = None
+) -> Vetted:
     """Check an agent's claimed worker range against the site's caps and Slurm's record of the job.
 
+    * The minimum and GPUs per worker are Slurm's where its record of the submission says
+      (:func:`check_submitted`).
     * The minimum is at most what the job's own allocation holds (Slurm's GPUs of the job); a claim above it is
       clamped to it: every worker beyond it is a satellite in the preemptible partition, and a job that claimed them
       as its minimum would keep them from the policy's shrinks. A lower claim stands (the agent refuses a shrink
@@ -91,17 +134,21 @@ def vet_registration(reg: Registration, records: Sequence[JobRecord], limits: Li
         reg: the agent's registration.
         records: Slurm's active records of the job (one per heterogeneous component).
         limits: the site's limits.
+        submitted: Slurm's record of the job's submission (None: not available, e.g. a test's fake Slurm).
 
     Returns:
         The registration as taken, and what was clamped.
 
     Raises:
-        LimitError: the job's own allocation already holds more workers than the cap allows.
+        LimitError: the job's own allocation already holds more workers than the cap allows, or the claim
+            disagrees with Slurm's record in a way no clamp fixes (:func:`check_submitted`).
     """
     first = min(records, key=lambda r: r.het_job_offset)
     cap, setting = limits.worker_cap(first.uid, first.account)
     notes: list[str] = []
     low, high = reg.min_workers, reg.max_workers
+    if submitted is not None:
+        low, notes = check_submitted(reg, submitted)
     held = slurm_workers(records, reg.gpus_per_worker)
     if held and low > held:
         notes.append(

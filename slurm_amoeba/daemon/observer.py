@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
+from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.policy import JobInfo, Snapshot
-from slurm_amoeba.slurm import JobRecord, NodeRecord
+from slurm_amoeba.slurm import CliSlurmClient, JobRecord, NodeRecord
+from slurm_amoeba.slurm.runner import run_command
 from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
 
 SATELLITE_COMMENT = re.compile(rf"(?:^|[\s,;]){re.escape(PARENT_COMMENT_PREFIX)}(?P<parent>[0-9]+)(?:$|[\s,;])")
@@ -65,12 +69,13 @@ class ClusterView:
         return {key: tuple(records) for key, records in groups.items()}
 
 
-def observe(source: ClusterSource, now: float) -> ClusterView:
-    """Read Slurm's jobs and nodes.
+def observe(source: ClusterSource, now: float, submissions: SubmissionBook | None = None) -> ClusterView:
+    """Read Slurm's jobs and nodes (and the submitted shape of jobs whose agents wait to register).
 
     Args:
         source: the Slurm client.
         now: the daemon's clock.
+        submissions: where registrations note the jobs they need Slurm's record of; read here when any are.
 
     Returns:
         The view.
@@ -81,7 +86,10 @@ def observe(source: ClusterSource, now: float) -> ClusterView:
     """
     nodes = source.nodes()
     jobs = source.jobs()
-    return ClusterView(tuple(jobs), tuple(nodes), now)
+    view = ClusterView(tuple(jobs), tuple(nodes), now)
+    if submissions is not None:
+        submissions.refresh(view.active_groups().keys())
+    return view
 
 
 def group_id(record: JobRecord) -> str:
@@ -159,3 +167,144 @@ class Observation:
     gone: tuple[str, ...]
     regular_running: int
     regular_pending: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmittedComponent:
+    """One component of a job as Slurm recorded it at submission (``squeue --json``).
+
+    Attributes:
+        offset: its index in a heterogeneous job (0 for an ordinary job).
+        tasks: the tasks it asked for (``--ntasks``).
+        gpus_per_task: GPUs per task (``--gpus-per-task``, Slurm's ``tres_per_task``); 0 when not asked per task.
+    """
+
+    offset: int
+    tasks: int
+    gpus_per_task: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    """What Slurm says an elastic job is, for checking its agent's claims (:func:`~.limits.vet_registration`).
+
+    ``amoeba-sbatch`` and the executor submit a heterogeneous job of two components: 0, the agent (one task, no
+    GPU), and 1, the minimum workers (``--ntasks=MIN --gpus-per-task=G``). So Slurm holds the minimum and the GPUs
+    per worker in component 1's record, where the job's owner cannot change them after submission. The maximum
+    travels only in the job's environment (``AMOEBA_ELASTIC_MAX``, which no Slurm command shows another uid): the
+    daemon bounds it with the site's caps. A job submitted with the SPANK plugin alone is one component whose shape
+    is the user's (``--gpus-per-node`` or ``--gpus-per-task``): only its GPUs per task, when given, are checked.
+
+    Attributes:
+        job_id: the job's id (the heterogeneous leader's).
+        components: its components, by offset.
+    """
+
+    job_id: str
+    components: tuple[SubmittedComponent, ...]
+
+    @property
+    def workers(self) -> SubmittedComponent | None:
+        """The component holding the minimum workers in amoeba-sbatch's shape; None for another shape."""
+        if len(self.components) == 2 and self.components[0].gpus_per_task == 0:
+            return self.components[1]
+        return None
+
+
+_GPUS_PER_TASK = re.compile(r"^(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](?P<count>[0-9]{1,6})$")
+
+
+def _gpus_per_task(tres: str) -> int:
+    """GPUs in Slurm's ``tres_per_task`` (``gres:gpu:2``, ``gres/gpu=2``, ``gres:gpu:a100:2``); 0 when none."""
+    for item in tres.split(","):
+        match = _GPUS_PER_TASK.match(item.strip())
+        if match:
+            return int(match["count"])
+    return 0
+
+
+def parse_submitted(text: str, wanted: Collection[str]) -> dict[str, Submitted]:
+    """The :class:`Submitted` records of the ``wanted`` jobs in ``squeue --json``'s output.
+
+    Raises:
+        ParseError: the output is not squeue's JSON.
+    """
+    try:
+        doc = json.loads(text)
+        jobs = doc["jobs"]
+        found: dict[str, list[SubmittedComponent]] = {}
+        for job in jobs:
+            key = str(job.get("het_job_id") or job["job_id"])
+            if key not in wanted:
+                continue
+            component = SubmittedComponent(
+                offset=int(job.get("het_job_offset") or 0),
+                tasks=int(job.get("tasks") or 0),
+                gpus_per_task=_gpus_per_task(str(job.get("tres_per_task") or "")),
+            )
+            found.setdefault(key, []).append(component)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ParseError(f"squeue --json gave no job list the daemon can read ({type(exc).__name__}: {exc})") from None
+    return {key: Submitted(key, tuple(sorted(parts, key=lambda c: c.offset))) for key, parts in found.items()}
+
+
+class SubmissionBook:
+    """Slurm's record of the jobs whose agents register, read on the round's Slurm thread, never on the loop.
+
+    The request loop asks :meth:`get`; a job not read yet is noted as wanted (the registration is told to retry, as
+    for a job the last view does not show) and the next round's read of Slurm (:func:`observe`) fetches it. Records
+    of jobs no longer active are dropped.
+
+    Args:
+        read: returns ``squeue --json``'s output; None where the Slurm source cannot give it (a test's fake): then
+            :attr:`available` is False and registrations are vetted without it.
+        most: at most this many jobs are kept (a round reads them all at once; more are asked again later).
+    """
+
+    def __init__(self, read: Callable[[], str] | None, most: int = 4096) -> None:
+        self._read = read
+        self._most = most
+        self._lock = threading.Lock()
+        self._known: dict[str, Submitted] = {}
+        self._wanted: set[str] = set()
+
+    @classmethod
+    def for_source(cls, source: object, timeout_s: float = 30.0) -> SubmissionBook:
+        """A book reading through ``source`` when it is Slurm's command-line client (with its environment)."""
+        if not isinstance(source, CliSlurmClient):
+            return cls(None)
+        env = source.env
+        return cls(lambda: run_command(["squeue", "--json"], timeout=timeout_s, env=env).stdout)
+
+    @property
+    def available(self) -> bool:
+        """Whether Slurm's records can be read at all."""
+        return self._read is not None
+
+    def get(self, job_id: str) -> Submitted | None:
+        """Slurm's record of ``job_id``; None (and the job noted as wanted) when it has not been read yet."""
+        with self._lock:
+            known = self._known.get(job_id)
+            if known is None and len(self._wanted) < self._most:
+                self._wanted.add(job_id)
+            return known
+
+    def refresh(self, active: Collection[str]) -> None:
+        """Read the wanted jobs (on the Slurm thread) and forget the records of jobs not in ``active``.
+
+        Raises:
+            SlurmCommandError: squeue failed or timed out.
+            ParseError: its output made no sense.
+        """
+        with self._lock:
+            self._wanted &= set(active)  # a job that is not active (yet, or any more) is asked for again if needed
+            wanted = set(self._wanted)
+            for gone in [job for job in self._known if job not in active]:
+                del self._known[gone]
+        if not wanted or self._read is None:
+            return
+        found = parse_submitted(self._read(), wanted)
+        with self._lock:
+            if len(self._known) + len(found) <= self._most:
+                self._known.update(found)
+            self._wanted -= set(found)

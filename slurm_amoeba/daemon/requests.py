@@ -402,6 +402,8 @@ class RequestHandler:
         if agent is not None and rule.owner_from is not OwnerFrom.SLURM:
             return JobOwner(job_id, agent.uid, agent.user)
         if rule.owner_from is not OwnerFrom.REGISTRATION:
+            if rule.owner_from is OwnerFrom.SLURM:
+                self.round_loop.submissions.get(job_id)  # a registration: read its submission in the same round
             records = self.round_loop.job_records(job_id)
             if records:
                 first = min(records, key=lambda r: r.het_job_offset)
@@ -418,7 +420,16 @@ class RequestHandler:
                 f"partition for elastic extras is {self.config.elastic_partition!r}; submit with "
                 f"--elastic-partition {self.config.elastic_partition}"
             )
-        vetted = vet_registration(reg, self.round_loop.job_records(reg.job_id), self.config.limits)
+        submissions = self.round_loop.submissions
+        submitted = submissions.get(reg.job_id)
+        if submissions.available and submitted is None:
+            self.round_loop.refresh_wanted = True  # the next round reads it, on the Slurm thread
+            raise Refused(
+                f"job {reg.job_id}: the daemon is reading Slurm's record of its submission; retry in a few seconds",
+                reason="unknown_job",
+                level=logging.INFO,
+            )
+        vetted = vet_registration(reg, self.round_loop.job_records(reg.job_id), self.config.limits, submitted)
         reg = vetted.registration
         most = self.config.limits.agents_per_uid
         held = sum(1 for job, agent in self.ledger.agents.items() if agent.uid == owner.uid and job != reg.job_id)

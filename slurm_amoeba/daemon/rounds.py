@@ -29,7 +29,7 @@ from slurm_amoeba.daemon.actuator import Actuator
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, observe
+from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
@@ -172,6 +172,7 @@ class RoundLoop:
         self.rounds: collections.deque[RoundSummary] = collections.deque(maxlen=ROUNDS_KEPT)
         self.watch = SatelliteWatch(config.orphan_grace_s)
         self.refresh_wanted = False
+        self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
 
     def begin_round(self) -> bool:
@@ -183,7 +184,7 @@ class RoundLoop:
         if self._pending is not None:
             return False
         self.refresh_wanted = False
-        self._pending = _Observing(self.slurm, self.clock())
+        self._pending = _Observing(self.slurm, self.clock(), self.submissions)
         return True
 
     @property
@@ -205,7 +206,7 @@ class RoundLoop:
 
     def run_round(self) -> RoundSummary:
         """Observe, decide and order once; never raises (a failed round is logged and reported)."""
-        return self._run(self.clock(), time.perf_counter(), lambda: observe(self.slurm, self.clock()))
+        return self._run(self.clock(), time.perf_counter(), lambda: observe(self.slurm, self.clock(), self.submissions))
 
     def _run(self, now: float, started: float, read: Callable[[], ClusterView]) -> RoundSummary:
         try:
@@ -284,17 +285,17 @@ class RoundLoop:
 class _Observing:
     """One read of Slurm on a thread of its own; :attr:`done` is set when it returned or failed."""
 
-    def __init__(self, slurm: ClusterSource, now: float) -> None:
+    def __init__(self, slurm: ClusterSource, now: float, submissions: SubmissionBook) -> None:
         self.now = now
         self.started = time.perf_counter()
         self.done = threading.Event()
         self._view: ClusterView | None = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._read, args=(slurm,), name="amoebad-observe", daemon=True).start()
+        threading.Thread(target=self._read, args=(slurm, submissions), name="amoebad-observe", daemon=True).start()
 
-    def _read(self, slurm: ClusterSource) -> None:
+    def _read(self, slurm: ClusterSource, submissions: SubmissionBook) -> None:
         try:
-            self._view = observe(slurm, self.now)
+            self._view = observe(slurm, self.now, submissions)
         except BaseException as exc:  # handed to the loop's thread, which logs it like a failure of its own read
             self._error = exc
         finally:

@@ -53,6 +53,8 @@ ENV_CHECKPOINT_DIR = "AMOEBA_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "AMOEBA_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_KEEP = "AMOEBA_CHECKPOINT_KEEP"
 
+CHECKPOINTS_OFF = "none"
+"""``AMOEBA_CHECKPOINT_DIR=none``: no disk checkpoints (on Slurm the agent otherwise gives its workers a default)."""
 DEFAULT_EVERY_S = 300.0
 DEFAULT_KEEP = 2
 COMPLETE = "COMPLETE"
@@ -94,13 +96,13 @@ class CheckpointPolicy:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> CheckpointPolicy | None:
-        """The policy from ``AMOEBA_CHECKPOINT_DIR`` (none: ``None``), ``_EVERY`` and ``_KEEP``.
+        """The policy from ``AMOEBA_CHECKPOINT_DIR`` (unset or ``none``: ``None``), ``_EVERY`` and ``_KEEP``.
 
         Raises:
             RuntimeConfigError: a variable is malformed.
         """
         directory = env.get(ENV_CHECKPOINT_DIR, "")
-        if not directory:
+        if not directory or directory == CHECKPOINTS_OFF:
             return None
         steps, seconds = parse_every(env.get(ENV_CHECKPOINT_EVERY, ""))
         keep_text = env.get(ENV_CHECKPOINT_KEEP, "") or str(DEFAULT_KEEP)
@@ -370,6 +372,37 @@ class Checkpointer:
                     return False
                 self._cond.wait(left)
         return True
+
+    def write_final(self, job: CheckpointJob) -> Path | None:
+        """Write ``job`` now, on the calling thread, after the writes under way: the last checkpoint before every
+        member leaves (a stop, a time limit; the coordinator asks each member for its shard). Never raises: a
+        checkpoint that cannot be written is logged and left incomplete (ignored on resume).
+
+        Returns:
+            The checkpoint's directory when this member completed it (rank 0), else ``None``.
+        """
+        self.flush()
+        newest = newest_complete(self.policy.directory)
+        if newest is not None and newest.step == job.step:
+            log.info("%s the checkpoint of step %s is already on disk: %s", self.prefix, job.step, newest.path)
+            return None
+        started = time.perf_counter()
+        try:
+            path = write_checkpoint(self.policy, self.run_id, job, self.prefix)
+        except (OSError, RuntimeError, StateError) as exc:
+            log.warning("%s final checkpoint of step %s failed: %s", self.prefix, job.step, exc)
+            return None
+        log.info(
+            "%s final checkpoint of step %s: shard %s written in %.2f s%s",
+            self.prefix,
+            job.step,
+            job.rank,
+            time.perf_counter() - started,
+            f", complete: {path}" if path is not None else "",
+        )
+        if path is not None:
+            self.written.append(path)
+        return path
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Finish the writes under way (up to ``timeout_s``) and stop the thread."""

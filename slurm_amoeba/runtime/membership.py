@@ -433,9 +433,12 @@ class Membership:
         survivors = [m for m in members if m.status is WorkerStatus.REPORTED]
         handover = self._handover(survivors)
         leavers = [m for m in survivors if m.leave_requested and m is not handover]
+        # Every member leaves here and none failed (a stop, a time limit): the state would be lost, so each first
+        # writes its shard of a final disk checkpoint (runtime/checkpoint.py; nothing when the job writes none).
+        final = not rollback and len(leavers) == len(members)
         for info in leavers:
             info.status, info.reason = WorkerStatus.LEFT, "leave requested"
-            self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
+            self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested", checkpoint=final))
         survivors = [m for m in survivors if m not in leavers]
         if not any(m.report is not None and m.report.committed_step >= 0 for m in survivors):
             self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)

@@ -234,11 +234,14 @@ class Assignment:
         action: what to do.
         plan: for ``join``: the generation to join.
         reason: why, for logs.
+        checkpoint: for ``leave``: every member of the generation leaves at this step boundary, so each first writes
+            its shard of a final disk checkpoint (when the job writes checkpoints; ``runtime/checkpoint.py``).
     """
 
     action: AssignAction
     plan: GenerationPlan | None = None
     reason: str = ""
+    checkpoint: bool = False
 
     def to_json(self) -> str:
         """Encode as JSON text."""
@@ -247,6 +250,7 @@ class Assignment:
                 "action": self.action.value,
                 "plan": None if self.plan is None else self.plan.to_dict(),
                 "reason": self.reason,
+                "checkpoint": self.checkpoint,
             },
             sort_keys=True,
         )
@@ -270,4 +274,5 @@ class Assignment:
             action=action,
             plan=GenerationPlan.from_dict(plan) if isinstance(plan, dict) else None,
             reason=str(data.get("reason", "")),
+            checkpoint=data.get("checkpoint") is True,
         )

@@ -537,6 +537,7 @@ class WorkerRuntime:
                 continue
             if assignment.action is AssignAction.LEAVE:
                 log.info("%s leaving: %s", self.prefix, assignment.reason)
+                self._final_checkpoint(assignment, state)
                 return self._result(RunStatus.LEFT)
             if assignment.action is AssignAction.FINISH:
                 if "lost" in assignment.reason:
@@ -556,9 +557,18 @@ class WorkerRuntime:
                     assignment = Assignment(AssignAction.LEAVE, reason="no answer from the coordinator")
                 if assignment.action is AssignAction.LEAVE:
                     log.info("%s left at step %s", self.prefix, state.step_index)
+                    self._final_checkpoint(assignment, state)
                     return self._result(RunStatus.LEFT)
                 continue
             assignment = self._wait_assignment(after_report_s, member=True)
+
+    def _final_checkpoint(self, assignment: Assignment, state: TorchState) -> None:
+        """Every member leaves at this boundary (the coordinator said so): write this member's shard of the state
+        to disk before leaving, so that a restarted job resumes here (``runtime/checkpoint.py``)."""
+        current = self.current
+        if assignment.checkpoint and self._checkpoints is not None and current is not None:
+            job = CheckpointJob(state.capture(), state.step_index, self.generation, current.rank, current.world_size)
+            self._checkpoints.write_final(job)
 
     def run(
         self, train: Callable[[TorchState], T], state: TorchState, *, checkpoint: CheckpointPolicy | None = None

@@ -30,7 +30,15 @@ from slurm_amoeba.runtime.checkpoint import (
 from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
 from slurm_amoeba.runtime.state import clone_tree
 from tests.unit.runtime.conftest import ReferenceRun
-from tests.unit.runtime.jobs import ToyJob, applied_ledger, epoch_counts, final_params, read_ledgers
+from tests.unit.runtime.jobs import (
+    DEADLINE_S,
+    NEVER,
+    ToyJob,
+    applied_ledger,
+    epoch_counts,
+    final_params,
+    read_ledgers,
+)
 
 
 @pytest.mark.parametrize(
@@ -224,3 +232,41 @@ def test_checkpoints_by_time_are_agreed_by_every_member_so_each_one_completes(
     assert all(c.step % 5 == 0 for c in found)
     newest = read_checkpoint(found[-1].path)
     assert newest["progress"]["step"] == found[-1].step
+
+
+@pytest.mark.timeout(200)
+def test_a_job_whose_every_member_leaves_writes_a_final_checkpoint_and_resumes_there_exactly(
+    tmp_path: Path, fixed_run: ReferenceRun
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    # No checkpoint falls due by steps: the only one is the final one, written when every member leaves.
+    env = {"AMOEBA_CHECKPOINT_DIR": str(checkpoints), "AMOEBA_CHECKPOINT_EVERY": "100000"}
+    first, second = tmp_path / "first", tmp_path / "second"
+    with ToyJob(first, workers=2, hold=True, env=env) as toy:
+        toy.release(23)
+        view = toy.wait_members(2)
+        toy.wait_held(23)
+        assert view.plan is not None
+        for worker in view.plan.members:
+            toy.job.terminate(worker)  # SIGTERM: what a stop, a time limit or a preemption sends every worker
+        toy.release(NEVER)
+        ended = toy.job.wait(DEADLINE_S)
+        first_history = toy.job.view().history
+    assert ended.phase.value == "lost", ended
+    assert all(v.status.value == "left" for v in ended.view.workers.values()), ended.view.workers
+    (final,) = list_checkpoints(checkpoints)
+    assert final.complete and final.step >= 23, final
+
+    with ToyJob(second, workers=2, hold=False, env=env) as toy:
+        result = toy.finish()
+    assert result.phase.value == "finished", result
+    before = [e for e in applied_ledger(read_ledgers(first), first_history) if e.step < final.step]
+    after = applied_ledger(read_ledgers(second), result.view.history)
+    assert min(e.step for e in after) == final.step, "the second run resumes at the final checkpoint's step"
+    counts = epoch_counts(before + after)
+    for epoch, counter in counts.items():
+        assert sorted(counter) == list(range(DATASET)) and set(counter.values()) == {1}, f"epoch {epoch}"
+    assert sorted(collections.Counter(e.step for e in before + after)) == list(range(STEPS))
+    for worker, tensors in final_params(second).items():
+        for name, tensor in fixed_run.params.items():
+            torch.testing.assert_close(tensors[name], tensor, rtol=1e-9, atol=1e-11, msg=f"{worker} {name}")

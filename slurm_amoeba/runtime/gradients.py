@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError
+from slurm_amoeba.runtime.gns import NormProbe
 
 FIRST_BUCKET_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20
@@ -42,15 +43,23 @@ class GradientBuckets:
         model: the model; parameters that do not require gradients are left alone.
         first_bucket_bytes: size of the first bucket (the gradients of the last layers).
         bucket_bytes: size of the other buckets.
+        probe: measures the gradient's squared norms before and after the reduce (adaptive batch; ``gns``); its
+            slots ride before the control word.
 
     Raises:
         RuntimeConfigError: the model has no parameter that requires a gradient.
     """
 
     def __init__(
-        self, model: torch.nn.Module, first_bucket_bytes: int = FIRST_BUCKET_BYTES, bucket_bytes: int = BUCKET_BYTES
+        self,
+        model: torch.nn.Module,
+        first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        bucket_bytes: int = BUCKET_BYTES,
+        probe: NormProbe | None = None,
     ) -> None:
         self.model = model
+        self.probe = probe
+        self._tail = 1 + (NormProbe.SLOTS if probe is not None else 0)  # control word (+ the probe's slots)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise RuntimeConfigError("the model has no parameter that requires a gradient: nothing to train")
@@ -63,7 +72,7 @@ class GradientBuckets:
         self._bucket_of: dict[int, _Bucket] = {}
         last_group = len(groups) - 1
         for index, ((dtype, device), params) in enumerate(groups.items()):
-            control = 1 if index == last_group else 0
+            control = self._tail if index == last_group else 0
             flat = torch.zeros(sum(p.numel() for p in params) + control, dtype=dtype, device=device)
             self.flats.append(flat)
             offset, start, members = 0, 0, []
@@ -85,6 +94,8 @@ class GradientBuckets:
                         self._bucket_of[id(member)] = bucket
                     start, members, cap = offset, [], bucket_bytes
         self.control = self.flats[-1][-1:]
+        if probe is not None:
+            probe.bind(self.flats[-1][-self._tail : -1])
         self._armed = False
         self._fired: set[int] = set()
         self._next = 0
@@ -115,6 +126,8 @@ class GradientBuckets:
         self._next = 0
         self._launch_error = None
         self._armed = True
+        if self.probe is not None:
+            self.probe.on_arm(self.flats, self._tail)
 
     def _on_gradient(self, param: torch.Tensor) -> None:
         if not self._armed:
@@ -139,6 +152,8 @@ class GradientBuckets:
     def _launch(self, bucket: _Bucket) -> None:
         if self._launch_error is not None:
             return
+        if self.probe is not None:
+            self.probe.before_launch(bucket.tensor, last=bucket is self.buckets[-1], tail=self._tail)
         try:
             bucket.work = dist.all_reduce(bucket.tensor, async_op=True)
         except RuntimeError as exc:  # reported by finish(), outside autograd
@@ -176,6 +191,8 @@ class GradientBuckets:
         """
         if not self._armed:
             self.arm(control)
+            if self.probe is not None:
+                self.probe.on_arm(None, self._tail)
             for bucket in self.buckets:
                 bucket.pending = 0
         # Gradients that never came through a hook (unused parameters, or a rank without samples this step).
@@ -194,6 +211,8 @@ class GradientBuckets:
         except RuntimeError:
             self.abandon()
             raise
+        if self.probe is not None:
+            self.probe.after_reduce(self.flats, self._tail)
         return float(self.control.item())
 
     def abandon(self) -> None:

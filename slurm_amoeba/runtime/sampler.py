@@ -91,6 +91,11 @@ class ElasticSampler:
             gets, so workers with different memory may have different caps.
         even: require equal local batches (see :class:`GlobalBatchPlanner`).
         max_accumulation: most accumulation steps allowed per step (0 = no limit).
+        max_global_batch: opt in to an **adaptive batch** (:mod:`slurm_amoeba.runtime.adaptive`): the global batch
+            may then grow from ``global_batch`` up to this many samples, changed only between steps by
+            :meth:`set_global_batch`; ``None`` (the default) keeps it fixed.
+        adapt_every: with an adaptive batch, the steps between two chances to change it: the loader's iteration
+            ends there (and at the end of each epoch), and the next iteration plans the steps at the new size.
 
     Raises:
         BatchPlanError: the dataset is smaller than one global batch, or the batch settings are invalid.
@@ -106,7 +111,15 @@ class ElasticSampler:
         max_local_batch: int | None = None,
         even: bool = False,
         max_accumulation: int = 0,
+        max_global_batch: int | None = None,
+        adapt_every: int = 50,
     ) -> None:
+        _check_adaptive(
+            dataset_size, global_batch, max_global_batch, adapt_every, even=even, accumulation=max_accumulation
+        )
+        self.min_global_batch = global_batch
+        self.max_global_batch = max_global_batch
+        self.adapt_every = adapt_every
         if max_local_batch is None:
             max_local_batch = _cap_from_environment()
         self.planner = GlobalBatchPlanner(
@@ -137,6 +150,47 @@ class ElasticSampler:
     def global_batch(self) -> int:
         """Samples per full optimizer step."""
         return self.planner.global_batch
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the global batch may change (``max_global_batch`` was given)."""
+        return self.max_global_batch is not None
+
+    def set_global_batch(self, batch: int) -> None:
+        """Change the global batch from the next step on (adaptive batch only; call it between steps).
+
+        The cursor counts samples, so the rest of the epoch is simply planned at the new size: no sample is lost or
+        seen twice. An iteration of the loader that is under way keeps its planned steps until it ends (at the next
+        multiple of ``adapt_every`` steps or at the end of the epoch).
+
+        Args:
+            batch: the new global batch, from the initial ``global_batch`` to ``max_global_batch``.
+
+        Raises:
+            BatchPlanError: the sampler is not adaptive, ``batch`` is out of range, or the position is not where the
+                loader's iteration ends (a multiple of ``adapt_every`` steps, or the start of an epoch).
+        """
+        where = self.progress
+        if where.step % self.adapt_every and where.cursor:
+            raise BatchPlanError(
+                f"set_global_batch({batch}) at step {where.step}: the loader has planned the steps up to the next "
+                f"multiple of adapt_every={self.adapt_every}; change the batch only there or at the start of an epoch"
+            )
+        self._apply_batch(batch)
+
+    def _apply_batch(self, batch: int) -> None:
+        if self.max_global_batch is None:
+            raise BatchPlanError(
+                f"set_global_batch({batch}) on a fixed-batch sampler: pass max_global_batch= to ElasticSampler to "
+                "allow the global batch to change"
+            )
+        if not self.min_global_batch <= batch <= self.max_global_batch:
+            raise BatchPlanError(
+                f"global batch {batch} is outside the allowed range {self.min_global_batch}..{self.max_global_batch} "
+                "(global_batch..max_global_batch of the ElasticSampler)"
+            )
+        if batch != self.planner.global_batch:
+            self.planner = dataclasses.replace(self.planner, global_batch=batch)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -219,6 +273,8 @@ class ElasticSampler:
             out.append(assignment)
             where.cursor += assignment.plan.step_samples
             where.step += 1
+            if self.max_global_batch is not None and where.step % self.adapt_every == 0:
+                break  # the batch may change here: the next iteration plans the rest
         return out
 
     def advance(self) -> int:
@@ -236,8 +292,11 @@ class ElasticSampler:
         return consumed
 
     def state_dict(self) -> dict[str, int]:
-        """The position, as JSON-friendly numbers."""
-        return dataclasses.asdict(self.progress)
+        """The position (and an adaptive sampler's current global batch), as JSON-friendly numbers."""
+        state = dataclasses.asdict(self.progress)
+        if self.max_global_batch is not None:
+            state["global_batch"] = self.global_batch
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Restore a position from :meth:`state_dict`.
@@ -255,6 +314,32 @@ class ElasticSampler:
                 "be in [0, dataset_size) and epoch and step must not be negative"
             )
         self.progress = progress
+        if self.max_global_batch is not None and "global_batch" in state:
+            self._apply_batch(int(state["global_batch"]))  # the loader plans again after every load
+
+
+def _check_adaptive(
+    dataset_size: int, batch: int, max_batch: int | None, adapt_every: int, *, even: bool, accumulation: int
+) -> None:
+    """Refuse adaptive-batch settings the runtime cannot honour, saying which and what to do."""
+    if max_batch is None:
+        return
+    if max_batch < batch:
+        raise BatchPlanError(
+            f"max_global_batch={max_batch} is below global_batch={batch}: the adaptive batch starts at global_batch "
+            "and only grows; raise max_global_batch or leave it out for a fixed batch"
+        )
+    if max_batch > dataset_size:
+        raise BatchPlanError(
+            f"max_global_batch={max_batch} is larger than the dataset ({dataset_size} samples); lower it"
+        )
+    if even or accumulation:
+        raise BatchPlanError(
+            "an adaptive batch (max_global_batch=) needs even=False and max_accumulation=0: the batch it picks must "
+            "fit every world size that the initial global_batch fits"
+        )
+    if adapt_every < 1:
+        raise BatchPlanError(f"adapt_every={adapt_every} is invalid: it must be at least 1 step")
 
 
 __all__ = ["ElasticSampler", "Progress", "StepAssignment"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from slurm_amoeba.runtime.adaptive import AdaptiveBatch, attach_adaptive
 from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.sampler import ElasticSampler
@@ -197,6 +198,8 @@ class TorchState:
         extras: user values that must survive resizes and rollbacks (see :class:`StateExtras`).
         schedulers: LR schedulers (``torch.optim.lr_scheduler``) whose state travels and rolls back with the rest.
         scaler: a ``torch.amp.GradScaler`` whose scale and growth tracker travel and roll back with the rest.
+        adaptive: the adaptive-batch controller (:mod:`~slurm_amoeba.runtime.adaptive`); a default one when the
+            sampler has ``max_global_batch`` and this is ``None``.
 
     Raises:
         StateError: an extra cannot be sent.
@@ -212,6 +215,7 @@ class TorchState:
         *,
         schedulers: Sequence[LRScheduler] = (),
         scaler: torch.amp.GradScaler | None = None,
+        adaptive: AdaptiveBatch | None = None,
     ) -> None:
         refuse_wrapped(model)
         self.model = model
@@ -223,6 +227,7 @@ class TorchState:
         self._reset_callbacks: list[ResetCallback] = []
         self._committed: dict[str, Any] | None = None
         self._driver: StepDriver | None = None
+        self.adaptive = attach_adaptive(self, adaptive)
 
     def bind(self, driver: StepDriver | None) -> None:
         """Hand the state the runtime that applies its steps (``run()`` does it; ``None`` detaches).
@@ -311,7 +316,16 @@ class TorchState:
         self.after_step()
 
     def after_step(self) -> None:
-        """Called after each step's end (a hook for states that must act before a switch; nothing here)."""
+        """Called after each step's end (a hook for states that must act before a switch; the adaptive batch's)."""
+        if self.adaptive is not None:
+            self.adaptive.after_step()
+
+    def progress_report(self) -> dict[str, Any]:
+        """The position (and the adaptive batch's measurements) for the coordinator's progress report."""
+        report: dict[str, Any] = dict(self.sampler.state_dict())
+        if self.adaptive is not None:
+            report["adaptive"] = self.adaptive.report
+        return report
 
     def switch_pending(self) -> bool:
         """Whether the members agreed to end the generation at this step boundary."""
@@ -381,6 +395,7 @@ class TorchState:
             "extras": dict(self.extras),
             "schedulers": [scheduler.state_dict() for scheduler in self.schedulers],
             "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
         }
 
     def _parts_problem(self, manifest: Mapping[str, Any]) -> str | None:
@@ -391,6 +406,11 @@ class TorchState:
                 f"{'a' if self.scaler is not None else 'no'} GradScaler but the running workers' has {schedulers} "
                 f"and {'a' if manifest.get('scaler') else 'no'} GradScaler; pass the same schedulers= and scaler= "
                 "to TorchState in every worker"
+            )
+        if bool(manifest.get("adaptive")) != (self.adaptive is not None):
+            return (
+                f"this worker's batch is {'adaptive' if self.adaptive is not None else 'fixed'} but the running "
+                "workers' is not; build the ElasticSampler with the same max_global_batch in every worker"
             )
         return None
 
@@ -408,7 +428,7 @@ class TorchState:
             return previous
         if previous is not None:
             previous.close()
-        return GradientBuckets(self.model)
+        return GradientBuckets(self.model, probe=None if self.adaptive is None else self.adaptive.probe)
 
     def check_compatible(self, manifest: Mapping[str, Any]) -> str | None:
         """Compare a sender's manifest with this worker's model and optimizer before receiving anything.
@@ -466,6 +486,7 @@ class TorchState:
             "param_groups": [len(g["params"]) for g in self.optimizer.param_groups],
             "schedulers": len(self.schedulers),
             "scaler": self.scaler is not None,
+            "adaptive": self.adaptive is not None,
         }
         json.dumps(manifest)  # fails loudly here rather than on the receivers
         return manifest, tensors
@@ -497,6 +518,8 @@ class TorchState:
             scheduler.load_state_dict(clone_tree(scheduler_state))
         if self.scaler is not None and tree["scaler"] is not None:
             self.scaler.load_state_dict(dict(tree["scaler"]))
+        if self.adaptive is not None:
+            self.adaptive.load_state_dict(tree.get("adaptive"))
 
     def run_reset_callbacks(self) -> None:
         """Call the registered reset callbacks in order."""

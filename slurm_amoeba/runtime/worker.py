@@ -183,7 +183,7 @@ class WorkerRuntime:
         self._step_time_s = 0.0
         self._samples_per_s = 0.0
         self._last_step_end = 0.0
-        self._progress: dict[str, int] = {}
+        self._progress: dict[str, Any] = {}
         self._timeline: list[GenerationTiming] = []
         self._checkpoints: Checkpointer | None = None
 
@@ -365,7 +365,7 @@ class WorkerRuntime:
             self._step_time_s = elapsed if first else 0.8 * self._step_time_s + 0.2 * elapsed
             self._samples_per_s = rate if first else 0.8 * self._samples_per_s + 0.2 * rate
         self._last_step_end = now
-        self._progress = state.sampler.state_dict()
+        self._progress = state.progress_report()
         if self._agreed_now:
             self._switch_agreed = True
 

@@ -10,6 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).parents[3] / "slurm_amoeba" / "runtime"
 WORKER_SIDE = {"worker", "group", "transfer", "state", "sampler", "loader", "gradients", "topology", "result", "fsdp"}
 WORKER_SIDE |= {"checkpoint"}  # disk checkpoints of the worker's commit
+WORKER_SIDE |= {"adaptive", "gns"}  # adaptive batch: the goodput choice and the gradient noise scale
 COORDINATOR_SIDE = {"coordinator", "membership"}
 SHARED = {"protocol", "errors", "planner"}
 SHARED |= {"failures"}  # failure classes: the worker classifies, the coordinator and agent decide

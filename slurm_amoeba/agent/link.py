@@ -67,13 +67,14 @@ class DaemonLink:
             return request(self.endpoint, message, timeout_s=timeout_s, retries=retries, expect_uid=self.daemon_uid)
         except ChannelError as exc:  # no answer, munged down (signing failed), or an answer from another uid
             if "expected" in str(exc):
+                answerer = self.endpoint
                 if not self.configured:
                     self.endpoint = None  # nothing to pin: run without a daemon rather than report to a stranger
                 self._warn_once(
                     "identity",
                     "%s %s is not trusted: %s (the daemon's uid is %s); its answers and directives are ignored",
                     self._prefix,
-                    self.endpoint,
+                    answerer,
                     exc,
                     f"configured as {self.daemon_uid}"
                     if self.configured

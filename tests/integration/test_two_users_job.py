@@ -13,6 +13,7 @@ from A's agent log instead of scanning.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
@@ -117,6 +118,10 @@ def submit_a(job_env: dict[str, str], daemon: DaemonProcess, tmp_path: Path) -> 
     return submitted.stdout.strip().splitlines()[-1]
 
 
+def logged(log: Path, line: str) -> bool:
+    return line in log.read_text(errors="replace")
+
+
 def b_against_the_daemon(daemon: DaemonProcess, job_id: str, uid_b: int) -> None:
     """(a) resize, pin, unpin, drain, jobs and status of A's job, as B: refused, or nothing of A's job shown."""
     changes = {
@@ -146,7 +151,7 @@ def b_against_the_agent(endpoint: str, job_id: str, uid_b: int, agent_log: Path)
         assert job_id not in json.dumps(reply["data"])
     for kind in ("status", "resize"):
         line = f"refused {kind} from uid {uid_b}"
-        wait_until(f"A's agent to log B's {kind}", lambda line=line: line in agent_log.read_text())
+        wait_until(f"A's agent to log B's {kind}", functools.partial(logged, agent_log, line))
 
 
 def b_on_the_daemons_port(daemon: DaemonProcess, job_id: str, uid_b: int, agent_log: Path) -> None:
@@ -182,9 +187,8 @@ def b_on_the_store(agent_log: Path) -> None:
     ready = {"kind": "ready", "worker": "g0-0", "time": time.time(), "allowed_sizes": [1]}
     store.queue_push(EVENTS_KEY, json.dumps(ready))
     for what in ("a join request", "an event"):
-        wait_until(
-            f"A's coordinator to log B's {what}", lambda w=what: f"{prefix} ignored {w}:" in agent_log.read_text()
-        )
+        line = f"{prefix} ignored {what}:"
+        wait_until(f"A's coordinator to log B's {what}", functools.partial(logged, agent_log, line))
 
 
 def test_user_b_cannot_touch_user_as_training_job(

@@ -43,9 +43,11 @@ from slurm_amoeba.agent.plan import (
     Action,
     AskToLeave,
     CoordinatorSeen,
+    JobFailed,
     Limits,
     LowerTarget,
     MainGroupEnded,
+    NodeFailing,
     Observation,
     ReleaseSatellite,
     RetireGroup,
@@ -60,7 +62,7 @@ from slurm_amoeba.agent.plan import (
     record,
     workers_per_satellite,
 )
-from slurm_amoeba.agent.status import Journal, fit_status
+from slurm_amoeba.agent.status import Journal, announce_failure, fit_status, note_node_failing, release_fields
 from slurm_amoeba.agent.submission import SatelliteSlurm
 from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
@@ -377,6 +379,9 @@ class Agent:
                 log.warning("%s stopping: %s", self.prefix, action.reason)
                 self.journal.event("stopping", reason=action.reason)
                 return ENDED_BY_SIGNAL
+            if isinstance(action, JobFailed):  # a failure a retry repeats: end now, the traceback in our output
+                announce_failure(self.journal, action, self.prefix)
+                return self._stop_main_step() or 1
             if isinstance(action, MainGroupEnded):
                 log.info("%s the main worker group ended with status %s", self.prefix, action.status)
                 self.journal.event("main_group_ended", status=action.status)
@@ -393,6 +398,8 @@ class Agent:
                     refused = not self._submit(action)
             elif isinstance(action, ReleaseSatellite):
                 self._release(action)
+            elif isinstance(action, NodeFailing):
+                note_node_failing(self.journal, action, self.prefix)
             elif isinstance(action, LowerTarget):
                 self.journal.event("target_lowered", target=action.target, previous=action.previous)
                 self.target = action.target
@@ -430,7 +437,7 @@ class Agent:
     def _submit(self, action: SubmitSatellite) -> bool:
         """Submit a satellite; on a refusal lower the target as the plan said. Returns whether Slurm took it."""
         try:
-            job = self.satellites.submit(action.group, action.workers, self.worker_env())
+            job = self.satellites.submit(action.group, action.workers, self.worker_env(), action.exclude)
         except (SlurmCommandError, AmoebaError, OSError) as exc:
             log.error("%s could not submit a satellite for %d workers: %s", self.prefix, action.workers, exc)
             self.journal.event("grow_failed", workers=action.workers, error=str(exc))
@@ -448,7 +455,7 @@ class Agent:
             self.coordinator.mark_dead(worker, f"its satellite was released ({action.reason})")
         record(self.groups, action)
         log.info("%s satellite %d (%s) released: %s", self.prefix, action.slurm_job, action.group, action.reason)
-        self.journal.event("satellite_released", group=action.group, slurm_job=action.slurm_job, reason=action.reason)
+        self.journal.event("satellite_released", **release_fields(action))
 
     # ----------------------------------------------------------------------------------------------- directives
 

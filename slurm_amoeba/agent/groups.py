@@ -10,9 +10,12 @@ choice of which workers leave on a shrink; :mod:`slurm_amoeba.agent.plan` decide
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 from collections.abc import Sequence
+
+from slurm_amoeba.runtime.failures import FailureClass
 
 
 class GroupState(str, enum.Enum):
@@ -43,6 +46,9 @@ class WorkerGroup:
         ended_at: when it ended.
         end_reason: why it ended (``finished``, ``shrink``, ``preempted``, ``failed``, ...).
         leaving: workers asked to leave (a shrink may take part of a group).
+        nodes: the nodes its satellite ran on, as squeue showed them when it started (empty while unknown).
+        failure: the class of the failure that took its workers (runtime/failures.py), None when none did (a
+            shrink, the end of training, a preemption).
     """
 
     name: str
@@ -55,6 +61,8 @@ class WorkerGroup:
     ended_at: float | None = None
     end_reason: str = ""
     leaving: set[str] = dataclasses.field(default_factory=set)
+    nodes: tuple[str, ...] = ()
+    failure: FailureClass | None = None
 
     @property
     def active_workers(self) -> list[str]:
@@ -80,6 +88,8 @@ class WorkerGroup:
             "running_at": self.running_at,
             "ended_at": self.ended_at,
             "end_reason": self.end_reason,
+            "nodes": list(self.nodes),
+            "failure": self.failure.value if self.failure is not None else None,
         }
 
 
@@ -91,6 +101,16 @@ def worker_ids(group: str, count: int) -> list[str]:
 def planned_size(groups: Sequence[WorkerGroup]) -> int:
     """Workers the job has or is getting: those of groups that hold workers, less those asked to leave."""
     return sum(len(g.active_workers) for g in groups)
+
+
+def node_failures(groups: Sequence[WorkerGroup]) -> dict[str, int]:
+    """Per node, how many of the job's groups lost their workers to an infrastructure failure there (a node that
+    failed, a process killed from outside): the nodes the job's next satellites exclude."""
+    counts: collections.Counter[str] = collections.Counter()
+    for group in groups:
+        if group.failure is FailureClass.INFRASTRUCTURE:
+            counts.update(group.nodes)
+    return dict(sorted(counts.items()))
 
 
 def choose_leavers(groups: list[WorkerGroup], remove: int) -> list[tuple[WorkerGroup, list[str]]]:

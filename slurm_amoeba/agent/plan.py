@@ -7,7 +7,9 @@ reads no clock (``now`` is part of the :class:`Observation`); the tables in ``te
 
 What a round decides, in this order (DESIGN.md, control flow: the agent's part of a resize):
 
-1. **the end**: a signal asked the job to stop, or the main worker group ended -> the job ends, nothing else;
+1. **the end**: a signal asked the job to stop, the coordinator ended the job on a failure that a retry repeats (a
+   user error on every member, or again after a rollback: :mod:`slurm_amoeba.runtime.failures`), or the main worker
+   group ended -> the job ends, nothing else;
 2. **satellites**, when Slurm was polled this round: a pending satellite that Slurm started runs now; one that
    ended (preempted, cancelled, failed, forgotten by squeue) is released;
 3. **training over** (finished or lost) while the main worker step still runs past a grace -> stop that step;
@@ -19,8 +21,12 @@ What a round decides, in this order (DESIGN.md, control flow: the agent's part o
    shrink by asking chosen workers to leave (:func:`~slurm_amoeba.agent.groups.choose_leavers`; a satellite that
    has not started yet is released instead, and a smaller one replaces it when only part of it had to go).
 
-Workers lost without a shrink (preemption, failure) lower the target to what the job still has, never below its
-minimum: the job does not fight Slurm for them; the daemon or the user may grow it again.
+Workers lost without a shrink lower the target to what the job still has, never below its minimum, when Slurm took
+them back (preemption) or their own code failed: the job does not fight Slurm for them, nor burn GPUs on a bug; the
+daemon or the user may grow it again. Workers lost to an **infrastructure** failure (the satellite's node failed,
+``NODE_FAIL``, its workers died without a word or were killed from outside) keep the target: the job regrows at
+once, its next satellites excluding (``--exclude``) every node where it lost workers that way; a node where it
+happened :data:`REPEATED_NODE_FAILURES` times is named to the daemon (:class:`NodeFailing`).
 
 The plan works on a copy of the groups, recording each action as it goes (:func:`record`) so that later decisions
 of the round see earlier ones; the agent records the same actions on its own groups after applying them.
@@ -31,14 +37,32 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from slurm_amoeba.agent.groups import GroupState, WorkerGroup, choose_leavers, planned_size, worker_ids
+from slurm_amoeba.agent.groups import (
+    GroupState,
+    WorkerGroup,
+    choose_leavers,
+    node_failures,
+    planned_size,
+    worker_ids,
+)
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.coordinator import CoordinatorView
+from slurm_amoeba.runtime.failures import ErrorReport, FailureClass, WorkerExit, classify_exit
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.slurm.records import JobRecord, JobState
 
 PHASE_OVER_GRACE_S = 30.0
 """After training ended, how long the main worker step may take to exit on its own before the agent stops it."""
+
+REPEATED_NODE_FAILURES = 2
+"""Infrastructure failures of the job's groups on one node after which the agent names the node to the daemon."""
+
+#: Slurm's states of a satellite that say what took its workers, whatever they reported.
+_SLURM_FAILURES = {
+    JobState.NODE_FAIL: FailureClass.INFRASTRUCTURE,
+    JobState.BOOT_FAIL: FailureClass.INFRASTRUCTURE,
+    JobState.OUT_OF_MEMORY: FailureClass.RESOURCE,
+}
 
 
 # ----------------------------------------------------------------------------------------------- observations
@@ -46,15 +70,41 @@ PHASE_OVER_GRACE_S = 30.0
 
 @dataclasses.dataclass(frozen=True)
 class CoordinatorSeen:
-    """What the plan needs of the coordinator's view: the job's phase and every known worker's status."""
+    """What the plan needs of the coordinator's view: the job's phase, every known worker's status, the workers'
+    error reports (oldest first), and the class of the failure that ended the job (None: none did) with why."""
 
     phase: Phase
     workers: Mapping[str, WorkerStatus]
+    errors: tuple[ErrorReport, ...] = ()
+    failure: FailureClass | None = None
+    lost_reason: str = ""
 
     @classmethod
     def of(cls, view: CoordinatorView) -> CoordinatorSeen:
         """The part of ``view`` the plan reads."""
-        return cls(view.phase, {w: v.status for w, v in view.workers.items()})
+        return cls(
+            view.phase, {w: v.status for w, v in view.workers.items()}, view.errors, view.failure, view.lost_reason
+        )
+
+    def worker_failure(self, worker: str) -> FailureClass | None:
+        """The class of a gone worker's end: what it reported when it failed (a user error when it said nothing
+        more), an infrastructure failure when it died without a word; None when it left or finished."""
+        status = self.workers.get(worker)
+        if status is WorkerStatus.DEAD:
+            return classify_exit(WorkerExit(returncode=None))
+        if status is WorkerStatus.FAILED:
+            reported = next((e.failure for e in reversed(self.errors) if e.worker == worker), None)
+            return classify_exit(WorkerExit(returncode=1, reported=reported))
+        return None
+
+    def ending_error(self) -> ErrorReport | None:
+        """The error report behind the failure that ended the job: the first of its class in the latest
+        generation that had one."""
+        matching = [e for e in self.errors if e.failure is self.failure]
+        if not matching:
+            return None
+        latest = max(e.generation for e in matching)
+        return next(e for e in matching if e.generation == latest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +177,16 @@ class Stop:
 
 
 @dataclasses.dataclass(frozen=True)
+class JobFailed:
+    """The coordinator ended the job on a failure that a retry repeats: print ``error``'s traceback in the job's
+    output, record the class in its history, stop the workers, release the satellites, exit non-zero."""
+
+    failure: FailureClass
+    reason: str
+    error: ErrorReport | None
+
+
+@dataclasses.dataclass(frozen=True)
 class MainGroupEnded:
     """The main worker step exited: the job ends with its status."""
 
@@ -142,22 +202,25 @@ class StopMainStep:
 
 @dataclasses.dataclass(frozen=True)
 class SatelliteStarted:
-    """Slurm started a satellite: its group runs from ``at``."""
+    """Slurm started a satellite: its group runs from ``at`` on ``nodes``."""
 
     group: str
     slurm_job: int
     at: float
+    nodes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseSatellite:
-    """Cancel a satellite's allocation, tell the coordinator that its live workers are gone, end its group."""
+    """Cancel a satellite's allocation, tell the coordinator that its live workers are gone, end its group
+    (``failure``: the class of what took its workers, if a failure did)."""
 
     group: str
     slurm_job: int
     reason: str
     mark_dead: tuple[str, ...]
     at: float
+    failure: FailureClass | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +233,13 @@ class AskToLeave:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerLost:
-    """A worker left on its own (preemption's SIGTERM, a failure): it no longer counts toward the size."""
+    """A worker left on its own (preemption's SIGTERM, a failure of class ``failure``): it no longer counts toward
+    the size."""
 
     group: str
     worker: str
     status: WorkerStatus
+    failure: FailureClass | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,13 +255,23 @@ class SubmitSatellite:
     """Grow: submit a satellite for ``workers`` more workers as group ``group``.
 
     If Slurm refuses it, the target becomes ``target_if_refused`` (what the job has and is getting without it) and
-    the round's further submissions are dropped: the daemon or the user asks again.
+    the round's further submissions are dropped: the daemon or the user asks again. ``exclude``: nodes where the
+    job lost workers to an infrastructure failure.
     """
 
     group: str
     workers: int
     at: float
     target_if_refused: int
+    exclude: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFailing:
+    """The job lost workers to infrastructure failures on ``node`` ``failures`` times: name it to the daemon."""
+
+    node: str
+    failures: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +284,7 @@ class LowerTarget:
 
 Action = (
     Stop
+    | JobFailed
     | MainGroupEnded
     | StopMainStep
     | SatelliteStarted
@@ -218,10 +294,11 @@ Action = (
     | RetireGroup
     | SubmitSatellite
     | LowerTarget
+    | NodeFailing
 )
 """One thing the agent does; :func:`plan` returns them in the order they are to be applied."""
 
-ENDING_ACTIONS = (Stop, MainGroupEnded, StopMainStep)
+ENDING_ACTIONS = (Stop, JobFailed, MainGroupEnded, StopMainStep)
 """Actions after which the agent's loop ends."""
 
 
@@ -248,24 +325,29 @@ def record(groups: Sequence[WorkerGroup], action: Action) -> None:
         return
     if isinstance(action, SatelliteStarted):
         group.running_at = action.at
+        group.nodes = action.nodes or group.nodes
         if group.state is GroupState.PENDING:
             group.state = GroupState.RUNNING
     elif isinstance(action, ReleaseSatellite):
         group.state = GroupState.ENDED
         group.ended_at = action.at
         group.end_reason = action.reason
+        group.failure = group.failure or action.failure
     elif isinstance(action, AskToLeave | RetireGroup):
         group.leaving.update(action.workers)
         if isinstance(action, RetireGroup) or group.leaving >= set(group.worker_ids):
             group.state = GroupState.LEAVING
     elif isinstance(action, WorkerLost):
         group.leaving.add(action.worker)
+        group.failure = group.failure or action.failure
 
 
-def release(group: WorkerGroup, reason: str, coordinator: CoordinatorSeen, now: float) -> ReleaseSatellite:
+def release(
+    group: WorkerGroup, reason: str, coordinator: CoordinatorSeen, now: float, failure: FailureClass | None = None
+) -> ReleaseSatellite:
     """Release ``group``'s satellite; its workers the coordinator still counts are marked dead."""
     alive = tuple(w for w in group.worker_ids if w in coordinator.workers and not coordinator.workers[w].is_gone())
-    return ReleaseSatellite(group.name, group.slurm_job, reason, alive, now)
+    return ReleaseSatellite(group.name, group.slurm_job, reason, alive, now, failure)
 
 
 def final_releases(groups: Sequence[WorkerGroup], coordinator: CoordinatorSeen, now: float) -> list[ReleaseSatellite]:
@@ -293,6 +375,9 @@ def plan(seen: Observation, limits: Limits) -> list[Action]:
     """
     if seen.stop_reason:
         return [Stop(seen.stop_reason)]
+    failure = seen.coordinator.failure
+    if failure is not None:
+        return [JobFailed(failure, seen.coordinator.lost_reason, seen.coordinator.ending_error())]
     if seen.main_step_status is not None:
         return [MainGroupEnded(seen.main_step_status)]
     round_ = _Round(seen, limits)
@@ -325,15 +410,30 @@ class _Round:
         elif isinstance(action, LowerTarget):
             self.target = action.target
         else:
+            before = node_failures(self.groups)
             record(self.groups, action)
+            for node, count in node_failures(self.groups).items():
+                if count >= REPEATED_NODE_FAILURES and count > before.get(node, 0):
+                    self.emit(NodeFailing(node, count))
 
-    def release(self, group: WorkerGroup, reason: str) -> None:
-        self.emit(release(group, reason, self.seen.coordinator, self.seen.now))
+    def release(self, group: WorkerGroup, reason: str, failure: FailureClass | None = None) -> None:
+        self.emit(release(group, reason, self.seen.coordinator, self.seen.now, failure))
 
-    def follow_losses(self) -> None:
+    def follow_losses(self, failure: FailureClass | None = None) -> None:
+        """Lower the target to what the job has, unless the workers went with their node: the job regrows."""
+        if failure is FailureClass.INFRASTRUCTURE:
+            return
         target = max(self.limits.min_workers, min(self.target, planned_size(self.groups)))
         if target != self.target:
             self.emit(LowerTarget(target, self.target))
+
+    def group_failure(self, group: WorkerGroup) -> FailureClass | None:
+        """What took a group's gone workers: an infrastructure failure if any worker's was one, else the first
+        failure found, else None (they left: preemption's SIGTERM)."""
+        failures = [self.seen.coordinator.worker_failure(w) for w in group.worker_ids]
+        if FailureClass.INFRASTRUCTURE in failures:
+            return FailureClass.INFRASTRUCTURE
+        return next((f for f in failures if f is not None), None)
 
     def live_satellites(self) -> list[WorkerGroup]:
         return [g for g in self.groups if g.satellite and g.state is not GroupState.ENDED]
@@ -343,16 +443,20 @@ class _Round:
             found = records.get(group.slurm_job)
             state = found.state if found is not None else JobState.UNKNOWN
             if state is JobState.RUNNING and group.running_at is None:
-                self.emit(SatelliteStarted(group.name, group.slurm_job, self.seen.now))
+                self.emit(SatelliteStarted(group.name, group.slurm_job, self.seen.now, found.nodes if found else ()))
             elif not state.is_active():
+                failure: FailureClass | None = None
                 if found is None or state is JobState.UNKNOWN:
                     reason = "satellite gone"
                 elif found.was_preempted:
                     reason = "preempted"
                 else:
                     reason = f"satellite {state.value.lower()}"
-                self.release(group, reason)
-                self.follow_losses()
+                    failure = _SLURM_FAILURES.get(state)
+                if reason != "preempted" and failure is None:
+                    failure = self.group_failure(group)
+                self.release(group, reason, failure)
+                self.follow_losses(failure)
 
     def watch_workers(self) -> None:
         workers = self.seen.coordinator.workers
@@ -364,16 +468,18 @@ class _Round:
                 elif all(s is WorkerStatus.DONE for s in statuses):
                     self.release(group, "training finished")
                 else:
-                    self.release(group, "its workers left (preempted or failed)")
-                    self.follow_losses()
+                    failure = self.group_failure(group)
+                    self.release(group, "its workers left (preempted or failed)", failure)
+                    self.follow_losses(failure)
             elif group.state is GroupState.RUNNING:
                 for worker, status in zip(group.worker_ids, statuses, strict=True):
                     if status is None or not status.is_gone() or worker in group.leaving:
                         continue
-                    self.emit(WorkerLost(group.name, worker, status))
+                    failure = self.seen.coordinator.worker_failure(worker)
+                    self.emit(WorkerLost(group.name, worker, status, failure))
                     if status in (WorkerStatus.DEAD, WorkerStatus.FAILED):
                         self.emit(RetireGroup(group.name, tuple(group.active_workers)))
-                    self.follow_losses()
+                    self.follow_losses(failure)
 
     def reconcile(self) -> None:
         if self.target < planned_size(self.groups):
@@ -386,7 +492,8 @@ class _Round:
         while count > 0:
             chunk = min(count, self.limits.workers_per_satellite)
             name = f"g{len(self.groups)}"
-            self.emit(SubmitSatellite(name, chunk, self.seen.now, planned_size(self.groups)))
+            exclude = tuple(node_failures(self.groups))
+            self.emit(SubmitSatellite(name, chunk, self.seen.now, planned_size(self.groups), exclude))
             count -= chunk
 
     def shrink(self, count: int) -> None:

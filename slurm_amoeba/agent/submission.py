@@ -4,7 +4,8 @@ A satellite (DESIGN.md, control flow: grow) is a job of its own in the elastic p
 the job's owner. It runs :mod:`slurm_amoeba.agent.entry`'s ``satellite`` mode, which starts one worker step of the
 group on one node. Besides its partition, name and comment, it carries its parent's **account, QOS, reservation and
 node features** — read from the parent job's own record as squeue reports it (:meth:`ParentTerms.of`) — so that a
-site that requires an account, or a job that must run on some kind of node, grows like it started.
+site that requires an account, or a job that must run on some kind of node, grows like it started — and excludes
+(``--exclude``) the nodes where the job lost workers to an infrastructure failure (:mod:`slurm_amoeba.agent.plan`).
 :class:`SatelliteSlurm` is the agent's Slurm side for its satellites: it submits, polls and cancels them.
 """
 
@@ -90,8 +91,10 @@ def satellite_entry(config: AgentConfig, group: str, workers: int) -> list[str]:
     ]
 
 
-def satellite_options(config: AgentConfig, group: str, workers: int, terms: ParentTerms) -> SubmitOptions:
-    """sbatch options of group ``group``'s satellite of ``workers`` workers on one node.
+def satellite_options(
+    config: AgentConfig, group: str, workers: int, terms: ParentTerms, exclude: Sequence[str] = ()
+) -> SubmitOptions:
+    """sbatch options of group ``group``'s satellite of ``workers`` workers on one node, on none of ``exclude``.
 
     ``config.satellite_qos``, when set, replaces the parent's QOS.
     """
@@ -109,14 +112,17 @@ def satellite_options(config: AgentConfig, group: str, workers: int, terms: Pare
         time_min=config.satellite_time_min,
         mem_mb=spec.mem_per_worker_mb * workers or None,
         output=str(config.state_dir / f"satellite-{group}.log"),
+        exclude=",".join(exclude) or None,
         # SubmitOptions has no fields for these terms: they pass through as sbatch arguments.
         extra=gpus + terms.sbatch_args(),
     )
 
 
-def satellite_script(config: AgentConfig, group: str, workers: int, terms: ParentTerms) -> str:
+def satellite_script(
+    config: AgentConfig, group: str, workers: int, terms: ParentTerms, exclude: Sequence[str] = ()
+) -> str:
     """The whole batch script of a satellite (``#SBATCH`` lines, then its entry)."""
-    options = satellite_options(config, group, workers, terms)
+    options = satellite_options(config, group, workers, terms, exclude)
     return render_batch_script([options], [satellite_entry(config, group, workers)])
 
 
@@ -173,20 +179,21 @@ class SatelliteSlurm:
             log.info("%s satellites carry %s", self._prefix, self._terms)
         return self._terms
 
-    def submit(self, group: str, workers: int, env: Mapping[str, str]) -> int:
+    def submit(self, group: str, workers: int, env: Mapping[str, str], exclude: Sequence[str] = ()) -> int:
         """Write group ``group``'s satellite script to the state directory and submit it; returns its job id.
 
         Args:
             group: the group's name.
             workers: its workers.
             env: the workers' environment (the satellite inherits it, less the parent job's ``SLURM_*``).
+            exclude: nodes it must not run on.
 
         Raises:
             SlurmCommandError, AmoebaError: squeue or sbatch failed, or refused the job.
             OSError: the script could not be written.
         """
         script = self.config.state_dir / f"satellite-{group}.sh"
-        script.write_text(satellite_script(self.config, group, workers, self.parent_terms()))
+        script.write_text(satellite_script(self.config, group, workers, self.parent_terms(), exclude))
         return self.slurm.submit(script, SubmitOptions(), env=independent_job_env(env))
 
     def cancel(self, job: int) -> None:

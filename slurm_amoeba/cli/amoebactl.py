@@ -118,6 +118,10 @@ def _format_jobs(data: Mapping[str, Any]) -> str:
         )
     lines = [_table(rows)]
     for job in jobs:
+        failing = job.get("failing_nodes") or {}
+        if failing:  # repeated infrastructure failures under the job (its agent excludes these nodes)
+            named = ", ".join(f"{json.dumps(node)} ({int(count)} times)" for node, count in sorted(failing.items()))
+            lines.append(f"\njob {job['job_id']}: nodes failing under it: {named}")
         if job["history"]:
             lines.append(f"\njob {job['job_id']} history (newest last):")
             lines.extend(f"  {json.dumps(event)}" for event in job["history"])  # escaped: no control reaches a terminal

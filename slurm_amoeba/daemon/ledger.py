@@ -14,6 +14,7 @@ wait in :attr:`Ledger.recovered` for their agents to register again.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 #: A report this long after the agent accepted a resize that shows it settled elsewhere means it changed course.
 SETTLED_AFTER_S = 3.0
+#: A node name an agent's ``node_failing`` event may carry, and how many nodes per job the daemon keeps.
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_FAILING_NODES_KEPT = 64
 
 
 class Ledger:
@@ -44,6 +48,8 @@ class Ledger:
         state_path: the state file, or None.
         state: pins, the drain switch and acknowledged resizes (as last saved or loaded).
         recovered: acknowledged resizes of the previous daemon whose agents have not registered again yet.
+        failing_nodes: job id -> nodes its agent reported failing under it repeatedly -> how often (its
+            ``node_failing`` history events; shown by ``amoebactl jobs``).
     """
 
     def __init__(self, config: DaemonConfig, metrics: DaemonMetrics, clock: Callable[[], float]) -> None:
@@ -54,6 +60,7 @@ class Ledger:
         self.state_path = Path(config.state_file) if config.state_file else None
         self.state: DaemonState = load_state(self.state_path)
         self.recovered: dict[str, InFlight] = dict(self.state.in_flight)
+        self.failing_nodes: dict[str, dict[str, int]] = {}
         self._dirty = False
         if self.recovered or self.state.pinned or self.state.draining:
             logger.info(
@@ -117,6 +124,7 @@ class Ledger:
     def take_report(self, agent: AgentRecord, report: Report) -> None:
         """Keep an agent's report and settle its resize in flight: reached, or abandoned by the agent."""
         agent.accept_report(report)
+        self._note_failing_nodes(agent, report)
         flight = agent.in_flight
         now = report.received_at
         if flight is not None and report.size == flight.target and report.target == flight.target:
@@ -152,6 +160,27 @@ class Ledger:
             agent.backoff_until = now + pause
             self.changed()
 
+    def _note_failing_nodes(self, agent: AgentRecord, report: Report) -> None:
+        """Keep the nodes the agent's ``node_failing`` events name (repeated infrastructure failures under its job);
+        an event whose node or count is malformed is skipped."""
+        nodes = self.failing_nodes.setdefault(agent.job_id, {})
+        for event in report.history:
+            if not isinstance(event, dict) or event.get("event") != "node_failing":
+                continue
+            node, failures = event.get("node"), event.get("failures")
+            if not isinstance(node, str) or not _NODE_NAME.fullmatch(node):
+                continue
+            if isinstance(failures, bool) or not isinstance(failures, int) or not 0 < failures < 1_000_000:
+                continue
+            if node in nodes or len(nodes) < _FAILING_NODES_KEPT:
+                if failures > nodes.get(node, 0):
+                    logger.warning(
+                        "[daemon/ledger] job %s reports node %s failing under it %d times", agent.job_id, node, failures
+                    )
+                nodes[node] = max(nodes.get(node, 0), failures)
+        if not nodes:
+            del self.failing_nodes[agent.job_id]
+
     def forget(self, gone: Collection[str], active: Collection[str]) -> None:
         """Forget ended jobs, and pins and recovered resizes of jobs Slurm no longer runs.
 
@@ -161,6 +190,7 @@ class Ledger:
         """
         for job_id in gone:
             agent = self.agents.pop(job_id)
+            self.failing_nodes.pop(job_id, None)
             logger.info("[daemon/observer] job %s (user %s) has ended; its agent is forgotten", job_id, agent.user)
         stale_pins = {job for job in self.state.pinned if job not in active}
         stale_recovered = {job for job in self.recovered if job not in active}

@@ -592,6 +592,7 @@ class RequestHandler:
         size = 0
         for job_id, agent in visible[offset : offset + limit]:
             summary = agent.summary(now, job_id in pinned)
+            summary["failing_nodes"] = self.ledger.failing_nodes.get(job_id, {})
             size += len(json.dumps(summary, separators=(",", ":")))
             if page and size > JOBS_REPLY_BYTES:
                 break

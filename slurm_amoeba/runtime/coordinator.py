@@ -47,6 +47,7 @@ from slurm_amoeba.runtime.auth import (
     Sealer,
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
+from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import (
     AbortGeneration,
     Action,
@@ -157,6 +158,9 @@ class CoordinatorView:
         throughput: measured speed per world size.
         progress: rank 0's latest progress report (JSON object), if any.
         lost_reason: why the job was lost, if it was.
+        errors: every worker's error event, oldest first (runtime/failures.py).
+        failure: the class of the failure that ended the job (a user error on every member, or again after a
+            rollback), or None.
     """
 
     phase: Phase
@@ -167,6 +171,8 @@ class CoordinatorView:
     throughput: dict[int, ThroughputStats]
     progress: dict[str, Any]
     lost_reason: str
+    errors: tuple[ErrorReport, ...] = ()
+    failure: FailureClass | None = None
 
     @property
     def world_size(self) -> int:
@@ -375,6 +381,8 @@ class Coordinator:
             throughput=dict(self._throughput),
             progress=dict(self._progress),
             lost_reason=m.lost_reason,
+            errors=tuple(m.errors),
+            failure=m.failure,
         )
 
     def wait_until(self, predicate: Callable[[CoordinatorView], bool], timeout_s: float, what: str) -> CoordinatorView:

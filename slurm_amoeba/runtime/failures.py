@@ -19,11 +19,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal
+import traceback
 from collections.abc import Sequence
 
 import torch
 
 from slurm_amoeba.runtime.errors import JobLostError, RuntimeTimeout, WorkerFailure
+from slurm_amoeba.runtime.protocol import WorkerEvent
+
+TRACEBACK_CHARS = 8000
+"""The most of a traceback a worker's ``error`` event carries (its end: the raising frame and the exception)."""
 
 
 class FailureClass(str, enum.Enum):
@@ -66,6 +71,19 @@ def classify_exception(exc: BaseException) -> FailureClass:
 def failure_message(exc: BaseException) -> str:
     """What a failing worker tells the coordinator (its reason in the view): ``"user error: ValueError: ..."``."""
     return f"{classify_exception(exc).value} error: {type(exc).__name__}: {exc}"
+
+
+def error_fields(exc: BaseException) -> dict[str, str]:
+    """The fields of a worker's ``error`` event about ``exc`` (:class:`~slurm_amoeba.runtime.protocol.WorkerEvent`):
+    ``message`` (:func:`failure_message`), ``failure`` (the class's value), ``error`` (the exception's type name) and
+    ``traceback`` (its last :data:`TRACEBACK_CHARS` characters)."""
+    text = "".join(traceback.format_exception(exc))
+    return {
+        "message": failure_message(exc),
+        "failure": classify_exception(exc).value,
+        "error": type(exc).__name__,
+        "traceback": text[-TRACEBACK_CHARS:],
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +150,8 @@ class ErrorReport:
         failure: the class.
         error: the exception's type name (``"ValueError"``); compared across members, so not the message, which
             may name the rank.
+        message: the worker's sentence (:func:`failure_message`), not compared.
+        traceback: the end of its traceback, not compared.
     """
 
     worker: str
@@ -139,11 +159,48 @@ class ErrorReport:
     step: int
     failure: FailureClass
     error: str
+    message: str = dataclasses.field(default="", compare=False)
+    traceback: str = dataclasses.field(default="", compare=False, repr=False)
+
+    @classmethod
+    def of(cls, event: WorkerEvent, generation: int) -> ErrorReport:
+        """The report of a worker's ``error`` event, in ``generation`` when the event names none.
+
+        A worker that sent no class (an older runtime) is taken at its word's first part
+        (``"user error: ..."``), else as a user error: its code raised.
+        """
+        word = event.failure or event.message.split(" error:", 1)[0]
+        try:
+            failure = FailureClass(word)
+        except ValueError:
+            failure = FailureClass.USER
+        return cls(
+            worker=event.worker,
+            generation=event.generation or generation,
+            step=event.step,
+            failure=failure,
+            error=event.error or "unknown",
+            message=event.message,
+            traceback=event.traceback,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Why the job must end rather than shrink (:func:`user_error_verdict`).
+
+    Attributes:
+        failure: the class of the failure that ends it (user or resource).
+        reason: a sentence for the job's history and output.
+    """
+
+    failure: FailureClass
+    reason: str
 
 
 def user_error_verdict(
     reports: Sequence[ErrorReport], members: Sequence[str], earlier: Sequence[ErrorReport] = ()
-) -> str | None:
+) -> Verdict | None:
     """Whether the job must end now rather than shrink, and why.
 
     It must when the failure is in the training code, so that a retry fails again: every member of the generation
@@ -156,7 +213,7 @@ def user_error_verdict(
         earlier: failures of the job's previous generations.
 
     Returns:
-        A sentence for the job's history and output, or ``None``: shrink and go on.
+        The class and a sentence for the job's history and output, or ``None``: shrink and go on.
     """
     if not members:
         return None
@@ -166,14 +223,17 @@ def user_error_verdict(
         if len(kinds) == 1:
             failure, error, step = kinds.pop()
             if failure is FailureClass.USER:
-                return f"user error: every member raised {error} at step {step}"
+                return Verdict(failure, f"user error: every member raised {error} at step {step}")
             if failure is FailureClass.RESOURCE:
-                return f"out of memory on every member at step {step}: lower max_local_batch or the model's size"
+                return Verdict(
+                    failure, f"out of memory on every member at step {step}: lower max_local_batch or the model's size"
+                )
     seen = {(r.error, r.step) for r in earlier if r.failure is FailureClass.USER}
     for report in reports:
         if report.failure is FailureClass.USER and (report.error, report.step) in seen:
-            return (
+            return Verdict(
+                FailureClass.USER,
                 f"user error: {report.worker} raised {report.error} at step {report.step} again after a rollback "
-                "to the last commit"
+                "to the last commit",
             )
     return None

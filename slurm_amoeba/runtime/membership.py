@@ -22,6 +22,7 @@ import dataclasses
 import enum
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError
+from slurm_amoeba.runtime.failures import ErrorReport, FailureClass, user_error_verdict
 from slurm_amoeba.runtime.protocol import (
     AssignAction,
     Assignment,
@@ -193,6 +194,8 @@ class Membership:
         self.history: list[GenerationRecord] = []
         self.allowed_sizes: tuple[int, ...] = ()
         self.lost_reason = ""
+        self.errors: list[ErrorReport] = []  # every worker's error event, oldest first
+        self.failure: FailureClass | None = None  # set when a failure that a retry repeats ended the job
         self._want_sent = 0
         self._abort_sent = 0
         self._no_show_streak: dict[str, int] = {}
@@ -236,6 +239,7 @@ class Membership:
             info.status, info.reason = WorkerStatus.LEFT, event.message or "left"
         elif kind is EventKind.ERROR:
             info.status, info.reason = WorkerStatus.FAILED, event.message
+            self.errors.append(ErrorReport.of(event, self.generation))
         elif kind is EventKind.DONE:
             info.status = WorkerStatus.DONE
             if self.plan is not None and all(self.workers[m].status is WorkerStatus.DONE for m in self.plan.members):
@@ -341,6 +345,7 @@ class Membership:
             if alive and now - info.last_heartbeat > self.config.heartbeat_timeout_s:
                 info.status = WorkerStatus.DEAD
                 info.reason = f"no heartbeat for {now - info.last_heartbeat:.1f} s"
+        self._maybe_end_on_failure(now)
         if self.phase is Phase.STARTING:
             pool = self._ready_pool(set())
             warming = any(i.status is WorkerStatus.REGISTERED for i in self.workers.values())
@@ -362,6 +367,17 @@ class Membership:
             self._maybe_form_next(now)
         actions, self._actions = self._actions, []
         return actions
+
+    def _maybe_end_on_failure(self, now: float) -> None:
+        """End the job (lost) when its members' errors are ones a retry repeats (runtime/failures.py)."""
+        if self.plan is None or self.phase.is_over() or not self.errors:
+            return
+        current = [e for e in self.errors if e.generation == self.generation]
+        earlier = [e for e in self.errors if e.generation != self.generation]
+        verdict = user_error_verdict(current, self.plan.members, earlier)
+        if verdict is not None:
+            self.failure = verdict.failure
+            self._finish(now, verdict.reason, Phase.LOST)
 
     def _maybe_abort(self) -> None:
         """Release the members forming (or receiving the state of) a generation that lost a member."""

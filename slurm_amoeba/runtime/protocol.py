@@ -99,6 +99,9 @@ class WorkerEvent:
         missing: for ``report``: members that had not arrived when forming the generation failed (empty when the
             generation formed, or failed later).
         message: for ``error``/``left``: why.
+        failure: for ``error``: its class (:class:`~slurm_amoeba.runtime.failures.FailureClass` value).
+        error: for ``error``: the exception's type name.
+        traceback: for ``error``: the end of the traceback (the agent prints it in the job's output).
     """
 
     kind: EventKind
@@ -114,6 +117,9 @@ class WorkerEvent:
     allowed_sizes: tuple[int, ...] = ()
     missing: tuple[str, ...] = ()
     message: str = ""
+    failure: str = ""
+    error: str = ""
+    traceback: str = ""
 
     def to_json(self) -> str:
         """Encode as JSON text."""

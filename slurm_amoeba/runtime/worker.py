@@ -53,7 +53,7 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
-from slurm_amoeba.runtime.failures import failure_message
+from slurm_amoeba.runtime.failures import error_fields
 from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
@@ -588,7 +588,7 @@ class WorkerRuntime:
             status = result.status
             return result
         except BaseException as exc:
-            self._push(EventKind.ERROR, step=state.step_index, message=failure_message(exc))
+            self._push(EventKind.ERROR, step=state.step_index, generation=self.generation, **error_fields(exc))
             raise
         finally:
             if self._checkpoints is not None:

@@ -7,6 +7,7 @@ agent's bookkeeping and history.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.groups import GroupState
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.failures import FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.slurm import JobState
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
@@ -150,17 +152,25 @@ def test_a_shrink_asks_workers_to_leave_then_releases_their_satellite(parts: Par
     assert slurm.cancelled == [101] and agent.groups[1].end_reason == "shrink" and coordinator.deaths == []
 
 
-def test_a_dead_worker_retires_its_group_and_the_satellite_goes_once_all_are_gone(parts: Parts) -> None:
+def test_a_dead_worker_retires_its_group_and_the_job_regrows_without_its_node(parts: Parts) -> None:
     agent, slurm, coordinator, _, clock = parts
-    grow_into_a_running_satellite(parts, 4)
+    agent.resize(4)
+    rounds(agent, clock)
+    slurm.records[101] = dataclasses.replace(slurm.records[101], state=JobState.RUNNING, nodes=("n3",))
+    coordinator.members("g1-0", "g1-1")
+    rounds(agent, clock)
     coordinator.statuses["g1-0"] = WorkerStatus.DEAD
     rounds(agent, clock)
-    assert coordinator.leave_requests == ["g1-1"] and agent.target == 2
-    assert events(agent)[-3:] == ["worker_lost", "group_retired", "target_lowered"]
+    # A worker that died without a word is an infrastructure failure: the target stays, a satellite replaces it.
+    assert coordinator.leave_requests == ["g1-1"] and agent.target == 4
+    assert events(agent)[-3:] == ["worker_lost", "group_retired", "satellite_submitted"]
+    assert agent.groups[1].failure is FailureClass.INFRASTRUCTURE
+    assert agent.groups[1].nodes == ("n3",)
+    assert "#SBATCH --exclude=n3" in slurm.submissions[-1].script
     coordinator.statuses["g1-1"] = WorkerStatus.LEFT
     rounds(agent, clock)
-    # The survivors were asked to leave: their satellite goes as after a shrink, without lowering anything more.
-    assert slurm.cancelled == [101] and agent.groups[1].end_reason == "shrink" and agent.target == 2
+    # The survivors were asked to leave: their satellite goes as after a shrink, without lowering anything.
+    assert slurm.cancelled == [101] and agent.groups[1].end_reason == "shrink" and agent.target == 4
 
 
 def test_a_failed_squeue_decides_nothing(parts: Parts) -> None:

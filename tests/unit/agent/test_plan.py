@@ -16,9 +16,11 @@ from slurm_amoeba.agent.plan import (
     Action,
     AskToLeave,
     CoordinatorSeen,
+    JobFailed,
     Limits,
     LowerTarget,
     MainGroupEnded,
+    NodeFailing,
     Observation,
     ReleaseSatellite,
     RetireGroup,
@@ -33,6 +35,7 @@ from slurm_amoeba.agent.plan import (
     workers_per_satellite,
 )
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.slurm import JobRecord, JobState
 from tests.unit.agent.fakes import next_round, squeue
@@ -47,6 +50,7 @@ MEMBER, LEFT, DONE, DEAD, FAILED, READY = (
     WorkerStatus.FAILED,
     WorkerStatus.READY,
 )
+USER, RESOURCE, INFRA = FailureClass.USER, FailureClass.RESOURCE, FailureClass.INFRASTRUCTURE
 
 
 def main_group() -> WorkerGroup:
@@ -59,6 +63,8 @@ def sat(
     state: GroupState = GroupState.RUNNING,
     *,
     leaving: Sequence[str] = (),
+    nodes: Sequence[str] = (),
+    failure: FailureClass | None = None,
 ) -> WorkerGroup:
     """Satellite group ``gN`` (Slurm job 100 + N), requested at N seconds; a running one runs since then."""
     index = int(name[1:])
@@ -72,6 +78,8 @@ def sat(
         float(index),
         running_at=float(index) if running else None,
         leaving=set(leaving),
+        nodes=tuple(nodes),
+        failure=failure,
     )
 
 
@@ -90,6 +98,9 @@ def seen(
     over_since: float | None = None,
     main_status: int | None = None,
     stop: str = "",
+    errors: Sequence[ErrorReport] = (),
+    failure: FailureClass | None = None,
+    lost_reason: str = "",
 ) -> Observation:
     """An observation; by default every worker of every running group is a member."""
     if workers is None:
@@ -98,7 +109,7 @@ def seen(
         now=NOW,
         target=target,
         groups=list(groups),
-        coordinator=CoordinatorSeen(phase, workers),
+        coordinator=CoordinatorSeen(phase, workers, tuple(errors), failure, lost_reason),
         satellites=satellites,
         training_over_since=over_since,
         main_step_status=main_status,
@@ -106,8 +117,12 @@ def seen(
     )
 
 
-def release(group: str, reason: str, *dead: str) -> ReleaseSatellite:
-    return ReleaseSatellite(group, 100 + int(group[1:]), reason, tuple(dead), NOW)
+def release(group: str, reason: str, *dead: str, failure: FailureClass | None = None) -> ReleaseSatellite:
+    return ReleaseSatellite(group, 100 + int(group[1:]), reason, tuple(dead), NOW, failure)
+
+
+def error(worker: str, failure: FailureClass = USER, gen: int = 3, step: int = 20) -> ErrorReport:
+    return ErrorReport(worker, gen, step, failure, "ValueError", "user error: ValueError: bad", "Traceback ...")
 
 
 G0 = main_group()
@@ -126,10 +141,20 @@ ROWS: list[tuple[str, Observation, Limits, list[Action]]] = [
      [MainGroupEnded(0)]),
     ("a failed main group ends the job with its failure", seen([G0], 2, main_status=137), LIMITS,
      [MainGroupEnded(137)]),
+    ("a user error the coordinator ended the job on ends it at once, with the error behind it",
+     seen([G0, G1], 4, {w: FAILED for w in ["g0-0", "g0-1", "g1-0", "g1-1"]}, phase=Phase.LOST, failure=USER,
+          lost_reason="user error: every member raised ValueError at step 20", main_status=1,
+          errors=[error("g0-0", INFRA, gen=1), error("g0-1"), error("g0-0"), error("g1-0"), error("g1-1")]),
+     LIMITS, [JobFailed(USER, "user error: every member raised ValueError at step 20", error("g0-1"))]),
+    ("a signal wins over a failure", seen([G0], 2, stop="signal SIGTERM", failure=USER), LIMITS,
+     [Stop("signal SIGTERM")]),
+    ("a lost job without a verdict waits for its main step as before",
+     seen([G0], 2, {"g0-0": FAILED, "g0-1": MEMBER}, phase=Phase.LOST, errors=[error("g0-0")], over_since=NOW),
+     LIMITS, []),
     # --- satellites as Slurm shows them
     ("a pending satellite that Slurm started runs now",
      seen([G0, G1_PENDING], 4, satellites={101: squeue(101)}), LIMITS,
-     [SatelliteStarted("g1", 101, NOW)]),
+     [SatelliteStarted("g1", 101, NOW, ("n1",))]),
     ("a pending satellite that still waits changes nothing",
      seen([G0, G1_PENDING], 4, satellites={101: squeue(101, JobState.PENDING, "Resources")}), LIMITS, []),
     ("a running satellite is noted running only once", seen([G0, G1], 4, satellites={101: squeue(101)}), LIMITS, []),
@@ -144,9 +169,20 @@ ROWS: list[tuple[str, Observation, Limits, list[Action]]] = [
     ("a satellite in an unknown state is released as gone",
      seen([G0, G1], 4, satellites={101: squeue(101, JobState.UNKNOWN)}), LIMITS,
      [release("g1", "satellite gone", "g1-0", "g1-1"), LowerTarget(2, 4)]),
-    ("a failed satellite is released with its state",
+    ("a satellite whose node failed is released as an infrastructure failure and the job regrows at once",
      seen([G0, G1], 4, satellites={101: squeue(101, JobState.NODE_FAIL)}), LIMITS,
-     [release("g1", "satellite node_fail", "g1-0", "g1-1"), LowerTarget(2, 4)]),
+     [release("g1", "satellite node_fail", "g1-0", "g1-1", failure=INFRA), SubmitSatellite("g2", 2, NOW, 2)]),
+    ("a satellite's regrowth excludes the node that failed under it",
+     seen([G0, sat("g1", 2, nodes=["n4"])], 4, satellites={101: squeue(101, JobState.NODE_FAIL)}), LIMITS,
+     [release("g1", "satellite node_fail", "g1-0", "g1-1", failure=INFRA),
+      SubmitSatellite("g2", 2, NOW, 2, ("n4",))]),
+    ("a satellite that Slurm ended out of memory is a resource failure: the target follows",
+     seen([G0, G1], 4, satellites={101: squeue(101, JobState.OUT_OF_MEMORY)}), LIMITS,
+     [release("g1", "satellite out_of_memory", "g1-0", "g1-1", failure=RESOURCE), LowerTarget(2, 4)]),
+    ("a satellite that failed after its workers reported a user error is not regrown",
+     seen([G0, G1], 4, {**members(G0), "g1-0": FAILED, "g1-1": FAILED}, errors=[error("g1-0"), error("g1-1")],
+          satellites={101: squeue(101, JobState.FAILED, "NonZeroExitCode")}), LIMITS,
+     [release("g1", "satellite failed", failure=USER), LowerTarget(2, 4)]),
     ("a satellite whose worker step died (its batch script exits) is released, its workers marked dead",
      seen([G0, G1], 4, satellites={101: squeue(101, JobState.FAILED, "NonZeroExitCode")}), LIMITS,
      [release("g1", "satellite failed", "g1-0", "g1-1"), LowerTarget(2, 4)]),
@@ -198,16 +234,33 @@ ROWS: list[tuple[str, Observation, Limits, list[Action]]] = [
      [release("g1", "training finished")]),
     ("a satellite whose workers left unasked is released and the target follows",
      seen([G0, G1], 4, {**members(G0), "g1-0": LEFT, "g1-1": FAILED}), LIMITS,
-     [release("g1", "its workers left (preempted or failed)"), LowerTarget(2, 4)]),
+     [release("g1", "its workers left (preempted or failed)", failure=USER), LowerTarget(2, 4)]),
+    ("a satellite whose workers died without a word is an infrastructure failure: regrow without its node",
+     seen([G0, sat("g1", 2, nodes=["n4"])], 4, {**members(G0), "g1-0": DEAD, "g1-1": DEAD}), LIMITS,
+     [release("g1", "its workers left (preempted or failed)", failure=INFRA),
+      SubmitSatellite("g2", 2, NOW, 2, ("n4",))]),
+    ("workers that reported a communication failure are an infrastructure failure",
+     seen([G0, sat("g1", 1, nodes=["n3"])], 3, {**members(G0), "g1-0": FAILED}, errors=[error("g1-0", INFRA)]),
+     LIMITS, [release("g1", "its workers left (preempted or failed)", failure=INFRA),
+              SubmitSatellite("g2", 1, NOW, 2, ("n3",))]),
+    ("a second infrastructure failure on one node names it to the daemon",
+     seen([G0, sat("g1", 2, GroupState.ENDED, nodes=["n4"], failure=INFRA), sat("g2", 2, nodes=["n4"])], 4,
+          {**members(G0), "g2-0": DEAD, "g2-1": DEAD}), LIMITS,
+     [release("g2", "its workers left (preempted or failed)", failure=INFRA), NodeFailing("n4", 2),
+      SubmitSatellite("g3", 2, NOW, 2, ("n4",))]),
+    ("a node where workers left on preemption is not excluded",
+     seen([G0, sat("g1", 2, GroupState.ENDED, nodes=["n4"]), sat("g2", 2, nodes=["n2"])], 4,
+          {**members(G0), "g2-0": LEFT, "g2-1": LEFT}), LIMITS,
+     [release("g2", "its workers left (preempted or failed)"), LowerTarget(2, 4)]),
     ("a worker that left on its own no longer counts",
      seen([G0, G1], 4, {**members(G0), "g1-0": MEMBER, "g1-1": LEFT}), LIMITS,
      [WorkerLost("g1", "g1-1", LEFT), LowerTarget(3, 4)]),
     ("a dead worker retires the rest of its group",
      seen([G0, G1], 4, {**members(G0), "g1-0": DEAD, "g1-1": MEMBER}), LIMITS,
-     [WorkerLost("g1", "g1-0", DEAD), RetireGroup("g1", ("g1-1",)), LowerTarget(2, 4)]),
+     [WorkerLost("g1", "g1-0", DEAD, INFRA), RetireGroup("g1", ("g1-1",)), SubmitSatellite("g2", 2, NOW, 2)]),
     ("a failed worker retires the rest of its group",
      seen([G0, sat("g1", 3)], 5, {**members(G0), "g1-0": MEMBER, "g1-1": MEMBER, "g1-2": FAILED}), LIMITS,
-     [WorkerLost("g1", "g1-2", FAILED), RetireGroup("g1", ("g1-0", "g1-1")), LowerTarget(2, 5)]),
+     [WorkerLost("g1", "g1-2", FAILED, USER), RetireGroup("g1", ("g1-0", "g1-1")), LowerTarget(2, 5)]),
     ("a worker asked to leave that left is no loss",
      seen([G0, sat("g1", 2, leaving=["g1-1"])], 3, {**members(G0), "g1-0": MEMBER, "g1-1": LEFT}), LIMITS, []),
     ("workers still warming up (not registered yet) are not lost",

@@ -81,3 +81,9 @@ def test_a_cpu_only_satellite_without_terms_asks_for_no_gpus_and_no_terms() -> N
     config = dataclasses.replace(CONFIG, spec=ElasticSpec(1, 4, gpus_per_worker=0), satellite_time_min=None)
     options = satellite_options(config, "g1", 4, ParentTerms())
     assert options.extra == () and options.time_min is None and options.mem_mb is None
+
+
+def test_a_satellite_excludes_the_nodes_where_the_job_lost_workers() -> None:
+    lines = satellite_script(CONFIG, "g4", 1, TERMS, ("n2", "n4")).splitlines()
+    assert [line for line in lines if "exclude" in line] == ["#SBATCH --exclude=n2,n4"]
+    assert satellite_options(CONFIG, "g4", 1, TERMS).exclude is None

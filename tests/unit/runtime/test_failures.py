@@ -118,7 +118,8 @@ def test_user_error_verdict_ends_the_job_only_for_a_failure_that_a_retry_repeats
     if expected is None:
         assert verdict is None
     else:
-        assert verdict is not None and verdict.startswith(expected), verdict
+        assert verdict is not None and verdict.reason.startswith(expected), verdict
+        assert verdict.failure is (RESOURCE if expected.startswith("out of memory") else USER)
 
 
 def test_user_error_verdict_without_members_decides_nothing() -> None:
@@ -141,6 +142,9 @@ def test_a_user_error_on_every_rank_ends_the_job_at_once_with_the_class_and_the_
         result = job.wait(90)
         logs = {w: job.log_tail(w, 40) for w in result.view.workers}
     assert result.phase.value == "lost", result
+    assert result.view.failure is USER and result.view.lost_reason.startswith("user error: every member raised")
+    assert {e.error for e in result.view.errors} == {"ValueError"} and len(result.view.errors) == 2
+    assert all("Traceback" in e.traceback for e in result.view.errors)
     (record,) = result.view.history
     assert record.ended_at is not None and record.ended_at - record.formed_at < 10
     for worker, info in result.view.workers.items():

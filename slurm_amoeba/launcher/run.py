@@ -26,10 +26,17 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from slurm_amoeba.agent.agent import Agent, AgentConfig
+from slurm_amoeba.agent.config import (
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_MAX_RESTARTS,
+    ENV_MAX_REQUEUES,
+    ENV_MAX_RESTARTS,
+    count_from_environ,
+)
 from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import (
     DEFAULT_CPUS_PER_WORKER,
@@ -102,6 +109,13 @@ def build_parser(job: JobEnv) -> argparse.ArgumentParser:
         default=job.daemon_endpoint,
         help="the amoebad endpoint to register with (default: AMOEBA_DAEMON_ENDPOINT; none: no daemon)",
     )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        default=os.environ.get("AMOEBA_RESTART", "") == "1",
+        help="the command is an unmodified torchrun-style script: restart it at each resize, with the torchrun "
+        "variables of the new size (default: AMOEBA_RESTART=1; docs/runtime.md, Unmodified torchrun scripts)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, e.g. python train.py")
     return parser
 
@@ -151,6 +165,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentC
     command = list(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         raise SpecError("amoeba-run needs a command to run, e.g. `amoeba-run python train.py`")
+    if args.restart:  # each worker slot runs the restart supervisor, which runs the command (launcher/restart.py)
+        command = [sys.executable, "-m", "slurm_amoeba.launcher.restart", "--", *command]
     if not env.get("SLURM_JOB_ID"):
         raise SpecError(
             "amoeba-run runs inside a Slurm job: submit the script with `amoeba-sbatch --elastic MIN:MAX job.sh` "
@@ -196,6 +212,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentC
         elastic_partition=args.elastic_partition,
         daemon_endpoint=args.daemon,
         main_het_group=alloc.het_group,
+        max_requeues=count_from_environ(env, ENV_MAX_REQUEUES, DEFAULT_MAX_REQUEUES),
+        max_restarts=count_from_environ(env, ENV_MAX_RESTARTS, DEFAULT_MAX_RESTARTS),
     )
 
 
@@ -213,7 +231,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as exc:
         print(f"amoeba-run: error: {exc}", file=sys.stderr)
         return 2
-    return Agent(config, CliSlurmClient(timeout=30)).run()
+    return Agent(config, CliSlurmClient(timeout=30), before_requeue=requeue_hook(job, config.job_id)).run()
+
+
+def requeue_hook(job: JobEnv, job_id: str) -> Callable[[], str] | None:
+    """For a job of :class:`~slurm_amoeba.launcher.executor.ElasticExecutor` (its folder in ``AMOEBA_JOB_FOLDER``):
+    submitit's ``checkpoint()`` convention before the job requeues itself (:func:`fn_worker.checkpoint_submission`)."""
+    if not job.job_folder:
+        return None
+    from slurm_amoeba.launcher.fn_worker import checkpoint_submission  # submitit: only executor jobs have it
+
+    folder = Path(job.job_folder)
+    return lambda: checkpoint_submission(folder, job_id)
 
 
 if __name__ == "__main__":

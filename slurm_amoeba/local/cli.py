@@ -10,7 +10,9 @@ While the job runs, type commands on stdin (one per line): ``add [K]`` (start K 
 ``kill ID`` (SIGKILL; the others roll back to the last commit and go on), ``stop ID``/``cont ID`` (SIGSTOP and
 SIGCONT: a hung worker, caught by the collective or heartbeat timeout), ``status`` and ``help``. ``--at S:CMD``
 runs a command S seconds after the start. Each flag also reads a default from ``AMOEBA_LOCAL_<FLAG>`` (e.g.
-``AMOEBA_LOCAL_WORKERS=4``). Exit status: 0 when the job finished, 1 when it was lost, 2 for bad usage.
+``AMOEBA_LOCAL_WORKERS=4``). ``--restart`` runs an unmodified torchrun-style script, restarted at each resize
+(:mod:`slurm_amoeba.launcher.restart`). Exit status: 0 when the job finished; when it was lost, the first worker's
+non-zero status (a script error's own status), else 1; 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -207,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=float(_env_default("timeout", "86400")), metavar="S", help="give up after S s"
     )
     parser.add_argument("--at", action="append", default=[], metavar="S:CMD", help="run CMD S seconds after start")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        default=_env_default("restart", "") == "1",
+        help="run an unmodified torchrun-style script, restarted at each resize (docs/runtime.md)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     return parser
 
@@ -222,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("amoeba-local: give the worker command after --, e.g. -- python train.py", file=sys.stderr)
         return 2
+    if args.restart:  # each worker slot runs the restart supervisor (slurm_amoeba.launcher.restart)
+        command = [sys.executable, "-m", "slurm_amoeba.launcher.restart", "--", *command]
     try:
         schedule = sorted((parse_at(text) for text in args.at), key=lambda item: item[0])
     except CommandError as exc:
@@ -275,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(describe(result.view), flush=True)
         if result.phase is Phase.LOST:
             print(f"amoeba-local: the job was lost: {result.view.lost_reason}", file=sys.stderr)
-            return 1
+            return next((code for code in result.returncodes.values() if code > 0), 1)
     return 0
 
 

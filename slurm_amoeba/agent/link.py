@@ -46,6 +46,7 @@ class DaemonLink:
         self._prefix = prefix
         self._registration: dict[str, Any] | None = None
         self._warned: set[str] = set()
+        self._munge_down = False
 
     def may_direct(self, uid: int) -> bool:
         """Whether the sender ``uid`` may resize the job: its owner, or the daemon's pinned uid."""
@@ -64,16 +65,26 @@ class DaemonLink:
         """Send to the daemon, expecting its pinned uid; None (logged) when nothing trusted answered."""
         assert self.endpoint is not None
         try:
-            return request(self.endpoint, message, timeout_s=timeout_s, retries=retries, expect_uid=self.daemon_uid)
+            reply = request(self.endpoint, message, timeout_s=timeout_s, retries=retries, expect_uid=self.daemon_uid)
         except ChannelError as exc:  # no answer, munged down (signing failed), or an answer from another uid
-            if "expected" in str(exc):
+            if exc.unsigned:  # munged restarting: the job goes on, the next report tries again
+                if not self._munge_down:
+                    self._munge_down = True
+                    log.warning(
+                        "%s munged does not sign the agent's messages (%s); the job goes on and the agent retries "
+                        "with every report",
+                        self._prefix,
+                        exc,
+                    )
+            elif "expected" in str(exc):
+                answerer = self.endpoint
                 if not self.configured:
                     self.endpoint = None  # nothing to pin: run without a daemon rather than report to a stranger
                 self._warn_once(
                     "identity",
                     "%s %s is not trusted: %s (the daemon's uid is %s); its answers and directives are ignored",
                     self._prefix,
-                    self.endpoint,
+                    answerer,
                     exc,
                     f"configured as {self.daemon_uid}"
                     if self.configured
@@ -82,6 +93,10 @@ class DaemonLink:
             else:
                 log.log(level, "%s %s to the daemon: %s", self._prefix, message.kind, exc)
             return None
+        if self._munge_down:
+            self._munge_down = False
+            log.warning("%s munged signs again: the %s reached the daemon", self._prefix, message.kind)
+        return reply
 
     def register(self, registration: Mapping[str, Any]) -> None:
         """Register the job (a ``register`` message's body); a daemon that does not answer is logged, not fatal."""

@@ -37,7 +37,16 @@ _MAX_FRAME = MAX_MESSAGE_BYTES + 8192  # payload + credential; larger frames are
 
 
 class ChannelError(AmoebaError):
-    """A request got no valid reply: timed out, refused, or the reply could not be authenticated."""
+    """A request got no valid reply: timed out, refused, or the reply could not be authenticated.
+
+    Attributes:
+        unsigned: the request was never sent because munged did not sign it (munged down or restarting): a hiccup
+            of this host, worth retrying, not a sign of the peer.
+    """
+
+    def __init__(self, message: str, *, unsigned: bool = False) -> None:
+        super().__init__(message)
+        self.unsigned = unsigned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +256,9 @@ def request_from(
     for attempt in range(retries + 1):
         try:
             frames = frames_for(message, destination(endpoint))  # a fresh credential per attempt: no replays
-        except (MungeError, ProtocolError) as exc:
+        except MungeError as exc:
+            raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}", unsigned=exc.unreachable) from None
+        except ProtocolError as exc:
             raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}") from None
         sock = ctx.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)

@@ -29,7 +29,7 @@ from slurm_amoeba.core.messages import MAX_EVENT_BYTES, MAX_MESSAGE_BYTES, Messa
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.transport import channel as channel_module
 from slurm_amoeba.transport.channel import ChannelServer, reply_destination, request
-from slurm_amoeba.transport.munge import MungeError, binding, seal, unseal
+from slurm_amoeba.transport.munge import EMUNGE_SOCKET, MungeError, binding, seal, unseal
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
 
 NOBODY = 65534
@@ -382,3 +382,40 @@ def test_a_munged_hiccup_costs_a_report_and_an_answer_never_the_agent(
         assert fresh.exchange(signed(Message("status", {}))).body["ok"]
     finally:
         fresh.close()
+
+
+def test_a_munged_restart_is_logged_once_and_its_end_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, munged: None
+) -> None:
+    server = ChannelServer("tcp://127.0.0.1:*")
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            req = server.receive(0.05)
+            if req is not None:
+                server.answer(req, req.message.reply())
+
+    def munged_down(payload: bytes, **_: object) -> bytes:
+        raise MungeError("Failed to connect to munged: Connection refused", EMUNGE_SOCKET)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    link = DaemonLink(server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+    try:
+        with caplog.at_level(logging.WARNING):
+            monkeypatch.setattr(channel_module, "seal", munged_down)
+            link.register(REGISTRATION)
+            for _ in range(3):
+                link.report({"job_id": "42"})
+            monkeypatch.undo()
+            link.register(REGISTRATION)
+            link.report({"job_id": "42"})
+        lines = [r.getMessage() for r in caplog.records]
+        assert sum("munged does not sign" in line for line in lines) == 1, lines
+        assert sum("munged signs again: the register reached the daemon" in line for line in lines) == 1, lines
+        assert link.registered and link.endpoint == server.endpoint, "the link kept its daemon"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()

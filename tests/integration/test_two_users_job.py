@@ -99,12 +99,15 @@ def daemon(slurm_cluster: ClusterHandle, tmp_path: Path) -> Iterator[DaemonProce
     proc.stop()
 
 
-def submit_a(job_env: dict[str, str], daemon: DaemonProcess, tmp_path: Path) -> str:
+def submit_a(
+    job_env: dict[str, str], daemon: DaemonProcess, tmp_path: Path, epochs: int = EPOCHS, dataset: int = DATASET
+) -> str:
+    """A's elastic job (1:2 workers of one GPU, ``examples/elastic_mlp.py`` with a ledger in ``tmp_path/ledger``)."""
     script = tmp_path / "job.sh"
     script.write_text(f'#!/bin/bash\nexec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n')
     script.chmod(0o755)
     argv = ["amoeba-sbatch", "--elastic", "1:2", "--gpus-per-worker", "1", f"--output={tmp_path}/agent-%j.out"]
-    args = ["--epochs", str(EPOCHS), "--dataset-size", str(DATASET), "--sample-delay", str(SAMPLE_DELAY)]
+    args = ["--epochs", str(epochs), "--dataset-size", str(dataset), "--sample-delay", str(SAMPLE_DELAY)]
     submitted = subprocess.run(
         [*argv, str(script), *args, "--ledger", str(tmp_path / "ledger")],
         capture_output=True,
@@ -191,6 +194,16 @@ def b_on_the_store(agent_log: Path) -> None:
         wait_until(f"A's coordinator to log B's {what}", functools.partial(logged, agent_log, line))
 
 
+def assert_finished_exactly_once(ledger: Path, handle: AgentHandle, epochs: int, dataset: int) -> None:
+    """Rank 0's result says finished with every sample, and the ledgers show each sample applied once an epoch."""
+    result = json.loads((ledger / "result.json").read_text())
+    assert result["status"] == "finished" and result["samples"] == epochs * dataset
+    counts = applied_samples(ledger, handle.history()["generations"])
+    assert sorted(counts) == list(range(epochs))
+    for epoch, counter in counts.items():
+        assert set(counter) == set(range(dataset)) and set(counter.values()) == {1}, f"epoch {epoch}"
+
+
 def test_user_b_cannot_touch_user_as_training_job(
     slurm_cluster: ClusterHandle, job_env: dict[str, str], daemon: DaemonProcess, tmp_path: Path
 ) -> None:
@@ -218,12 +231,7 @@ def test_user_b_cannot_touch_user_as_training_job(
 
         wait_until("A's job to end", lambda: client.accounting_state(int(job_id)).is_final(), timeout=90)
         assert client.accounting_state(int(job_id)) is JobState.COMPLETED, agent_log.read_text()[-3000:]
-        result = json.loads((tmp_path / "ledger" / "result.json").read_text())
-        assert result["status"] == "finished" and result["samples"] == EPOCHS * DATASET
-        counts = applied_samples(tmp_path / "ledger", handle.history()["generations"])
-        assert sorted(counts) == list(range(EPOCHS))
-        for epoch, counter in counts.items():
-            assert set(counter) == set(range(DATASET)) and set(counter.values()) == {1}, f"epoch {epoch}"
+        assert_finished_exactly_once(tmp_path / "ledger", handle, EPOCHS, DATASET)
     finally:
         if not client.accounting_state(int(job_id)).is_final():
             client.cancel(int(job_id))

@@ -335,7 +335,9 @@ def test_a_squatter_on_the_daemons_port_is_neither_registered_with_nor_obeyed(
     assert not reply.body["ok"] and agent.target == 2, "the squatter's resize is refused"
 
 
-def test_the_pinned_daemon_is_trusted(munged: None) -> None:
+@pytest.fixture
+def daemon_here(munged: None) -> Iterator[ChannelServer]:
+    """A daemon of this process's uid on loopback that answers every request "ok"."""
     server = ChannelServer("tcp://127.0.0.1:*")
     stop = threading.Event()
 
@@ -348,14 +350,18 @@ def test_the_pinned_daemon_is_trusted(munged: None) -> None:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        link = DaemonLink(server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
-        link.register(REGISTRATION)
-        assert link.registered and link.may_direct(os.getuid())
-        assert request(server.endpoint, Message("status", {}), expect_uid=os.getuid()).body["ok"]
+        yield server
     finally:
         stop.set()
         thread.join(timeout=5)
         server.close()
+
+
+def test_the_pinned_daemon_is_trusted(daemon_here: ChannelServer) -> None:
+    link = DaemonLink(daemon_here.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+    link.register(REGISTRATION)
+    assert link.registered and link.may_direct(os.getuid())
+    assert request(daemon_here.endpoint, Message("status", {}), expect_uid=os.getuid()).body["ok"]
 
 
 def test_a_munged_hiccup_costs_a_report_and_an_answer_never_the_agent(
@@ -385,37 +391,21 @@ def test_a_munged_hiccup_costs_a_report_and_an_answer_never_the_agent(
 
 
 def test_a_munged_restart_is_logged_once_and_its_end_too(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, munged: None
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, daemon_here: ChannelServer
 ) -> None:
-    server = ChannelServer("tcp://127.0.0.1:*")
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            req = server.receive(0.05)
-            if req is not None:
-                server.answer(req, req.message.reply())
-
     def munged_down(payload: bytes, **_: object) -> bytes:
         raise MungeError("Failed to connect to munged: Connection refused", EMUNGE_SOCKET)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    link = DaemonLink(server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
-    try:
-        with caplog.at_level(logging.WARNING):
-            monkeypatch.setattr(channel_module, "seal", munged_down)
-            link.register(REGISTRATION)
-            for _ in range(3):
-                link.report({"job_id": "42"})
-            monkeypatch.undo()
-            link.register(REGISTRATION)
+    link = DaemonLink(daemon_here.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+    with caplog.at_level(logging.WARNING):
+        monkeypatch.setattr(channel_module, "seal", munged_down)
+        link.register(REGISTRATION)
+        for _ in range(3):
             link.report({"job_id": "42"})
-        lines = [r.getMessage() for r in caplog.records]
-        assert sum("munged does not sign" in line for line in lines) == 1, lines
-        assert sum("munged signs again: the register reached the daemon" in line for line in lines) == 1, lines
-        assert link.registered and link.endpoint == server.endpoint, "the link kept its daemon"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        server.close()
+        monkeypatch.undo()
+        link.register(REGISTRATION)
+        link.report({"job_id": "42"})
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("munged does not sign" in line for line in lines) == 1, lines
+    assert sum("munged signs again: the register reached the daemon" in line for line in lines) == 1, lines
+    assert link.registered and link.endpoint == daemon_here.endpoint, "the link kept its daemon"

@@ -5,37 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
-import zmq
 
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, decode
 from slurm_amoeba.transport import channel
 from slurm_amoeba.transport.channel import ChannelError, ChannelServer, request
 from slurm_amoeba.transport.munge import MungeError, seal
-
-
-@pytest.fixture
-def server(munged: None) -> Iterator[ChannelServer]:
-    srv = ChannelServer("tcp://127.0.0.1:*")
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
-def _send_raw(endpoint: str, frames: list[bytes]) -> list[bytes]:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-        sock.send_multipart(frames)
-        assert sock.poll(5000), "no refusal came back"
-        return list(sock.recv_multipart())
-    finally:
-        sock.close()
+from tests.unit.transport.conftest import send_raw
 
 
 def _signed(payload: bytes, to: str) -> list[bytes]:
@@ -55,7 +32,7 @@ def test_a_hostile_request_gets_a_short_refusal_and_the_server_goes_on(server: C
     answers: list[Message] = []
     thread = threading.Thread(target=lambda: _serve_one(server, answers))
     thread.start()
-    reply = _send_raw(server.endpoint, _signed(payload, server.destination))
+    reply = send_raw(server.endpoint, _signed(payload, server.destination))
     refusal = decode(reply[1])
     assert refusal.body["ok"] is False and len(reply[1]) < 1000
     assert server.refusals == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -22,6 +21,7 @@ from slurm_amoeba.transport.munge import (
     seal,
     unseal,
 )
+from tests.unit.transport.conftest import send_raw
 
 PAYLOAD = b'{"v": 1}'
 
@@ -83,27 +83,6 @@ def test_the_replay_cache_refuses_a_second_use_and_forgets_old_ones() -> None:
     cache.check(b"b", now=23)
 
 
-@pytest.fixture
-def server(munged: None) -> Iterator[ChannelServer]:
-    srv = ChannelServer("tcp://127.0.0.1:*")
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
-def _exchange(endpoint: str, frames: list[bytes]) -> list[bytes]:
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-        sock.send_multipart(frames)
-        assert sock.poll(5000), "no answer"
-        return list(sock.recv_multipart())
-    finally:
-        sock.close(linger=0)
-
-
 def _serve(server: ChannelServer, count: int) -> threading.Thread:
     def run() -> None:
         for _ in range(count):
@@ -121,7 +100,7 @@ def test_the_server_refuses_a_request_made_for_another_port_and_says_why(server:
     message = Message("status", {})
     payload = encode(message)
     thread = _serve(server, 1)
-    credential, answer = _exchange(server.endpoint, [seal(payload, to="tcp port 6820"), payload])
+    credential, answer = send_raw(server.endpoint, [seal(payload, to="tcp port 6820"), payload])
     thread.join(10)
     reply = decode(answer)
     unseal(credential, answer, to=reply_destination(message.id))  # the refusal answers that request
@@ -133,8 +112,8 @@ def test_the_server_takes_a_credential_once(server: ChannelServer) -> None:
     payload = encode(Message("status", {}))
     frames = [seal(payload, to=server.destination), payload]
     thread = _serve(server, 2)
-    first = decode(_exchange(server.endpoint, frames)[1])
-    again = decode(_exchange(server.endpoint, frames)[1])
+    first = decode(send_raw(server.endpoint, frames)[1])
+    again = decode(send_raw(server.endpoint, frames)[1])
     thread.join(10)
     assert first.body["ok"] and not again.body["ok"] and "eplayed" in again.body["error"]
 

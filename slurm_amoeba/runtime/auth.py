@@ -11,22 +11,39 @@ store key it was written to, the sender, the sender's epoch (random per process)
 copied to another key, claimed by another sender, or altered fails; an :class:`Opener` that checks freshness also
 refuses a counter it has seen from that sender, epoch and key (a replayed value). A client without the secret can
 connect, but what it writes is refused, and it cannot impersonate a worker or the coordinator.
+
+:class:`JobAuth` is one process's view of that: it seals what the process writes, opens what it reads (a refused
+value is logged once, counted, and read as absent), and derives the per-generation token that hides a generation's
+keys (:func:`~slurm_amoeba.runtime.protocol.generation_space`). :func:`join_job` is a starting worker's handshake:
+it proves that it holds the secret with a sealed join request carrying a fresh nonce, and receives the worker id the
+coordinator issues (sealed, at a key named by the nonce).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import hmac
 import itertools
 import json
+import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from torch._C._distributed_c10d import Store, TCPStore
 
 from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.messages import quote
+from slurm_amoeba.core.runtime_env import ENV_WORKER_ID, WorkerEnv
+from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
+from slurm_amoeba.runtime.protocol import JOIN_KEY, WANT_KEY, JoinAnswer, JoinRequest, join_answer_key
+
+log = logging.getLogger(__name__)
 
 ENV_JOB_SECRET = "AMOEBA_JOB_SECRET"  # noqa: S105 - the variable's name, not a secret
 ENV_JOB_SECRET_FILE = "AMOEBA_JOB_SECRET_FILE"  # noqa: S105 - the variable's name
@@ -105,6 +122,10 @@ class JobKey:
             return cls(bytes.fromhex(text))
         except ValueError:
             raise SpecError(f"the job's secret in {where} is not hex text") from None
+
+    def derive(self, label: str) -> str:
+        """A value only holders of the secret can compute (32 hex digits), e.g. a generation's token."""
+        return hmac.new(self._secret, b"derive\0" + label.encode(), hashlib.sha256).hexdigest()[:32]
 
     def tag(self, key: str, sender: str, epoch: str, counter: int, text: str) -> str:
         """The HMAC-SHA256 of one sealed value (hex)."""
@@ -210,3 +231,123 @@ def _parse(raw: str | bytes) -> tuple[str, str, int, str, str]:
     ):
         return who, epoch, counter, text, tag
     raise AuthError("not a sealed value (fields s, e, n, m, h)")
+
+
+class JobAuth:
+    """One process's seals: what it writes as ``sender``, what it reads, and the tokens of generations.
+
+    Args:
+        key: the job's secret.
+        sender: this process's name (its worker id, or :data:`COORDINATOR`).
+    """
+
+    def __init__(self, key: JobKey, sender: str) -> None:
+        self.key = key
+        self.sealer = Sealer(key, sender)
+        self.opener = Opener(key)
+        self._tokens: dict[int, str] = {}
+        self._last_refused: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def token(self, generation: int) -> str:
+        """The token of ``generation``'s keys (derived from the secret: the same in every member)."""
+        with self._lock:
+            if generation not in self._tokens:
+                self._tokens[generation] = self.key.derive(f"generation {generation}")
+            return self._tokens[generation]
+
+    def put(self, store: Store, store_key: str, text: str) -> None:
+        """Write ``text`` sealed at ``store_key``."""
+        store.set(store_key, self.sealer.seal(store_key, text))
+
+    def read(self, store: Store, store_key: str, *, sender: str) -> str | None:
+        """The text ``sender`` sealed at ``store_key``; ``None`` while there is none, or only a refused value."""
+        if not store.check([store_key]):
+            return None
+        return self.opened(store_key, store.get(store_key), sender)
+
+    def opened(self, store_key: str, raw: bytes, sender: str) -> str | None:
+        """The text ``sender`` sealed in ``raw`` for ``store_key``, or ``None`` (logged once per value, counted)."""
+        with self._lock:
+            if self._last_refused.get(store_key) == raw:
+                return None
+        try:
+            return self.opener.open(store_key, raw, sender=sender)
+        except AuthError as exc:
+            with self._lock:
+                self._last_refused[store_key] = raw
+            log.warning("ignored the value at %s (it is not the job's): %s", store_key, exc)
+            return None
+
+    def all_sealed(self, store: Store, keys: Sequence[str], senders: Sequence[str]) -> bool:
+        """Whether every key holds a value its sender sealed."""
+        if not store.check(list(keys)):
+            return False
+        values = store.multi_get(list(keys))
+        return all(self.opened(k, v, s) is not None for k, v, s in zip(keys, values, senders, strict=True))
+
+    def want(self, store: Store) -> int:
+        """The generation the coordinator asked to end (``want``); 0 when none, or only a refused value."""
+        text = self.opened(WANT_KEY, store.get(WANT_KEY), COORDINATOR)
+        return int(text) if text is not None and text.isdigit() else 0
+
+
+#: How often a joining worker looks for the coordinator's answer.
+_JOIN_POLL_S = 0.002
+
+
+def join_job(env: WorkerEnv, key: JobKey) -> WorkerEnv:
+    """A starting worker's handshake: the worker id the coordinator issues (the launcher's is only a hint).
+
+    The request is sealed with the job's secret and carries a fresh nonce; the coordinator answers, sealed, at the
+    key the nonce names. The answer also names the job, so a worker pointed at another job's store fails.
+
+    Args:
+        env: the worker's environment contract (``worker_id`` is the launcher's hint).
+        key: the job's secret.
+
+    Returns:
+        ``env`` with the issued worker id.
+
+    Raises:
+        RuntimeTimeout: the store cannot be reached, or no answer came within the collective timeout (the secret is
+            not the job's, or no coordinator runs there).
+        RuntimeConfigError: the store belongs to another job.
+    """
+    where = f"{env.store_addr}:{env.store_port}"
+    timeout = env.collective_timeout_s
+    try:
+        store = TCPStore(env.store_addr, env.store_port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    except (RuntimeError, OSError) as exc:
+        raise RuntimeTimeout(f"cannot reach the coordinator's store at {where} within {timeout} s: {exc}") from None
+    nonce = secrets.token_hex(16)
+    store.queue_push(JOIN_KEY, Sealer(key, env.worker_id).seal(JOIN_KEY, JoinRequest(nonce, env.worker_id).to_json()))
+    answer_key = join_answer_key(nonce)
+    auth = JobAuth(key, env.worker_id)
+    deadline = time.monotonic() + timeout
+    while (text := auth.read(store, answer_key, sender=COORDINATOR)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeTimeout(
+                f"[{env.job_id}/{env.worker_id}] the coordinator at {where} did not answer the join request within "
+                f"{timeout:.0f} s: {ENV_JOB_SECRET} (or {ENV_JOB_SECRET_FILE}) is not this job's secret, or the "
+                "job's coordinator is not running there"
+            )
+        time.sleep(_JOIN_POLL_S)
+    try:
+        answer = JoinAnswer.from_json(text)
+    except ParseError as exc:
+        raise RuntimeConfigError(f"the coordinator at {where} answered the join request with {exc}") from None
+    if answer.job_id != env.job_id:
+        raise RuntimeConfigError(
+            f"[{env.job_id}/{env.worker_id}] the store at {where} belongs to job {answer.job_id!r}, not "
+            f"{env.job_id!r}; check AMOEBA_STORE_ADDR/PORT"
+        )
+    if answer.worker != env.worker_id:
+        log.info(
+            "[%s] the coordinator issued worker id %s (%s was %s)",
+            env.job_id,
+            answer.worker,
+            ENV_WORKER_ID,
+            env.worker_id,
+        )
+    return dataclasses.replace(env, worker_id=answer.worker)

@@ -447,13 +447,16 @@ def open_checkpoints(
         The writer, or ``None`` without a policy.
 
     Raises:
-        RuntimeConfigError: an ``AMOEBA_CHECKPOINT_*`` variable is malformed.
+        RuntimeConfigError: an ``AMOEBA_CHECKPOINT_*`` variable is malformed, or the store's run id is not one a
+            worker wrote (8 hex digits).
         StateError: the newest complete checkpoint does not fit the state.
     """
     policy = policy if policy is not None else CheckpointPolicy.from_environ(os.environ)
     if policy is None:
         return None
-    run_id = store.compare_set(RUN_ID_KEY, "", secrets.token_hex(4)).decode()
+    run_id = store.compare_set(RUN_ID_KEY, "", secrets.token_hex(4)).decode(errors="replace")
+    if not re.fullmatch(r"[0-9a-f]{8}", run_id):  # it names directories: never a path another store client chose
+        raise RuntimeConfigError(f"{prefix} the store's checkpoint run id {run_id[:40]!r} is not 8 hex digits")
     found = load_newest(policy.directory, prefix)
     if found is not None:
         tree, step = found

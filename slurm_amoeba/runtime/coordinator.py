@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import ipaddress
 import itertools
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,16 +38,15 @@ from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
 
-from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.runtime.auth import (
     COORDINATOR,
     ENV_JOB_SECRET,
     ENV_JOB_SECRET_FILE,
     AuthError,
+    JobAuth,
     JobKey,
-    Opener,
-    Sealer,
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
@@ -62,13 +64,17 @@ from slurm_amoeba.runtime.membership import (
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
     JOB_KEY,
+    JOIN_KEY,
     PROGRESS_KEY,
     WANT_KEY,
     GenerationPlan,
+    JoinAnswer,
+    JoinRequest,
     WorkerEvent,
     abort_key,
     assignment_key,
     heartbeat_key,
+    join_answer_key,
 )
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,8 @@ class CoordinatorConfig:
         advertise_addr: the address workers use to reach the store (a host name or IP reachable from every
             worker's node); ``127.0.0.1`` is only right when all workers run on this host.
         port: TCP port of the store; 0 picks a free one.
+        bind_addr: the address the store listens on; empty: ``advertise_addr`` when it is an IP address (the
+            node's address Slurm gave the agent; ``127.0.0.1`` in local mode), else every address.
         report_timeout_s: after a generation's first end report, how long to wait for the other members.
         heartbeat_timeout_s: a worker silent for longer is declared dead.
         admit_batch_window_s: how long ready joiners wait for joiners still warming up, to join in one switch.
@@ -103,6 +111,7 @@ class CoordinatorConfig:
     max_workers: int = 64
     advertise_addr: str = "127.0.0.1"
     port: int = 0
+    bind_addr: str = ""
     report_timeout_s: float = 10.0
     heartbeat_timeout_s: float = 10.0
     admit_batch_window_s: float = 30.0
@@ -158,6 +167,8 @@ class CoordinatorView:
         throughput: measured speed per world size.
         progress: rank 0's latest progress report (JSON object), if any.
         lost_reason: why the job was lost, if it was.
+        refused: store values and events refused so far (not sealed with the job's secret, replayed, or from a
+            worker the coordinator did not issue or that may not change what it claimed to).
         errors: every worker's error event, oldest first (runtime/failures.py).
         failure: the class of the failure that ended the job (a user error on every member, or again after a
             rollback), or None.
@@ -171,6 +182,7 @@ class CoordinatorView:
     throughput: dict[int, ThroughputStats]
     progress: dict[str, Any]
     lost_reason: str
+    refused: int = 0
     errors: tuple[ErrorReport, ...] = ()
     failure: FailureClass | None = None
 
@@ -182,6 +194,74 @@ class CoordinatorView:
     def ready_workers(self) -> list[str]:
         """Warm workers waiting for admission."""
         return [w for w, v in self.workers.items() if v.status is WorkerStatus.READY]
+
+
+class JoinDesk:
+    """Issues worker ids to the processes that prove they hold the job's secret (:func:`~slurm_amoeba.runtime.auth.
+    join_job`): a sealed join request with a nonce never seen before gets an id, sealed at the nonce's key.
+
+    Args:
+        auth: the coordinator's seals.
+        template: a valid worker environment of this job (ids are checked against its rules; names the job).
+        known: whether the membership already knows an id (a worker that registered, or that its launcher declared
+            dead before it joined).
+    """
+
+    def __init__(self, auth: JobAuth, template: WorkerEnv, known: Callable[[str], bool]) -> None:
+        self._auth, self._template, self._known = auth, template, known
+        self._issued: set[str] = set()
+        self._nonces: set[str] = set()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.refused = 0  # refusals beyond the opener's own count
+
+    def issued(self, worker: str) -> bool:
+        """Whether ``worker`` is an id this desk issued."""
+        with self._lock:
+            return worker in self._issued
+
+    def fresh_id(self) -> str:
+        """An id nobody has or asked for yet (``w0``, ``w1``, ...)."""
+        with self._lock:
+            return self._fresh_locked()
+
+    def _fresh_locked(self) -> str:
+        while True:
+            candidate = f"w{next(self._ids)}"
+            if candidate not in self._issued and not self._known(candidate):
+                return candidate
+
+    def issue(self, hint: str) -> str:
+        """The id for a joiner: its launcher's hint when that is a valid id no other worker had, else a fresh one."""
+        try:
+            dataclasses.replace(self._template, worker_id=hint)
+            valid = True
+        except SpecError:
+            valid = False
+        with self._lock:
+            worker = hint if valid and hint not in self._issued and not self._known(hint) else self._fresh_locked()
+            self._issued.add(worker)
+            return worker
+
+    def answer(self, store: TCPStore) -> None:
+        """Answer the join requests waiting in the store; refuse (log, count) what is not sealed or was seen."""
+        for _ in range(int(store.queue_len(JOIN_KEY))):
+            raw = store.queue_pop(JOIN_KEY, block=False)
+            try:
+                sender, text = self._auth.opener.sender_of(JOIN_KEY, raw)
+                request = JoinRequest.from_json(text)
+                if request.hint != sender or request.nonce in self._nonces:
+                    raise ParseError(f"a join request of {sender!r} that it did not make or was answered before")
+            except ParseError as exc:  # AuthError too (the opener counts those): only holders of the secret join
+                if not isinstance(exc, AuthError):
+                    self.refused += 1
+                log.warning("[%s/coordinator] ignored a join request: %s", self._template.job_id, exc)
+                continue
+            self._nonces.add(request.nonce)
+            worker = self.issue(request.hint)
+            answer = JoinAnswer(worker=worker, job_id=self._template.job_id)
+            self._auth.put(store, join_answer_key(request.nonce), answer.to_json())
+            log.debug("[%s/coordinator] issued worker id %s (hint %s)", self._template.job_id, worker, request.hint)
 
 
 class Coordinator:
@@ -218,7 +298,6 @@ class Coordinator:
         self._store: TCPStore | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._ids = itertools.count()
         self._heartbeats: dict[str, bytes] = {}
         self._progress: dict[str, Any] = {}
         self._progress_raw = b""
@@ -228,8 +307,10 @@ class Coordinator:
         self._prefix = f"[{config.job_id}/coordinator]"
         # The job's secret: what the coordinator and its workers put into the store is sealed with it (runtime/auth).
         self.job_key = JobKey.new()
-        self._sealer = Sealer(self.job_key, COORDINATOR)
-        self._opener = Opener(self.job_key)
+        self._auth = JobAuth(self.job_key, COORDINATOR)
+        self._sealer, self._opener = self._auth.sealer, self._auth.opener
+        self._desk = JoinDesk(self._auth, self._env_template, lambda w: w in self.membership.workers)
+        self._refused = 0  # refusals beyond the opener's and the desk's own counts
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -241,29 +322,25 @@ class Coordinator:
         """
         if self._store is not None:
             raise RuntimeConfigError(f"the coordinator of job {self.config.job_id!r} is already started")
+        bind = self.config.bind_addr or store_bind_address(self.config.advertise_addr)
         try:
-            store = TCPStore(
-                "0.0.0.0",  # noqa: S104 - workers on other nodes must reach it
-                self.config.port,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=datetime.timedelta(seconds=30),
-                use_libuv=True,
-            )
+            store = host_store(bind, self.config.port)
         except (RuntimeError, OSError) as exc:
             raise RuntimeConfigError(
-                f"cannot host the store of job {self.config.job_id!r} on port {self.config.port}: {exc}; "
-                "choose a free port or 0"
+                f"cannot host the store of job {self.config.job_id!r} at {bind} port {self.config.port}: {exc}; "
+                "choose a free port or 0, and an address of this host (bind_addr)"
             ) from None
         if self.config.secret_file:
             self.job_key.write(Path(self.config.secret_file))
-        store.set(JOB_KEY, json.dumps({"job_id": self.config.job_id}))
-        store.set(WANT_KEY, "0")
+        self._auth.put(store, JOB_KEY, json.dumps({"job_id": self.config.job_id}))
+        self._auth.put(store, WANT_KEY, "0")
         self._store = store
         self._thread = threading.Thread(target=self._loop, name=f"amoeba-coordinator-{self.config.job_id}")
         self._thread.daemon = True
         self._thread.start()
-        log.info("%s store on port %s, workers reach it at %s", self._prefix, self.port, self.config.advertise_addr)
+        log.info(
+            "%s store on %s port %s, workers reach it at %s", self._prefix, bind, self.port, self.config.advertise_addr
+        )
 
     def close(self) -> None:
         """Stop the membership thread and the store (workers still connected lose it)."""
@@ -294,12 +371,15 @@ class Coordinator:
     # ----------------------------------------------------------------------------------------------- launcher API
 
     def new_worker_id(self) -> str:
-        """A fresh worker id, unique within this coordinator (``w0``, ``w1``, ...)."""
+        """A fresh worker id, unique within this coordinator (``w0``, ``w1``, ...): a hint for a launcher to pass
+        (the coordinator issues it to the worker that asks with it first, see :meth:`_issue`)."""
         with self._lock:
-            while True:
-                candidate = f"w{next(self._ids)}"
-                if candidate not in self.membership.workers:
-                    return candidate
+            return self._desk.fresh_id()
+
+    @property
+    def refused(self) -> int:
+        """Store values and events refused so far (see :attr:`CoordinatorView.refused`)."""
+        return self._opener.refused + self._desk.refused + self._refused
 
     def worker_env(self, worker_id: str) -> dict[str, str]:
         """The environment contract for a worker to launch (see :mod:`slurm_amoeba.core.runtime_env`).
@@ -383,6 +463,7 @@ class Coordinator:
             lost_reason=m.lost_reason,
             errors=tuple(m.errors),
             failure=m.failure,
+            refused=self.refused,
         )
 
     def wait_until(self, predicate: Callable[[CoordinatorView], bool], timeout_s: float, what: str) -> CoordinatorView:
@@ -424,6 +505,7 @@ class Coordinator:
                 now = time.monotonic()
                 with self._lock:
                     deaths, self._deaths = self._deaths, []
+                self._desk.answer(self.store)
                 self._read_events(now)
                 with self._lock:
                     for worker_id, reason in deaths:
@@ -454,6 +536,11 @@ class Coordinator:
             raise RuntimeConfigError("the coordinator is not started; call start() first")
         return self._store
 
+    def _refuse(self, what: str, exc: Exception) -> None:
+        if not isinstance(exc, AuthError):  # the opener counted its own refusals
+            self._refused += 1
+        log.warning("%s ignored %s: %s", self._prefix, what, exc)
+
     def _read_events(self, now: float) -> None:
         store = self.store
         count = int(store.queue_len(EVENTS_KEY))
@@ -464,14 +551,17 @@ class Coordinator:
                 event = WorkerEvent.from_json(text)
                 if event.worker != sender:
                     raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
+                if not self._desk.issued(sender):
+                    raise ParseError(f"{sender!r} is no worker id this coordinator issued")
             except ParseError as exc:  # AuthError too: only holders of the job's secret are heard
-                log.warning("%s ignored an event: %s", self._prefix, exc)
+                self._refuse("an event", exc)
                 continue
             log.debug("%s event %s", self._prefix, event)
             if event.kind.value in ("error", "left"):
                 log.info("%s worker %s %s: %s", self._prefix, event.worker, event.kind.value, event.message)
             with self._lock:
-                self.membership.handle(event, now)
+                if not self.membership.handle(event, now):
+                    self._refuse("an event", ParseError(f"{sender!r} may not change what it claimed: {event}"))
 
     def _read_heartbeats(self, now: float) -> None:
         with self._lock:
@@ -505,12 +595,16 @@ class Coordinator:
             return
         self._progress_raw = raw
         try:
-            progress = json.loads(self._opener.open(PROGRESS_KEY, raw, fresh=True))
+            sender, text = self._opener.sender_of(PROGRESS_KEY, raw)
+            progress = json.loads(text)
             size = int(progress["world_size"])
             rate = float(progress["samples_per_s"])
             step_time = float(progress["step_time_s"])
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("%s ignored a malformed progress report: %s", self._prefix, exc)
+        except (ValueError, KeyError, TypeError) as exc:  # AuthError too
+            self._refuse("a progress report", exc)
+            return
+        if sender not in self.membership.live_members():
+            self._refuse("a progress report", ParseError(f"{sender!r} is no member of the current generation"))
             return
         with self._lock:
             self._progress = progress
@@ -527,10 +621,10 @@ class Coordinator:
         for action in actions:
             if isinstance(action, SetWant):
                 log.info("%s asking generation %s to end at its next step boundary", self._prefix, action.generation)
-                store.set(WANT_KEY, str(action.generation))
+                self._auth.put(store, WANT_KEY, str(action.generation))
             elif isinstance(action, AbortGeneration):
                 log.info("%s generation %s cannot form: %s", self._prefix, action.generation, action.reason)
-                store.set(abort_key(action.generation), action.reason)
+                self._auth.put(store, abort_key(action.generation, self._auth.token(action.generation)), action.reason)
             else:
                 assignment = action.assignment
                 if assignment.plan is not None and assignment.plan.source == action.worker:
@@ -545,8 +639,7 @@ class Coordinator:
                         plan.rollback,
                         plan.start_step,
                     )
-                key = assignment_key(action.worker, action.seq)
-                store.set(key, self._sealer.seal(key, assignment.to_json()))
+                self._auth.put(store, assignment_key(action.worker, action.seq), assignment.to_json())
 
 
 def _worker_view(info: WorkerInfo, now: float) -> WorkerView:
@@ -559,3 +652,50 @@ def _worker_view(info: WorkerInfo, now: float) -> WorkerView:
         leave_requested=info.leave_requested,
         reason=info.reason,
     )
+
+
+def store_bind_address(advertise_addr: str) -> str:
+    """Where the store listens when the configuration does not say: the address workers use when it is an IP
+    address (the node's address Slurm gave the agent), else every address (a host name may resolve to a loopback
+    address here, e.g. ``127.0.1.1``, which other nodes cannot reach)."""
+    try:
+        return str(ipaddress.ip_address(advertise_addr))
+    except ValueError:
+        return "0.0.0.0"  # noqa: S104 - a host name: every address; the HMAC still guards the job's keys
+
+
+def host_store(bind: str, port: int) -> TCPStore:
+    """The job's store, listening on ``bind`` only.
+
+    torch's TCPStore server listens on every address whatever host it is given; a socket bound here and handed to
+    it (``master_listen_fd``, libuv backend) is the way to listen on one address (docs/runtime.md, section 10).
+
+    Raises:
+        OSError: the address cannot be bound (not this host's, or the port is taken).
+        RuntimeError: torch refused the socket.
+    """
+    family = socket.AF_INET6 if ipaddress.ip_address(bind).version == 6 else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind, port))
+        listener.listen(128)
+        bound_port = int(listener.getsockname()[1])
+    except OSError:
+        listener.close()
+        raise
+    own = "127.0.0.1" if bind == "0.0.0.0" else "::1" if bind == "::" else bind  # noqa: S104 - compared, not bound
+    fd = listener.detach()  # torch owns (and closes) the socket once it took it
+    try:
+        return TCPStore(
+            own,
+            bound_port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=30),
+            master_listen_fd=fd,
+            use_libuv=True,
+        )
+    except (RuntimeError, OSError):
+        os.close(fd)
+        raise

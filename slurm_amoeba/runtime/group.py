@@ -27,6 +27,7 @@ from torch._C._distributed_c10d import PrefixStore, Store
 from torch.distributed import distributed_c10d
 
 from slurm_amoeba.core.runtime_env import TORCHRUN_VARIABLES
+from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth
 from slurm_amoeba.runtime.errors import WorkerFailure
 from slurm_amoeba.runtime.protocol import GenerationPlan, abort_key, arrival_key, group_prefix
 from slurm_amoeba.runtime.topology import Generation
@@ -59,12 +60,14 @@ class GroupSettings:
         device: its torch device.
         backend: ``gloo`` or ``nccl``.
         timeout_s: deadline of the arrival wait and of every collective of the group.
+        auth: its seals: what it writes and reads in the store is sealed, under the generation's token.
     """
 
     worker_id: str
     device: torch.device
     backend: str
     timeout_s: float
+    auth: JobAuth
 
 
 def describe(plan: GenerationPlan, settings: GroupSettings) -> Generation:
@@ -82,10 +85,9 @@ def describe(plan: GenerationPlan, settings: GroupSettings) -> Generation:
     )
 
 
-def aborted(store: Store, generation: int) -> str | None:
+def aborted(store: Store, generation: int, auth: JobAuth) -> str | None:
     """The coordinator's reason to abort ``generation``, or ``None``."""
-    key = abort_key(generation)
-    return store.get(key).decode(errors="replace") if store.check([key]) else None
+    return auth.read(store, abort_key(generation, auth.token(generation)), sender=COORDINATOR)
 
 
 def wait_for_members(store: Store, plan: GenerationPlan, settings: GroupSettings) -> None:
@@ -94,11 +96,12 @@ def wait_for_members(store: Store, plan: GenerationPlan, settings: GroupSettings
     Raises:
         FormationFailed: the coordinator aborted the generation, or the deadline passed; it names who was missing.
     """
-    store.set(arrival_key(plan.generation, settings.worker_id), "1")
-    keys = [arrival_key(plan.generation, m) for m in plan.members]
+    auth, token = settings.auth, settings.auth.token(plan.generation)
+    auth.put(store, arrival_key(plan.generation, token, settings.worker_id), "1")
+    keys = [arrival_key(plan.generation, token, m) for m in plan.members]
     deadline = time.monotonic() + settings.timeout_s
-    while not store.check(keys):
-        reason = aborted(store, plan.generation)
+    while not auth.all_sealed(store, keys, plan.members):
+        reason = aborted(store, plan.generation, auth)
         if reason is not None or time.monotonic() > deadline:
             missing = tuple(m for m, k in zip(plan.members, keys, strict=True) if not store.check([k]))
             why = reason or f"not every member arrived within {settings.timeout_s:.0f} s"
@@ -127,7 +130,7 @@ def form_group(store: Store, plan: GenerationPlan, settings: GroupSettings) -> G
     try:
         dist.init_process_group(
             settings.backend,
-            store=PrefixStore(group_prefix(plan.generation), store),
+            store=PrefixStore(group_prefix(plan.generation, settings.auth.token(plan.generation)), store),
             rank=generation.rank,
             world_size=plan.world_size,
             timeout=datetime.timedelta(seconds=settings.timeout_s),

@@ -215,12 +215,18 @@ class Membership:
         self._actions.append(SendAssignment(info.worker_id, info.assignments_sent, assignment))
         info.assignments_sent += 1
 
-    def handle(self, event: WorkerEvent, now: float) -> None:
+    def handle(self, event: WorkerEvent, now: float) -> bool:
         """Take in one worker event.
+
+        Only members of the current generation may change what members share: a ``ready`` event of another worker
+        after the first generation formed makes it ready, but its ``allowed_sizes`` are not taken.
 
         Args:
             event: the event.
             now: the coordinator's clock.
+
+        Returns:
+            False when a part of the event was refused (the caller counts it), else True.
         """
         info = self._info(event.worker, now)
         info.last_heartbeat = max(info.last_heartbeat, now)
@@ -230,6 +236,10 @@ class Membership:
             if not info.status.is_gone():
                 info.status = WorkerStatus.REGISTERED
         elif kind is EventKind.READY:
+            shares = self.phase is Phase.STARTING or event.worker in self.live_members()
+            if event.allowed_sizes and event.allowed_sizes != self.allowed_sizes and not shares:
+                self._make_ready(info, now)
+                return False
             if event.allowed_sizes:
                 self.allowed_sizes = event.allowed_sizes
             self._make_ready(info, now)
@@ -244,6 +254,7 @@ class Membership:
             info.status = WorkerStatus.DONE
             if self.plan is not None and all(self.workers[m].status is WorkerStatus.DONE for m in self.plan.members):
                 self._finish(now, "finished", Phase.FINISHED)
+        return True
 
     def _make_ready(self, info: WorkerInfo, now: float) -> None:
         info.status, info.ready_at = WorkerStatus.READY, now

@@ -1,11 +1,15 @@
 """The worker <-> coordinator protocol over the job's TCPStore: key names and JSON messages.
 
-Everything in the store is JSON text (never pickle). Workers push :class:`WorkerEvent`\\ s onto one queue; the
+Everything in the store is JSON text (never pickle), and every value the runtime reads is sealed with the job's
+secret (:mod:`slurm_amoeba.runtime.auth`). A starting worker pushes a join request onto ``join`` and receives the
+worker id the coordinator issues at ``joined/<nonce>``. Workers push :class:`WorkerEvent`\\ s onto one queue; the
 coordinator answers each worker with numbered :class:`Assignment`\\ s (``assign/<worker>/<seq>``), publishes the
-generation it wants to end (``want``), and reads heartbeats and progress. Process groups of generation ``g`` use
-the same store under the prefix ``gen<g>/``; before forming one, each member marks its arrival there
-(``gen<g>/arrived/<worker>``) and waits for the others, or for the coordinator's ``gen<g>/abort`` when a member
-died or failed (DESIGN.md, layer ``runtime/``).
+generation it wants to end (``want``), and reads heartbeats and progress. Everything of generation ``g`` lives under
+``gen<g>.<token>/``, where the token is derived from the job's secret (``JobKey.derive``): a client without the
+secret cannot even name those keys. Before forming a process group, each member
+marks its arrival there (``arrived/<worker>``) and waits for the others, or for the coordinator's ``abort`` when a
+member died or failed; the state source publishes its ``manifest``; the process group itself uses ``pg/``
+(DESIGN.md, layer ``runtime/``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ EVENTS_KEY = PREFIX + "events"
 WANT_KEY = PREFIX + "want"
 PROGRESS_KEY = PREFIX + "progress"
 JOB_KEY = PREFIX + "job"
+JOIN_KEY = PREFIX + "join"
 
 
 def heartbeat_key(worker_id: str) -> str:
@@ -34,24 +39,34 @@ def assignment_key(worker_id: str, seq: int) -> str:
     return f"{PREFIX}assign/{worker_id}/{seq}"
 
 
-def manifest_key(generation: int) -> str:
+def join_answer_key(nonce: str) -> str:
+    """Key where the coordinator answers the join request carrying ``nonce`` (the issued worker id)."""
+    return f"{PREFIX}joined/{nonce}"
+
+
+def generation_space(generation: int, token: str) -> str:
+    """Where everything of a generation lives; ``token`` comes from the job's secret (``JobAuth.token``)."""
+    return f"{PREFIX}gen{generation}.{token}/"
+
+
+def manifest_key(generation: int, token: str) -> str:
     """Key where the state source of a generation publishes its state manifest."""
-    return f"{PREFIX}gen{generation}/manifest"
+    return generation_space(generation, token) + "manifest"
 
 
-def arrival_key(generation: int, worker_id: str) -> str:
+def arrival_key(generation: int, token: str, worker_id: str) -> str:
     """Key a member sets when it starts forming the process group of a generation."""
-    return f"{PREFIX}gen{generation}/arrived/{worker_id}"
+    return f"{generation_space(generation, token)}arrived/{worker_id}"
 
 
-def abort_key(generation: int) -> str:
+def abort_key(generation: int, token: str) -> str:
     """Key the coordinator sets when a generation cannot form: a member died or failed while it formed."""
-    return f"{PREFIX}gen{generation}/abort"
+    return generation_space(generation, token) + "abort"
 
 
-def group_prefix(generation: int) -> str:
-    """Store prefix of the process group of a generation."""
-    return f"{PREFIX}gen{generation}/pg"
+def group_prefix(generation: int, token: str) -> str:
+    """Store prefix of the process group of a generation (torch's own rendezvous keys, which cannot be sealed)."""
+    return generation_space(generation, token) + "pg"
 
 
 def _load(text: str | bytes, what: str) -> dict[str, Any]:
@@ -282,3 +297,67 @@ class Assignment:
             reason=str(data.get("reason", "")),
             checkpoint=data.get("checkpoint") is True,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinRequest:
+    """A starting worker asks the coordinator for its id.
+
+    Attributes:
+        nonce: fresh random hex (32 digits) naming the answer's key; a nonce seen before is refused.
+        hint: the id its launcher suggests (``AMOEBA_WORKER_ID``); the coordinator issues it when it is free.
+    """
+
+    nonce: str
+    hint: str
+
+    def to_json(self) -> str:
+        """Encode as JSON text."""
+        return json.dumps({"nonce": self.nonce, "hint": self.hint}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JoinRequest:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: not a join request, or its nonce is not 32 hex digits.
+        """
+        data = _load(text, "join request")
+        nonce, hint = data.get("nonce"), data.get("hint")
+        if not isinstance(nonce, str) or not isinstance(hint, str) or len(nonce) != 32 or not _is_hex(nonce):
+            raise ParseError("not a join request (nonce: 32 hex digits, hint: text)", source="join request")
+        return cls(nonce=nonce, hint=hint)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinAnswer:
+    """The coordinator's answer to a :class:`JoinRequest`.
+
+    Attributes:
+        worker: the issued worker id.
+        job_id: the job's name (the worker checks it is the job its launcher meant).
+    """
+
+    worker: str
+    job_id: str
+
+    def to_json(self) -> str:
+        """Encode as JSON text."""
+        return json.dumps({"worker": self.worker, "job_id": self.job_id}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JoinAnswer:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: not a join answer.
+        """
+        data = _load(text, "join answer")
+        worker, job_id = data.get("worker"), data.get("job_id")
+        if not isinstance(worker, str) or not isinstance(job_id, str):
+            raise ParseError("not a join answer (worker, job_id: text)", source="join answer")
+        return cls(worker=worker, job_id=job_id)

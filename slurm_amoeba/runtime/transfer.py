@@ -36,16 +36,16 @@ def _failed(plan: GenerationPlan, what: str, exc: BaseException) -> WorkerFailur
 
 
 def _wait_manifest(store: Store, plan: GenerationPlan, settings: GroupSettings) -> dict[str, Any]:
-    key = manifest_key(plan.generation)
+    key = manifest_key(plan.generation, settings.auth.token(plan.generation))
     deadline = time.monotonic() + settings.timeout_s
-    while not store.check([key]):
-        reason = aborted(store, plan.generation)
+    while (text := settings.auth.read(store, key, sender=plan.source)) is None:
+        reason = aborted(store, plan.generation, settings.auth)
         if reason is not None:
             raise _failed(plan, "state manifest wait", RuntimeError(f"aborted by the coordinator: {reason}"))
         if time.monotonic() > deadline:
             raise _failed(plan, "state manifest wait", TimeoutError(f"no {key} from {plan.source}"))
         time.sleep(0.001)
-    manifest: dict[str, Any] = json.loads(store.get(key))
+    manifest: dict[str, Any] = json.loads(text)
     return manifest
 
 
@@ -76,7 +76,8 @@ def sync_state(store: Store, plan: GenerationPlan, settings: GroupSettings, stat
     problem: str | None = None
     if source:
         manifest, tensors = state.encode()
-        store.set(manifest_key(plan.generation), json.dumps(manifest))
+        key = manifest_key(plan.generation, settings.auth.token(plan.generation))
+        settings.auth.put(store, key, json.dumps(manifest))
     else:
         manifest = _wait_manifest(store, plan, settings)
         problem = state.check_compatible(manifest)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
-from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobKey, Opener, Sealer
+from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobAuth, JobKey, join_job
 from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
     JobLostError,
@@ -64,7 +64,6 @@ from slurm_amoeba.runtime.group import (
 )
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
-    JOB_KEY,
     PROGRESS_KEY,
     WANT_KEY,
     AssignAction,
@@ -106,7 +105,8 @@ def init(environ: Mapping[str, str] | None = None) -> WorkerRuntime:
     if _runtime is not None:
         raise RuntimeConfigError("slurm_amoeba.runtime.init() was already called in this process")
     env = WorkerEnv.from_environ(os.environ if environ is None else environ)
-    runtime = WorkerRuntime(env, JobKey.from_environ(os.environ if environ is None else environ))
+    key = JobKey.from_environ(os.environ if environ is None else environ)
+    runtime = WorkerRuntime(join_job(env, key), key)  # the coordinator issues the worker's id (runtime/auth)
     runtime.start()
     _runtime = runtime
     return runtime
@@ -163,8 +163,8 @@ class WorkerRuntime:
     def __init__(self, env: WorkerEnv, key: JobKey) -> None:
         self.env = env
         self.worker_id = env.worker_id
-        self._sealer = Sealer(key, env.worker_id)  # what it writes for the coordinator (runtime/auth)
-        self._opener = Opener(key)  # what the coordinator writes for it
+        self._auth = JobAuth(key, env.worker_id)  # seals what it writes, opens what it reads (runtime/auth)
+        self._sealer, self._opener = self._auth.sealer, self._auth.opener
         self.prefix = f"[{env.job_id}/{env.worker_id}]"
         self.device = pick_device(env, self.prefix)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -214,12 +214,6 @@ class WorkerRuntime:
                 f"{self.prefix} cannot reach the coordinator's store at {self.env.store_addr}:"
                 f"{self.env.store_port} within {self.env.collective_timeout_s} s: {exc}"
             ) from None
-        job = json.loads(self.store.get(JOB_KEY))
-        if job.get("job_id") != self.env.job_id:
-            raise RuntimeConfigError(
-                f"{self.prefix} the store at {self.env.store_addr}:{self.env.store_port} belongs to job "
-                f"{job.get('job_id')!r}, not {self.env.job_id!r}; check AMOEBA_STORE_ADDR/PORT"
-            )
         self._beat(self.store, time.time())
         self._push(EventKind.REGISTERED, pid=os.getpid(), host=socket.gethostname())
         if threading.current_thread() is threading.main_thread():
@@ -264,7 +258,7 @@ class WorkerRuntime:
                         report = json.dumps(self._progress_report(now))
                         store.set(PROGRESS_KEY, self._sealer.seal(PROGRESS_KEY, report))
                 generation = self.generation
-                if generation and self._change_seen_in != generation and int(store.get(WANT_KEY)) == generation:
+                if generation and self._change_seen_in != generation and self._auth.want(store) == generation:
                     self._change_seen_in = generation
                 warned = False
             except (RuntimeError, ValueError) as exc:
@@ -436,6 +430,7 @@ class WorkerRuntime:
             device=self.device,
             backend=self.backend,
             timeout_s=self.env.collective_timeout_s,
+            auth=self._auth,
         )
 
     def _enter(self, plan: GenerationPlan, state: TorchState) -> GenerationTiming:

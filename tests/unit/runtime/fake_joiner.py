@@ -18,7 +18,7 @@ from typing import Any
 from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
-from slurm_amoeba.runtime.auth import COORDINATOR, JobKey, Opener, Sealer
+from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth, JobKey, join_job
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
     AssignAction,
@@ -35,11 +35,12 @@ class Fake:
     """The protocol side of a worker, without training."""
 
     def __init__(self) -> None:
-        self.env = WorkerEnv.from_environ(os.environ)
+        key = JobKey.from_environ(os.environ)  # it holds the job's secret, as every worker the job launched
+        self.env = join_job(WorkerEnv.from_environ(os.environ), key)  # and asks the coordinator for its id
         timeout = datetime.timedelta(seconds=30)
         self.store = TCPStore(self.env.store_addr, self.env.store_port, is_master=False, timeout=timeout)
-        key = JobKey.from_environ(os.environ)  # it holds the job's secret, as every worker the job launched
-        self.sealer, self.opener = Sealer(key, self.env.worker_id), Opener(key)
+        self.auth = JobAuth(key, self.env.worker_id)
+        self.sealer, self.opener = self.auth.sealer, self.auth.opener
 
     def push(self, kind: EventKind, **fields: Any) -> None:
         event = WorkerEvent(kind=kind, worker=self.env.worker_id, time=time.time(), **fields)
@@ -75,7 +76,7 @@ def main(mode: str) -> int:
         if mode == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         generation = assignment.plan.generation
-        fake.wait_for(abort_key(generation))
+        fake.wait_for(abort_key(generation, fake.auth.token(generation)))
         fake.push(EventKind.REPORT, generation=generation, step=-1, committed_step=-1, failed=True)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,8 +23,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from slurm_amoeba import runtime as amoeba
+from slurm_amoeba.runtime.auth import JobAuth, JobKey
 from slurm_amoeba.runtime.fsdp import Built, ShardedState
-from slurm_amoeba.runtime.protocol import WANT_KEY
 
 DATASET = 100
 RELEASE_KEY = "test/release"  # the holds of toy_train.py (this file runs as a script, outside the tests package)
@@ -76,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         state = amoeba.TorchState(built.model, built.optimizer, sampler, schedulers=built.schedulers, scaler=scaler)
     ledger_path = args.out / f"ledger-{runtime.worker_id}.jsonl"
 
+    wanted = JobAuth(JobKey.from_environ(os.environ), "hold").want  # the coordinator's sealed "want"
+
     def hold(step: int) -> None:
         store = runtime.store
         deadline = time.monotonic() + 120
-        while int(store.get(RELEASE_KEY)) <= step and int(store.get(WANT_KEY)) != runtime.generation:
+        while int(store.get(RELEASE_KEY)) <= step and wanted(store) != runtime.generation:
             if runtime.rank == 0:
                 store.set(HELD_KEY, str(step))
             if time.monotonic() > deadline:

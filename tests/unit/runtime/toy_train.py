@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
-from slurm_amoeba.runtime.protocol import WANT_KEY
+from slurm_amoeba.runtime.auth import JobAuth, JobKey
 
 RELEASE_KEY = "test/release"
 HELD_KEY = "test/held"
@@ -78,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     ledger_path = args.out / f"ledger-{worker}.jsonl"
     loss_fn = torch.nn.MSELoss()
 
+    wanted = JobAuth(JobKey.from_environ(os.environ), "hold").want  # the coordinator's sealed "want"
+
     def hold(step: int) -> None:
         deadline = time.monotonic() + 120
         store = runtime.store
         while int(store.get(RELEASE_KEY)) <= step:
-            if int(store.get(WANT_KEY)) == runtime.generation:
+            if wanted(store) == runtime.generation:
                 return  # a membership change is pending: it needs steps to be agreed on
             if runtime.rank == 0:
                 store.set(HELD_KEY, str(step))

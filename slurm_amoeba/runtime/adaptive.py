@@ -149,9 +149,12 @@ class AdaptiveBatch:
         smoothing: the noise-scale averages' weight of the past, per step (see
             :class:`~slurm_amoeba.runtime.gns.GradientNoiseScale`).
         choose: pick the batch itself; ``False`` measures and reports only (the batch then changes only through
-            ``sampler.set_global_batch`` between steps, e.g. from your own rule).
+            :meth:`set_global_batch`, e.g. from your own rule).
         max_growth: the largest factor by which one decision grows the batch.
         overhead_prior: the share of a step's time assumed fixed while only one batch size was measured.
+        measure_every: measure the noise scale in one step of this many (the step time is summed in every step);
+            1 measures every step (on a CPU-only job, where each measurement reads the gradient two or three
+            times at memory speed, a larger value makes its cost proportionally smaller).
 
     Raises:
         RuntimeConfigError: an unknown rule, or a setting out of range.
@@ -165,12 +168,14 @@ class AdaptiveBatch:
         choose: bool = True,
         max_growth: float = 2.0,
         overhead_prior: float = 0.1,
+        measure_every: int = 1,
     ) -> None:
         if lr_rule not in (*LR_RULES, "auto"):
             raise RuntimeConfigError(f"lr_rule={lr_rule!r} is unknown: use auto or one of {', '.join(LR_RULES)}")
-        if max_growth < 1 or not 0 <= overhead_prior < 1:
+        if max_growth < 1 or not 0 <= overhead_prior < 1 or measure_every < 1:
             raise RuntimeConfigError(
-                f"max_growth={max_growth} must be at least 1 and overhead_prior={overhead_prior} in [0, 1)"
+                f"max_growth={max_growth} and measure_every={measure_every} must be at least 1 and "
+                f"overhead_prior={overhead_prior} in [0, 1)"
             )
         try:
             self.gns = GradientNoiseScale(smoothing)
@@ -180,6 +185,7 @@ class AdaptiveBatch:
         self.choose = choose
         self.max_growth = max_growth
         self.overhead_prior = overhead_prior
+        self.measure_every = measure_every
         self.probe = NormProbe(self._on_reading)
         self.scaled_steps = 0.0
         self.times: dict[tuple[int, int], tuple[float, int]] = {}
@@ -187,6 +193,7 @@ class AdaptiveBatch:
         self._state: TorchState | None = None
         self._saved_lrs: list[Any] | None = None
         self._last_end: float | None = None
+        self._elapsed: float | None = None
         self._timed: tuple[int, int] | None = None  # (world size, batch) of the step whose time the next step sums
         self._world = 0
         self._step_samples = 0
@@ -230,9 +237,12 @@ class AdaptiveBatch:
     # ----------------------------------------------------------------------------------------------- learning rate
 
     def lr_factor(self) -> float:
-        """The factor applied to the learning rate at the current batch (1 at the initial batch)."""
-        sampler = self.state.sampler
-        batch, base = sampler.global_batch, sampler.min_global_batch
+        """The factor applied to the learning rate of the step being applied (1 at the initial batch).
+
+        It follows the step's own samples, so the short last step of an epoch is not scaled like a full one
+        (nor below the initial batch's learning rate, as a fixed-batch run would not be).
+        """
+        batch, base = self._step_batch()
         if self.lr_rule == "adascale":
             return self.gns.gain(batch, base)
         if self.lr_rule == "sqrt":
@@ -240,6 +250,12 @@ class AdaptiveBatch:
         if self.lr_rule == "linear":
             return batch / base
         return 1.0
+
+    def _step_batch(self) -> tuple[int, int]:
+        """The batch the step being applied counts as (its samples, between the initial and the current batch)."""
+        sampler = self.state.sampler
+        base = sampler.min_global_batch
+        return max(min(self._step_samples or sampler.global_batch, sampler.global_batch), base), base
 
     def _scale_lr(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         factor = self.lr_factor()
@@ -254,8 +270,7 @@ class AdaptiveBatch:
             for group, lr in zip(optimizer.param_groups, self._saved_lrs, strict=True):
                 group["lr"] = lr
             self._saved_lrs = None
-        sampler = self.state.sampler
-        self.scaled_steps += self.gns.gain(sampler.global_batch, sampler.min_global_batch)
+        self.scaled_steps += self.gns.gain(*self._step_batch())
 
     # ----------------------------------------------------------------------------------------------- steps
 
@@ -278,7 +293,20 @@ class AdaptiveBatch:
             if self.choose:
                 sampler.set_global_batch(self.choose_batch())
             self._last_end = None  # the next step restarts the loader: not a representative time
+        self._elapsed = elapsed
         self._prepare(elapsed)
+
+    def set_global_batch(self, batch: int) -> None:
+        """Change the global batch from the next step on, by your own rule (with ``choose=False``).
+
+        Call it after ``state.step()`` where the sampler allows a change (``state.step_index`` a multiple of
+        ``adapt_every``, or the start of an epoch); every worker must make the same call.
+
+        Raises:
+            BatchPlanError: see :meth:`~slurm_amoeba.runtime.sampler.ElasticSampler.set_global_batch`.
+        """
+        self.state.sampler.set_global_batch(batch)
+        self._prepare(self._elapsed)  # the next step's shares changed with the batch
 
     def choose_batch(self) -> int:
         """The batch of highest goodput at the current world size (every worker computes the same)."""
@@ -311,7 +339,8 @@ class AdaptiveBatch:
         self._step_samples = plan.step_samples
         self._pre_samples = local - micro[-1] if world == 1 and len(micro) > 1 else 0
         weight = plan.step_samples / local if local else 0.0
-        self.probe.prepare(weight, step_time_s=elapsed, want_pre=self._pre_samples > 0)
+        measure = sampler.progress.step % self.measure_every == 0
+        self.probe.prepare(weight, step_time_s=elapsed, want_pre=self._pre_samples > 0, measure=measure)
 
     def _on_reading(self, reading: ProbeReading) -> None:
         """One step's reduced numbers (the same on every worker): update the estimate and the step-time table."""

@@ -229,22 +229,26 @@ class NormProbe:
         self._weight = 0.0
         self._step_time_s = 0.0
         self._want_pre = False
+        self._measure = True
 
     def bind(self, slots: torch.Tensor) -> None:
         """Take the reducer's slots (a view of :attr:`SLOTS` elements of its last buffer)."""
         self._slots = slots
 
-    def prepare(self, weight: float, *, step_time_s: float | None, want_pre: bool) -> None:
+    def prepare(self, weight: float, *, step_time_s: float | None, want_pre: bool, measure: bool = True) -> None:
         """Set this worker's part of the next step's measurement.
 
         Args:
             weight: ``B / b_r`` for this worker's local batch ``b_r`` (0 when it has no samples).
             step_time_s: the previous step's duration, or ``None`` when it is not to be counted.
             want_pre: read the accumulated gradient when the last micro-batch starts (one worker, accumulation).
+            measure: compute the norms in this step; ``False`` sends only the step time (the reading's norms are
+                then NaN and the estimate skips the step).
         """
-        self._weight = weight
+        self._weight = weight if measure else 0.0
         self._step_time_s = -1.0 if step_time_s is None else step_time_s
-        self._want_pre = want_pre
+        self._want_pre = want_pre and measure
+        self._measure = measure
 
     def on_arm(self, flats: list[torch.Tensor] | None, tail: int) -> None:
         """The last micro-batch starts (``flats`` = the gradient buffers), or ``None``: the step was never armed."""
@@ -257,12 +261,16 @@ class NormProbe:
     def before_launch(self, bucket: torch.Tensor, *, last: bool, tail: int) -> None:
         """Add a bucket's local squared norm; before the last bucket, write this worker's slots."""
         with torch.no_grad():
-            data = bucket[: bucket.numel() - tail] if last else bucket
-            square = _squared_norm(data)
-            self._local = square if self._local is None else self._local + square
+            if self._measure:
+                data = bucket[: bucket.numel() - tail] if last else bucket
+                square = _squared_norm(data)
+                self._local = square if self._local is None else self._local + square
             if last and self._slots is not None:
                 slots = self._slots
-                slots[0].copy_(self._local * self._weight)
+                if self._local is not None:
+                    slots[0].copy_(self._local * self._weight)
+                else:
+                    slots[0].fill_(0.0)
                 slots[1].fill_(1.0 if self._weight > 0 else 0.0)
                 slots[2].fill_(max(self._step_time_s, 0.0))
                 slots[3].fill_(1.0 if self._step_time_s >= 0 else 0.0)
@@ -272,7 +280,10 @@ class NormProbe:
         if self._slots is None:
             return
         with torch.no_grad():
-            total = _sum_squares(flats, tail)
+            if self._measure:
+                total = _sum_squares(flats, tail)
+            else:
+                total = torch.full((), math.nan, dtype=torch.float64, device=self._slots.device)
             pre = self._pre if self._pre is not None else torch.zeros((), dtype=torch.float64, device=total.device)
             values = torch.cat([total.reshape(1), self._slots.to(torch.float64), pre.reshape(1).to(total.device)])
             read = values.tolist()

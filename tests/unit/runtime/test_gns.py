@@ -154,3 +154,10 @@ def test_probe_reads_the_norms_in_the_bucket_slots_and_leaves_gradients_and_cont
     (model(x) * 1.0).backward()
     buckets.finish(0.0)  # never armed: the whole local gradient is not a "before the last" measurement
     assert (readings[-1].pre_sq, readings[-1].pieces, readings[-1].timed) == (0.0, 0, 0)
+    buckets.zero()
+    buckets.probe.prepare(1.0, step_time_s=0.5, want_pre=True, measure=False)  # type: ignore[union-attr]
+    buckets.arm(0.0)
+    (model(x) * 1.0).backward()
+    buckets.finish(0.0)  # a step left out of the estimate (measure_every): only its time rides along
+    assert math.isnan(readings[-1].global_sq) and (readings[-1].pieces, readings[-1].timed) == (0, 1)
+    assert not GradientNoiseScale().update(workers_pair(readings[-1].weighted_local, 2, readings[-1].global_sq, 8))

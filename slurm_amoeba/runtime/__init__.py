@@ -32,6 +32,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from slurm_amoeba.runtime.adaptive import AdaptiveBatch
     from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
     from slurm_amoeba.runtime.errors import (
         BatchPlanError,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
 
 _WHERE = {
+    "AdaptiveBatch": "adaptive",
     "BatchPlanError": "errors",
     "Coordinator": "coordinator",
     "CoordinatorConfig": "coordinator",
@@ -86,6 +88,7 @@ _WHERE = {
 }
 
 __all__ = [
+    "AdaptiveBatch",
     "BatchPlanError",
     "Coordinator",
     "CoordinatorConfig",

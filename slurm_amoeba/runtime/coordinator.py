@@ -50,6 +50,7 @@ from slurm_amoeba.runtime.auth import (
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
+from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import (
     AbortGeneration,
     Action,
@@ -461,6 +462,8 @@ class Coordinator:
             throughput=dict(self._throughput),
             progress=dict(self._progress),
             lost_reason=m.lost_reason,
+            errors=tuple(m.errors),
+            failure=m.failure,
             errors=tuple(m.errors),
             failure=m.failure,
             refused=self.refused,

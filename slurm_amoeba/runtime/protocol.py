@@ -135,6 +135,9 @@ class WorkerEvent:
     failure: str = ""
     error: str = ""
     traceback: str = ""
+    failure: str = ""
+    error: str = ""
+    traceback: str = ""
 
     def to_json(self) -> str:
         """Encode as JSON text."""

@@ -382,9 +382,6 @@ class Agent:
             if isinstance(action, JobFailed):  # a failure a retry repeats: end now, the traceback in our output
                 announce_failure(self.journal, action, self.prefix)
                 return self._stop_main_step() or 1
-            if isinstance(action, JobFailed):  # a failure a retry repeats: end now, the traceback in our output
-                announce_failure(self.journal, action, self.prefix)
-                return self._stop_main_step() or 1
             if isinstance(action, MainGroupEnded):
                 log.info("%s the main worker group ended with status %s", self.prefix, action.status)
                 self.journal.event("main_group_ended", status=action.status)
@@ -401,8 +398,6 @@ class Agent:
                     refused = not self._submit(action)
             elif isinstance(action, ReleaseSatellite):
                 self._release(action)
-            elif isinstance(action, NodeFailing):
-                note_node_failing(self.journal, action, self.prefix)
             elif isinstance(action, NodeFailing):
                 note_node_failing(self.journal, action, self.prefix)
             elif isinstance(action, LowerTarget):

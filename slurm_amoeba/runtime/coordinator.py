@@ -50,7 +50,6 @@ from slurm_amoeba.runtime.auth import (
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
-from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import (
     AbortGeneration,
     Action,
@@ -462,8 +461,6 @@ class Coordinator:
             throughput=dict(self._throughput),
             progress=dict(self._progress),
             lost_reason=m.lost_reason,
-            errors=tuple(m.errors),
-            failure=m.failure,
             errors=tuple(m.errors),
             failure=m.failure,
             refused=self.refused,

@@ -23,7 +23,6 @@ import enum
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass, user_error_verdict
-from slurm_amoeba.runtime.failures import ErrorReport, FailureClass, user_error_verdict
 from slurm_amoeba.runtime.protocol import (
     AssignAction,
     Assignment,
@@ -251,7 +250,6 @@ class Membership:
         elif kind is EventKind.ERROR:
             info.status, info.reason = WorkerStatus.FAILED, event.message
             self.errors.append(ErrorReport.of(event, self.generation))
-            self.errors.append(ErrorReport.of(event, self.generation))
         elif kind is EventKind.DONE:
             info.status = WorkerStatus.DONE
             if self.plan is not None and all(self.workers[m].status is WorkerStatus.DONE for m in self.plan.members):
@@ -359,7 +357,6 @@ class Membership:
                 info.status = WorkerStatus.DEAD
                 info.reason = f"no heartbeat for {now - info.last_heartbeat:.1f} s"
         self._maybe_end_on_failure(now)
-        self._maybe_end_on_failure(now)
         if self.phase is Phase.STARTING:
             pool = self._ready_pool(set())
             warming = any(i.status is WorkerStatus.REGISTERED for i in self.workers.values())
@@ -381,17 +378,6 @@ class Membership:
             self._maybe_form_next(now)
         actions, self._actions = self._actions, []
         return actions
-
-    def _maybe_end_on_failure(self, now: float) -> None:
-        """End the job (lost) when its members' errors are ones a retry repeats (runtime/failures.py)."""
-        if self.plan is None or self.phase.is_over() or not self.errors:
-            return
-        current = [e for e in self.errors if e.generation == self.generation]
-        earlier = [e for e in self.errors if e.generation != self.generation]
-        verdict = user_error_verdict(current, self.plan.members, earlier)
-        if verdict is not None:
-            self.failure = verdict.failure
-            self._finish(now, verdict.reason, Phase.LOST)
 
     def _maybe_end_on_failure(self, now: float) -> None:
         """End the job (lost) when its members' errors are ones a retry repeats (runtime/failures.py)."""

@@ -135,9 +135,6 @@ class WorkerEvent:
     failure: str = ""
     error: str = ""
     traceback: str = ""
-    failure: str = ""
-    error: str = ""
-    traceback: str = ""
 
     def to_json(self) -> str:
         """Encode as JSON text."""

@@ -25,9 +25,15 @@ from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.slurm import CliSlurmClient, JobState
 from tests.conftest import ClusterHandle
 from tests.integration.daemon_helpers import DaemonProcess, wait_until
-from tests.integration.test_two_users_job import assert_finished_exactly_once, daemon, job_env, submit_a
+from tests.integration.test_two_users_job import (
+    assert_finished_exactly_once,
+    daemon,
+    job_env,
+    submit_a,
+    wait_for_gpus,
+)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
 
 __all__ = ["daemon", "job_env"]  # fixtures shared with the two-user test
 
@@ -89,6 +95,7 @@ def test_an_elastic_job_survives_a_munged_restart(
     agent_log = tmp_path / f"agent-{job_id}.out"
     handle = AgentHandle(job_id, tmp_path / f"amoeba-{job_id}")
     try:
+        wait_for_gpus(client, job_id)
         wait_until("the job to train", lambda: handle.workers() >= 1, timeout=60)
         wait_until("its agent to register", lambda: f"job {job_id} (user root) registered" in daemon.log_text())
         pinned = daemon.ask("pin", {"job_id": job_id, "pinned": True})  # one worker: a known length

@@ -6,11 +6,13 @@ coordinator draws (:func:`secrets.token_bytes`) and hands to the workers it laun
 (``AMOEBA_JOB_SECRET``, hex; local mode) or in a 0600 file (``AMOEBA_JOB_SECRET_FILE``; the Slurm agent writes
 ``<state_dir>/job.secret`` so that the secret never sits in a job's submitted environment or on a command line).
 
-A sealed value is a JSON object ``{"s": sender, "e": epoch, "n": counter, "m": text, "h": tag}``. The tag covers the
-store key it was written to, the sender, the sender's epoch (random per process) and counter, and the text: a value
-copied to another key, claimed by another sender, or altered fails; an :class:`Opener` that checks freshness also
-refuses a counter it has seen from that sender, epoch and key (a replayed value). A client without the secret can
-connect, but what it writes is refused, and it cannot impersonate a worker or the coordinator.
+A sealed value is a one-line JSON header ``{"e": epoch, "h": tag, "n": counter, "s": sender}``, a newline, and the
+text itself (not escaped into the header: a state manifest of a few hundred kB is sealed and opened at the cost of
+its HMAC, not of JSON-quoting it twice). The tag covers the store key it was written to, the sender, the sender's
+epoch (random per process) and counter, and the text: a value copied to another key, claimed by another sender, or
+altered fails; an :class:`Opener` that checks freshness also refuses a counter it has seen from that sender, epoch
+and key (a replayed value). A client without the secret can connect, but what it writes is refused, and it cannot
+impersonate a worker or the coordinator.
 
 :class:`JobAuth` is one process's view of that: it seals what the process writes, opens what it reads (a refused
 value is logged once, counted, and read as absent), and derives the per-generation token that hides a generation's
@@ -152,7 +154,8 @@ class Sealer:
         with self._lock:
             counter = next(self._counter)
         tag = self.key.tag(store_key, self.sender, self.epoch, counter, text)
-        return json.dumps({"s": self.sender, "e": self.epoch, "n": counter, "m": text, "h": tag}, sort_keys=True)
+        header = json.dumps({"s": self.sender, "e": self.epoch, "n": counter, "h": tag}, sort_keys=True)
+        return f"{header}\n{text}"
 
 
 class Opener:
@@ -208,29 +211,25 @@ class Opener:
 
 
 def _parse(raw: str | bytes) -> tuple[str, str, int, str, str]:
-    """``(sender, epoch, counter, text, tag)`` of a sealed value's JSON.
+    """``(sender, epoch, counter, text, tag)`` of a sealed value: its JSON header line, then the text.
 
     Raises:
-        AuthError: too large, not JSON, or not the five fields with their types.
+        AuthError: too large, not UTF-8, or not a header with the four fields and their types.
     """
     if len(raw) > _MAX_SEALED:
         raise AuthError(f"a value of {len(raw)} bytes is over the {_MAX_SEALED} limit")
     try:
-        data = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        value = raw.decode() if isinstance(raw, bytes) else raw
+        header, sep, text = value.partition("\n")
+        data = json.loads(header) if sep else None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise AuthError(f"not a sealed value ({type(exc).__name__})") from None
     if not isinstance(data, dict):
-        raise AuthError("not a sealed value (a JSON object)")
-    who, epoch, counter, text, tag = (data.get(k) for k in ("s", "e", "n", "m", "h"))
-    if (
-        isinstance(who, str)
-        and isinstance(epoch, str)
-        and type(counter) is int
-        and isinstance(text, str)
-        and isinstance(tag, str)
-    ):
+        raise AuthError("not a sealed value (a JSON header line, then the text)")
+    who, epoch, counter, tag = (data.get(k) for k in ("s", "e", "n", "h"))
+    if isinstance(who, str) and isinstance(epoch, str) and type(counter) is int and isinstance(tag, str):
         return who, epoch, counter, text, tag
-    raise AuthError("not a sealed value (fields s, e, n, m, h)")
+    raise AuthError("not a sealed value (header fields s, e, n, h)")
 
 
 class JobAuth:

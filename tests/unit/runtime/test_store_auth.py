@@ -55,15 +55,27 @@ def test_a_sealed_value_opens_only_with_the_secret_for_its_key_and_sender() -> N
         Opener(key).open("amoeba/assign/w0/4", sealed)  # copied to another key
     with pytest.raises(AuthError, match="not by 'w1'"):
         Opener(key).open(KEY, sealed, sender="w1")
-    doc = json.loads(sealed)
-    for field, value in (("m", "hellO"), ("s", "w1"), ("n", doc["n"] + 1), ("e", "00")):
+    header, text = sealed.split("\n", 1)
+    doc = json.loads(header)
+    assert text == "hello", "the text follows the header as it is"
+    with pytest.raises(AuthError, match="HMAC"):
+        Opener(key).open(KEY, f"{header}\nhellO")
+    for field, value in (("s", "w1"), ("n", doc["n"] + 1), ("e", "00")):
         with pytest.raises(AuthError, match="HMAC"):
-            Opener(key).open(KEY, json.dumps({**doc, field: value}))
+            Opener(key).open(KEY, json.dumps({**doc, field: value}) + "\nhello")
 
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"not json", b"\xff\xfe", b"[" * 100_000, b'{"s": 1}', b'{"s":"a","e":"b","n":true,"m":"","h":""}'],
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe",
+        b"[" * 100_000 + b"\n",
+        b'{"s": 1}\n',
+        b'{"s":"a","e":"b","n":true,"h":""}\nx',
+        b'{"s":"a","e":"b","n":1,"h":""}',  # no newline: no text
+    ],
 )
 def test_garbage_is_refused_as_unsealed(raw: bytes) -> None:
     opener = Opener(JobKey.new())

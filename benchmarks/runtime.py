@@ -17,6 +17,9 @@ On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.0
 * ``scale_in_pause_s``: 2 -> 1 by SIGTERM to one worker (graceful leave); the survivor's gap.
 * ``failure_recovery_s``: 2 -> 1 by SIGKILL of one worker; from the kill to the end of the survivor's first step
   in the new generation (it rolled back to its last commit).
+* ``restart_pause`` (with the worker pause): the same repeated 1 -> 2 -> 1 resizes by the restart path for unmodified
+  torchrun scripts (``amoeba-run --restart``), measured the same way, printed beside the stop-free path's with the
+  ratio of the medians.
 
 Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition.
 """
@@ -44,6 +47,7 @@ from typing import Any
 import torch
 
 from benchmarks.runtime_worker import read_steps
+from slurm_amoeba.launcher.restart import restart_command
 from slurm_amoeba.local.job import LocalJob
 from slurm_amoeba.runtime.coordinator import CoordinatorView
 
@@ -131,7 +135,9 @@ def _stall(records: list[list[float]], old_world: int, new_world: int) -> float:
 # --------------------------------------------------------------------------------------------------- steady state
 
 
-def _amoeba_job(out: Path, workers: int, extra: list[str]) -> LocalJob:
+def _amoeba_job(out: Path, workers: int, extra: list[str], tree: Path | None = None) -> LocalJob:
+    """A local runtime job of benchmark workers; ``tree``: run the workers from that directory (a baseline copy
+    holding ``slurm_amoeba/`` and ``benchmarks/``) instead of this checkout."""
     command = [*WORKER, "--mode", "amoeba", "--out", str(out), *extra]
     return LocalJob(
         command,
@@ -140,6 +146,7 @@ def _amoeba_job(out: Path, workers: int, extra: list[str]) -> LocalJob:
         log_dir=out / "logs",
         collective_timeout_s=30,
         poll_s=0.02,
+        cwd=tree,
     )
 
 
@@ -220,6 +227,16 @@ def amoeba_event(out: Path, event: str) -> dict[str, float]:
     return result
 
 
+def steps_by_size(records: list[list[float]]) -> dict[int, float]:
+    """The median ordinary step per world size: gaps between consecutive step ends of one generation (a switch's
+    gap spans two generations and is left out)."""
+    gaps: dict[int, list[float]] = {}
+    for before, after in itertools.pairwise(records):
+        if after[3] == before[3]:
+            gaps.setdefault(int(after[2]), []).append(after[0] - before[0])
+    return {size: statistics.median(values) for size, values in sorted(gaps.items())}
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with)."""
     ordered = sorted(values)
@@ -242,7 +259,7 @@ def _stepped(since: CoordinatorView, steps: int) -> Callable[[CoordinatorView], 
     return lambda v: v.generation == since.generation and _progress_step(v) >= _progress_step(since) + steps
 
 
-def repeated_resizes(out: Path, cycles: int) -> dict[str, Any]:
+def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[str, Any]:
     """``cycles`` scale-outs (1 -> 2, a joiner warmed up in the background) and scale-ins (2 -> 1, SIGTERM) of one
     job; what its first worker, a member throughout, loses at each switch.
 
@@ -251,7 +268,7 @@ def repeated_resizes(out: Path, cycles: int) -> dict[str, Any]:
     timeline gives the split: ``group_s`` (meeting the other members and forming the process group) and
     ``state_s`` (state transfer to the joiner, the auto-commit).
     """
-    job = _amoeba_job(out, 1, ["--flush", "--commit-every", "20", "--steps", "1000000"])
+    job = _amoeba_job(out, 1, ["--flush", "--commit-every", "20", "--steps", "1000000"], tree)
     with job:
         job.wait_for(lambda v: v.world_size == 1 and _progress_step(v) >= 30, DEADLINE_S, "training to run")
         view = job.view()
@@ -271,11 +288,12 @@ def repeated_resizes(out: Path, cycles: int) -> dict[str, Any]:
         job.wait(DEADLINE_S)
     records = [r for r in _records(out, f"steps-amoeba-{keeper}.jsonl") if r[1] >= 0]
     step_s = _median_step(records, skip=5)
+    by_size = steps_by_size(records)
     pauses: dict[str, list[float]] = {"out": [], "in": []}
     for before_r, after_r in itertools.pairwise(records):
         if after_r[3] != before_r[3]:
             kind = "out" if after_r[2] > before_r[2] else "in"
-            pauses[kind].append(after_r[0] - before_r[0] - step_s)
+            pauses[kind].append(after_r[0] - before_r[0] - by_size[int(after_r[2])])
     timeline = json.loads((out / f"timeline-{keeper}.json").read_text())[1:]
     split = {
         kind: {
@@ -286,11 +304,49 @@ def repeated_resizes(out: Path, cycles: int) -> dict[str, Any]:
     }
     return {
         "step_s": step_s,
+        "step_s_by_size": by_size,
         "pauses": pauses,
         "scale_out": _spread(pauses["out"]),
         "scale_in": _spread(pauses["in"]),
         "split": split,
+        "phases": switch_phases(json.loads((out / f"marks-{keeper}.json").read_text())),
     }
+
+
+#: The worker's marks of one switch, in the order they happen (runtime/worker.py ``switch_marks``); a phase is the
+#: time from the previous mark present to this one.
+PHASES = (
+    ("last_step", ""),
+    ("report", "step end -> report"),
+    ("assigned", "report -> assignment"),
+    ("teardown", "old group closed"),
+    ("arrived", "members met"),
+    ("formed", "process group formed"),
+    ("manifest", "state manifest"),
+    ("agreed", "state check agreed"),
+    ("broadcast", "state broadcast"),
+    ("synced", "state loaded"),
+    ("saved", "auto-commit"),
+    ("first_step", "first step"),
+)
+
+
+def switch_phases(marks: list[dict[str, float]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Where the switches' time went: per kind (``out``: the world grew, ``in``: it shrank), the spread of each
+    phase between consecutive marks of the worker."""
+    phases: dict[str, dict[str, list[float]]] = {"out": {}, "in": {}}
+    previous_size = 1.0
+    for switch in marks:
+        size = switch.get("world_size", previous_size)
+        if "report" not in switch:  # the worker's first generation: no switch
+            previous_size = size
+            continue
+        kind = "out" if size > previous_size else "in"
+        previous_size = size
+        present = [(name, switch[name]) for name, _ in PHASES if name in switch]
+        for (_, before), (name, after) in itertools.pairwise(present):
+            phases[kind].setdefault(name, []).append(after - before)
+    return {kind: {name: _spread(values) for name, values in by.items()} for kind, by in phases.items()}
 
 
 def stop_resume(out: Path) -> dict[str, float]:
@@ -361,6 +417,66 @@ def torchrun_restart(out: Path) -> dict[str, float]:
     return {"stall_s": _stall(records, 1, 2)}
 
 
+def restart_resizes(out: Path, cycles: int) -> dict[str, Any]:
+    """The restart path (``amoeba-run --restart``, launcher/restart.py) on the same model: ``cycles`` scale-outs
+    (1 -> 2) and scale-ins (2 -> 1, SIGTERM to the joiner and its script) of one job whose workers run the
+    ``stopresume`` DDP loop (a torchrun script that saves on SIGTERM) under the restart supervisor.
+
+    Measured like the stop-free path's pause: rank 0's step ends (the first worker is rank 0 throughout); a
+    switch's pause is the gap between its last step at the old size and its first at the new size, minus the
+    median ordinary step at the new size.
+    """
+    command = restart_command([*WORKER, "--mode", "stopresume", "--out", str(out), "--flush"])
+    job = LocalJob(command, initial_workers=1, job_id="bench-restart", log_dir=out / "logs", poll_s=0.02)
+
+    def rank0_steps(size: int, after: int) -> int:
+        return sum(1 for r in _records(out, "steps-stopresume-rank0-*.jsonl")[after:] if int(r[2]) == size)
+
+    with job:
+        _wait(lambda: rank0_steps(1, 0) >= 30, "the restart path to train")
+        for _ in range(cycles):
+            for target in (2, 1):
+                before, seen = job.view(), len(_records(out, "steps-stopresume-rank0-*.jsonl"))
+                if target == 2:
+                    job.add(1)
+                else:
+                    assert before.plan is not None
+                    job.terminate(before.plan.members[-1])
+                job.wait_for(_resized(before.generation, target), DEADLINE_S, f"{target} workers (restart path)")
+                _wait(lambda: rank0_steps(target, seen) >= 20, "steps after the restart")  # noqa: B023
+    records = _records(out, "steps-stopresume-rank0-*.jsonl")
+    gaps: dict[int, list[float]] = {}
+    for before_r, after_r in itertools.pairwise(records):
+        if after_r[2] == before_r[2]:
+            gaps.setdefault(int(after_r[2]), []).append(after_r[0] - before_r[0])
+    by_size = {size: statistics.median(values) for size, values in sorted(gaps.items())}
+    pauses: dict[str, list[float]] = {"out": [], "in": []}
+    for before_r, after_r in itertools.pairwise(records):
+        if after_r[2] != before_r[2]:
+            kind = "out" if after_r[2] > before_r[2] else "in"
+            pauses[kind].append(after_r[0] - before_r[0] - by_size[int(after_r[2])])
+    return {
+        "step_s_by_size": by_size,
+        "pauses": pauses,
+        "scale_out": _spread(pauses["out"]),
+        "scale_in": _spread(pauses["in"]),
+    }
+
+
+def format_restart(restart: dict[str, Any], stop_free: dict[str, Any]) -> str:
+    """The restart path's pause beside the stop-free path's, with their ratio (medians)."""
+    lines = ["restart path (amoeba-run --restart) vs stop-free path: pause beyond one ordinary step"]
+    for kind, name in (("out", "scale-out 1 -> 2"), ("in", "scale-in 2 -> 1")):
+        again, free = restart["scale_" + kind], stop_free["scale_" + kind]
+        ratio = again["median"] / free["median"] if free["median"] > 0 else float("inf")
+        lines.append(
+            f"  {name:<17} restart {again['median']:7.3f} s [{again['q1']:.3f}..{again['q3']:.3f}] "
+            f"({again['min']:.3f}..{again['max']:.3f}), n={again['n']:.0f}   stop-free "
+            f"{free['median'] * 1000:6.1f} ms   ratio {ratio:6.0f}x"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------- driver
 
 
@@ -374,6 +490,69 @@ def run_pauses(work: Path, cycles: int, progress: Callable[[str], None]) -> dict
     directory = work / "pauses"
     directory.mkdir()
     return repeated_resizes(directory, cycles)
+
+
+def compare_pauses(
+    work: Path, baseline: Path, rounds: int, cycles: int, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """The worker's pause of the baseline tree's workers against this checkout's, in alternating rounds.
+
+    Each round runs ``cycles`` scale-outs and scale-ins with each tree (order alternating: old-new, new-old, ...),
+    so that both see the same drifting load of a shared machine; the load average is recorded beside every round.
+    """
+    found = [name for name in ("slurm_amoeba", "benchmarks") if not (baseline / name).is_dir()]
+    if found:
+        raise SystemExit(
+            f"bench-runtime: the baseline {baseline} lacks {', '.join(found)}; make it with e.g. "
+            f"`git archive <commit> slurm_amoeba benchmarks | tar -x -C {baseline}`"
+        )
+    pauses: dict[str, dict[str, list[float]]] = {"old": {"out": [], "in": []}, "new": {"out": [], "in": []}}
+    rows: list[dict[str, Any]] = []
+    for index in range(rounds):
+        order = [("old", baseline), ("new", None)]
+        for label, tree in order if index % 2 == 0 else order[::-1]:
+            progress(f"round {index + 1}/{rounds}: {label} tree, {cycles} scale-outs and scale-ins")
+            directory = work / f"{label}-{index}"
+            directory.mkdir()
+            load_before = os.getloadavg()[0]
+            result = repeated_resizes(directory, cycles, tree)
+            for kind in ("out", "in"):
+                pauses[label][kind].extend(result["pauses"][kind])
+            rows.append(
+                {
+                    "round": index,
+                    "tree": label,
+                    "load": [load_before, os.getloadavg()[0]],
+                    "step_s_by_size": result["step_s_by_size"],
+                    "scale_out": result["scale_out"],
+                    "scale_in": result["scale_in"],
+                    "phases": result["phases"],
+                }
+            )
+    summary = {label: {kind: _spread(values) for kind, values in by.items()} for label, by in pauses.items()}
+    return {"rounds": rows, "pauses": pauses, "summary": summary, "baseline": str(baseline)}
+
+
+def format_comparison(report: dict[str, Any]) -> str:
+    """The old-vs-new pause comparison, per round (with the load) and overall."""
+
+    def ms(spread: dict[str, float]) -> str:
+        return (
+            f"{spread['median'] * 1000:6.1f} ms [{spread['q1'] * 1000:.1f}..{spread['q3'] * 1000:.1f}] "
+            f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"
+        )
+
+    lines = ["worker pause beyond one ordinary step of the new world size: baseline (old) vs this checkout (new)"]
+    for row in report["rounds"]:
+        steps = ", ".join(f"{size}w {step * 1000:.1f} ms" for size, step in row["step_s_by_size"].items())
+        lines.append(
+            f"  round {row['round'] + 1} {row['tree']:<3} load {row['load'][0]:.1f}->{row['load'][1]:.1f}  "
+            f"step {steps}  out {ms(row['scale_out'])}  in {ms(row['scale_in'])}"
+        )
+    for label in ("old", "new"):
+        summary = report["summary"][label]
+        lines.append(f"  all rounds {label:<3}  scale-out {ms(summary['out'])}  scale-in {ms(summary['in'])}")
+    return "\n".join(lines)
 
 
 def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -463,11 +642,15 @@ def format_pauses(pauses: dict[str, Any]) -> str:
             f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"
         )
 
-    lines = [f"worker pause beyond one step (median step {pauses['step_s'] * 1000:.1f} ms)"]
+    sizes = ", ".join(f"{size} workers {step * 1000:.1f} ms" for size, step in pauses["step_s_by_size"].items())
+    lines = [f"worker pause beyond one ordinary step of the new world size (median step: {sizes})"]
     for kind, name in (("out", "scale-out 1 -> 2"), ("in", "scale-in 2 -> 1")):
         lines.append(f"  {name:<17} {ms(pauses['scale_' + kind])}")
         for key in ("group_s", "state_s"):
             lines.append(f"    {key:<15} {ms(pauses['split'][kind][key])}")
+        for name, label in PHASES:
+            if name in pauses.get("phases", {}).get(kind, {}):
+                lines.append(f"      {label:<22} {ms(pauses['phases'][kind][name])}")
     return "\n".join(lines)
 
 
@@ -480,6 +663,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory with logs")
     parser.add_argument("--cycles", type=int, default=10, help="scale-out/scale-in pairs for the worker pause")
     parser.add_argument("--pause-only", action="store_true", help="measure only the worker pause")
+    parser.add_argument(
+        "--restart-cycles", type=int, default=3, help="scale-out/scale-in pairs of the restart path (0: skip it)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="compare the worker pause with the workers of the tree in DIR (slurm_amoeba/ and benchmarks/), in "
+        "alternating rounds (implies --pause-only)",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="with --baseline: rounds per tree")
     args = parser.parse_args(argv)
     reps = args.reps or (1 if args.quick else 3)
     steps = 400 if args.quick else 1000
@@ -489,14 +683,24 @@ def main(argv: list[str] | None = None) -> int:
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
 
-    if args.pause_only:
-        report: dict[str, Any] = {"worker_pause": run_pauses(work, args.cycles, progress)}
+    if args.baseline is not None:
+        report: dict[str, Any] = {"comparison": compare_pauses(work, args.baseline, args.rounds, args.cycles, progress)}
+        print(format_comparison(report["comparison"]))
+    elif args.pause_only:
+        report = {"worker_pause": run_pauses(work, args.cycles, progress)}
     else:
         report = run_benchmark(work, reps, steps, progress)
         report["worker_pause"] = run_pauses(work, args.cycles, progress)
         print(format_table(report))
+    if "worker_pause" in report and args.restart_cycles:
+        progress(f"restart path: {args.restart_cycles} scale-outs and scale-ins of one job")
+        (work / "restart").mkdir()
+        report["restart_pause"] = restart_resizes(work / "restart", args.restart_cycles)
     report["wall_s"] = time.monotonic() - started
-    print(format_pauses(report["worker_pause"]))
+    if "worker_pause" in report:
+        print(format_pauses(report["worker_pause"]))
+    if "restart_pause" in report:
+        print(format_restart(report["restart_pause"], report["worker_pause"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.keep:

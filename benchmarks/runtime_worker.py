@@ -133,6 +133,8 @@ def run_amoeba(args: argparse.Namespace) -> None:
     ddp_log.dump()
     timeline = [dataclasses.asdict(row) for row in result.timeline]  # where a switch's time went, per generation
     (args.out / f"timeline-{runtime.worker_id}.json").write_text(json.dumps(timeline))
+    marks = getattr(runtime, "switch_marks", [])  # absent in a runtime without the marks (a baseline tree)
+    (args.out / f"marks-{runtime.worker_id}.json").write_text(json.dumps(marks))
 
 
 def _checkpoint_path(args: argparse.Namespace) -> Path:

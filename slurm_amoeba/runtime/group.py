@@ -3,7 +3,7 @@
 Worker side of a switch (DESIGN.md, layer ``runtime/``): every member of a new generation first marks its arrival
 in the job's store and waits until every other member has arrived — polling, so that it also sees the
 coordinator's abort key (set when a member died or failed) and its own deadline — and only then calls
-``init_process_group`` on ``PrefixStore("amoeba/gen<N>/pg", store)``, which then finds everybody there. A member
+``init_process_group`` on ``PrefixStore("amoeba/gen<N>.<token>/pg", store)``, which then finds everybody there. A member
 killed right after its admission therefore costs the others the time the coordinator needs to learn of the death,
 not the collective timeout, and the failure names the members that did not show up.
 
@@ -19,6 +19,8 @@ import dataclasses
 import datetime
 import logging
 import os
+import queue
+import threading
 import time
 
 import torch
@@ -113,7 +115,9 @@ def wait_for_members(store: Store, plan: GenerationPlan, settings: GroupSettings
         time.sleep(POLL_S)
 
 
-def form_group(store: Store, plan: GenerationPlan, settings: GroupSettings) -> Generation:
+def form_group(
+    store: Store, plan: GenerationPlan, settings: GroupSettings, marks: dict[str, float] | None = None
+) -> Generation:
     """Leave the old group, meet the other members, and form the default process group of ``plan``.
 
     A collective: every member of ``plan`` calls it.
@@ -124,8 +128,11 @@ def form_group(store: Store, plan: GenerationPlan, settings: GroupSettings) -> G
     Raises:
         FormationFailed: a member did not arrive (aborted or timed out), or forming the group failed.
     """
-    teardown_group()
+    marks = {} if marks is None else marks
+    release_group(settings.backend)
+    marks["teardown"] = time.perf_counter()
     wait_for_members(store, plan, settings)
+    marks["arrived"] = time.perf_counter()
     generation = describe(plan, settings)
     try:
         dist.init_process_group(
@@ -143,6 +150,7 @@ def form_group(store: Store, plan: GenerationPlan, settings: GroupSettings) -> G
             generation=plan.generation,
             missing=(),
         ) from None
+    marks["formed"] = time.perf_counter()
     return generation
 
 
@@ -157,6 +165,92 @@ def teardown_group() -> None:
     # destroy but the counter has moved on. The counter is private to torch (tests/unit/runtime/test_formation.py
     # fails if that changes).
     distributed_c10d._world.group_count = 0
+
+
+class _Reaper:
+    """Shuts process groups down in a thread of its own: closing a gloo group's connections takes tens of
+    milliseconds (its threads and its device's event loop stop on a timeout), which a member switching generations
+    should not wait for. Started on first use; :meth:`drain` waits until every group handed over is shut down."""
+
+    def __init__(self) -> None:
+        self._groups: queue.Queue[list[dist.ProcessGroup]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, groups: list[dist.ProcessGroup]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="amoeba-group-reaper", daemon=True)
+                self._thread.start()
+        self._groups.put(groups)
+
+    def _run(self) -> None:
+        while True:
+            groups = self._groups.get()
+            for group in groups:
+                try:
+                    group.shutdown()
+                except RuntimeError as exc:
+                    log.debug("shutting an old process group down: %s", exc)
+            del groups, group  # the last references: the groups are destroyed here, not in the training thread
+            self._groups.task_done()
+
+    def drain(self) -> None:
+        self._groups.join()
+
+
+_reaper = _Reaper()
+
+
+def release_group(backend: str) -> None:
+    """Leave the default process group at a graceful switch, without waiting for its connections to close.
+
+    torch's ``destroy_process_group`` shuts every group down in the calling thread (about 20 ms for a gloo group,
+    mostly its threads stopping on a timeout); here the groups are unregistered at once, as that function does, and
+    shut down by a background thread, so that the next generation's group forms meanwhile. Only gloo groups are
+    handed over (NCCL's communicator abort stays where torch puts it), and a torch whose bookkeeping differs from
+    what this expects (tests/unit/runtime/test_group_release.py) gets ``destroy_process_group`` unchanged.
+    """
+    world = distributed_c10d._world
+    if backend != "gloo" or not dist.is_initialized() or not _bookkeeping_known(world):
+        teardown_group()
+        return
+    groups = list(world.pg_names)
+    distributed_c10d._update_default_pg(None)
+    for table in _BOOKKEEPING:
+        getattr(world, table).clear()
+    getattr(distributed_c10d, "_unregister_all_process_groups")()  # noqa: B009 - private, checked above
+    world.group_count = 0
+    _reaper.submit(groups)
+
+
+#: The tables of torch's ``_World`` that ``destroy_process_group`` clears when it destroys the default group.
+_BOOKKEEPING = (
+    "pg_map",
+    "pg_names",
+    "pg_group_ranks",
+    "pg_backend_config",
+    "pg_to_tag",
+    "tags_to_pg",
+    "pg_coalesce_state",
+)
+
+
+def _bookkeeping_known(world: object) -> bool:
+    """Whether torch's group bookkeeping looks as :func:`release_group` expects (and holds no torchcomm)."""
+    if getattr(world, "comms", None):
+        return False
+    known = all(isinstance(getattr(world, table, None), dict) for table in _BOOKKEEPING)
+    return (
+        known
+        and hasattr(distributed_c10d, "_update_default_pg")
+        and hasattr(distributed_c10d, "_unregister_all_process_groups")
+    )
+
+
+def drain_released_groups() -> None:
+    """Wait until every group left by :func:`release_group` is shut down (before the process exits)."""
+    _reaper.drain()
 
 
 def export_torchrun_env(generation: Generation, store_addr: str, store_port: int) -> None:

@@ -61,7 +61,13 @@ def _agree(plan: GenerationPlan, settings: GroupSettings, problem: str | None) -
         raise StateRefused(f"a joiner of generation {plan.generation} refused the state")
 
 
-def sync_state(store: Store, plan: GenerationPlan, settings: GroupSettings, state: TorchState) -> None:
+def sync_state(
+    store: Store,
+    plan: GenerationPlan,
+    settings: GroupSettings,
+    state: TorchState,
+    marks: dict[str, float] | None = None,
+) -> None:
     """The plan's source broadcasts its state; the others check it fits, then receive it.
 
     A collective: every member of ``plan`` calls it, right after forming the group.
@@ -81,8 +87,12 @@ def sync_state(store: Store, plan: GenerationPlan, settings: GroupSettings, stat
     else:
         manifest = _wait_manifest(store, plan, settings)
         problem = state.check_compatible(manifest)
+    marks = {} if marks is None else marks
+    marks["manifest"] = time.perf_counter()
     _agree(plan, settings, problem)
+    marks["agreed"] = time.perf_counter()
     received = _broadcast(plan, settings, manifest["tensors"], tensors if source else None)
+    marks["broadcast"] = time.perf_counter()
     if not source:
         state.load_tree(decode_tree(manifest["skeleton"], received))
 

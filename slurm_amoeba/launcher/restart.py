@@ -300,6 +300,7 @@ class RestartSupervisor:
         self._push(EventKind.REGISTERED, pid=os.getpid(), host=self.host)
         threading.Thread(target=self._heartbeats, name="amoeba-restart-heartbeat", daemon=True).start()
         self._push(EventKind.READY)
+        log.info("%s ready: the script starts when the job admits this worker", self.prefix)
         try:
             return self._follow(self._wait_assignment(self.env.join_timeout_s))
         finally:
@@ -362,7 +363,7 @@ class RestartSupervisor:
             plan.world_size,
             child.pid,
         )
-        ending = self._watch(plan.generation, child)
+        ending = self._watch(plan, child)
         self._set(stopped_key(plan.generation, self.worker_id), "1")
         if not ending.finished and ending.error is None:
             self._wait_stopped(plan)
@@ -394,12 +395,15 @@ class RestartSupervisor:
         addr, port = json.loads(text)
         return str(addr), int(port)
 
-    def _watch(self, generation: int, child: subprocess.Popen[bytes]) -> Ending:
+    def _watch(self, plan: GenerationPlan, child: subprocess.Popen[bytes]) -> Ending:
         """Wait until the script exits or the generation ends; stop the script in the latter case."""
+        generation = plan.generation
         while True:
             code = child.poll()
             if code is not None:
-                return self._exited(generation, code)
+                return (
+                    self._finished(plan) if code == 0 and not self._leave.is_set() else self._exited(generation, code)
+                )
             error = self._error()
             if self._leave.is_set() or error is not None or self._ending(generation):
                 if self._leave.is_set():
@@ -412,10 +416,24 @@ class RestartSupervisor:
                 )
             time.sleep(self.env.poll_s)
 
+    def _finished(self, plan: GenerationPlan) -> Ending:
+        """The script exited 0 on its own: training is over, unless its generation is ending (a member that got
+        SIGTERM made every rank save and stop): that is known once every member's script has exited, or the
+        generation's end shows, or after the settle time."""
+        self._set(stopped_key(plan.generation, self.worker_id), "exited")
+        keys = [stopped_key(plan.generation, m) for m in plan.members]
+        deadline = time.monotonic() + self.settle_s
+        while time.monotonic() < deadline:
+            if self._ending(plan.generation):
+                return Ending()
+            if self._store.check(keys):
+                break
+            time.sleep(0.01)
+        return Ending() if self._ending(plan.generation) else Ending(finished=True)
+
     def _exited(self, generation: int, code: int) -> Ending:
-        """The script exited on its own with ``code``: finished, a peer's failure, or a script error."""
-        if code == 0 and not self._leave.is_set():
-            return Ending(finished=True)
+        """The script exited on its own with ``code`` (not 0, or this worker is leaving): a leave, a peer's failure,
+        or a script error."""
         if self._leave.is_set():  # SIGTERM reached the script too (Slurm signals every process of a step)
             self._set(end_key(generation), f"{self.worker_id} leaves")
             return Ending(leaving=True)

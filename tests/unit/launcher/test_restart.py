@@ -107,7 +107,7 @@ def test_a_plain_ddp_script_grows_shrinks_survives_a_kill_and_ends_with_the_fixe
         os.kill(script, signal.SIGCONT)
         job.wait_for(lambda v: v.world_size == 3, 60, "3 members")
         wait_started(job, "w0", 2)
-        job.remove("w1")  # 3 -> 2, the checkpoint hook
+        job.terminate("w1")  # 3 -> 2 by SIGTERM to w1 and its script (Slurm preemption): the checkpoint hook
         job.wait_for(lambda v: v.world_size == 2, 60, "2 members")
         wait_started(job, "w0", 3)
         since = time.time()

@@ -25,6 +25,7 @@ The coordinator side (:mod:`slurm_amoeba.runtime.coordinator`) shares only the p
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import logging
@@ -58,6 +59,7 @@ from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
     clear_torchrun_env,
+    drain_released_groups,
     export_torchrun_env,
     form_group,
     teardown_group,
@@ -186,6 +188,9 @@ class WorkerRuntime:
         self._progress: dict[str, Any] = {}
         self._timeline: list[GenerationTiming] = []
         self._checkpoints: Checkpointer | None = None
+        # Where each switch's time went, as perf_counter marks (see switch_marks).
+        self._marks: dict[str, float] = {}
+        self.switch_marks: list[dict[str, float]] = []
 
     # ----------------------------------------------------------------------------------------------- setup
 
@@ -359,6 +364,9 @@ class WorkerRuntime:
             self._step_time_s = elapsed if first else 0.8 * self._step_time_s + 0.2 * elapsed
             self._samples_per_s = rate if first else 0.8 * self._samples_per_s + 0.2 * rate
         self._last_step_end = now
+        if self._marks and "first_step" not in self._marks:
+            self._marks["first_step"] = now
+            self.switch_marks.append(self._marks)
         self._progress = state.progress_report()
         if self._agreed_now:
             self._switch_agreed = True
@@ -411,6 +419,8 @@ class WorkerRuntime:
             else:
                 time.sleep(0.025)
         self._seq += 1
+        if member and self._marks:
+            self._marks["assigned"] = time.perf_counter()
         return assignment
 
     def _read_assignment(self, store: TCPStore, key: str) -> Assignment | None:
@@ -448,17 +458,20 @@ class WorkerRuntime:
         self._switch_agreed = False
         state.sampler.planner.check_world_size(plan.world_size)
         started = time.perf_counter()
-        self.current = form_group(self.store, plan, self._settings())
+        self.current = form_group(self.store, plan, self._settings(), self._marks)
         export_torchrun_env(self.current, self.env.store_addr, self.env.store_port)
         formed = time.perf_counter()
         if plan.rollback and self.worker_id not in plan.joiners:
             state.restore()
         if plan.sync:
             try:
-                sync_state(self.store, plan, self._settings(), state)
+                sync_state(self.store, plan, self._settings(), state, self._marks)
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
+        self._marks.update(generation=float(plan.generation), world_size=float(plan.world_size))
+        self._marks["synced"] = time.perf_counter()
         state.save()
+        self._marks["saved"] = time.perf_counter()
         self._grad = state.gradient_reducer(self._grad)
         self._last_step_end = 0.0
         timing = GenerationTiming(
@@ -475,6 +488,7 @@ class WorkerRuntime:
         return timing
 
     def _report(self, state: TorchState, *, failed: bool, missing: tuple[str, ...] = ()) -> None:
+        self._marks = {"last_step": self._last_step_end, "report": time.perf_counter()}
         self._push(
             EventKind.REPORT,
             generation=self.generation,
@@ -594,10 +608,16 @@ class WorkerRuntime:
 
     def _prewarm(self, state: TorchState) -> None:
         """Warm-up for the switch, while the members still train: build the gradient buckets now (kept at the
-        switch) and make the allocator hold memory of the state's sizes, so that receiving and committing the state
-        at the switch neither allocates fresh pages nor makes the running members wait for that."""
+        switch) and make the process hold memory of the state's sizes (:func:`_retain_freed_memory`), so that
+        receiving and committing the state and the first step at the switch take no fresh pages from the kernel."""
         self._grad = state.gradient_reducer(self._grad)
-        clone_tree(state.as_tree())  # allocated and freed: later allocations of these sizes reuse the memory
+        # Receiving the state, loading it and committing it allocate about three copies of it; a process that
+        # just started gets those as fresh pages from the kernel (zeroed on first touch: tens of ms on a loaded
+        # machine, which the members waiting in the first collective would see). Allocate and touch them now and
+        # keep the memory in the process after they are freed.
+        _retain_freed_memory()
+        copies = [clone_tree(state.as_tree()) for _ in range(_WARM_COPIES)]
+        del copies
         # The first matrix product and the first backward of a process initialise the BLAS library and the autograd
         # engine (tens of ms on a loaded machine): do it here, not in the first step that the members wait for.
         probe = torch.ones(16, 16, device=self.device, requires_grad=True)
@@ -609,6 +629,7 @@ class WorkerRuntime:
         if self._thread is not None:
             self._thread.join(timeout=5)
         teardown_group()
+        drain_released_groups()
 
 
 def pick_device(env: WorkerEnv, prefix: str) -> torch.device:
@@ -626,6 +647,30 @@ def pick_device(env: WorkerEnv, prefix: str) -> torch.device:
     if index < 0:
         index = int(os.environ.get("LOCAL_RANK", "0") or 0)
     return torch.device("cuda", index % max(torch.cuda.device_count(), 1))
+
+
+#: Copies of the state the warm-up allocates and frees (receive buffer, loaded optimizer state, commit; the
+#: optimizer's own state usually doubles the parameters' size, hence more copies than three of the model alone).
+_WARM_COPIES = 4
+#: glibc's mallopt parameters: free memory above this much at the heap's top goes back to the kernel, and
+#: allocations from this size up are mapped (and unmapped when freed) on their own.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_RETAIN_BYTES, _MMAP_FROM_BYTES = 1 << 30, 32 << 20
+
+
+def _retain_freed_memory() -> None:
+    """Make glibc keep freed memory for reuse: tensors up to 32 MiB come from the heap (not each from a mapping of
+    its own that is unmapped when freed), and up to 1 GiB of free heap stays in the process. Without it, memory
+    allocated during the warm-up goes back to the kernel and the switch pays page faults again. Other C libraries
+    are left alone."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, _RETAIN_BYTES)
 
 
 def _warm_up_cuda(device: torch.device) -> None:

@@ -38,6 +38,17 @@ from typing import Any, Protocol
 from slurm_amoeba.agent.config import AgentConfig, configured_daemon_uid
 from slurm_amoeba.agent.entry import worker_entry
 from slurm_amoeba.agent.groups import GroupState, WorkerGroup, planned_size, worker_ids
+from slurm_amoeba.agent.lifecycle import (
+    ENDED_BY_SIGNAL,
+    REQUEUE_SIGNAL,
+    STOP_GRACE_S,
+    ask_every_worker_to_leave,
+    checkpoint_directory,
+    newest_step,
+    requeue,
+    restart,
+    resume_history,
+)
 from slurm_amoeba.agent.link import DaemonLink
 from slurm_amoeba.agent.plan import (
     Action,
@@ -50,6 +61,8 @@ from slurm_amoeba.agent.plan import (
     NodeFailing,
     Observation,
     ReleaseSatellite,
+    Requeue,
+    RestartFromCheckpoint,
     RetireGroup,
     SatelliteStarted,
     Stop,
@@ -69,6 +82,7 @@ from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
 from slurm_amoeba.runtime.auth import JOB_SECRET_FILE
+from slurm_amoeba.runtime.checkpoint import ENV_CHECKPOINT_DIR
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
@@ -79,8 +93,6 @@ from slurm_amoeba.transport.channel import ChannelServer, Request
 __all__ = ["Agent", "AgentConfig", "JobCoordinator", "RunningStep", "StepStarter"]
 
 log = logging.getLogger(__name__)
-
-ENDED_BY_SIGNAL = 143  # the exit status of a job stopped by SIGTERM (128 + 15)
 
 
 def directive_bind_address(advertise_addr: str) -> str:
@@ -140,6 +152,9 @@ class Agent:
         coordinator: the job's coordinator; None: a :class:`Coordinator` from ``config``.
         step_starter: starts the main worker step.
         clock: wall-clock time (Unix seconds).
+        new_coordinator: makes the fresh coordinator of a restart from a disk checkpoint; None: from ``config``.
+        before_requeue: called before the job requeues itself; a non-empty answer is why it must not (the
+            executor's hook for submitit's ``checkpoint()``, :mod:`slurm_amoeba.launcher.fn_worker`).
     """
 
     def __init__(
@@ -150,6 +165,8 @@ class Agent:
         coordinator: JobCoordinator | None = None,
         step_starter: StepStarter = start_step,
         clock: Callable[[], float] = time.time,
+        new_coordinator: Callable[[], JobCoordinator] | None = None,
+        before_requeue: Callable[[], str] | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm or CliSlurmClient(timeout=30)
@@ -162,6 +179,12 @@ class Agent:
         self._clock = clock
         self._start_step = step_starter
         self._stop_reason = ""
+        self._requeue_reason = ""
+        self._requeues = 0  # times the job requeued itself before this run (its history says)
+        self.restarts = 0  # restarts from a disk checkpoint in this allocation
+        self.before_requeue = before_requeue
+        self.new_coordinator = new_coordinator or (lambda: default_coordinator(config))
+        self.checkpoint_dir = checkpoint_directory({**os.environ, **config.worker_env}, config.state_dir)
         self._main_step: RunningStep | None = None
         self._channel: ChannelServer | None = None
         self._view: CoordinatorView | None = None
@@ -169,16 +192,7 @@ class Agent:
         self._next_poll = 0.0
         self.satellites = SatelliteSlurm(config, self.slurm, self.prefix)
         self._node_gpus: int | None = None
-        self.coordinator: JobCoordinator = coordinator or Coordinator(
-            CoordinatorConfig(
-                job_id=f"job{config.job_id}",
-                initial_workers=config.spec.min_workers,
-                max_workers=config.spec.max_workers,
-                advertise_addr=config.advertise_addr,
-                secret_file=str(config.state_dir / JOB_SECRET_FILE),  # the job's secret, 0600, for its workers
-                **config.coordinator,  # type: ignore[arg-type]
-            )
-        )
+        self.coordinator: JobCoordinator = coordinator or self.new_coordinator()
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------------- lifecycle
@@ -186,12 +200,14 @@ class Agent:
     def run(self) -> int:
         """Run the job to its end; return the exit status of the main worker group (0: training finished).
 
-        SIGTERM or SIGINT (the job cancelled, its time limit) stop the workers and release every satellite.
+        SIGTERM or SIGINT (the job cancelled) stop the workers and release every satellite; ``USR1`` (Slurm's
+        warning before the time limit) saves the state and requeues the job (:mod:`slurm_amoeba.agent.lifecycle`).
         """
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, REQUEUE_SIGNAL)}
         for sig in previous:
             signal.signal(sig, self._on_signal)
         try:
+            self._requeues = resume_history(self, os.environ)
             self.coordinator.start()
             self._channel = ChannelServer(f"tcp://{directive_bind_address(self.config.advertise_addr)}:*")
             spec = self.config.spec
@@ -204,7 +220,7 @@ class Agent:
                 self.endpoint,
             )
             self.start_main_group()
-            self._register_with_daemon()
+            register_with_daemon(self)
             return self._loop()
         finally:
             self.shutdown()
@@ -220,7 +236,10 @@ class Agent:
         return f"tcp://{self.config.advertise_addr}:{port}"
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.stop(f"signal {signal.Signals(signum).name}")
+        if signum == REQUEUE_SIGNAL:
+            self._requeue_reason = f"signal {signal.Signals(signum).name} (the time limit is near)"
+        else:
+            self.stop(f"signal {signal.Signals(signum).name}")
 
     def stop(self, reason: str) -> None:
         """Ask the job to stop (what SIGTERM does): the next round ends the loop; satellites are released."""
@@ -232,6 +251,8 @@ class Agent:
         env.update(self.config.worker_env)
         env.update(self.coordinator.worker_env("unassigned"))
         env.setdefault("OMP_NUM_THREADS", "1")
+        if self.checkpoint_dir is not None:  # disk checkpoints by default: a lost or requeued job resumes from them
+            env.setdefault(ENV_CHECKPOINT_DIR, str(self.checkpoint_dir))
         env[ENV_PARENT_JOB] = self.config.job_id
         return env
 
@@ -248,7 +269,8 @@ class Agent:
             now,
             running_at=now,
         )
-        self.groups.append(group)
+        self.groups.insert(0, group)
+        run = f"-run{self._requeues + self.restarts + 1}" if self._requeues + self.restarts else ""  # earlier logs stay
         self._main_step = self._start_step(
             StepOptions(
                 ntasks=spec.min_workers,
@@ -256,11 +278,11 @@ class Agent:
                 cpus_per_task=spec.cpus_per_worker,
                 gpus_per_task=spec.gpus_per_worker,
                 name="amoeba-workers-g0",
-                output=str(self.config.state_dir / "worker-g0-%t.log"),
+                output=str(self.config.state_dir / f"worker-g0{run}-%t.log"),
             ),
             worker_entry("g0", self.config.command),
             env=self.worker_env(),
-            log_path=self.config.state_dir / "srun-g0.log",
+            log_path=self.config.state_dir / f"srun-g0{run}.log",
         )
         self.journal.event("group_started", group="g0", workers=spec.min_workers)
 
@@ -278,7 +300,7 @@ class Agent:
                 next_status = now + 1.0
             if self.config.daemon_endpoint and now >= next_report:
                 try:
-                    self._report(self._view)
+                    report_to_daemon(self, self._view)
                 except Exception as exc:  # a report is best effort: never the end of the job
                     log.warning("%s report not sent: %s", self.prefix, quote(exc, 200))
                 next_report = now + self.config.report_s
@@ -317,8 +339,8 @@ class Agent:
         except RuntimeConfigError:
             seen = CoordinatorSeen(Phase.LOST, {})  # its thread crashed: nobody to tell about dead workers
         for action in final_releases(self.groups, seen, self._clock()):
-            self._release(action)
-        self._stop_main_step()
+            self.release_satellite(action)
+        self.stop_main_step()
         with contextlib.suppress(RuntimeConfigError):
             self.write_status(self.coordinator.view())
         self.coordinator.close()
@@ -326,17 +348,19 @@ class Agent:
             self._channel.close()
             self._channel = None
 
-    def _stop_main_step(self) -> int:
-        """SIGTERM the main worker step (srun forwards it: workers leave at a step boundary), then SIGKILL."""
-        if self._main_step is None:
-            return 0
-        if self._main_step.poll() is None:
-            self._main_step.send_signal(signal.SIGTERM)
-            try:
-                self._main_step.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._main_step.kill()
-        return self._main_step.wait()
+    def stop_main_step(self, grace_s: float = 20.0) -> int:
+        """Stop the main worker step (:func:`stop_step`); returns its exit status."""
+        return stop_step(self._main_step, grace_s)
+
+    def now(self) -> float:
+        """The agent's clock (Unix seconds)."""
+        return self._clock()
+
+    def reset_for_restart(self) -> None:
+        """Forget the lost run's progress (a restart from a disk checkpoint begins a new one)."""
+        self.target = self.config.spec.min_workers
+        self._over_since = None
+        self._view = None
 
     # ----------------------------------------------------------------------------------------------- observing
 
@@ -348,6 +372,7 @@ class Agent:
         if view.phase.is_over() and self._over_since is None:
             self._over_since = now
         satellites: dict[int, JobRecord] | None = None
+        main_status = self._main_step.poll() if self._main_step is not None else None
         if now >= self._next_poll:
             self._next_poll = now + max(self.config.poll_s, 1.0)
             if self.config.spec.gpus_per_worker:
@@ -361,8 +386,11 @@ class Agent:
             coordinator=CoordinatorSeen.of(view),
             satellites=satellites,
             training_over_since=self._over_since,
-            main_step_status=self._main_step.poll() if self._main_step is not None else None,
+            main_step_status=main_status,
             stop_reason=self._stop_reason,
+            requeue_reason=self._requeue_reason,
+            checkpoint_step=newest_step(self.checkpoint_dir) if view.phase is Phase.LOST or main_status else None,
+            restarts_left=self.config.max_restarts - self.restarts,
         )
 
     # ----------------------------------------------------------------------------------------------- applying
@@ -378,10 +406,13 @@ class Agent:
             if isinstance(action, Stop):
                 log.warning("%s stopping: %s", self.prefix, action.reason)
                 self.journal.event("stopping", reason=action.reason)
+                ask_every_worker_to_leave(self, action.reason, STOP_GRACE_S)  # together: a final checkpoint
                 return ENDED_BY_SIGNAL
+            if isinstance(action, Requeue):
+                return requeue(self, action, self._requeues)
             if isinstance(action, JobFailed):  # a failure a retry repeats: end now, the traceback in our output
                 announce_failure(self.journal, action, self.prefix)
-                return self._stop_main_step() or 1
+                return self.stop_main_step() or 1
             if isinstance(action, MainGroupEnded):
                 log.info("%s the main worker group ended with status %s", self.prefix, action.status)
                 self.journal.event("main_group_ended", status=action.status)
@@ -392,12 +423,14 @@ class Agent:
                     "%s the job is %s but its worker step still runs; stopping it", self.prefix, action.phase.value
                 )
                 self.journal.event("main_group_stopped", phase=action.phase.value)
-                return self._stop_main_step()
+                return self.stop_main_step()
             if isinstance(action, SubmitSatellite):
                 if not refused:  # after a refusal the round's further submissions are dropped
                     refused = not self._submit(action)
             elif isinstance(action, ReleaseSatellite):
-                self._release(action)
+                self.release_satellite(action)
+            elif isinstance(action, RestartFromCheckpoint):
+                restart(self, action)
             elif isinstance(action, NodeFailing):
                 note_node_failing(self.journal, action, self.prefix)
             elif isinstance(action, LowerTarget):
@@ -448,7 +481,7 @@ class Agent:
         self.journal.event("satellite_submitted", group=action.group, slurm_job=job, workers=action.workers)
         return True
 
-    def _release(self, action: ReleaseSatellite) -> None:
+    def release_satellite(self, action: ReleaseSatellite) -> None:
         """Cancel a satellite's allocation, tell the coordinator its workers are gone, end the group."""
         self.satellites.cancel(action.slurm_job)
         for worker in action.mark_dead:
@@ -483,34 +516,6 @@ class Agent:
         """Workers the job has or is getting (groups not leaving or ended)."""
         return planned_size(self.groups)
 
-    def _register_with_daemon(self) -> None:
-        spec = self.config.spec
-        self.link.register(
-            {
-                "job_id": self.config.job_id,
-                "endpoint": self.endpoint,
-                "min_workers": spec.min_workers,
-                "max_workers": spec.max_workers,
-                "gpus_per_worker": spec.gpus_per_worker,
-                "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
-                "elastic_partition": self.config.elastic_partition,
-            }
-        )
-
-    def _report(self, view: CoordinatorView) -> None:
-        status = self.status(view)
-        self.link.report(
-            {
-                "job_id": self.config.job_id,
-                "size": status["size"],
-                "generation": status["generation"],
-                "target": status["target"],
-                "throughput": status["throughput"],
-                "history": status["history"][-20:],
-                "satellites": [g.slurm_job for g in self.groups if g.satellite and g.state is not GroupState.ENDED],
-            }
-        )
-
     # ----------------------------------------------------------------------------------------------- reporting
 
     def status(self, view: CoordinatorView | None = None) -> dict[str, Any]:
@@ -530,6 +535,66 @@ class Agent:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.status(view)))
         tmp.replace(path)
+
+
+def stop_step(step: RunningStep | None, grace_s: float) -> int:
+    """SIGTERM a worker step (srun forwards it: workers leave at a step boundary), SIGKILL after ``grace_s``;
+    returns its exit status (0 when there is none)."""
+    if step is None:
+        return 0
+    if step.poll() is None:
+        step.send_signal(signal.SIGTERM)
+        try:
+            step.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            step.kill()
+    return step.wait()
+
+
+def register_with_daemon(agent: Agent) -> None:
+    """Register the job with the daemon (its range, resources and directive endpoint)."""
+    spec = agent.config.spec
+    agent.link.register(
+        {
+            "job_id": agent.config.job_id,
+            "endpoint": agent.endpoint,
+            "min_workers": spec.min_workers,
+            "max_workers": spec.max_workers,
+            "gpus_per_worker": spec.gpus_per_worker,
+            "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
+            "elastic_partition": agent.config.elastic_partition,
+        }
+    )
+
+
+def report_to_daemon(agent: Agent, view: CoordinatorView) -> None:
+    """Report the job's size, target, throughput, recent history and satellites to the daemon."""
+    status = agent.status(view)
+    agent.link.report(
+        {
+            "job_id": agent.config.job_id,
+            "size": status["size"],
+            "generation": status["generation"],
+            "target": status["target"],
+            "throughput": status["throughput"],
+            "history": status["history"][-20:],
+            "satellites": [g.slurm_job for g in agent.groups if g.satellite and g.state is not GroupState.ENDED],
+        }
+    )
+
+
+def default_coordinator(config: AgentConfig) -> Coordinator:
+    """The job's coordinator as ``config`` says (a fresh one, with a new store and secret, on each restart)."""
+    return Coordinator(
+        CoordinatorConfig(
+            job_id=f"job{config.job_id}",
+            initial_workers=config.spec.min_workers,
+            max_workers=config.spec.max_workers,
+            advertise_addr=config.advertise_addr,
+            secret_file=str(config.state_dir / JOB_SECRET_FILE),  # the job's secret, 0600, for its workers
+            **config.coordinator,  # type: ignore[arg-type]
+        )
+    )
 
 
 def handle_directive(agent: Agent, channel: ChannelServer, req: Request) -> None:

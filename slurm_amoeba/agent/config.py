@@ -26,6 +26,13 @@ SITE_FILE = Path("/etc/slurm-amoeba/daemon.conf")
 #: Names another site file (tests; a site that keeps its configuration elsewhere).
 ENV_SITE_FILE = "AMOEBA_SITE_FILE"
 _MAX_SITE_FILE = 65536
+#: How many times a job may requeue itself before its time limit (read by ``amoeba-run``; the executor sets it from
+#: ``max_num_timeout``).
+ENV_MAX_REQUEUES = "AMOEBA_MAX_REQUEUES"
+#: How many times a job may restart from its disk checkpoint in one allocation (read by ``amoeba-run``).
+ENV_MAX_RESTARTS = "AMOEBA_MAX_RESTARTS"
+DEFAULT_MAX_REQUEUES = 3  # submitit's default max_num_timeout
+DEFAULT_MAX_RESTARTS = 3
 
 
 def _uid_of(key: str, value: str, where: str) -> int:
@@ -102,6 +109,11 @@ class AgentConfig:
         main_het_group: the heterogeneous component the main worker group runs in (1 with ``amoeba-sbatch``); None
             for a one-component allocation (plain ``sbatch --elastic``), where the workers' step shares the job with
             the agent in the batch step.
+        max_requeues: how many times the job may requeue itself before its time limit (submitit's
+            ``max_num_timeout``; ``AMOEBA_MAX_REQUEUES``); a requeue by Slurm (a node failure) does not count.
+        max_restarts: how many times, in one allocation, the job may restart from its newest disk checkpoint after
+            losing every worker that held its state (``AMOEBA_MAX_RESTARTS``).
+        stop_timeout_s: before a requeue, how long the workers get to leave and write a final checkpoint.
         poll_s: how often the agent looks at Slurm and the coordinator.
         report_s: how often it reports to the daemon.
         coordinator: further coordinator settings (timeouts).
@@ -119,6 +131,9 @@ class AgentConfig:
     satellite_time_min: int | None = None
     satellite_qos: str | None = None
     main_het_group: int | None = 1
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    stop_timeout_s: float = 60.0
     poll_s: float = 0.5
     report_s: float = 2.0
     coordinator: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -128,3 +143,21 @@ class AgentConfig:
             raise SpecError("the agent needs a worker command to run, e.g. ['python', 'train.py']")
         if not self.job_id.isdigit():
             raise SpecError(f"job_id={self.job_id!r} is not a Slurm job id")
+        if self.max_requeues < 0 or self.max_restarts < 0:
+            raise SpecError(
+                f"max_requeues={self.max_requeues}, max_restarts={self.max_restarts}: give 0 (never) or more"
+            )
+
+
+def count_from_environ(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number from the job's environment (``AMOEBA_MAX_REQUEUES``, ...); ``default`` when unset or empty.
+
+    Raises:
+        SpecError: the value is not a whole number (the message names the variable).
+    """
+    text = environ.get(name, "")
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()):
+        raise SpecError(f"{name}={quote(text)} is not a whole number; set e.g. {name}={default}")
+    return int(text)

@@ -6,8 +6,9 @@
 
 ``python -m slurm_amoeba.agent.entry satellite --parent JOB --group g1 --ntasks K ... -- CMD...``
     is a satellite's batch script: it starts the group's step and watches the parent job. When the parent is gone
-    (finished, cancelled, failed) it stops its workers and exits within a few seconds, so no satellite outlives its
-    job. On SIGTERM (preemption, shrink) it passes the signal to its workers, who leave at a step boundary.
+    (finished, cancelled, failed, or requeued: its next run has a new agent) it stops its workers and exits within a
+    few seconds, so no satellite outlives its job. On SIGTERM (preemption, shrink) it passes the signal to its
+    workers, who leave at a step boundary.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from types import FrameType
 
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.core.runtime_env import ENV_WORKER_ID
-from slurm_amoeba.slurm import CliSlurmClient, SlurmCommandError
+from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,30 @@ def run_worker(group: str, command: list[str]) -> int:
         return 127
 
 
-def parent_alive(client: CliSlurmClient, parent: int) -> bool:
-    """Whether the parent job still runs (True when Slurm cannot be asked: never kill on a failed poll)."""
+def parent_started(client: SlurmClient, parent: int) -> int | None:
+    """When the parent's current run started (Slurm's start time), None when Slurm cannot be asked now."""
+    try:
+        record = client.job(parent)
+    except (SlurmCommandError, AmoebaError) as exc:
+        log.warning("[%s/satellite] cannot ask Slurm about the parent: %s", parent, exc)
+        return None
+    return record.start_time if record is not None else None
+
+
+def parent_alive(client: SlurmClient, parent: int, started: int | None = None) -> bool:
+    """Whether the parent job still runs the run that started this satellite (True when Slurm cannot be asked:
+    never kill on a failed poll). A parent requeued (pending again, or running again from a later start) is gone
+    for the satellite: its agent and store are new."""
     try:
         record = client.job(parent)
     except (SlurmCommandError, AmoebaError) as exc:
         log.warning("[%s/satellite] cannot ask Slurm about the parent: %s", parent, exc)
         return True
-    return record is not None and record.state.is_active()
+    if record is None or not record.state.is_active():
+        return False
+    if record.state in (JobState.PENDING, JobState.REQUEUED):
+        return False
+    return started is None or record.start_time == started
 
 
 def run_satellite(args: argparse.Namespace) -> int:
@@ -84,6 +101,7 @@ def run_satellite(args: argparse.Namespace) -> int:
         env=os.environ,
     )
     client = CliSlurmClient(timeout=15)
+    started = parent_started(client, args.parent)
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
         code = step.poll()
@@ -94,7 +112,7 @@ def run_satellite(args: argparse.Namespace) -> int:
             log.info("%s got %s: workers leave at the next step boundary", prefix, stop[-1])
             return _stop_step(step, grace_s=30)
         if time.monotonic() >= next_check:
-            if not parent_alive(client, args.parent):
+            if not parent_alive(client, args.parent, started):
                 log.warning("%s parent job %s is gone: stopping the workers", prefix, args.parent)
                 return _stop_step(step, grace_s=3)
             next_check = time.monotonic() + PARENT_CHECK_S

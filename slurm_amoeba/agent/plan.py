@@ -9,7 +9,9 @@ What a round decides, in this order (DESIGN.md, control flow: the agent's part o
 
 1. **the end**: a signal asked the job to stop, the coordinator ended the job on a failure that a retry repeats (a
    user error on every member, or again after a rollback: :mod:`slurm_amoeba.runtime.failures`), or the main worker
-   group ended -> the job ends, nothing else;
+   group ended -> the job ends, nothing else; but Slurm's warning before the time limit (``USR1``) saves the state
+   and requeues the job (:class:`Requeue`), and a job that lost every worker holding its state restarts from its
+   newest disk checkpoint while restarts are left (:class:`RestartFromCheckpoint`);
 2. **satellites**, when Slurm was polled this round: a pending satellite that Slurm started runs now; one that
    ended (preempted, cancelled, failed, forgotten by squeue) is released;
 3. **training over** (finished or lost) while the main worker step still runs past a grace -> stop that step;
@@ -121,6 +123,11 @@ class Observation:
         training_over_since: when the agent first saw training over (None while it is not).
         main_step_status: the main worker step's exit status, None while it runs.
         stop_reason: why the job was asked to stop (a signal), or empty.
+        requeue_reason: why the job was asked to save its state and requeue itself (Slurm's warning before the
+            time limit, ``USR1``), or empty.
+        checkpoint_step: the step of the newest complete disk checkpoint, when the agent looked (it looks once the
+            job is lost or its main group ended), else None.
+        restarts_left: how many more times the job may restart from a disk checkpoint in this allocation.
     """
 
     now: float
@@ -131,6 +138,9 @@ class Observation:
     training_over_since: float | None = None
     main_step_status: int | None = None
     stop_reason: str = ""
+    requeue_reason: str = ""
+    checkpoint_step: int | None = None
+    restarts_left: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +201,25 @@ class MainGroupEnded:
     """The main worker step exited: the job ends with its status."""
 
     status: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Requeue:
+    """Save the state and requeue: every worker leaves at a step boundary (all at one, so the coordinator asks them
+    for a final disk checkpoint), the satellites are released, and the job requeues itself (``scontrol requeue``,
+    bounded); it resumes from that checkpoint. Ends the loop."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartFromCheckpoint:
+    """Every member holding the state is gone but a complete disk checkpoint of ``step`` exists: release the
+    satellites, stop what is left of the main group, and start a fresh coordinator and main group, which resume from
+    the checkpoint (the loop goes on)."""
+
+    reason: str
+    step: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,10 +324,12 @@ Action = (
     | SubmitSatellite
     | LowerTarget
     | NodeFailing
+    | Requeue
+    | RestartFromCheckpoint
 )
 """One thing the agent does; :func:`plan` returns them in the order they are to be applied."""
 
-ENDING_ACTIONS = (Stop, JobFailed, MainGroupEnded, StopMainStep)
+ENDING_ACTIONS = (Stop, Requeue, JobFailed, MainGroupEnded, StopMainStep)
 """Actions after which the agent's loop ends."""
 
 
@@ -375,9 +406,14 @@ def plan(seen: Observation, limits: Limits) -> list[Action]:
     """
     if seen.stop_reason:
         return [Stop(seen.stop_reason)]
+    if seen.requeue_reason:
+        return [Requeue(seen.requeue_reason)]
     failure = seen.coordinator.failure
     if failure is not None:
         return [JobFailed(failure, seen.coordinator.lost_reason, seen.coordinator.ending_error())]
+    restart = restart_from_checkpoint(seen)
+    if restart is not None:
+        return [restart]
     if seen.main_step_status is not None:
         return [MainGroupEnded(seen.main_step_status)]
     round_ = _Round(seen, limits)
@@ -391,6 +427,22 @@ def plan(seen: Observation, limits: Limits) -> list[Action]:
     if not over:  # nothing to grow into or shrink from once training has ended
         round_.reconcile()
     return round_.actions
+
+
+def restart_from_checkpoint(seen: Observation) -> RestartFromCheckpoint | None:
+    """Restart when the job lost its state (the coordinator says lost, or the main group ended with an error before
+    training finished), a complete disk checkpoint exists and restarts are left; a failure that a retry repeats never
+    comes here (it ends the job first)."""
+    phase = seen.coordinator.phase
+    if phase is Phase.FINISHED or seen.checkpoint_step is None or seen.restarts_left <= 0:
+        return None
+    if phase is Phase.LOST:
+        reason = seen.coordinator.lost_reason or "every worker holding the state is gone"
+    elif seen.main_step_status not in (None, 0):
+        reason = f"the main worker group ended with status {seen.main_step_status}"
+    else:
+        return None
+    return RestartFromCheckpoint(reason, seen.checkpoint_step)
 
 
 class _Round:

@@ -41,11 +41,12 @@ except ImportError as _missing:  # the base install has neither: name the extra 
         f"ElasticExecutor needs {_module} (the 'train' extra): pip install 'slurm-amoeba[train]'"
     ) from None
 
+from slurm_amoeba.agent.config import DEFAULT_MAX_REQUEUES, ENV_MAX_REQUEUES
 from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_JOB_FOLDER, ENV_STATE_DIR
 from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.launcher.parameters import ElasticParameters, updated
-from slurm_amoeba.launcher.submission import ElasticJobShape
+from slurm_amoeba.launcher.submission import ElasticJobShape, lifecycle_options, signal_lead_s
 from slurm_amoeba.slurm import (
     CliSlurmClient,
     JobState,
@@ -172,13 +173,16 @@ class ElasticExecutor(core.PicklingExecutor):
 
     Args:
         folder: the job folder (``%j`` becomes the job id), as with submitit.
-        max_num_timeout: as with submitit.
+        max_num_timeout: as with submitit: how many times the job may requeue itself before its time limit
+            (after a final checkpoint; :mod:`slurm_amoeba.agent.lifecycle`); a node failure's requeue does not count.
         slurm: the Slurm client the checks before submitting ask (default: the command-line one).
     """
 
     job_class = ElasticJob
 
-    def __init__(self, folder: str | Path, max_num_timeout: int = 0, *, slurm: SlurmClient | None = None) -> None:
+    def __init__(
+        self, folder: str | Path, max_num_timeout: int = DEFAULT_MAX_REQUEUES, *, slurm: SlurmClient | None = None
+    ) -> None:
         super().__init__(folder, max_num_timeout=max_num_timeout)
         self.elastic = ElasticParameters()
         self.parameters: dict[str, tp.Any] = dataclasses.asdict(self.elastic)
@@ -204,6 +208,9 @@ class ElasticExecutor(core.PicklingExecutor):
             daemon_endpoint=p.daemon_endpoint,
             output=str(folder / "%j_agent_log.out"),  # and its stderr
             extra=p.job_terms() + p.additional_args(),
+            lifecycle=lifecycle_options(
+                signal_lead_s(p.time, p.signal_delay_s), (k for k, _ in p.additional_parameters)
+            ),
         )
 
     def _check(self, submissions: tp.Sequence[utils.DelayedSubmission]) -> None:
@@ -255,6 +262,7 @@ class ElasticExecutor(core.PicklingExecutor):
         folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in template.split("%j"))
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in shape.environment().items())
         exports += f"export {ENV_JOB_FOLDER}={folder}\n"
+        exports += f"export {ENV_MAX_REQUEUES}={self.max_num_timeout}\n"  # submitit's bound on timeouts
         exports += f'export {ENV_STATE_DIR}="${ENV_JOB_FOLDER}/${{SLURM_JOB_ID}}_amoeba"\n'
         if self.elastic.setup:  # the user's lines, as submitit runs them: unset variables allowed (module load)
             exports += "# setup\nset +u\n" + "".join(f"{line}\n" for line in self.elastic.setup) + "set -u\n"

@@ -96,6 +96,42 @@ class RankZeroCopy(io.TextIOBase):
         return getattr(self._stream, name)
 
 
+def checkpoint_submission(folder: Path, job_id: str) -> str:
+    """submitit's ``Checkpointable`` convention, when the job is about to requeue itself (the agent calls it).
+
+    A function with ``__submitit_checkpoint__`` (or ``checkpoint``) is asked, with the submitted arguments, for the
+    submission to run after the requeue; what it returns replaces the submitted pickle, and None means "do not
+    requeue", as with submitit. It is called in the agent, on the function as submitted: each worker's copy of the
+    function ran in its own process, and the training state it built is in the runtime's final disk checkpoint,
+    which every requeued job resumes from. A function without the method is requeued as it is, for that reason
+    (submitit requeues it only on preemption).
+
+    Returns:
+        Why the job must not requeue, or empty.
+    """
+    paths = utils.JobPaths(folder, job_id=job_id, task_id=0)
+    try:
+        delayed = utils.DelayedSubmission.load(paths.submitted_pickle)
+    except Exception as exc:  # unpickling raises anything the user's code raises on import
+        return f"the submitted function cannot be read back from {paths.submitted_pickle}: {exc!r}"
+    function = delayed.function
+    checkpoint = getattr(function, "__submitit_checkpoint__", None) or getattr(function, "checkpoint", None)
+    if checkpoint is None:
+        return ""
+    try:
+        resubmitted = checkpoint(*delayed.args, **delayed.kwargs)
+    except Exception as exc:  # the user's checkpoint(): any failure means no requeue, with its reason
+        return f"checkpoint() raised {type(exc).__name__}: {exc}"
+    if resubmitted is None:
+        return "checkpoint function returned None"
+    if not isinstance(resubmitted, utils.DelayedSubmission):
+        return f"checkpoint() returned {type(resubmitted).__name__}, not a submitit DelayedSubmission"
+    tmp = paths.submitted_pickle.with_suffix(".requeue.tmp")
+    resubmitted.dump(tmp)
+    tmp.replace(paths.submitted_pickle)
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the job's function (see the module docstring)."""
     args = sys.argv[1:] if argv is None else argv

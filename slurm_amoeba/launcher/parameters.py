@@ -18,6 +18,7 @@ from typing import Any
 from slurm_amoeba.core.errors import SpecError, unknown_key_message
 from slurm_amoeba.core.jobenv import DEFAULT_CPUS_PER_WORKER, DEFAULT_ELASTIC_PARTITION, DEFAULT_GPUS_PER_WORKER
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.launcher.submission import signal_lead_s
 from slurm_amoeba.slurm.options import parse_time_minutes
 
 
@@ -47,6 +48,9 @@ class ElasticParameters:
             (``{"mail_type": "END"}`` becomes ``--mail-type=END``; ``True`` gives a bare flag).
         daemon_endpoint: the amoebad the agent registers with (None: none).
         python: the interpreter of the agent and of the workers.
+        signal_delay_s: how long before the time limit Slurm warns the job's agent, which then has the workers write
+            a final checkpoint and requeues the job (submitit's ``slurm_signal_delay_s``); None: 120 s, less for a
+            time limit under 8 minutes (:func:`~slurm_amoeba.launcher.submission.signal_lead_s`).
     """
 
     min_workers: int = 1
@@ -67,6 +71,7 @@ class ElasticParameters:
     additional_parameters: tuple[tuple[str, str | bool], ...] = ()
     daemon_endpoint: str | None = None
     python: str = sys.executable
+    signal_delay_s: int | None = None
 
     def spec(self) -> ElasticSpec:
         """The worker range and per-worker resources.
@@ -146,6 +151,7 @@ SUBMITIT_SPELLINGS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "slurm_cpus_per_task": ("cpus_per_worker", None),
     "gpus_per_task": ("gpus_per_worker", None),
     "slurm_gpus_per_task": ("gpus_per_worker", None),
+    "slurm_signal_delay_s": ("signal_delay_s", None),
 }
 
 _SIZED_IN_WORKERS = (
@@ -171,9 +177,7 @@ REFUSED: dict[str, str] = {
         ),
         _SIZED_IN_WORKERS,
     ),
-    **dict.fromkeys(
-        ("stderr_to_stdout", "slurm_srun_args", "slurm_use_srun", "slurm_signal_delay_s"), _AGENT_STARTS_WORKERS
-    ),
+    **dict.fromkeys(("stderr_to_stdout", "slurm_srun_args", "slurm_use_srun"), _AGENT_STARTS_WORKERS),
     "slurm_comment": "slurm_amoeba links satellites to their job through the job's comment",
     "slurm_array_parallelism": "map_array submits one elastic job per item, not a Slurm array",
 }
@@ -297,6 +301,8 @@ def updated(current: ElasticParameters, given: Mapping[str, Any]) -> ElasticPara
         changes["additional_parameters"] = _additional(changes["additional_parameters"])
     if "time" in changes:
         changes["time"] = _time(changes["time"])
+    if changes.get("signal_delay_s") is not None:
+        signal_lead_s(None, changes["signal_delay_s"])  # refuses what Slurm would
     for name in ("partition", "account", "qos", "constraint", "reservation", "exclude", "daemon_endpoint"):
         if name in changes:
             changes[name] = _optional_text(name, changes[name])

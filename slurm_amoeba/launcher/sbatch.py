@@ -27,7 +27,7 @@ from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.parameters import parse_memory_mb
-from slurm_amoeba.launcher.submission import ElasticJobShape
+from slurm_amoeba.launcher.submission import ElasticJobShape, lifecycle_options, signal_lead_s
 from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
 from slurm_amoeba.slurm.options import (
     JOB_WIDE_OPTIONS,
@@ -227,11 +227,23 @@ def _check_options(request: Request) -> None:
 
 
 def _check_time(option: SbatchOption) -> None:
+    if option.name == "signal" and option.value is not None and "B" not in option.value.partition(":")[0]:
+        signal = option.value.partition(":")[2] or option.value
+        raise SpecError(
+            f"{' '.join(option.words)} would signal the workers' steps, which do not handle it: write "
+            f"--signal=B:{signal} so that the job's agent gets it (it saves the state and requeues the job)"
+        )
     if option.name in ("time", "time-min") and option.value is not None:
         try:
             parse_time_minutes(option.value)
         except SpecError as exc:
             raise SpecError(f"{' '.join(option.words)}: {exc}") from None
+
+
+def _time_limit(request: Request) -> int | None:
+    """The job's time limit in minutes as sbatch will read it (the command line over the script), None: unset."""
+    text = last_value(request.options, "time") or last_value(request.directives, "time")
+    return parse_time_minutes(text) if text is not None else None
 
 
 def _per_worker(flag: int | None, directive: str | None, what: str, default: int) -> int:
@@ -286,6 +298,9 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
         daemon_endpoint=ours.daemon,
         extra=tuple(passthrough),
         worker_extra=tuple(w for o in request.options if o.name in JOB_WIDE_OPTIONS for w in o.words),
+        lifecycle=lifecycle_options(
+            signal_lead_s(_time_limit(request)), (o.name for o in [*request.options, *request.directives])
+        ),
     )
     shape.check_capacity(slurm)
     return Prepared(

@@ -9,11 +9,47 @@ Everything here is checked before anything is submitted.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.jobenv import DEFAULT_ELASTIC_PARTITION, JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import SlurmClient, SubmitOptions
+
+DEFAULT_SIGNAL_LEAD_S = 120
+"""Seconds before its time limit that Slurm warns a job's agent (``--signal=B:USR1@120``), unless a short time limit
+asks for less: the workers stop at a step boundary, write a final checkpoint and the job requeues itself
+(:mod:`slurm_amoeba.agent.lifecycle`). Slurm may send it up to a minute early (its time-limit checks are periodic)."""
+#: The sbatch options that say how the job ends and comes back; the user's own win over the executor's.
+LIFECYCLE_OPTIONS = frozenset({"signal", "requeue", "no-requeue"})
+
+
+def signal_lead_s(time_min: int | None, given_s: int | None = None) -> int:
+    """How long before the time limit Slurm warns the agent: ``given_s``, else :data:`DEFAULT_SIGNAL_LEAD_S`, but at
+    most a quarter of a time limit under 8 minutes (at least 10 s), so that a short job trains before it requeues.
+
+    Raises:
+        SpecError: ``given_s`` is not a whole number of seconds between 1 and 65535 (Slurm's range).
+    """
+    if given_s is not None:
+        if isinstance(given_s, bool) or not isinstance(given_s, int) or not 1 <= given_s <= 65535:
+            raise SpecError(f"signal_delay_s={given_s!r}: give whole seconds between 1 and 65535, e.g. 120")
+        return given_s
+    if time_min is not None and time_min * 60 < 4 * DEFAULT_SIGNAL_LEAD_S:
+        return max(10, time_min * 60 // 4)
+    return DEFAULT_SIGNAL_LEAD_S
+
+
+def lifecycle_options(lead_s: int, given: Iterable[str]) -> tuple[str, ...]:
+    """``--signal=B:USR1@<lead_s>`` and ``--requeue`` for the agent's component, each left out when the user gave
+    an option of its kind (``given``: the names of the user's sbatch options, ``#SBATCH`` lines included)."""
+    names = set(given)
+    out: list[str] = []
+    if "signal" not in names:
+        out.append(f"--signal=B:USR1@{lead_s}")
+    if not names & {"requeue", "no-requeue"}:
+        out.append("--requeue")  # also what lets Slurm requeue the job when the agent's node fails
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +68,7 @@ class ElasticJobShape:
         extra: further sbatch arguments for component 0 (the user's own sbatch options; sbatch copies most of them
             to component 1).
         worker_extra: further sbatch arguments for component 1 (options sbatch does not copy, e.g. the account).
+        lifecycle: sbatch arguments of component 0 for the time limit and requeues (:func:`lifecycle_options`).
     """
 
     spec: ElasticSpec
@@ -44,6 +81,7 @@ class ElasticJobShape:
     daemon_endpoint: str | None = None
     extra: tuple[str, ...] = ()
     worker_extra: tuple[str, ...] = ()
+    lifecycle: tuple[str, ...] = ()
 
     def components(self) -> list[SubmitOptions]:
         """Component 0 (the agent) and component 1 (the minimum workers)."""
@@ -56,7 +94,7 @@ class ElasticJobShape:
             time_min=self.time_min,
             output=self.output,
             error=self.error,
-            extra=self.extra,
+            extra=(*self.extra, *self.lifecycle),
         )
         workers = SubmitOptions(
             partition=self.partition,

@@ -78,6 +78,11 @@ class SlurmClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    def requeue(self, job_id: int) -> None:
+        """Requeue a batch job (``scontrol requeue``; a heterogeneous job by its leader, every component): Slurm ends
+        its processes and runs it again under the same id, pending at least ``cred_expire`` (120 s) first."""
+
+    @abc.abstractmethod
     def jobs(
         self,
         *,
@@ -184,6 +189,10 @@ class CliSlurmClient(SlurmClient):
             argv.append("--full")
         argv.append(target)
         self._run(argv)
+
+    def requeue(self, job_id: int) -> None:
+        """See :meth:`SlurmClient.requeue`."""
+        self._run(["scontrol", "requeue", str(job_id)])
 
     def jobs(
         self,

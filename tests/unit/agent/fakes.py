@@ -87,14 +87,17 @@ class Submission:
 class FakeSlurm(SlurmClient):
     """Slurm in memory. The parent (job 42) is a running heterogeneous job of two components (42 and 43).
 
-    ``refuse`` makes sbatch fail; ``down`` makes every call fail like a dead slurmctld; ``sinfo_down`` only sinfo.
+    ``refuse`` makes sbatch fail, ``refuse_requeue`` scontrol requeue; ``down`` makes every call fail like a dead
+    slurmctld; ``sinfo_down`` only sinfo.
     """
 
     records: dict[int, JobRecord] = dataclasses.field(default_factory=dict)
     node_list: list[NodeRecord] = dataclasses.field(default_factory=lambda: [node("n1"), node("n2")])
     submissions: list[Submission] = dataclasses.field(default_factory=list)
     cancelled: list[int] = dataclasses.field(default_factory=list)
+    requeued: list[int] = dataclasses.field(default_factory=list)
     refuse: bool = False
+    refuse_requeue: bool = False
     down: bool = False
     sinfo_down: bool = False
     next_id: int = 101
@@ -141,6 +144,13 @@ class FakeSlurm(SlurmClient):
         self.cancelled.append(job_id)
         if job_id in self.records:
             self.set_state(job_id, JobState.CANCELLED)
+
+    def requeue(self, job_id: int) -> None:
+        self._check(["scontrol", "requeue", str(job_id)])
+        if self.refuse_requeue:
+            raise SlurmCommandError(["scontrol", "requeue", str(job_id)], 1, "Requeue of JobId=42 not allowed")
+        self.requeued.append(job_id)
+        self.set_state(job_id, JobState.PENDING, "BeginTime")
 
     def jobs(
         self,

@@ -426,7 +426,7 @@ class RestartSupervisor:
         while time.monotonic() < deadline:
             if self._ending(plan.generation):
                 return Ending()
-            if self._store.check(keys):
+            if self._auth.all_sealed(self._store, keys, plan.members):
                 break
             time.sleep(0.01)
         return Ending() if self._ending(plan.generation) else Ending(finished=True)
@@ -470,7 +470,7 @@ class RestartSupervisor:
         while a script is still saving its checkpoint, and the report deadline starts when all are done."""
         keys = [stopped_key(plan.generation, m) for m in plan.members]
         deadline = time.monotonic() + self.grace_s + self.env.collective_timeout_s
-        while not self._store.check(keys) and time.monotonic() < deadline:
+        while not self._auth.all_sealed(self._store, keys, plan.members) and time.monotonic() < deadline:
             if aborted(self._store, plan.generation, self._auth) is not None:
                 return
             time.sleep(0.01)

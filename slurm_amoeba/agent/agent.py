@@ -360,7 +360,6 @@ class Agent:
         """Forget the lost run's progress (a restart from a disk checkpoint begins a new one)."""
         self.target = self.config.spec.min_workers
         self._over_since = None
-        self._view = None
 
     # ----------------------------------------------------------------------------------------------- observing
 

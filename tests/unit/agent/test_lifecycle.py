@@ -8,6 +8,7 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -290,3 +291,20 @@ def test_a_satellite_sees_its_parent_gone_once_the_parent_is_requeued_or_runs_ag
     assert not parent_alive(slurm, PARENT, started), "running again, from a later start"
     slurm.down = True
     assert parent_alive(slurm, PARENT, started), "a failed poll never kills"
+
+
+def test_the_loop_goes_on_after_a_restart_until_the_new_main_group_ends(parts: Parts) -> None:
+    agent, _, coordinator, steps, _ = parts
+    write_checkpoint_marker(agent.config.state_dir / "checkpoints", 20)
+    steps.started[0].status = 137
+    coordinator.statuses.update(dict.fromkeys(["g0-0", "g0-1"], WorkerStatus.DEAD))
+    finished_at_once = FakeSteps()
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        step = finished_at_once(*args, **kwargs)
+        step.status = 0  # the restarted group trains to the end
+        return step
+
+    agent._start_step = start
+    assert agent._loop() == 0
+    assert [e for e in events(agent) if e in ("restarting", "main_group_ended")] == ["restarting", "main_group_ended"]

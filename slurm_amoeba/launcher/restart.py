@@ -196,7 +196,8 @@ class RestartSupervisor:
         env: the worker's environment contract.
         key: the job's secret.
         grace_s: how long a script may take to exit after the hook.
-        settle_s: how long a failed script's supervisor waits to learn whether a peer died.
+        settle_s: how long a supervisor whose script exited on its own waits to learn whether the generation is
+            ending (a peer died or left) before it takes the exit as the script's own (finished, or an error).
         stop_dir: where the stop files go.
     """
 
@@ -260,7 +261,8 @@ class RestartSupervisor:
     def _wait_assignment(self, timeout_s: float) -> Assignment:
         key = assignment_key(self.worker_id, self._seq)
         deadline = time.monotonic() + timeout_s
-        while not self._store.check([key]):
+        # A value not sealed by the coordinator reads as absent: the coordinator's own write replaces it.
+        while (text := self._auth.read(self._store, key, sender=COORDINATOR)) is None:
             if self._leave.is_set() and self._seq == 0:
                 self._push(EventKind.LEFT, message="SIGTERM while waiting for admission")
                 return Assignment(AssignAction.LEAVE, reason="SIGTERM while waiting for admission")
@@ -269,12 +271,8 @@ class RestartSupervisor:
             if time.monotonic() > deadline:
                 raise AmoebaError(f"{self.prefix} waited {timeout_s:.0f} s for the coordinator's assignment {key}")
             time.sleep(0.01)
-        try:
-            assignment = Assignment.from_json(self._auth.opener.open(key, self._store.get(key), sender=COORDINATOR))
-        except AuthError as exc:
-            raise AmoebaError(f"{self.prefix} the assignment at {key} is not the coordinator's: {exc}") from None
         self._seq += 1
-        return assignment
+        return Assignment.from_json(text)
 
     def _error(self) -> tuple[str, int] | None:
         text = self._read(ERROR_KEY)

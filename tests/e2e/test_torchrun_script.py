@@ -76,7 +76,7 @@ def test_an_unmodified_torchrun_script_grows_and_shrinks_through_slurm_satellite
     state_dir = REPO / f"amoeba-{job_id}"
     agent = AgentHandle(job_id, state_dir)
     try:
-        wait_until("1 worker training", lambda: agent.workers() == 1, timeout=90)
+        wait_until("1 worker training", lambda: agent.workers() == 1, timeout=150)
         wait_until("the script to start", lambda: script_started(state_dir / "worker-g0-0.log") is not None)
         pid = script_started(state_dir / "worker-g0-0.log")
         assert pid is not None

@@ -255,7 +255,17 @@ class ElasticExecutor(core.PicklingExecutor):
             workers, extra=workers.extra + self.elastic.job_terms() + self.elastic.worker_terms()
         )
         python = self.elastic.python
-        agent = [python, "-m", "slurm_amoeba.launcher.run", "--", python, "-m", "slurm_amoeba.launcher.fn_worker"]
+        # exec: the agent is the batch shell, which Slurm's time-limit warning (--signal=B:USR1) is sent to.
+        agent = [
+            "exec",
+            python,
+            "-m",
+            "slurm_amoeba.launcher.run",
+            "--",
+            python,
+            "-m",
+            "slurm_amoeba.launcher.fn_worker",
+        ]
         text = render_batch_script(components, [agent])
         # The folder may hold %j (submitit's convention): the batch script knows the id, so the shell fills it in.
         template = str(utils.JobPaths(self.folder).folder)

@@ -96,6 +96,7 @@ class Prepared:
         wrap: the ``--wrap`` command, if any.
         test_only: ask Slurm when it would start the job, submit nothing.
         dry_run: print what would be submitted, ask Slurm nothing more.
+        note: what to tell the user besides (empty: nothing).
     """
 
     shape: ElasticJobShape
@@ -104,6 +105,7 @@ class Prepared:
     wrap: str | None = None
     test_only: bool = False
     dry_run: bool = False
+    note: str = ""
 
 
 def _memory(text: str) -> int:
@@ -240,6 +242,16 @@ def _check_time(option: SbatchOption) -> None:
             raise SpecError(f"{' '.join(option.words)}: {exc}") from None
 
 
+def execs_agent(script: str) -> bool:
+    """Whether a batch script replaces its shell with ``amoeba-run`` (``exec amoeba-run ...``), so that the job's
+    agent is the process Slurm's ``--signal=B:...`` reaches."""
+    for raw in script.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if words[:1] == ["exec"] and any(w.endswith("amoeba-run") or w == "slurm_amoeba.launcher.run" for w in words):
+            return True
+    return False
+
+
 def _time_limit(request: Request) -> int | None:
     """The job's time limit in minutes as sbatch will read it (the command line over the script), None: unset."""
     text = last_value(request.options, "time") or last_value(request.directives, "time")
@@ -291,6 +303,21 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
             f"--elastic={spec.min_workers}:{spec.max_workers}",
             f"--elastic-partition={ours.elastic_partition}",
         ]
+    given = [o.name for o in [*request.options, *request.directives]]
+    text = (
+        request.script.read_text(errors="replace")
+        if request.script
+        else wrap_script(last_value(request.options, "wrap") or "")
+    )
+    note = ""
+    if "signal" not in given and not execs_agent(text):
+        # Slurm's warning goes to the batch shell: a shell that runs amoeba-run as its child dies of it.
+        given.append("signal")
+        note = (
+            f"amoeba-sbatch: note: {request.script or '--wrap'} does not `exec amoeba-run ...`, so the job does not "
+            "ask for Slurm's warning before its time limit (USR1 would end the batch shell); write `exec amoeba-run "
+            "...` to have it save its state and requeue itself before the limit"
+        )
     shape = ElasticJobShape(
         spec=spec,
         partition=last_value(request.options, "partition") or last_value(request.directives, "partition"),
@@ -298,13 +325,17 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
         daemon_endpoint=ours.daemon,
         extra=tuple(passthrough),
         worker_extra=tuple(w for o in request.options if o.name in JOB_WIDE_OPTIONS for w in o.words),
-        lifecycle=lifecycle_options(
-            signal_lead_s(_time_limit(request)), (o.name for o in [*request.options, *request.directives])
-        ),
+        lifecycle=lifecycle_options(signal_lead_s(_time_limit(request)), given),
     )
     shape.check_capacity(slurm)
     return Prepared(
-        shape, request.script, request.script_args, last_value(request.options, "wrap"), ours.test_only, ours.dry_run
+        shape,
+        request.script,
+        request.script_args,
+        last_value(request.options, "wrap"),
+        ours.test_only,
+        ours.dry_run,
+        note,
     )
 
 
@@ -328,6 +359,8 @@ def _submit(prepared: Prepared, base: CliSlurmClient, script: Path) -> int:
     """Submit (or with --test-only/--dry-run, show) the job; print its id. Returns the exit status."""
     shape = prepared.shape
     env = submission_env(base.env, shape)
+    if prepared.note:
+        print(prepared.note, file=sys.stderr)
     try:
         if prepared.test_only or prepared.dry_run:
             sbatch_args = _show(shape, str(script), prepared.script_args)

@@ -50,11 +50,20 @@ def agent_args(*argv: str, script: Path) -> list[str]:
 
 def test_amoeba_sbatch_asks_for_the_warning_and_requeues_on_the_agents_component(tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\namoeba-run python train.py\n")
+    script.write_text("#!/bin/bash\nexec amoeba-run python train.py  # the agent is the batch shell\n")
     assert {"--signal=B:USR1@15", "--requeue"} <= set(agent_args("--elastic", "2:4", "-t", "1", script=script))
     script.write_text("#!/bin/bash\n#SBATCH --time=2:00:00\n#SBATCH --signal=B:USR1@300\namoeba-run python t.py\n")
     args = agent_args("--elastic", "2:4", "--no-requeue", script=script)
     assert not any(a.startswith("--signal") for a in args) and "--requeue" not in args
+
+
+def test_a_script_that_runs_amoeba_run_as_a_child_asks_for_no_warning_and_is_told_why(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n# exec amoeba-run in a comment does not count\namoeba-run python train.py\n")
+    prepared = prepare(["--elastic", "2:4", "-t", "30", str(script)], cluster(4))
+    args = het_submit_args(prepared.shape.components())
+    assert "--requeue" in args and not any(a.startswith("--signal") for a in args)
+    assert "does not `exec amoeba-run ...`" in prepared.note
 
 
 def test_amoeba_sbatch_refuses_a_signal_for_the_steps_naming_the_fix(tmp_path: Path) -> None:
@@ -70,6 +79,7 @@ def test_the_executor_asks_for_the_warning_and_passes_max_num_timeout_to_the_age
     assert "--signal=B:USR1@200" in agent and "--requeue" in agent
     assert not any(line.startswith("--signal") for line in workers)
     assert "export AMOEBA_MAX_REQUEUES=3\n" in text
+    assert text.rstrip().splitlines()[-1].startswith("exec "), "the agent must be the batch shell Slurm signals"
     with pytest.raises(SpecError, match="signal_delay_s=0"):
         script_of(tmp_path, slurm_signal_delay_s=0)
 

@@ -533,25 +533,27 @@ def compare_pauses(
     return {"rounds": rows, "pauses": pauses, "summary": summary, "baseline": str(baseline)}
 
 
+def _ms(spread: dict[str, float]) -> str:
+    """A spread in milliseconds: median [quartiles] (range), count."""
+    return (
+        f"{spread['median'] * 1000:6.1f} ms [{spread['q1'] * 1000:.1f}..{spread['q3'] * 1000:.1f}] "
+        f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"
+    )
+
+
 def format_comparison(report: dict[str, Any]) -> str:
     """The old-vs-new pause comparison, per round (with the load) and overall."""
-
-    def ms(spread: dict[str, float]) -> str:
-        return (
-            f"{spread['median'] * 1000:6.1f} ms [{spread['q1'] * 1000:.1f}..{spread['q3'] * 1000:.1f}] "
-            f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"
-        )
 
     lines = ["worker pause beyond one ordinary step of the new world size: baseline (old) vs this checkout (new)"]
     for row in report["rounds"]:
         steps = ", ".join(f"{size}w {step * 1000:.1f} ms" for size, step in row["step_s_by_size"].items())
         lines.append(
             f"  round {row['round'] + 1} {row['tree']:<3} load {row['load'][0]:.1f}->{row['load'][1]:.1f}  "
-            f"step {steps}  out {ms(row['scale_out'])}  in {ms(row['scale_in'])}"
+            f"step {steps}  out {_ms(row['scale_out'])}  in {_ms(row['scale_in'])}"
         )
     for label in ("old", "new"):
         summary = report["summary"][label]
-        lines.append(f"  all rounds {label:<3}  scale-out {ms(summary['out'])}  scale-in {ms(summary['in'])}")
+        lines.append(f"  all rounds {label:<3}  scale-out {_ms(summary['out'])}  scale-in {_ms(summary['in'])}")
     return "\n".join(lines)
 
 
@@ -636,21 +638,15 @@ def format_table(report: dict[str, Any]) -> str:
 def format_pauses(pauses: dict[str, Any]) -> str:
     """The worker-pause figures: beyond one step, median [quartiles] (range), and where the time went."""
 
-    def ms(spread: dict[str, float]) -> str:
-        return (
-            f"{spread['median'] * 1000:6.1f} ms [{spread['q1'] * 1000:.1f}..{spread['q3'] * 1000:.1f}] "
-            f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"
-        )
-
     sizes = ", ".join(f"{size} workers {step * 1000:.1f} ms" for size, step in pauses["step_s_by_size"].items())
     lines = [f"worker pause beyond one ordinary step of the new world size (median step: {sizes})"]
     for kind, name in (("out", "scale-out 1 -> 2"), ("in", "scale-in 2 -> 1")):
-        lines.append(f"  {name:<17} {ms(pauses['scale_' + kind])}")
+        lines.append(f"  {name:<17} {_ms(pauses['scale_' + kind])}")
         for key in ("group_s", "state_s"):
-            lines.append(f"    {key:<15} {ms(pauses['split'][kind][key])}")
+            lines.append(f"    {key:<15} {_ms(pauses['split'][kind][key])}")
         for name, label in PHASES:
             if name in pauses.get("phases", {}).get(kind, {}):
-                lines.append(f"      {label:<22} {ms(pauses['phases'][kind][name])}")
+                lines.append(f"      {label:<22} {_ms(pauses['phases'][kind][name])}")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -89,17 +89,66 @@ def _guard_processes(loader_kwargs: dict[str, Any]) -> None:
     loader_kwargs["worker_init_fn"] = _LoaderProcessGuard(os.getpid(), exiting, loader_kwargs.get("worker_init_fn"))
 
 
+class _LazyPlan:
+    """This rank's steps from the sampler's position to the end of the epoch (or to the next step where an adaptive
+    batch may change), each planned when first asked for.
+
+    The loader is iterated afresh after every switch; planning the whole rest of the epoch there costs every member
+    time proportional to the dataset at each switch (about 50 ms per million samples, more with the epoch's first
+    permutation), while a step's plan costs microseconds. The ``DataLoader`` (reading micro-batches ahead) and the
+    loader's steps both read this one plan, so they agree.
+    """
+
+    def __init__(self, sampler: ElasticSampler, rank: int, world_size: int) -> None:
+        sampler.planner.check_world_size(world_size)
+        self._sampler, self._rank, self._world_size = sampler, rank, world_size
+        self._where = dataclasses.replace(sampler.progress)
+        self._steps: list[StepAssignment] = []
+        self._complete = False
+
+    def get(self, index: int) -> StepAssignment | None:
+        """The ``index``-th step of the plan, or ``None`` past its end."""
+        while len(self._steps) <= index and not self._complete:
+            self._plan_next()
+        return self._steps[index] if index < len(self._steps) else None
+
+    def _plan_next(self) -> None:
+        sampler, where = self._sampler, self._where
+        if where.cursor >= sampler.dataset_size:
+            self._complete = True
+            return
+        assignment = sampler.assignment(self._rank, self._world_size, where)
+        self._steps.append(assignment)
+        where.cursor += assignment.plan.step_samples
+        where.step += 1
+        if sampler.max_global_batch is not None and where.step % sampler.adapt_every == 0:
+            self._complete = True  # the batch may change here: the next iteration plans the rest
+
+    def steps(self) -> Iterator[StepAssignment]:
+        """The plan's steps in order."""
+        index = 0
+        while (assignment := self.get(index)) is not None:
+            yield assignment
+            index += 1
+
+    def micro_batches(self) -> Iterator[list[int]]:
+        """This rank's micro-batches of every step in order (what the ``DataLoader`` loads)."""
+        for assignment in self.steps():
+            for micro in assignment.micro_indices:
+                yield list(micro)
+
+
 class _SwappableBatchSampler(Sampler[list[int]]):
-    """A batch sampler whose batches the loader replaces before each new iteration of the ``DataLoader``."""
+    """A batch sampler whose plan the loader replaces before each new iteration of the ``DataLoader``."""
 
     def __init__(self) -> None:
-        self.batches: list[list[int]] = []
+        self.plan: _LazyPlan | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(list(self.batches))
+        return iter(()) if self.plan is None else self.plan.micro_batches()
 
-    def __len__(self) -> int:
-        return len(self.batches)
+    def __len__(self) -> int:  # plans the whole rest of the epoch; the DataLoader's iteration does not ask
+        return 0 if self.plan is None else sum(1 for _ in self.plan.micro_batches())
 
 
 @dataclasses.dataclass
@@ -207,17 +256,17 @@ class ElasticDataLoader:
     def __iter__(self) -> Iterator[Step]:
         topology = self._current_topology()
         topology.check_boundary()
-        assignments = self.sampler.remaining_assignments(topology.rank, topology.world_size)
-        self._batches.batches = [list(m) for a in assignments for m in a.micro_indices]
-        if not self._batches.batches:
+        plan = _LazyPlan(self.sampler, topology.rank, topology.world_size)
+        self._batches.plan = plan
+        if next(plan.micro_batches(), None) is None:
             # Every step left in the epoch is empty for this rank (possible only in a short last step).
             batches: Iterator[Any] = iter(())
         else:
             batches = iter(self._loader)
-        return self._steps(assignments, batches, topology)
+        return self._steps(plan.steps(), batches, topology)
 
     def _steps(
-        self, assignments: Sequence[StepAssignment], batches: Iterator[Any], topology: Topology
+        self, assignments: Iterator[StepAssignment], batches: Iterator[Any], topology: Topology
     ) -> Iterator[Step]:
         previous: Step | None = None
         for assignment in assignments:

@@ -603,8 +603,8 @@ class Coordinator:
         except (ValueError, KeyError, TypeError) as exc:  # AuthError too
             self._refuse("a progress report", exc)
             return
-        if sender not in self.membership.live_members():
-            self._refuse("a progress report", ParseError(f"{sender!r} is no member of the current generation"))
+        if sender not in self.membership.live_members():  # e.g. the last report of a member that just left
+            log.debug("%s ignored a progress report of %s: no member of the current generation", self._prefix, sender)
             return
         with self._lock:
             self._progress = progress

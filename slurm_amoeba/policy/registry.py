@@ -13,6 +13,7 @@ from typing import Any
 from slurm_amoeba.core.errors import unknown_key_message
 from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.fifo import FifoPolicy
+from slurm_amoeba.policy.goodput import GoodputPolicy
 from slurm_amoeba.policy.sharing import SjfSharingPolicy
 from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
 from slurm_amoeba.policy.srtf import SrtfPolicy
@@ -37,6 +38,7 @@ _FACTORIES: dict[str, tuple[Callable[..., Policy], type]] = {
     "sjf-ffs": (_sjf_ffs, SjfSharingPolicy),
     "sjf-bsbf": (_sjf_bsbf, SjfSharingPolicy),
     "slurm": (SlurmBaselinePolicy, SlurmBaselinePolicy),
+    "goodput": (GoodputPolicy, GoodputPolicy),
 }
 
 #: The policy the daemon uses when its configuration names none.

@@ -1,0 +1,121 @@
+"""The goodput policy: the objective it maximises, LAS admission, cheap resizes, and the goodput model of adaptive
+jobs (the batch each size should use, and the model read from the runtime's report)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from slurm_amoeba.policy import JobPhase, PolicyError, check_decisions, make_policy
+from slurm_amoeba.policy.goodput import (
+    GoodputModel,
+    GoodputPolicy,
+    efficiency,
+    goodput_rates,
+    las_queue,
+    model_from_report,
+)
+from tests.unit.policy.helpers import job, sizes, snapshot
+
+
+def objective(rates: dict[str, dict[int, float]], alloc: dict[str, int], fairness: float) -> float:
+    total = 0.0
+    for key, table in rates.items():
+        speedup = table[alloc[key]] / table[1]
+        total += math.log(speedup) if fairness == 0 else speedup**fairness / fairness
+    return total
+
+
+@pytest.mark.parametrize("fairness", [-1.0, 0.0, 1.0])
+def test_growth_maximises_the_sum_of_fair_speedups_like_an_exhaustive_search(fairness: float) -> None:
+    rates = {
+        "a": {w: 10 * w**0.9 for w in range(1, 9)},  # scales well
+        "b": {w: 10 * w**0.5 for w in range(1, 9)},  # scales poorly
+        "c": {w: 10 * min(w, 3) + 0.5 * w for w in range(1, 9)},  # saturates at 3
+    }
+    jobs = [job(key, 1, low=1, high=8, throughput=rates[key], submit=i) for i, key in enumerate(rates)]
+    policy = GoodputPolicy(fairness=fairness, min_gain=0.0)
+    decided = sizes(policy.decide(snapshot([4, 4], jobs), now=0.0))
+    assert sum(decided.values()) == 8
+    best = max(
+        (dict(zip("abc", alloc, strict=True)) for alloc in itertools.product(range(1, 9), repeat=3) if sum(alloc) == 8),
+        key=lambda alloc: objective(rates, alloc, fairness),
+    )
+    assert objective(rates, decided, fairness) == pytest.approx(objective(rates, best, fairness))
+
+
+def test_las_admits_the_least_served_first_and_preempts_what_no_longer_fits() -> None:
+    served = job("old", 4, placement={"n0": 4}, submit=0.0, attained_service=20 * 3600.0)
+    young = job("young", 4, submit=5.0)
+    decided = GoodputPolicy().decide(snapshot([4], [served, young]), now=10.0)
+    assert sizes(decided) == {"old": 0, "young": 4}
+    assert las_queue(served, (3600.0, 16 * 3600.0)) == 2 and las_queue(young, (3600.0,)) == 0
+
+
+def test_running_jobs_keep_their_workers_unless_another_job_gains_clearly_more() -> None:
+    linear = {w: float(w) for w in range(1, 9)}
+    running = job("run", 2, low=1, high=8, placement={"n0": 4}, throughput=linear)
+    newcomer = job("new", 1, low=1, high=8, throughput=linear, submit=1.0)
+    decided = sizes(GoodputPolicy(fairness=1.0).decide(snapshot([4], [running, newcomer]), now=0.0))
+    assert decided == {"new": 1, "run": 3}, "with equal gains the held worker stays (keep_bonus), one moves over"
+    useless = job("flat", 1, low=1, high=8, throughput=dict.fromkeys(range(1, 9), 1.0), submit=2.0)
+    assert sizes(GoodputPolicy().decide(snapshot([8], [useless]), now=0.0)) == {"flat": 1}, "no gain: minimum only"
+    unknown = job("unknown", 1, low=1, high=8, placement={"n0": 1})
+    assert sizes(GoodputPolicy().decide(snapshot([8], [unknown]), 0.0)) == {"unknown": 8}, "unmeasured: linear"
+
+
+def test_decisions_respect_the_invariants_on_a_busy_cluster() -> None:
+    jobs = [
+        job(f"e{i}", 2, low=1, high=6, placement={f"n{i % 3}": 2}, throughput={w: w**0.8 for w in range(1, 7)})
+        for i in range(3)
+    ]
+    jobs += [job(f"r{i}", 4, submit=10.0 + i) for i in range(3)]
+    snap = snapshot([8, 8, 8], jobs)
+    decisions = make_policy("goodput").decide(snap, now=100.0)
+    check_decisions(snap, decisions)
+    after = {j.job_id: j.workers for j in jobs} | sizes(decisions)
+    assert sum(after[j.job_id] * j.gpus_per_worker for j in jobs) <= 24
+
+
+def test_goodput_model_picks_the_stationary_batch_and_grows_it_with_workers() -> None:
+    model = GoodputModel(base_batch=32, max_batch=4096, noise_scale=2000.0, sample_s=1e-3, fixed_s=0.05, sync_s=0.05)
+    for workers in (1, 4, 16):
+        batch, rate = model.best(workers)
+        exhaustive = max(range(32, 4097), key=lambda b: model.goodput(workers, b))
+        assert batch == exhaustive and model.goodput(workers, exhaustive) == pytest.approx(rate, rel=1e-12)
+    assert model.best(16)[0] > model.best(4)[0] > model.best(1)[0]
+    fixed = GoodputModel(base_batch=64, max_batch=64, noise_scale=None, sample_s=1e-3)
+    assert fixed.best(8)[0] == 64 and fixed.best(8)[1] == pytest.approx(64 / (64e-3 / 8))
+    rates = goodput_rates(model, 8)
+    assert sorted(rates) == list(range(1, 9)) and all(rates[w + 1] > rates[w] for w in range(1, 8))
+    assert efficiency(None, 64, 32) == 0.5 and efficiency(math.inf, 64, 32) == 1.0
+    with pytest.raises(PolicyError, match="batch range 64..32 is invalid"):
+        GoodputModel(base_batch=64, max_batch=32, noise_scale=None, sample_s=1.0)
+
+
+def test_model_is_read_from_the_runtime_report() -> None:
+    report = {
+        "base_batch": 8,
+        "max_batch": 256,
+        "noise_scale": 500.0,
+        "step_time_s": [[2, 16, 0.1 + 0.01 * 8, 30], [4, 32, 0.1 + 0.01 * 8, 10], [2, 64, 0.1 + 0.01 * 32, 5]],
+    }
+    model = model_from_report(report)
+    assert model is not None
+    assert model.sample_s == pytest.approx(0.01) and model.sync_s == pytest.approx(0.1) and model.fixed_s == 0.0
+    assert model.noise_scale == 500.0 and (model.base_batch, model.max_batch) == (8, 256)
+    assert model_from_report({"base_batch": 8, "max_batch": 8, "step_time_s": []}) is None
+    assert model_from_report({"noise_scale": 1.0}) is None
+
+
+def test_settings_are_checked_and_registered() -> None:
+    with pytest.raises(PolicyError, match="fairness=2"):
+        GoodputPolicy(fairness=2)
+    with pytest.raises(PolicyError, match="ascending"):
+        GoodputPolicy(thresholds_gpu_s=(10.0, 5.0))
+    policy = make_policy("goodput", fairness=0.0)
+    assert policy.name == "goodput" and not policy.decides_on_events_only
+    pending = job("p", 2)
+    assert pending.state is JobPhase.PENDING

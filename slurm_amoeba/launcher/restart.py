@@ -456,8 +456,13 @@ class RestartSupervisor:
         """The checkpoint hook: stop file and SIGTERM, up to the grace time, then SIGKILL. The return code."""
         self.stop_file.touch()
         child.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
         try:
-            return child.wait(timeout=self.grace_s)
+            code = child.wait(timeout=self.grace_s)
+            log.info(
+                "%s the script exited %.2f s after SIGTERM (status %d)", self.prefix, time.monotonic() - sent, code
+            )
+            return code
         except subprocess.TimeoutExpired:
             log.warning("%s the script did not exit within %.0f s of SIGTERM: killing it", self.prefix, self.grace_s)
             child.kill()

@@ -4,19 +4,18 @@ output and the class in its history; a satellite lost to its node is replaced on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.agent.agent import Agent
-from slurm_amoeba.agent.config import AgentConfig
-from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.coordinator import CoordinatorView
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.slurm import JobState
-from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
+from tests.unit.agent import test_agent
+from tests.unit.agent.fakes import FakeCoordinator
+from tests.unit.agent.test_agent import Parts
+
+parts = test_agent.parts  # the fixture: a started agent of a 2:8 job whose main group runs, on fakes
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 20, in step\nValueError: bad label 11\n'
 
@@ -34,34 +33,19 @@ class FailingCoordinator(FakeCoordinator):
         return dataclasses.replace(view, errors=self.errors, failure=self.failure, lost_reason=self.lost_reason)
 
 
-Parts = tuple[Agent, FakeSlurm, FailingCoordinator, FakeSteps, FakeClock]
-
-
 @pytest.fixture
-def parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Parts]:
-    """A started agent of a 2:8 job (one GPU per worker; nodes of 4 GPUs) whose main group runs."""
-    monkeypatch.setenv("SLURM_JOB_ID", str(PARENT))
-    monkeypatch.setenv("SLURM_HET_SIZE", "2")
-    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
-    config = AgentConfig(
-        job_id=str(PARENT),
-        spec=ElasticSpec(2, 8, gpus_per_worker=1),
-        command=("python", "train.py"),
-        state_dir=tmp_path / "state",
-        advertise_addr="10.0.0.1",
-    )
-    slurm, coordinator, steps, clock = FakeSlurm(), FailingCoordinator(), FakeSteps(), FakeClock()
-    agent = Agent(config, slurm, coordinator=coordinator, step_starter=steps, clock=clock)
-    agent.start_main_group()
-    coordinator.members("g0-0", "g0-1")
-    yield agent, slurm, coordinator, steps, clock
-    agent.shutdown()
+def failing(parts: Parts) -> FailingCoordinator:
+    """``parts``' agent (tests/unit/agent/test_agent.py) with a coordinator whose view carries errors and failures."""
+    agent, _, coordinator, _, _ = parts
+    agent.coordinator = replacement = FailingCoordinator(statuses=coordinator.statuses)
+    return replacement
 
 
 def test_a_user_error_on_every_member_ends_the_job_with_the_traceback_in_its_output_and_the_class_in_history(
-    parts: Parts, capsys: pytest.CaptureFixture[str]
+    parts: Parts, failing: FailingCoordinator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    agent, slurm, coordinator, steps, _ = parts
+    agent, slurm, _, steps, _ = parts
+    coordinator = failing
     agent.resize(4)
     agent.round()
     slurm.set_state(101, JobState.RUNNING)
@@ -86,8 +70,11 @@ def test_a_user_error_on_every_member_ends_the_job_with_the_traceback_in_its_out
     assert slurm.cancelled == [101]  # no satellite left
 
 
-def test_a_satellite_whose_node_failed_is_replaced_by_one_that_excludes_the_node(parts: Parts) -> None:
-    agent, slurm, coordinator, _, clock = parts
+def test_a_satellite_whose_node_failed_is_replaced_by_one_that_excludes_the_node(
+    parts: Parts, failing: FailingCoordinator
+) -> None:
+    agent, slurm, _, _, clock = parts
+    coordinator = failing
     agent.resize(4)
     agent.round()
     slurm.records[101] = dataclasses.replace(slurm.records[101], state=JobState.RUNNING, nodes=("n4",))

@@ -52,6 +52,7 @@ _OURS = {
     "--daemon": True,
     "--test-only": False,
     "--dry-run": False,
+    "--restart": False,
 }
 # sbatch options amoeba-sbatch cannot pass on, with what to write instead.
 _REFUSED = {
@@ -97,6 +98,7 @@ class Prepared:
         test_only: ask Slurm when it would start the job, submit nothing.
         dry_run: print what would be submitted, ask Slurm nothing more.
         note: what to tell the user besides (empty: nothing).
+        restart: the job's ``amoeba-run`` restarts an unmodified torchrun script at each resize (``AMOEBA_RESTART``).
     """
 
     shape: ElasticJobShape
@@ -106,6 +108,7 @@ class Prepared:
     test_only: bool = False
     dry_run: bool = False
     note: str = ""
+    restart: bool = False
 
 
 def _memory(text: str) -> int:
@@ -163,6 +166,11 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
         "--test-only", action="store_true", help="print what would be submitted and ask Slurm when it would start"
     )
     parser.add_argument("--dry-run", action="store_true", help="print what would be submitted; ask Slurm nothing")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="the script's amoeba-run runs an unmodified torchrun script, restarted at each resize (AMOEBA_RESTART=1)",
+    )
     return parser
 
 
@@ -336,6 +344,7 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
         ours.test_only,
         ours.dry_run,
         note,
+        ours.restart,
     )
 
 
@@ -359,6 +368,8 @@ def _submit(prepared: Prepared, base: CliSlurmClient, script: Path) -> int:
     """Submit (or with --test-only/--dry-run, show) the job; print its id. Returns the exit status."""
     shape = prepared.shape
     env = submission_env(base.env, shape)
+    if prepared.restart:  # sbatch exports it; amoeba-run reads it (launcher/restart.py)
+        env["AMOEBA_RESTART"] = "1"
     if prepared.note:
         print(prepared.note, file=sys.stderr)
     try:

@@ -18,10 +18,13 @@ from examples.torchrun_ddp import build_dataset, build_model, build_optimizer
 from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.launcher.restart import child_environ, exit_status, restart_command, torchrun_env
 from slurm_amoeba.launcher.run import build_parser, config_from_args
+from slurm_amoeba.launcher.sbatch import prepare
 from slurm_amoeba.local.cli import build_parser as local_parser
 from slurm_amoeba.local.job import LocalJob
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import GenerationPlan
+from slurm_amoeba.slurm import het_submit_args
+from tests.unit.launcher.test_executor import cluster
 from tests.unit.slurm.test_allocation import PLAIN
 
 ROOT = Path(__file__).parents[3]
@@ -147,3 +150,11 @@ def test_amoeba_run_and_amoeba_local_put_the_supervisor_before_the_script_when_a
     wrapped = config_from_args(parser.parse_args(["--restart", "python", "t.py"]), env).command
     assert wrapped == tuple(restart_command(["python", "t.py"]))
     assert local_parser().parse_args(["--restart", "--", "python", "t.py"]).restart
+
+
+def test_amoeba_sbatch_restart_is_ours_and_not_passed_to_sbatch(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\namoeba-run python train.py\n")
+    prepared = prepare(["--restart", "--elastic", "1:2", str(script)], cluster(4))
+    assert prepared.restart and "--restart" not in het_submit_args(prepared.shape.components())
+    assert not prepare(["--elastic", "1:2", str(script)], cluster(4)).restart

@@ -414,7 +414,7 @@ class Agent:
                 return self.stop_main_step() or 1
             if isinstance(action, MainGroupEnded):
                 log.info("%s the main worker group ended with status %s", self.prefix, action.status)
-                self.journal.event("main_group_ended", status=action.status)
+                self.journal.event("main_group_ended", status=action.status, failure=action.failure)
                 return action.status
             if isinstance(action, StopMainStep):
                 # Training ended (or was lost) but a worker process lingers (hung, declared dead): stop the step.

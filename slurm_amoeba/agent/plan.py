@@ -198,9 +198,12 @@ class JobFailed:
 
 @dataclasses.dataclass(frozen=True)
 class MainGroupEnded:
-    """The main worker step exited: the job ends with its status."""
+    """The main worker step exited: the job ends with its status; ``failure`` is the class of a non-zero one
+    (:func:`~slurm_amoeba.runtime.failures.classify_exit`: 1 a user error, 137 killed from outside), for the history
+    (not compared: the status says it)."""
 
     status: int
+    failure: FailureClass | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,7 +418,7 @@ def plan(seen: Observation, limits: Limits) -> list[Action]:
     if restart is not None:
         return [restart]
     if seen.main_step_status is not None:
-        return [MainGroupEnded(seen.main_step_status)]
+        return [MainGroupEnded(seen.main_step_status, classify_exit(WorkerExit(seen.main_step_status)))]
     round_ = _Round(seen, limits)
     if seen.satellites is not None:
         round_.watch_satellites(seen.satellites)

@@ -379,3 +379,12 @@ def test_a_satellite_holds_one_nodes_worth_of_workers(
 ) -> None:
     spec = ElasticSpec(2, 8, gpus_per_worker=gpus_per_worker)
     assert workers_per_satellite(spec, node_gpus) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "failure"),
+    [(0, None), (1, USER), (139, USER), (137, INFRA), (143, INFRA)],
+)
+def test_the_main_groups_end_carries_the_class_of_its_status(status: int, failure: FailureClass | None) -> None:
+    (ended,) = plan(seen([G0], 2, main_status=status), LIMITS)
+    assert isinstance(ended, MainGroupEnded) and ended.status == status and ended.failure is failure

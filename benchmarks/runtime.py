@@ -21,6 +21,15 @@ On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.0
   torchrun scripts (``amoeba-run --restart``), measured the same way, printed beside the stop-free path's with the
   ratio of the medians.
 
+* ``worker_pause`` (``--pause-only`` alone): repeated 1 -> 2 -> 1 resizes of one job; per switch, the first
+  worker's gap between its step ends around the switch minus its median ordinary step at the new world size, and
+  where the time went (the worker's ``switch_marks``: report, assignment, old group, meeting, group, manifest,
+  check, broadcast, load, auto-commit, first step).
+* ``comparison`` (``--baseline DIR [--rounds N]``): the same worker pause for the workers of another tree (a copy
+  holding ``slurm_amoeba/`` and ``benchmarks/``, e.g. the code before a change) and for this checkout, in
+  alternating rounds with the load average beside each round: on a shared machine only an interleaved
+  comparison says whether a change helped.
+
 Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition.
 """
 

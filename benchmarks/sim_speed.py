@@ -2,9 +2,10 @@
 
 ``scripts/bench-sim`` runs :func:`main`: FIFO and Tiresias over growing prefixes of the trace and over all of it
 (82,247 jobs), timing wall-clock and CPU seconds of the engine alone (loading the trace is not counted), with the
-policy's answers checked as ``amoeba-sim`` checks them, and the engine's queue depth at :data:`QUEUE_DEPTH`
-(``amoeba-sim --queue-depth``). It prints a table and writes the figures as JSON. With ``--exact N`` it also runs
-the first N jobs with every pending job shown to the policy, and so measures what the queue depth changes.
+policy's answers checked as ``amoeba-sim`` checks them. By default every run is exact (queue depth 0: FIFO sees every
+pending job, Tiresias the part of its own order that can matter, see the engine's ``ORDERED_WINDOW``); with
+``--queue-depth N`` the runs show only the N oldest pending jobs (``amoeba-sim --queue-depth``, an approximation
+for Tiresias). It prints a table and writes the figures as JSON.
 
 The target (issue 14): the whole trace under FIFO and under Tiresias within 120 s each on this 2-core machine.
 """
@@ -27,8 +28,8 @@ from slurm_amoeba.sim.workload import JobSpec, load_philly
 #: The cluster of the target.
 NODES, GPUS_PER_NODE = 64, 8
 
-#: The engine's queue depth for the timed runs (exact for FIFO; an approximation for Tiresias, see ``--exact``).
-QUEUE_DEPTH = 500
+#: The engine's queue depth for the timed runs: 0, every pending job the policy needs (exact).
+QUEUE_DEPTH = 0
 
 
 def _cpu_seconds() -> float:
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark, print the table, write the JSON.
 
     Args:
-        argv: ``[--sizes 10000,20000,40000] [--policies fifo,tiresias] [--exact N] [--json PATH]``.
+        argv: ``[--sizes 10000,20000,40000] [--policies fifo,tiresias] [--queue-depth N] [--json PATH]``.
 
     Returns:
         0 when every full-trace run took at most 120 s of wall-clock time, 1 otherwise.
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench-sim", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,20000,40000", help="trace prefixes to time before the whole trace")
     parser.add_argument("--policies", default="fifo,tiresias")
-    parser.add_argument("--exact", type=int, default=0, help="also run the first N jobs with every pending job shown")
+    parser.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH, help="pending jobs shown (0: exact)")
     parser.add_argument("--json", type=Path, default=Path("bench-sim.json"))
     args = parser.parse_args(argv)
     trace = data_dir() / "pollux" / "traces" / "philly.csv"
@@ -77,10 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, object]] = []
     print(f"{'policy':<9} {'jobs':>7} {'depth':>6} {'rounds':>8} {'wall s':>7} {'CPU s':>7} {'avg JCT h':>10}")
     for policy in args.policies.split(","):
-        runs = [(size, QUEUE_DEPTH) for size in sizes]
-        if args.exact:
-            runs.append((args.exact, 0))
-        for size, depth in runs:
+        for size, depth in [(size, args.queue_depth) for size in sizes]:
             figures = timed_run(everything[:size], policy, depth)
             rows.append({"policy": policy, "jobs": size, "queue_depth": depth, **figures})
             print(

@@ -8,6 +8,9 @@
   with the artifact's 30 s resize cost and with the runtime's measured pause and grow lag (``RUNTIME_RESIZE_COST_S``,
   ``RUNTIME_GROW_LAG_S``); elastic backfill also against itself without elastic jobs, and on top of the ``slurm``
   baseline (``grow_elastic``).
+- *Default*: the daemon's default on top of the ``slurm`` baseline against the baseline alone, per workload family
+  and load (avg and p99 JCT, workloads that lose), the rigid jobs' wait when half the jobs are elastic, and the
+  what-if of a queue in 2D-LAS order.
 - *Speed*: all workloads x all policies at 1.0x, FIFO over the full ``philly.csv``, and one decision of each policy
   on a snapshot of 1,000 nodes x 8 GPUs and 2,000 jobs.
 """
@@ -33,10 +36,11 @@ from slurm_amoeba.sim.engine import (
     RUNTIME_GROW_LAG_S,
     RUNTIME_RESIZE_COST_S,
     SimConfig,
+    Simulator,
     trace_models,
 )
 from slurm_amoeba.sim.report import plot
-from slurm_amoeba.sim.runner import RunOutcome, RunSpec, run_many
+from slurm_amoeba.sim.runner import RunOutcome, RunSpec, load_jobs, run_many
 from slurm_amoeba.sim.workload import load_pollux_workload
 
 LOADS = ("0.5", "1.0", "1.5", "2.0")
@@ -196,6 +200,81 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
     return "\n".join(lines)
 
 
+#: The daemon's default on top of the ``slurm`` baseline (what a site running amoebad gets), and the what-if of a
+#: daemon that also orders Slurm's queue by attained service (Tiresias's 16 GPU-hour threshold).
+DEFAULT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True),)
+LAS_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("las_queue_s", 16 * 3600.0))
+
+
+def _versus(runs: Sequence[RunOutcome], base: Sequence[RunOutcome]) -> str:
+    """Table cells of a row against the baseline's runs of the same workloads."""
+    cells = []
+    for key in ("avg_jct_s", "p99_jct_s"):
+        mean, reference = (sum(run.summary[key] for run in side) / len(side) for side in (runs, base))
+        cells.append(f"{mean / 3600:.3f} ({100 * (mean / reference - 1):+.1f}%)")
+    ratios = [run.summary["avg_jct_s"] / ref.summary["avg_jct_s"] - 1 for run, ref in zip(runs, base, strict=True)]
+    worse = sum(1 for ratio in ratios if ratio > 0.005)
+    cells.append(f"{worse} of {len(ratios)} (worst {100 * max(ratios):+.0f}%)")
+    return " | ".join(cells)
+
+
+def _regular_wait(path: Path, knobs: tuple[tuple[str, object], ...], fraction: float) -> float:
+    """Average wait of the jobs that stay rigid when ``fraction`` of a workload's jobs is elastic."""
+    spec = RunSpec("slurm", path, SimConfig(), elastic_fraction=fraction, knobs=knobs)
+    jobs = load_jobs(spec)
+    apps = load_applications()
+    result = Simulator(jobs, make_policy("slurm", **dict(knobs)), spec.config, trace_models(apps, 4)).run()
+    rigid = {job.name for job in jobs if job.min_workers == job.max_workers}
+    waits = [r.first_start - r.submit_time for r in result.jobs if r.name in rigid and r.first_start is not None]
+    return sum(waits) / len(waits)
+
+
+def default_policy(processes: int | None) -> str:
+    """Markdown: the daemon's default on top of the ``slurm`` baseline, per workload family and load."""
+    lines = [
+        "| workloads | row | avg JCT h (vs slurm) | p99 JCT h (vs slurm) | workloads with a worse avg JCT |",
+        "|---|---|---|---|---|",
+    ]
+    for load in LOADS:
+        files = _workloads(load)
+        rows = (("slurm (baseline)", 0.0, ()), ("daemon default", 1.0, DEFAULT_KNOBS), ("+ LAS order", 1.0, LAS_KNOBS))
+        specs = [RunSpec("slurm", path, SimConfig(), elastic_fraction=f, knobs=k) for _, f, k in rows for path in files]
+        outcomes = run_many(specs, processes)
+        base = outcomes[: len(files)]
+        for index, (label, _, _) in enumerate(rows):
+            runs = outcomes[index * len(files) : (index + 1) * len(files)]
+            lines.append(f"| Pollux {load}x, every job elastic | {label} | {_versus(runs, base)} |")
+    half = _workloads("1.0")
+    waits = {
+        label: [_regular_wait(path, knobs, 0.5) for path in half]
+        for label, knobs in (("slurm", ()), ("default", DEFAULT_KNOBS))
+    }
+    delays = [after - before for before, after in zip(waits["slurm"], waits["default"], strict=True)]
+    lines.append(
+        f"\nHalf the jobs elastic (1.0x): the rigid jobs' average wait is "
+        f"{sum(waits['slurm']) / len(half) / 60:.1f} min under the baseline and "
+        f"{sum(waits['default']) / len(half) / 60:.1f} min with the daemon's default (per "
+        f"workload from {min(delays) / 60:+.1f} to {max(delays) / 60:+.1f} min)."
+    )
+    trace = data_dir() / "pollux" / "traces" / "philly.csv"
+    philly = [
+        RunSpec("slurm", trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=k)
+        for k in ((), DEFAULT_KNOBS)
+    ]
+    base_run, default_run = run_many(philly, processes)
+    lines.append(
+        f"Philly, first {PHILLY_RIGID} jobs (rigid) on 64 x 8 GPUs: avg JCT "
+        f"{base_run.summary['avg_jct_s'] / 3600:.3f} h under the baseline, "
+        f"{default_run.summary['avg_jct_s'] / 3600:.3f} h with the daemon's default (p99 "
+        f"{base_run.summary['p99_jct_s'] / 3600:.2f} / {default_run.summary['p99_jct_s'] / 3600:.2f} h)."
+    )
+    return "\n".join(lines)
+
+
+#: Jobs of philly.csv in the rigid family's run.
+PHILLY_RIGID = 2000
+
+
 def _cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system + times.children_user + times.children_system
@@ -304,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the document's tables as Markdown; write the plot.
 
     Args:
-        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|speed]``.
+        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|speed]``.
 
     Returns:
         0.
@@ -313,11 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("docs/img/sim-jobload-1.0.png"))
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--no-philly", action="store_true", help="skip the (one-minute) Philly speed run")
-    parser.add_argument("--only", choices=("fidelity", "claims", "speed"), default=None)
+    parser.add_argument("--only", choices=("fidelity", "claims", "default", "speed"), default=None)
     args = parser.parse_args(argv)
     sections: dict[str, Callable[[], str]] = {
         "fidelity": lambda: fidelity(args.processes),
         "claims": lambda: claims(args.processes, args.plot),
+        "default": lambda: default_policy(args.processes),
         "speed": lambda: speed(args.processes, not args.no_philly),
     }
     for name, section in sections.items():

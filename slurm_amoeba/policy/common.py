@@ -234,7 +234,7 @@ def marginal_efficiency(job: JobInfo, workers: int) -> float:
 
 
 def distribute_spare(
-    jobs: Sequence[JobInfo], sizes: dict[str, int], spare_gpus: int, min_gain: float
+    jobs: Sequence[JobInfo], sizes: dict[str, int], spare_gpus: int, min_gain: float, by_service: bool = False
 ) -> dict[str, int]:
     """Give spare GPUs, one worker at a time, to the jobs whose speed gains most per GPU.
 
@@ -247,15 +247,22 @@ def distribute_spare(
         sizes: job id -> size so far; updated in place and returned.
         spare_gpus: GPUs to hand out at most.
         min_gain: the smallest marginal efficiency worth a resize.
+        by_service: rank by least attained service instead (the least-attained-service idea of Tiresias applied
+            to growth: young jobs, mostly the short ones of heavy-tailed workloads, grow first), each job growing
+            while its extra workers pass ``min_gain``.
 
     Returns:
         ``sizes``, with the growth added.
     """
+
+    def rank(job: JobInfo, size: int) -> float:
+        return job.attained_service if by_service else -speedup_gain(job, size)
+
     heap: list[tuple[float, int, JobInfo]] = []
     for index, job in enumerate(jobs):
         size = sizes.get(job.job_id, 0)
         if job.is_resizable and 0 < size < job.max_workers:
-            heap.append((-speedup_gain(job, size), index, job))
+            heap.append((rank(job, size), index, job))
     heapq.heapify(heap)
     while heap and spare_gpus > 0:
         _, index, job = heapq.heappop(heap)
@@ -265,7 +272,7 @@ def distribute_spare(
         sizes[job.job_id] = size + 1
         spare_gpus -= job.gpus_per_worker
         if size + 1 < job.max_workers:
-            heapq.heappush(heap, (-speedup_gain(job, size + 1), index, job))
+            heapq.heappush(heap, (rank(job, size + 1), index, job))
     return sizes
 
 

@@ -24,7 +24,9 @@ A model of Slurm 22.05 with ``PriorityType=priority/multifactor``, ``SchedulerTy
 With ``grow_elastic`` the policy adds the daemon's ``elastic-backfill`` on top: elastic jobs start at their minimum
 (the daemon's jobs are submitted so), their extra workers count as free GPUs for Slurm's decisions (they live in a
 preemptible partition), are given back, least useful first, when a job Slurm starts needs them, and the GPUs left
-idle go to the elastic jobs whose speed gains most. This is what a site running ``amoebad`` would see.
+idle go to the elastic jobs with the least attained service first. This is what a site running ``amoebad`` would
+see. ``las_queue_s`` is a what-if on top: Slurm's queue in 2D-LAS order, as a daemon with operator rights could set
+it through job priorities (not built).
 
 Each knob is a ``slurm.conf`` parameter; ``slurm_amoeba.sim.slurmconf`` reads them from a slurm.conf-like file.
 """
@@ -151,6 +153,12 @@ class SlurmBaselinePolicy:
             ``PreemptMode=off``.
         grow_elastic: run the daemon's elastic backfill on top (see the module).
         min_gain: with ``grow_elastic``, the smallest marginal efficiency worth a grow (as ``elastic-backfill``).
+        grow_by_service: with ``grow_elastic``, idle GPUs go to the elastic jobs with the least attained service
+            first (``False``: the largest speedup gain), as ``elastic-backfill`` does.
+        las_queue_s: when positive, the pending jobs of a partition tier are tested in 2D-LAS order instead of by
+            multifactor priority: those below this many attained GPU-seconds first, each group by submit time. A
+            what-if: the order a daemon with operator rights would set through job priorities (Tiresias's queue
+            without its preemptions); 0, the default, is Slurm's own order.
         name: ``"slurm"``.
         decides_on_events_only: ``False``: priorities age with time.
     """
@@ -168,11 +176,20 @@ class SlurmBaselinePolicy:
     partitions: tuple[SlurmPartition, ...] = ()
     grow_elastic: bool = False
     min_gain: float = 0.1
+    grow_by_service: bool = True
+    las_queue_s: float = 0.0
     name: str = dataclasses.field(default="slurm", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        for knob in ("weight_age", "weight_job_size", "weight_fairshare", "weight_partition", "min_gain"):
+        for knob in (
+            "weight_age",
+            "weight_job_size",
+            "weight_fairshare",
+            "weight_partition",
+            "min_gain",
+            "las_queue_s",
+        ):
             if not getattr(self, knob) >= 0:
                 raise PolicyError(f"{knob}={getattr(self, knob)} must be 0 or more")
         for knob in ("max_age_s", "bf_window_s", "default_time_s"):
@@ -238,6 +255,16 @@ class SlurmBaselinePolicy:
 
     def queue_order(self, snapshot: Snapshot, now: float) -> list[JobInfo]:
         """The pending jobs in the order Slurm tests them: partition tier, priority, submit time, id."""
+        if self.las_queue_s > 0:
+            return sorted(
+                snapshot.pending(),
+                key=lambda job: (
+                    -self._partition(job).priority_tier,
+                    job.attained_service >= self.las_queue_s,
+                    job.submit_time,
+                    job.job_id,
+                ),
+            )
         priority = self.priorities(snapshot, now)
         return sorted(
             snapshot.pending(),
@@ -379,10 +406,14 @@ class SlurmBaselinePolicy:
             sizes[job.job_id] = targets[job.job_id]
         growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons] + list(started)
         before = dict(sizes)
-        distribute_spare(growers, sizes, max(free, 0), self.min_gain)
+        distribute_spare(growers, sizes, max(free, 0), self.min_gain, self.grow_by_service)
         held = {job.job_id: job.workers for job in running}
         for key, size in sizes.items():
             if size != before[key]:
-                reasons[key] = "slurm+elastic-backfill: idle GPUs, largest speedup gain"
+                reasons[key] = (
+                    "slurm+elastic-backfill: idle GPUs, least attained service first"
+                    if self.grow_by_service
+                    else "slurm+elastic-backfill: idle GPUs, largest speedup gain"
+                )
             if key in targets or size != held.get(key, 0):
                 targets[key] = size

@@ -50,6 +50,10 @@ class SrtfPolicy:
     name: str = dataclasses.field(default="srtf", init=False)
     decides_on_events_only: bool = dataclasses.field(default=True, init=False)
 
+    def queue_key(self, job: JobInfo) -> tuple[float | str, ...]:
+        """The job's place in the admission order (see :class:`slurm_amoeba.policy.types.AdmitsInOrder`)."""
+        return _remaining_key(job)
+
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
         """Admit jobs shortest-remaining first; preempt running jobs that lose their place.
 

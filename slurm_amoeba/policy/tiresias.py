@@ -49,7 +49,8 @@ class TiresiasPolicy:
     Attributes:
         threshold_gpu_s: attained GPU-seconds that demote a job to the low-priority queue.
         name: ``"tiresias"``.
-        decides_on_events_only: ``False``: demotion happens with time alone.
+        decides_on_events_only: ``False``: demotion happens with time alone (but only at the threshold, so
+            :attr:`service_thresholds` lets a caller skip the calls in between).
     """
 
     threshold_gpu_s: float = DEFAULT_QUEUE_THRESHOLD_GPU_S
@@ -58,6 +59,15 @@ class TiresiasPolicy:
 
     def __post_init__(self) -> None:
         _check_threshold(self.threshold_gpu_s)
+
+    @property
+    def service_thresholds(self) -> tuple[float, ...]:
+        """The demotion threshold: the only attained service at which the answer changes between events."""
+        return (self.threshold_gpu_s,)
+
+    def queue_key(self, job: JobInfo) -> tuple[float | str, ...]:
+        """The job's place in 2D-LAS order (see :class:`slurm_amoeba.policy.types.AdmitsInOrder`)."""
+        return (float(job.attained_service >= self.threshold_gpu_s), job.submit_time, job.job_id)
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
         """Admit jobs in 2D-LAS order with their requested size; preempt the running jobs left out.
@@ -100,6 +110,11 @@ class ElasticTiresiasPolicy:
         _check_threshold(self.threshold_gpu_s)
         if self.min_gain < 0:
             raise PolicyError(f"min_gain={self.min_gain} must be 0 or more")
+
+    @property
+    def service_thresholds(self) -> tuple[float, ...]:
+        """The demotion threshold: the only attained service at which the answer changes between events."""
+        return (self.threshold_gpu_s,)
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
         """Admit at minimum sizes in 2D-LAS order, keep current sizes where GPUs remain, grow by gain.

@@ -330,3 +330,35 @@ class Policy(Protocol):
             At most one decision per job; jobs without a decision keep what they have.
         """
         ...
+
+
+@runtime_checkable
+class DemotesByService(Protocol):
+    """A policy whose answer changes with time only when a running job's attained service crosses a threshold.
+
+    Such a policy (Tiresias's two queues) is otherwise as event-driven as one that declares
+    ``decides_on_events_only``: a caller may skip the calls in which no job arrived, finished or changed size and
+    no running job's ``attained_service`` reached one of :attr:`service_thresholds` since the previous call.
+    """
+
+    @property
+    def service_thresholds(self) -> tuple[float, ...]:
+        """Attained GPU-seconds at which a job's place in the order changes, ascending."""
+        ...
+
+
+@runtime_checkable
+class AdmitsInOrder(Protocol):
+    """A policy that admits jobs with their exact sizes down one order, skipping those that do not fit.
+
+    For such a policy (Tiresias, SRTF) a pending job far down the order can only start if GPUs are left over when
+    every job ahead of it has been served. A caller with a long queue may therefore show it the running jobs and only
+    a prefix of the pending ones in :meth:`queue_key` order, provided the prefix reaches past the last running job:
+    the answer is the same as with every pending job whenever the GPUs left free by the answer are fewer than any
+    hidden job needs (otherwise the caller asks again with all of them). The key of a pending job must not change
+    while it waits.
+    """
+
+    def queue_key(self, job: JobInfo) -> tuple[float | str, ...]:
+        """The job's place in the admission order (smaller first); unique per job."""
+        ...

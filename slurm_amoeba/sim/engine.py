@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Policy, Snapshot, check_decisions
 from slurm_amoeba.policy.common import place_most_free
+from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.application import Application
 from slurm_amoeba.sim.data import SimError
 from slurm_amoeba.sim.metrics import JobRecord, SimResult
@@ -371,7 +372,11 @@ def _new_job(spec: JobSpec, model: WorkModel, config: SimConfig) -> _Job:
     """The engine's state of a job, with its time limit (given, or from the model of user estimates)."""
     limit = spec.time_limit
     if limit is None:
-        needs = model.remaining_seconds(0, 0.0) + config.restart_cost
+        needs = model.remaining_seconds(0, 0.0)
+        if spec.min_workers < spec.requested_workers:
+            # An elastic job may run at its minimum throughout: its user asks for enough time for that.
+            needs /= model.speedups(spec.min_workers, spec.max_workers)[spec.min_workers]
+        needs += config.restart_cost
         limit = estimated_time_limit(needs, config.time_limit_factor)
     return _Job(spec, model, limit)
 
@@ -389,13 +394,63 @@ def _check_rounds(jobs: Iterable[_Job], policy: Policy, interval: float) -> None
             )
 
 
-class _Queue:
-    """The jobs that hold GPUs and those that wait for them (in submit order), kept up to date as jobs change."""
+def _job_info(job: _Job) -> JobInfo:
+    """The job as the policy sees it.
 
-    def __init__(self) -> None:
+    One ``JobInfo`` per job is kept until the job changes state, size, placement or partner; in between, the
+    snapshot brings the fields that move with time up to date (``Simulator._snapshot``). Policies keep nothing
+    between calls, so reusing the object is safe, and it keeps snapshots of hundreds of running jobs cheap.
+    """
+    info = job.info
+    if info is not None:
+        return info
+    spec = job.spec
+    info = JobInfo(
+        job_id=spec.name,
+        state=JobPhase.RUNNING if job.placement else JobPhase.PENDING,
+        submit_time=spec.submit_time,
+        requested_workers=spec.requested_workers,
+        min_workers=spec.min_workers,
+        max_workers=spec.max_workers,
+        workers=job.workers,
+        placement=job.placement,
+        throughput=job.model.speedups(spec.min_workers, spec.max_workers),
+        remaining_work=job.model.remaining_seconds(job.epoch, job.progress),
+        attained_service=job.attained,
+        executed_time=job.executed,
+        time_limit=job.time_limit,
+        owner=spec.user,
+        partition=spec.partition,
+        job_type=job.model.job_type,
+        shared_with=job.shared_with,
+    )
+    job.info = info
+    return info
+
+
+#: A policy's own order of pending jobs (:class:`slurm_amoeba.policy.types.AdmitsInOrder`).
+QueueKey = tuple[float | str, ...]
+
+#: Pending jobs shown at least to a policy that admits in its own order: the first this many in that order, more when
+#: the running jobs reach further down it, every one when its answer leaves GPUs a hidden job could use (exact).
+ORDERED_WINDOW = 64
+
+
+class _Queue:
+    """The jobs that hold GPUs and those that wait for them, kept up to date as jobs change.
+
+    Waiting jobs are kept in submit order, and with ``key_of`` (a policy that admits in its own order) in that order
+    too, with a count of the GPUs they ask for, so that a round can show the policy the part of the queue it needs.
+    """
+
+    def __init__(self, key_of: Callable[[_Job], QueueKey] | None = None) -> None:
         self.running: dict[str, _Job] = {}
         self.waiting: list[tuple[float, str]] = []  # pending jobs' keys, oldest first
         self._is_waiting: set[str] = set()
+        self._key_of = key_of
+        self.ordered: list[tuple[QueueKey, str]] = []  # pending jobs in the policy's order (with key_of)
+        self._entries: dict[str, tuple[QueueKey, str]] = {}
+        self.needs: dict[int, int] = {}  # GPUs a pending job asks for -> how many such jobs wait (with key_of)
 
     def sync(self, job: _Job) -> None:
         """File the job under running, waiting or neither (finished) after any change of its state."""
@@ -408,9 +463,22 @@ class _Queue:
         if waiting and name not in self._is_waiting:
             self._is_waiting.add(name)
             bisect.insort(self.waiting, job.key)
+            if self._key_of is not None:
+                entry = (self._key_of(job), name)
+                self._entries[name] = entry
+                bisect.insort(self.ordered, entry)
+                need = job.spec.requested_workers
+                self.needs[need] = self.needs.get(need, 0) + 1
         elif not waiting and name in self._is_waiting:
             self._is_waiting.discard(name)
             del self.waiting[bisect.bisect_left(self.waiting, job.key)]
+            if self._key_of is not None:
+                entry = self._entries.pop(name)
+                del self.ordered[bisect.bisect_left(self.ordered, entry)]
+                need = job.spec.requested_workers
+                self.needs[need] -= 1
+                if not self.needs[need]:
+                    del self.needs[need]
 
     def visible(self, jobs: Mapping[str, _Job], depth: int, enough: int) -> list[tuple[float, str]]:
         """Keys of the running jobs and the oldest waiting ones (all with ``depth`` 0), in submit order."""
@@ -427,6 +495,71 @@ class _Queue:
         keys.extend(job.key for job in self.running.values())
         keys.sort()
         return keys
+
+    def visible_in_order(
+        self, jobs: Mapping[str, _Job], last_running: QueueKey | None, window: int
+    ) -> tuple[list[tuple[float, str]], int]:
+        """Keys (in submit order) of the running jobs and of the first waiting ones in the policy's order.
+
+        Args:
+            jobs: every job by name.
+            last_running: the policy's key of the running job furthest down its order (``None``: none runs).
+            window: waiting jobs to show at least.
+
+        Returns:
+            The keys, and how many waiting jobs are left out: the shown ones reach past every running job.
+        """
+        cut = min(window, len(self.ordered))
+        if last_running is not None:
+            cut = max(cut, bisect.bisect_right(self.ordered, (last_running,)))
+        keys = [jobs[name].key for _, name in self.ordered[:cut]]
+        keys.extend(job.key for job in self.running.values())
+        keys.sort()
+        return keys, len(self.ordered) - cut
+
+
+class _Crossings:
+    """When running jobs' attained service reaches the thresholds of a policy that demotes by it.
+
+    Attributes:
+        thresholds: attained GPU-seconds at which the policy's order changes (empty: the policy has none).
+    """
+
+    def __init__(self, thresholds: tuple[float, ...]) -> None:
+        self.thresholds = thresholds
+        self._heap: list[tuple[float, int, str]] = []
+
+    def push(self, job: _Job) -> None:
+        """After a change of a job (its version bumped, its clock at now): when it reaches its next threshold."""
+        if not job.workers:
+            return
+        for threshold in self.thresholds:
+            if job.attained < threshold:
+                at = job.t + (threshold - job.attained) / job.workers
+                heapq.heappush(self._heap, (at, job.version, job.spec.name))
+                return
+
+    def due(self, now: float, jobs: Mapping[str, _Job], advance: Callable[[_Job, float], None]) -> int:
+        """Take the crossings due by ``now``; returns how many (a job short of it by rounding is due again)."""
+        count = 0
+        while self._heap and self._heap[0][0] <= now:
+            _, version, name = heapq.heappop(self._heap)
+            job = jobs[name]
+            if version == job.version and job.completion is None and job.workers:
+                advance(job, now)
+                self.push(job)
+                count += 1
+        return count
+
+    def soonest(self, jobs: Mapping[str, _Job]) -> float:
+        """The time of the next crossing (``inf``: none)."""
+        while self._heap:
+            at, version, name = self._heap[0]
+            job = jobs[name]
+            if version == job.version and job.completion is None and job.workers:
+                return at
+            heapq.heappop(self._heap)
+        return math.inf
 
 
 class Simulator:
@@ -469,7 +602,13 @@ class Simulator:
         self._nodes_tuple: tuple[NodeInfo, ...] | None = None
         self._heap: list[tuple[float, int, str]] = []
         self._graces: list[tuple[float, str]] = []
-        self._queue = _Queue()
+        key_of = None
+        if isinstance(policy, AdmitsInOrder) and config.queue_depth == 0:
+            key_of = lambda job: policy.queue_key(_job_info(job))  # noqa: E731
+        self._queue = _Queue(key_of)
+        self._ordered = policy if key_of is not None and isinstance(policy, AdmitsInOrder) else None
+        self._crossings = _Crossings(policy.service_thresholds if isinstance(policy, DemotesByService) else ())
+        self._events_only = policy.decides_on_events_only or bool(self._crossings.thresholds)
         self._used = 0
         self._usage: list[tuple[float, int]] = []
         self._decisions = 0
@@ -512,6 +651,7 @@ class Simulator:
     def _predict(self, job: _Job) -> None:
         """Push the job's finish time (at its current speeds) onto the heap, invalidating earlier entries."""
         job.version += 1
+        self._crossings.push(job)
         if not job.placement or job.rate <= 0:
             return
         ends = job.model.epoch_ends
@@ -670,61 +810,47 @@ class Simulator:
 
     # -- snapshot -------------------------------------------------------------------------------------------
 
-    def _job_info(self, job: _Job) -> JobInfo:
-        """The job as the policy sees it.
+    def _snapshot(self, everything: bool = False) -> tuple[Snapshot, int]:
+        """Every running job and the pending ones the policy is shown, in submit order; and how many are left out.
 
-        One ``JobInfo`` per job is kept until the job changes state, size, placement or partner; in between, only
-        the fields that move with time are brought up to date. Policies keep nothing between calls, so reusing the
-        object is safe, and it keeps snapshots of hundreds of running jobs cheap.
+        The pending jobs shown are the oldest ones (``queue_depth``), or for a policy that admits in its own order
+        the first :data:`ORDERED_WINDOW` in that order and every one up to its last running job (all of them with
+        ``everything``); otherwise all of them.
         """
-        info = job.info
-        if info is not None:
-            if job.workers:
-                info.remaining_work = job.model.remaining_seconds(job.epoch, job.progress)
-                info.attained_service = job.attained
-                info.executed_time = job.executed
-            return info
-        spec = job.spec
-        info = JobInfo(
-            job_id=spec.name,
-            state=JobPhase.RUNNING if job.placement else JobPhase.PENDING,
-            submit_time=spec.submit_time,
-            requested_workers=spec.requested_workers,
-            min_workers=spec.min_workers,
-            max_workers=spec.max_workers,
-            workers=job.workers,
-            placement=job.placement,
-            throughput=job.model.speedups(spec.min_workers, spec.max_workers),
-            remaining_work=job.model.remaining_seconds(job.epoch, job.progress),
-            attained_service=job.attained,
-            executed_time=job.executed,
-            time_limit=job.time_limit,
-            owner=spec.user,
-            partition=spec.partition,
-            job_type=job.model.job_type,
-            shared_with=job.shared_with,
-        )
-        job.info = info
-        return info
-
-    def _snapshot(self) -> Snapshot:
-        """Every running job and the oldest pending ones (``queue_depth``), in submit order."""
         if self._nodes_tuple is None:
             self._nodes_tuple = tuple(self._node_infos.values())
-        keys = self._queue.visible(self._jobs, self.config.queue_depth, self.config.total_gpus)
         every = self._jobs
-        infos: list[JobInfo] = []
-        for _, name in keys:
-            job = every[name]
+        for job in self._queue.running.values():  # the fields that move with time (see _job_info): the hot loop
             info = job.info
-            if info is None:
-                info = self._job_info(job)
-            elif job.workers:  # the fields that move with time (see _job_info), inlined: this is the hot loop
+            if info is not None:
                 info.remaining_work = job.model.remaining_seconds(job.epoch, job.progress)
                 info.attained_service = job.attained
                 info.executed_time = job.executed
-            infos.append(info)
-        return Snapshot(self._nodes_tuple, tuple(infos), self.colocation)
+        hidden = 0
+        if self._ordered is not None:
+            order = self._ordered
+            last = max((order.queue_key(_job_info(job)) for job in self._queue.running.values()), default=None)
+            window = len(every) if everything else ORDERED_WINDOW
+            keys, hidden = self._queue.visible_in_order(every, last, window)
+        else:
+            keys = self._queue.visible(every, self.config.queue_depth, self.config.total_gpus)
+        infos = [_job_info(every[name]) for _, name in keys]
+        return Snapshot(self._nodes_tuple, tuple(infos), self.colocation), hidden
+
+    def _ask(self, now: float) -> tuple[Snapshot, Sequence[Decision]]:
+        """One round: the snapshot and the policy's answer (asked again with every pending job when needed)."""
+        snapshot, hidden = self._snapshot()
+        decisions = self.policy.decide(snapshot, now)
+        self._decisions += 1
+        if hidden:
+            free = self.config.total_gpus - self._used
+            for decision in decisions:
+                if decision.share_with is None:
+                    free -= decision.workers - self._jobs[decision.job_id].workers
+            if free >= min(self._queue.needs):  # a hidden job might have started: ask with all of them
+                snapshot, _ = self._snapshot(everything=True)
+                decisions = self.policy.decide(snapshot, now)
+        return snapshot, decisions
 
     # -- main loop ------------------------------------------------------------------------------------------
 
@@ -758,6 +884,7 @@ class Simulator:
             finished = self._finish_due(now, active)
             done += finished
             finished += self._end_graces(now, active)
+            finished += self._crossings.due(now, self._jobs, self._advance)
             arrived = 0
             while next_arrival < total and self._arrivals[next_arrival].spec.submit_time <= now:
                 job = self._arrivals[next_arrival]
@@ -766,12 +893,10 @@ class Simulator:
                 next_arrival += 1
                 arrived += 1
             dirty = dirty or finished > 0 or arrived > 0
-            if active and (dirty or not self.policy.decides_on_events_only):
+            if active and (dirty or not self._events_only):
                 for job in self._queue.running.values():
                     self._advance(job, now)
-                snapshot = self._snapshot()
-                decisions = self.policy.decide(snapshot, now)
-                self._decisions += 1
+                snapshot, decisions = self._ask(now)
                 if self.config.check:
                     check_decisions(snapshot, decisions)
                 for decision in sorted(decisions, key=self._apply_order):
@@ -796,12 +921,12 @@ class Simulator:
     def _next_tick(self, now: float, next_arrival: int, dirty: bool) -> float:
         interval = self.config.interval
         following = now + interval
-        if dirty or not self.policy.decides_on_events_only:
+        if dirty or not self._events_only:
             return following
         # Nothing can change before the next arrival or finish: jump to the tick at or after it.
-        soonest = self._graces[0][0] if self._graces else math.inf
+        soonest = min(self._graces[0][0] if self._graces else math.inf, self._crossings.soonest(self._jobs))
         if next_arrival < len(self._arrivals):
-            soonest = self._arrivals[next_arrival].spec.submit_time
+            soonest = min(soonest, self._arrivals[next_arrival].spec.submit_time)
         while self._heap:
             at, version, name = self._heap[0]
             if version == self._jobs[name].version and self._jobs[name].completion is None:

@@ -180,3 +180,21 @@ def test_with_elastic_backfill_and_partitions_no_invariant_breaks(snapshot: Snap
         for decision in decisions:
             if decision.workers and jobs[decision.job_id].workers and not grow:
                 raise AssertionError(f"Slurm alone resized {decision.job_id}")
+
+
+def test_grow_elastic_gives_idle_gpus_to_the_least_attained_service_first() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    old = job("old", 2, low=2, high=4, placement={"n1": 2}, throughput=linear, attained_service=50_000.0)
+    young = job("young", 2, low=2, high=4, placement={"n0": 2}, throughput=linear, attained_service=600.0, submit=9.0)
+    cluster = snapshot([4, 2], [old, young])
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"young": 4}
+    # By speedup gain the two tie and the first listed grows.
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True, grow_by_service=False).decide(cluster, now=10.0)) == {"old": 4}
+
+
+def test_las_queue_tests_pending_jobs_by_attained_service_then_submit_time() -> None:
+    demoted = job("demoted", 4, submit=0.0, attained_service=10_000.0, time_limit=600.0)
+    fresh = job("fresh", 4, submit=5.0, time_limit=600.0)
+    cluster = snapshot([4], [demoted, fresh])
+    assert sizes(SlurmBaselinePolicy().decide(cluster, now=10.0)) == {"demoted": 4}
+    assert sizes(SlurmBaselinePolicy(las_queue_s=3600.0).decide(cluster, now=10.0)) == {"fresh": 4}

@@ -40,6 +40,7 @@ from slurm_amoeba.agent.entry import worker_entry
 from slurm_amoeba.agent.groups import GroupState, WorkerGroup, planned_size, worker_ids
 from slurm_amoeba.agent.lifecycle import (
     ENDED_BY_SIGNAL,
+    MAIN_STEP_NAME,
     REQUEUE_SIGNAL,
     STOP_GRACE_S,
     ask_every_worker_to_leave,
@@ -277,7 +278,7 @@ class Agent:
                 het_group=self.config.main_het_group,
                 cpus_per_task=spec.cpus_per_worker,
                 gpus_per_task=spec.gpus_per_worker,
-                name="amoeba-workers-g0",
+                name=MAIN_STEP_NAME,
                 output=str(self.config.state_dir / f"worker-g0{run}-%t.log"),
             ),
             worker_entry("g0", self.config.command),
@@ -348,9 +349,9 @@ class Agent:
             self._channel.close()
             self._channel = None
 
-    def stop_main_step(self, grace_s: float = 20.0) -> int:
+    def stop_main_step(self, grace_s: float = 20.0, *, told: bool = False) -> int:
         """Stop the main worker step (:func:`stop_step`); returns its exit status."""
-        return stop_step(self._main_step, grace_s)
+        return stop_step(self._main_step, grace_s, told=told)
 
     def now(self) -> float:
         """The agent's clock (Unix seconds)."""
@@ -536,13 +537,15 @@ class Agent:
         tmp.replace(path)
 
 
-def stop_step(step: RunningStep | None, grace_s: float) -> int:
-    """SIGTERM a worker step (srun forwards it: workers leave at a step boundary), SIGKILL after ``grace_s``;
-    returns its exit status (0 when there is none)."""
+def stop_step(step: RunningStep | None, grace_s: float, *, told: bool = False) -> int:
+    """Stop a worker step: SIGTERM its ``srun`` (which ends the step at once: "forcing job termination"), unless
+    its tasks were already told to leave through Slurm (``told``: then wait); SIGKILL after ``grace_s``. Returns its
+    exit status (0 when there is none)."""
     if step is None:
         return 0
     if step.poll() is None:
-        step.send_signal(signal.SIGTERM)
+        if not told:
+            step.send_signal(signal.SIGTERM)
         try:
             step.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:

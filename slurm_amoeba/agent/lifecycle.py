@@ -4,7 +4,7 @@ The agent (:mod:`slurm_amoeba.agent.agent`) applies two actions of its plan here
 
 * :class:`~slurm_amoeba.agent.plan.Requeue` — Slurm's warning before the time limit (``--signal=B:USR1@<s>``, which
   ``amoeba-sbatch`` and the executor set), or ``scancel --batch --signal=USR1`` by hand: every worker is asked to
-  leave at once (the main group by ``SIGTERM`` through its ``srun``, the satellites' workers through the
+  leave at once (the main group's tasks by ``SIGTERM`` through Slurm, the satellites' workers through the
   coordinator), so that all members leave at the same step boundary and the coordinator asks each one for its shard
   of a final disk checkpoint (:mod:`slurm_amoeba.runtime.checkpoint`); the satellites are released; the agent writes
   its status and requeues its own job (``scontrol requeue``: the same job id, so ``ElasticJob.result()`` and
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from slurm_amoeba.agent.groups import GroupState
 from slurm_amoeba.agent.plan import CoordinatorSeen, Requeue, RestartFromCheckpoint, final_releases, release
+from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
 from slurm_amoeba.runtime.checkpoint import CHECKPOINTS_OFF, ENV_CHECKPOINT_DIR, newest_complete
@@ -50,6 +51,8 @@ STOP_GRACE_S = 20.0
 """How long a stopped job's workers get to leave (and write a final checkpoint) before they are killed."""
 #: The signal that asks the agent to save the state and requeue the job (``--signal=B:USR1@<seconds>``).
 REQUEUE_SIGNAL = signal.SIGUSR1
+#: The main worker group's step name (``srun --job-name``), by which the agent signals its tasks through Slurm.
+MAIN_STEP_NAME = "amoeba-workers-g0"
 #: Where the agent's workers write disk checkpoints unless ``AMOEBA_CHECKPOINT_DIR`` names another place.
 CHECKPOINT_SUBDIR = "checkpoints"
 #: The history events that count against ``max_requeues``.
@@ -129,7 +132,22 @@ def ask_every_worker_to_leave(agent: Agent, reason: str, timeout_s: float) -> in
                 agent.coordinator.request_leave(worker)
             except RuntimeConfigError as exc:  # not registered yet: its satellite's release ends it
                 log.info("%s %s cannot leave gracefully: %s", agent.prefix, worker, exc)
-    return agent.stop_main_step(timeout_s)
+    return agent.stop_main_step(timeout_s, told=tell_main_group_to_leave(agent))
+
+
+def tell_main_group_to_leave(agent: Agent) -> bool:
+    """``SIGTERM`` the main group's tasks through Slurm (``scancel --signal=TERM <job>.<step>``): each leaves at the
+    next step boundary. Its ``srun`` cannot pass it on: a ``SIGTERM`` to ``srun`` ends the step at once. Returns
+    whether Slurm took the signal (else the caller stops the step through ``srun``)."""
+    try:
+        for component in agent.slurm.het_components(int(agent.config.job_id)):
+            for step in agent.slurm.steps(component.job_id):
+                if step.name == MAIN_STEP_NAME and step.number is not None:
+                    agent.slurm.cancel(step.job_id, step=step.number, signal="TERM")
+                    return True
+    except (SlurmCommandError, AmoebaError) as exc:
+        log.warning("%s cannot signal the main group's tasks through Slurm: %s", agent.prefix, exc)
+    return False
 
 
 def requeue(agent: Agent, action: Requeue, requeues: int) -> int:

@@ -96,6 +96,8 @@ class FakeSlurm(SlurmClient):
     submissions: list[Submission] = dataclasses.field(default_factory=list)
     cancelled: list[int] = dataclasses.field(default_factory=list)
     requeued: list[int] = dataclasses.field(default_factory=list)
+    step_list: list[StepRecord] = dataclasses.field(default_factory=list)
+    signalled: list[tuple[int, int | None, str | None]] = dataclasses.field(default_factory=list)
     refuse: bool = False
     refuse_requeue: bool = False
     down: bool = False
@@ -141,6 +143,9 @@ class FakeSlurm(SlurmClient):
 
     def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
         self._check(["scancel", str(job_id)])
+        if signal is not None:  # a signal, not a cancel
+            self.signalled.append((job_id, step, signal))
+            return
         self.cancelled.append(job_id)
         if job_id in self.records:
             self.set_state(job_id, JobState.CANCELLED)
@@ -164,7 +169,7 @@ class FakeSlurm(SlurmClient):
         return [r for r in self.records.values() if job_ids is None or r.job_id in job_ids]
 
     def steps(self, job_id: int) -> list[StepRecord]:
-        return []
+        return [s for s in self.step_list if s.job_id == job_id]
 
     def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
         self._check(["sinfo", "--json"])

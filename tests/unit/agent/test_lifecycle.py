@@ -32,7 +32,7 @@ from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.failures import FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
-from slurm_amoeba.slurm import JobState
+from slurm_amoeba.slurm import JobState, StepRecord
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
 
 LIMITS = Limits(min_workers=2, workers_per_satellite=4)
@@ -308,3 +308,24 @@ def test_the_loop_goes_on_after_a_restart_until_the_new_main_group_ends(parts: P
     agent._start_step = start
     assert agent._loop() == 0
     assert [e for e in events(agent) if e in ("restarting", "main_group_ended")] == ["restarting", "main_group_ended"]
+
+
+def test_the_main_groups_tasks_are_told_to_leave_through_slurm_not_through_srun(parts: Parts) -> None:
+    agent, slurm, _, steps, _ = parts
+    slurm.step_list.append(StepRecord(PARENT + 1, "0", "amoeba-workers-g0", ("n1",)))
+    main = steps.started[0]
+
+    cancel = slurm.cancel
+
+    def leave_when_told(job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
+        cancel(job_id, step=step, signal=signal, full=full)
+        if signal == "TERM":
+            main.status = 0  # the workers left at a step boundary: srun ends on its own
+
+    slurm.cancel = leave_when_told  # type: ignore[method-assign]
+    agent._on_signal(signal.SIGUSR1, None)
+    agent.round()
+    # SIGTERM to srun would end the step at once ("forcing job termination"): the tasks get it from Slurm.
+    assert slurm.signalled == [(PARENT + 1, 0, "TERM")] and main.signals == []
+    saved = next(e for e in agent.journal.history if e["event"] in ("checkpoint_saved", "no_checkpoint"))
+    assert saved["workers_status"] == 0

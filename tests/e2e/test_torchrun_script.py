@@ -1,6 +1,6 @@
-"""An unmodified torchrun DDP script (``examples/torchrun_ddp.py``) as an elastic Slurm job: ``amoeba-sbatch`` +
-``amoeba-run --restart``; it grows with a satellite and shrinks back, restarted each time through its checkpoint
-hook, and ends COMPLETED with the parameters of the fixed-size run."""
+"""An unmodified torchrun DDP script (``examples/torchrun_ddp.py``) as an elastic Slurm job: ``amoeba-sbatch
+--restart`` of a script with a plain ``amoeba-run`` line; it grows with a satellite and shrinks back, restarted each
+time through its checkpoint hook, and ends COMPLETED with the parameters of the fixed-size run."""
 
 from __future__ import annotations
 
@@ -52,11 +52,12 @@ def test_an_unmodified_torchrun_script_grows_and_shrinks_through_slurm_satellite
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\nexport AMOEBA_RESTART_GRACE_S=20\n"
-        f"amoeba-run --restart {sys.executable} {REPO / 'examples' / 'torchrun_ddp.py'} {training}\n"
+        f"amoeba-run {sys.executable} {REPO / 'examples' / 'torchrun_ddp.py'} {training}\n"
     )
     submitted = subprocess.run(
         [
             "amoeba-sbatch",
+            "--restart",  # the script's plain amoeba-run gets AMOEBA_RESTART=1
             "--elastic",
             "1:2",
             "--gpus-per-worker",

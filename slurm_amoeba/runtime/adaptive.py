@@ -153,8 +153,8 @@ class AdaptiveBatch:
         max_growth: the largest factor by which one decision grows the batch.
         overhead_prior: the share of a step's time assumed fixed while only one batch size was measured.
         measure_every: measure the noise scale in one step of this many (the step time is summed in every step);
-            1 measures every step (on a CPU-only job, where each measurement reads the gradient two or three
-            times at memory speed, a larger value makes its cost proportionally smaller).
+            by default 1 when the model is on a GPU and 4 on CPU, where the two or three extra reads of the
+            gradient are not negligible next to a step (docs/runtime.md, "Adaptive batch", cost).
 
     Raises:
         RuntimeConfigError: an unknown rule, or a setting out of range.
@@ -168,11 +168,11 @@ class AdaptiveBatch:
         choose: bool = True,
         max_growth: float = 2.0,
         overhead_prior: float = 0.1,
-        measure_every: int = 1,
+        measure_every: int | None = None,
     ) -> None:
         if lr_rule not in (*LR_RULES, "auto"):
             raise RuntimeConfigError(f"lr_rule={lr_rule!r} is unknown: use auto or one of {', '.join(LR_RULES)}")
-        if max_growth < 1 or not 0 <= overhead_prior < 1 or measure_every < 1:
+        if max_growth < 1 or not 0 <= overhead_prior < 1 or (measure_every is not None and measure_every < 1):
             raise RuntimeConfigError(
                 f"max_growth={max_growth} and measure_every={measure_every} must be at least 1 and "
                 f"overhead_prior={overhead_prior} in [0, 1)"
@@ -221,6 +221,9 @@ class AdaptiveBatch:
             )
         if self.lr_rule == "auto":
             self.lr_rule = default_rule(state.optimizer)
+        if self.measure_every is None:
+            on_gpu = any(p.is_cuda for p in state.model.parameters())
+            self.measure_every = 1 if on_gpu else 4
         self._state = state
         state.optimizer.register_step_pre_hook(self._scale_lr)
         state.optimizer.register_step_post_hook(self._restore_lr)
@@ -339,7 +342,7 @@ class AdaptiveBatch:
         self._step_samples = plan.step_samples
         self._pre_samples = local - micro[-1] if world == 1 and len(micro) > 1 else 0
         weight = plan.step_samples / local if local else 0.0
-        measure = sampler.progress.step % self.measure_every == 0
+        measure = sampler.progress.step % (self.measure_every or 1) == 0
         self.probe.prepare(weight, step_time_s=elapsed, want_pre=self._pre_samples > 0, measure=measure)
 
     def _on_reading(self, reading: ProbeReading) -> None:

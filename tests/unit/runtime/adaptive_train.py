@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     loader = amoeba.ElasticDataLoader(dataset, sampler)
     # A fixed schedule uses a learning-rate rule that depends on the batch only (sqrt), so that the run can be
     # compared with a fixed-size run's parameters; the runtime's own choice uses SGD's default (AdaScale).
-    adaptive = AdaptiveBatch(overhead_prior=0.9) if args.choose else AdaptiveBatch(lr_rule="sqrt", choose=False)
+    adaptive = (
+        AdaptiveBatch(overhead_prior=0.9, measure_every=1)
+        if args.choose
+        else AdaptiveBatch(lr_rule="sqrt", choose=False)
+    )
     state = amoeba.TorchState(model, optimizer, sampler, adaptive=adaptive)
     schedule = [int(s) for s in args.schedule.split(",")]
     loss_fn = torch.nn.MSELoss()

@@ -175,7 +175,7 @@ def train(max_batch: int | None) -> tuple[float, int, list[int]]:
     model = torch.nn.Linear(10, 1, dtype=torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
     sampler = amoeba.ElasticSampler(DATASET, 8, seed=5, max_local_batch=4, max_global_batch=max_batch, adapt_every=16)
-    adaptive = AdaptiveBatch(overhead_prior=0.5) if max_batch else None
+    adaptive = AdaptiveBatch(overhead_prior=0.5, measure_every=1) if max_batch else None
     state = TorchState(model, optimizer, sampler, adaptive=adaptive)
     loader = amoeba.ElasticDataLoader(dataset, sampler)
     driver = OneWorker(state)

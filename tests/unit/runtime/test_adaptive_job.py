@@ -60,10 +60,11 @@ class AdaptiveJob(ToyJob):
 
 def resized_run(out: Path, extra: list[str], delay_s: float = 0.4) -> LocalJobResult:
     """2 workers; a third joins; one is SIGKILLed (the survivors roll back and redo from the last commit)."""
-    with AdaptiveJob(out, workers=2, extra=["--slow", *extra], delay_s=delay_s) as job:
+    with AdaptiveJob(out, workers=2, extra=["--slow", *extra], delay_s=2.0) as job:
         job.wait_step(2)
         (joiner,) = job.job.add(1)
-        job.wait_ready([joiner])
+        job.wait_ready([joiner])  # at 2 s a step, the job waits for a slow warm-up on a loaded machine
+        job.slow(delay_s)
         view = job.wait_members(3)
         job.wait_step(view.progress.get("step", 0) + 5)
         assert view.plan is not None

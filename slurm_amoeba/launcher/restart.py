@@ -20,6 +20,11 @@ failed), every supervisor creates the stop file and sends SIGTERM to its script,
 checkpoint and exits; the members report once every member's script has stopped, and every supervisor of the next
 generation starts the script again with the new ``RANK``/``WORLD_SIZE``/``MASTER_*``; it loads its checkpoint.
 
+**Warm start.** When the command is this Python running a script (``python train.py ...``) or a module
+(``python -m pkg.train ...``), the supervisor keeps the next generation's interpreter warm: started as soon as the
+current script is, it imports torch while the script trains and waits; at the restart it is handed the contract and
+runs the script as ``python`` would. Any other command (interpreter options, a shell script) starts cold.
+
 **Exit codes.** A script that exits 0 on its own has finished (the supervisor exits 0 once the job ends). A script
 that fails on its own (non-zero status, not after the hook) while its generation is not ending is a script error:
 the supervisor publishes it, every other supervisor stops its script, and all exit with that status (the job's
@@ -35,6 +40,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,6 +105,45 @@ _ORPHAN_GUARD = (
     "    print(f'amoeba restart: cannot run {sys.argv[2]!r}: {exc}', file=sys.stderr)\n"
     "    os._exit(127)\n"
 )
+
+
+# A warm interpreter for the next generation's script: it imports torch (and what a DDP script imports lazily) while
+# the current script trains, then waits for its order on stdin — the contract and how to run the script — and runs
+# it as ``python script.py ...`` or ``python -m module ...`` would. Same orphan guard as above.
+_WARM_START = (
+    "import ctypes, json, os, runpy, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(70)\n"
+    "import torch, torch.distributed, torch.nn.parallel, torch.optim, torch.utils.data\n"
+    "line = sys.stdin.readline()\n"
+    "if not line:\n"
+    "    os._exit(0)\n"
+    "order = json.loads(line)\n"
+    "os.environ.update(order['env'])\n"
+    "sys.argv = order['argv']\n"
+    "if order['module']:\n"
+    "    runpy.run_module(order['module'], run_name='__main__', alter_sys=True)\n"
+    "else:\n"
+    "    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def warm_order(command: Sequence[str], python: str = sys.executable) -> dict[str, Any] | None:
+    """How a warm interpreter runs ``command`` (``{"module": ..., "argv": [...]}``), or None when it cannot: the
+    command is not this Python (same directory, same binary) running a script or ``-m module`` without options."""
+    found = shutil.which(command[0]) if command else None
+    if found is None or len(command) < 2:
+        return None
+    same_dir = Path(found).absolute().parent == Path(python).absolute().parent
+    if not (same_dir and Path(found).name.startswith("python") and os.path.samefile(found, python)):
+        return None
+    if command[1] == "-m" and len(command) > 2:
+        return {"module": command[2], "argv": [command[2], *command[3:]]}
+    if command[1].startswith("-"):
+        return None
+    return {"module": "", "argv": list(command[1:])}
 
 
 def restart_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -216,6 +261,8 @@ class RestartSupervisor:
         self._leave = threading.Event()
         self._stop = threading.Event()
         self._master_store: TCPStore | None = None  # rank 0 hosts the script's store of the generation
+        self._order = warm_order(self.command)
+        self._warm: subprocess.Popen[bytes] | None = None  # the next generation's interpreter, warming up
         self.host = socket.gethostname()
 
     def _connect(self) -> TCPStore:
@@ -297,6 +344,7 @@ class RestartSupervisor:
         self._set(heartbeat_key(self.worker_id), repr(time.time()))
         self._push(EventKind.REGISTERED, pid=os.getpid(), host=self.host)
         threading.Thread(target=self._heartbeats, name="amoeba-restart-heartbeat", daemon=True).start()
+        self._warm_up()
         self._push(EventKind.READY)
         log.info("%s ready: the script starts when the job admits this worker", self.prefix)
         try:
@@ -304,6 +352,9 @@ class RestartSupervisor:
         finally:
             self._stop.set()
             self.stop_file.unlink(missing_ok=True)
+            if self._warm is not None:
+                self._warm.kill()
+                self._warm.wait()
 
     def _follow(self, assignment: Assignment) -> int:
         """Act on assignments until the job ends for this worker; the exit status."""
@@ -349,10 +400,7 @@ class RestartSupervisor:
         self.stop_file.unlink(missing_ok=True)
         contract = torchrun_env(plan, self.worker_id, master, job_id=self.env.job_id, stop_file=self.stop_file)
         started = time.monotonic()
-        child = subprocess.Popen(
-            [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *self.command],
-            env=child_environ(os.environ, contract),
-        )
+        child = self._launch(contract)
         log.info(
             "%s generation %d: rank %s of %d, script pid %d",
             self.prefix,
@@ -369,6 +417,35 @@ class RestartSupervisor:
             "%s generation %d ended after %.1f s: %s", self.prefix, plan.generation, time.monotonic() - started, ending
         )
         return ending
+
+    def _warm_up(self) -> None:
+        """Start the next generation's interpreter now (when the command lets one run it)."""
+        if self._order is not None and self._warm is None:
+            self._warm = subprocess.Popen(
+                [sys.executable, "-c", _WARM_START, str(os.getpid())],
+                env=child_environ(os.environ, {}),
+                stdin=subprocess.PIPE,
+            )
+
+    def _launch(self, contract: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        """Start the script with ``contract``: in the warm interpreter when there is one, else in a fresh one."""
+        warm, self._warm = self._warm, None
+        child: subprocess.Popen[bytes] | None = None
+        if warm is not None and warm.stdin is not None and warm.poll() is None:
+            try:
+                warm.stdin.write((json.dumps({**(self._order or {}), "env": dict(contract)}) + "\n").encode())
+                warm.stdin.close()
+                child = warm
+            except OSError as exc:  # it died meanwhile: start the script cold
+                log.warning("%s the warm interpreter is gone (%s): starting the script cold", self.prefix, exc)
+                warm.kill()
+        if child is None:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *self.command],
+                env=child_environ(os.environ, contract),
+            )
+        self._warm_up()
+        return child
 
     def _meet(self, plan: GenerationPlan) -> tuple[str, int]:
         """Meet the other members; rank 0 hosts the script's store. Returns ``(MASTER_ADDR, MASTER_PORT)``.

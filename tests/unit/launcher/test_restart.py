@@ -16,7 +16,7 @@ import torch
 
 from examples.torchrun_ddp import build_dataset, build_model, build_optimizer
 from slurm_amoeba.core.jobenv import JobEnv
-from slurm_amoeba.launcher.restart import child_environ, exit_status, restart_command, torchrun_env
+from slurm_amoeba.launcher.restart import child_environ, exit_status, restart_command, torchrun_env, warm_order
 from slurm_amoeba.launcher.run import build_parser, config_from_args
 from slurm_amoeba.launcher.sbatch import prepare
 from slurm_amoeba.local.cli import build_parser as local_parser
@@ -158,3 +158,12 @@ def test_amoeba_sbatch_restart_is_ours_and_not_passed_to_sbatch(tmp_path: Path) 
     prepared = prepare(["--restart", "--elastic", "1:2", str(script)], cluster(4))
     assert prepared.restart and "--restart" not in het_submit_args(prepared.shape.components())
     assert not prepare(["--elastic", "1:2", str(script)], cluster(4)).restart
+
+
+def test_a_warm_interpreter_runs_this_pythons_scripts_and_modules_and_nothing_else() -> None:
+    python = sys.executable
+    assert warm_order([python, "t.py", "--x", "1"], python) == {"module": "", "argv": ["t.py", "--x", "1"]}
+    assert warm_order([python, "-m", "pkg.train", "-v"], python) == {"module": "pkg.train", "argv": ["pkg.train", "-v"]}
+    assert warm_order([python, "-u", "t.py"], python) is None  # interpreter options: a fresh interpreter runs it
+    assert warm_order(["bash", "job.sh"], python) is None
+    assert warm_order([python], python) is None

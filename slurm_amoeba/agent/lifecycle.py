@@ -89,6 +89,9 @@ def resume_history(agent: Agent, environ: Mapping[str, str]) -> int:
     began. Returns how many times the job requeued itself so far (what counts against ``max_requeues``)."""
     path = agent.config.state_dir / AGENT_STATUS_FILE
     restarts = environ.get("SLURM_RESTART_COUNT", "")
+    if restarts in ("", "0"):  # the job's first run: what the state dir holds is another job's of the same id
+        set_aside_stale_checkpoints(agent)
+        return 0
     try:
         previous = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -106,6 +109,18 @@ def resume_history(agent: Agent, environ: Mapping[str, str]) -> int:
         # someone requeued it by hand.
         agent.journal.event("restarted_by_slurm", restart_count=restarts, previous_last_event=last)
     return requeues
+
+
+def set_aside_stale_checkpoints(agent: Agent) -> None:
+    """In a job's first run, checkpoints in the default directory belong to an earlier job of the same id (Slurm's
+    ids start again after a reinstall): rename them aside, so that this job does not resume from them. A directory
+    the user named is left alone (resuming from it is the point)."""
+    default = agent.config.state_dir / CHECKPOINT_SUBDIR
+    if agent.checkpoint_dir != default or not default.is_dir() or not any(default.iterdir()):
+        return
+    aside = default.with_name(f"{CHECKPOINT_SUBDIR}.earlier-{int(time.time())}")
+    default.rename(aside)
+    log.warning("%s %s held an earlier job's checkpoints; moved to %s", agent.prefix, default, aside)
 
 
 # ----------------------------------------------------------------------------------------------- requeue

@@ -329,3 +329,16 @@ def test_the_main_groups_tasks_are_told_to_leave_through_slurm_not_through_srun(
     assert slurm.signalled == [(PARENT + 1, 0, "TERM")] and main.signals == []
     saved = next(e for e in agent.journal.history if e["event"] in ("checkpoint_saved", "no_checkpoint"))
     assert saved["workers_status"] == 0
+
+
+def test_a_first_run_sets_an_earlier_jobs_checkpoints_aside_and_carries_no_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AMOEBA_CHECKPOINT_DIR", raising=False)
+    state = tmp_path / "state"
+    write_checkpoint_marker(state / "checkpoints", 90)  # an earlier job 42's, before Slurm's ids started again
+    (state / AGENT_STATUS_FILE).write_text(json.dumps({"job_id": str(PARENT), "history": [{"t": 1, "event": "x"}]}))
+    agent, _, _, _, _ = make_agent(state)
+    assert resume_history(agent, {}) == 0 and events(agent) == []
+    assert not (state / "checkpoints").exists() and len(list(state.glob("checkpoints.earlier-*"))) == 1
+    agent.shutdown()

@@ -195,6 +195,10 @@ def requeue(agent: Agent, action: Requeue, requeues: int) -> int:
     try:
         agent.slurm.requeue(int(config.job_id))
     except SlurmCommandError as exc:
+        if exc.returncode is not None and exc.returncode < 0 and not exc.timed_out:
+            # Slurm took the requeue and is ending this run's processes, scontrol among them (measured: -15).
+            log.info("%s job %s requeued at step %s (scontrol ended with this run)", agent.prefix, config.job_id, step)
+            return ENDED_BY_SIGNAL
         log.error("%s scontrol requeue failed: %s", agent.prefix, exc)
         agent.journal.event("requeue_failed", error=quote(str(exc), 200))
         return ENDED_BY_SIGNAL

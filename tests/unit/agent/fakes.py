@@ -100,6 +100,7 @@ class FakeSlurm(SlurmClient):
     signalled: list[tuple[int, int | None, str | None]] = dataclasses.field(default_factory=list)
     refuse: bool = False
     refuse_requeue: bool = False
+    requeue_ends_scontrol: bool = False
     down: bool = False
     sinfo_down: bool = False
     next_id: int = 101
@@ -154,6 +155,9 @@ class FakeSlurm(SlurmClient):
         self._check(["scontrol", "requeue", str(job_id)])
         if self.refuse_requeue:
             raise SlurmCommandError(["scontrol", "requeue", str(job_id)], 1, "Requeue of JobId=42 not allowed")
+        if self.requeue_ends_scontrol:  # Slurm takes it and ends the run's processes, scontrol among them
+            self.requeued.append(job_id)
+            raise SlurmCommandError(["scontrol", "requeue", str(job_id)], -15, "")
         self.requeued.append(job_id)
         self.set_state(job_id, JobState.PENDING, "BeginTime")
 

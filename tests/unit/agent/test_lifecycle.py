@@ -342,3 +342,11 @@ def test_a_first_run_sets_an_earlier_jobs_checkpoints_aside_and_carries_no_histo
     assert resume_history(agent, {}) == 0 and events(agent) == []
     assert not (state / "checkpoints").exists() and len(list(state.glob("checkpoints.earlier-*"))) == 1
     agent.shutdown()
+
+
+def test_a_scontrol_that_slurm_ends_while_requeueing_is_a_requeue_taken(parts: Parts) -> None:
+    agent, slurm, _, _, _ = parts
+    slurm.requeue_ends_scontrol = True  # measured: scontrol requeue of the job it runs in exits with -15
+    agent._on_signal(signal.SIGUSR1, None)
+    assert agent.round() == ENDED_BY_SIGNAL
+    assert slurm.requeued == [PARENT] and events(agent)[-1] == "requeued"

@@ -317,7 +317,7 @@ class RestartSupervisor:
                 return Assignment(AssignAction.FINISH, reason="a script error ended the job")
             if time.monotonic() > deadline:
                 raise AmoebaError(f"{self.prefix} waited {timeout_s:.0f} s for the coordinator's assignment {key}")
-            time.sleep(0.01)
+            time.sleep(0.01 if self._seq else 0.05)  # a member waits milliseconds; a joiner may wait for hours
         self._seq += 1
         return Assignment.from_json(text)
 

@@ -54,7 +54,7 @@ def train_with_a_bug(raise_at: int, step_delay: float) -> int:
                 if state.step_index == raise_at:
                     raise ValueError(f"label out of range in batch of step {state.step_index}")
                 for (x, y), weight in step:
-                    (torch.nn.functional.mse_loss(model(x), y) * weight).backward()
+                    torch.autograd.backward(torch.nn.functional.mse_loss(model(x), y) * weight)
                 time.sleep(step_delay)
                 state.step()
 

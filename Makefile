@@ -20,7 +20,7 @@ typecheck: bootstrap
 	$(VENV)/bin/mypy
 
 test: bootstrap lint typecheck
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 unit: bootstrap
 	$(PY) -m pytest tests/unit

@@ -22,6 +22,8 @@ It never talks to Slurm (DESIGN.md, layer ``runtime/``).
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import datetime
 import ipaddress
@@ -72,12 +74,16 @@ from slurm_amoeba.runtime.protocol import (
     JoinRequest,
     WorkerEvent,
     abort_key,
+    arrival_key,
     assignment_key,
     heartbeat_key,
     join_answer_key,
 )
 
 log = logging.getLogger(__name__)
+
+#: How long the event pump waits in one ``queue_pop`` (an idle job: it just waits again).
+_PUMP_TIMEOUT = datetime.timedelta(hours=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +270,73 @@ class JoinDesk:
             log.debug("[%s/coordinator] issued worker id %s (hint %s)", self._template.job_id, worker, request.hint)
 
 
+class EventPump:
+    """Hands the workers' events to the membership loop as they arrive, so that the loop wakes at once.
+
+    A thread of its own, on a store connection of its own, blocks in ``queue_pop`` of the events queue and wakes the
+    loop (``wake``) with each event: a member's report at a switch is taken in within a store round trip, not at the
+    loop's next poll (``loop_interval_s``), which was most of the report -> assignment time of a switch.
+
+    Args:
+        host: an address of the store's host (the one the coordinator's own client uses).
+        port: the store's port.
+        wake: set with every event.
+    """
+
+    def __init__(self, host: str, port: int, wake: threading.Event) -> None:
+        self._client = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=_PUMP_TIMEOUT)
+        self._wake = wake
+        self._events: collections.deque[bytes] = collections.deque()
+        self._stop = threading.Event()
+        self._seen = threading.Condition()
+        self._markers_sent = 0
+        self._markers_seen = 0
+        self._thread = threading.Thread(target=self._run, name="amoeba-coordinator-events", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                raw = self._client.queue_pop(EVENTS_KEY, block=True)
+            except RuntimeError:  # the timeout passed (an idle job), or the store is gone (stopping)
+                self._stop.wait(0.05)
+                continue
+            with self._seen:
+                if raw:
+                    self._events.append(raw)
+                else:  # a marker of flush() or close(): every event pushed before it is in _events now
+                    self._markers_seen += 1
+                    self._seen.notify_all()
+            self._wake.set()
+
+    def take(self) -> list[bytes]:
+        """The events that arrived since the last call, oldest first."""
+        taken: list[bytes] = []
+        while self._events:
+            taken.append(self._events.popleft())
+        return taken
+
+    def flush(self, store: TCPStore, timeout_s: float = 1.0) -> None:
+        """Wait until every event pushed before this call is in hand (e.g. before a death is taken in: what the
+        worker said before it died comes first). ``store``: the coordinator's own client."""
+        with self._seen:
+            self._markers_sent += 1
+            target = self._markers_sent
+        try:
+            store.queue_push(EVENTS_KEY, b"")
+        except RuntimeError:
+            return
+        with self._seen:
+            self._seen.wait_for(lambda: self._markers_seen >= target or not self._thread.is_alive(), timeout_s)
+
+    def close(self, store: TCPStore) -> None:
+        """Stop the thread: ``store`` (the coordinator's own client) pushes an empty value that ends its wait."""
+        self._stop.set()
+        with contextlib.suppress(RuntimeError):
+            store.queue_push(EVENTS_KEY, b"")
+        self._thread.join(timeout=2)
+
+
 class Coordinator:
     """Hosts a job's store and membership (see the module docstring).
 
@@ -298,6 +371,8 @@ class Coordinator:
         self._store: TCPStore | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the event pump, a death, a leave request, close()
+        self._pump: EventPump | None = None
         self._heartbeats: dict[str, bytes] = {}
         self._progress: dict[str, Any] = {}
         self._progress_raw = b""
@@ -335,6 +410,7 @@ class Coordinator:
         self._auth.put(store, JOB_KEY, json.dumps({"job_id": self.config.job_id}))
         self._auth.put(store, WANT_KEY, "0")
         self._store = store
+        self._pump = EventPump(client_host(bind), self.port, self._wake)
         self._thread = threading.Thread(target=self._loop, name=f"amoeba-coordinator-{self.config.job_id}")
         self._thread.daemon = True
         self._thread.start()
@@ -345,9 +421,13 @@ class Coordinator:
     def close(self) -> None:
         """Stop the membership thread and the store (workers still connected lose it)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._pump is not None and self._store is not None:
+            self._pump.close(self._store)
         self._thread = None
+        self._pump = None
         self._store = None
 
     def __enter__(self) -> Coordinator:
@@ -425,6 +505,7 @@ class Coordinator:
                 raise RuntimeConfigError(str(exc.args[0])) from None
             self._lock.notify_all()
         log.info("%s leave requested for %s", self._prefix, worker_id)
+        self._wake.set()
 
     def mark_dead(self, worker_id: str, reason: str) -> None:
         """Tell the coordinator that a worker's process is gone (so survivors need not wait for its heartbeat).
@@ -437,6 +518,7 @@ class Coordinator:
         # (a leave report, an error) is taken in first.
         with self._lock:
             self._deaths.append((worker_id, reason))
+        self._wake.set()
 
     def view(self) -> CoordinatorView:
         """A consistent snapshot of the job's state.
@@ -505,6 +587,8 @@ class Coordinator:
                 now = time.monotonic()
                 with self._lock:
                     deaths, self._deaths = self._deaths, []
+                if deaths and self._pump is not None:
+                    self._pump.flush(self.store)
                 self._desk.answer(self.store)
                 self._read_events(now)
                 with self._lock:
@@ -518,7 +602,8 @@ class Coordinator:
                     actions = self.membership.decide(now)
                     self._lock.notify_all()
                 self._apply(actions)
-                self._stop.wait(self.config.loop_interval_s)
+                self._wake.wait(self.config.loop_interval_s)
+                self._wake.clear()
         except BaseException as exc:
             log.exception("%s membership thread crashed", self._prefix)
             with self._lock:
@@ -542,10 +627,7 @@ class Coordinator:
         log.warning("%s ignored %s: %s", self._prefix, what, exc)
 
     def _read_events(self, now: float) -> None:
-        store = self.store
-        count = int(store.queue_len(EVENTS_KEY))
-        for _ in range(count):
-            raw = store.queue_pop(EVENTS_KEY, block=False)
+        for raw in self._incoming():
             try:
                 sender, text = self._opener.sender_of(EVENTS_KEY, raw)
                 event = WorkerEvent.from_json(text)
@@ -562,6 +644,12 @@ class Coordinator:
             with self._lock:
                 if not self.membership.handle(event, now):
                     self._refuse("an event", ParseError(f"{sender!r} may not change what it claimed: {event}"))
+
+    def _incoming(self) -> list[bytes]:
+        if self._pump is not None:
+            return self._pump.take()
+        store = self.store
+        return [store.queue_pop(EVENTS_KEY, block=False) for _ in range(int(store.queue_len(EVENTS_KEY)))]
 
     def _read_heartbeats(self, now: float) -> None:
         with self._lock:
@@ -625,6 +713,7 @@ class Coordinator:
             elif isinstance(action, AbortGeneration):
                 log.info("%s generation %s cannot form: %s", self._prefix, action.generation, action.reason)
                 self._auth.put(store, abort_key(action.generation, self._auth.token(action.generation)), action.reason)
+                self._wake_arrivals(action.generation)
             else:
                 assignment = action.assignment
                 if assignment.plan is not None and assignment.plan.source == action.worker:
@@ -640,6 +729,19 @@ class Coordinator:
                         plan.start_step,
                     )
                 self._auth.put(store, assignment_key(action.worker, action.seq), assignment.to_json())
+
+    def _wake_arrivals(self, generation: int) -> None:
+        """Members waiting for the others to arrive block in the store until every arrival key exists: the
+        coordinator's own mark in the keys still missing wakes them, and they find the abort (runtime/group.py)."""
+        with self._lock:
+            plan = self.membership.plan
+        if plan is None or plan.generation != generation:
+            return
+        store, token = self.store, self._auth.token(generation)
+        for member in plan.members:
+            key = arrival_key(generation, token, member)
+            if not store.check([key]):
+                self._auth.put(store, key, "aborted")
 
 
 def _worker_view(info: WorkerInfo, now: float) -> WorkerView:
@@ -664,6 +766,11 @@ def store_bind_address(advertise_addr: str) -> str:
         return "0.0.0.0"  # noqa: S104 - a host name: every address; the HMAC still guards the job's keys
 
 
+def client_host(bind: str) -> str:
+    """The address a client on the store's own host connects to, for a store listening on ``bind``."""
+    return "127.0.0.1" if bind == "0.0.0.0" else "::1" if bind == "::" else bind  # noqa: S104 - compared, not bound
+
+
 def host_store(bind: str, port: int) -> TCPStore:
     """The job's store, listening on ``bind`` only.
 
@@ -684,7 +791,7 @@ def host_store(bind: str, port: int) -> TCPStore:
     except OSError:
         listener.close()
         raise
-    own = "127.0.0.1" if bind == "0.0.0.0" else "::1" if bind == "::" else bind  # noqa: S104 - compared, not bound
+    own = client_host(bind)
     fd = listener.detach()  # torch owns (and closes) the socket once it took it
     try:
         return TCPStore(

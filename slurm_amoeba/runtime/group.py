@@ -15,6 +15,7 @@ every later generation, and never meet it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -29,7 +30,7 @@ from torch._C._distributed_c10d import PrefixStore, Store
 from torch.distributed import distributed_c10d
 
 from slurm_amoeba.core.runtime_env import TORCHRUN_VARIABLES
-from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth
+from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobAuth
 from slurm_amoeba.runtime.errors import WorkerFailure
 from slurm_amoeba.runtime.protocol import GenerationPlan, abort_key, arrival_key, group_prefix
 from slurm_amoeba.runtime.topology import Generation
@@ -95,6 +96,9 @@ def aborted(store: Store, generation: int, auth: JobAuth) -> str | None:
 def wait_for_members(store: Store, plan: GenerationPlan, settings: GroupSettings) -> None:
     """Mark this worker's arrival and wait until every member of ``plan`` has arrived.
 
+    The wait blocks in the store until the arrival keys exist (it wakes the moment the last member arrives); the
+    coordinator's abort writes its own mark into the keys of the members that had not arrived, which wakes it too.
+
     Raises:
         FormationFailed: the coordinator aborted the generation, or the deadline passed; it names who was missing.
     """
@@ -102,17 +106,50 @@ def wait_for_members(store: Store, plan: GenerationPlan, settings: GroupSettings
     auth.put(store, arrival_key(plan.generation, token, settings.worker_id), "1")
     keys = [arrival_key(plan.generation, token, m) for m in plan.members]
     deadline = time.monotonic() + settings.timeout_s
-    while not auth.all_sealed(store, keys, plan.members):
+    while True:
         reason = aborted(store, plan.generation, auth)
         if reason is not None or time.monotonic() > deadline:
-            missing = tuple(m for m, k in zip(plan.members, keys, strict=True) if not store.check([k]))
+            missing = not_arrived(store, keys, plan.members, auth)
             why = reason or f"not every member arrived within {settings.timeout_s:.0f} s"
             raise FormationFailed(
                 f"generation {plan.generation} did not form ({why}); missing: {', '.join(missing) or 'none'}",
                 generation=plan.generation,
                 missing=missing,
             )
+        if auth.all_sealed(store, keys, plan.members):
+            return
+        await_keys(store, keys, deadline)
+
+
+def not_arrived(store: Store, keys: list[str], members: tuple[str, ...], auth: JobAuth) -> tuple[str, ...]:
+    """The members whose arrival key holds nothing they sealed (absent, the coordinator's abort mark, forged)."""
+    missing: list[str] = []
+    for member, key in zip(members, keys, strict=True):
+        try:
+            if store.check([key]):
+                auth.opener.open(key, store.get(key), sender=member)
+                continue
+        except AuthError:
+            pass
+        missing.append(member)
+    return tuple(missing)
+
+
+def await_keys(store: Store, keys: list[str], deadline: float) -> None:
+    """Block until every key of ``keys`` exists or ``deadline`` (``time.monotonic``) passes.
+
+    When they all exist already (but the caller did not accept a value: forged, or being replaced), it only waits
+    :data:`POLL_S`, so that the caller's loop polls until the real value replaces it.
+    """
+    if store.check(keys):
         time.sleep(POLL_S)
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return
+    # RuntimeError: the deadline passed, or the store is gone: the caller's own checks say which.
+    with contextlib.suppress(RuntimeError):
+        store.wait(keys, datetime.timedelta(seconds=left))
 
 
 def form_group(

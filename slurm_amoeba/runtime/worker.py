@@ -25,6 +25,7 @@ The coordinator side (:mod:`slurm_amoeba.runtime.coordinator`) shares only the p
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import datetime
 import json
@@ -58,6 +59,7 @@ from slurm_amoeba.runtime.failures import error_fields
 from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
+    await_keys,
     clear_torchrun_env,
     drain_released_groups,
     export_torchrun_env,
@@ -414,7 +416,9 @@ class WorkerRuntime:
                     f"{self.prefix} waited {timeout_s:.0f} s for the coordinator's assignment {self._seq} "
                     f"(key {key}); is the coordinator alive at {self.env.store_addr}:{self.env.store_port}?"
                 )
-            if member or store.get(WANT_KEY) != want:
+            if member:
+                await_keys(store, [key], deadline)
+            elif store.get(WANT_KEY) != want:
                 time.sleep(0.002)
             else:
                 time.sleep(0.025)
@@ -620,8 +624,10 @@ class WorkerRuntime:
         del copies
         # The first matrix product and the first backward of a process initialise the BLAS library and the autograd
         # engine (tens of ms on a loaded machine): do it here, not in the first step that the members wait for.
-        probe = torch.ones(16, 16, device=self.device, requires_grad=True)
-        torch.autograd.grad((probe @ probe).sum(), probe)
+        # A product large enough to run in parallel starts the intra-op thread pool, which a 16 x 16 one does not.
+        probe = torch.ones(256, 256, device=self.device, requires_grad=True)
+        torch.autograd.grad((probe @ probe).relu().sum(), probe)
+        _warm_optimizer(state.optimizer, self.prefix)
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""
@@ -656,6 +662,21 @@ _WARM_COPIES = 4
 #: allocations from this size up are mapped (and unmapped when freed) on their own.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _RETAIN_BYTES, _MMAP_FROM_BYTES = 1 << 30, 32 << 20
+
+
+def _warm_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> None:
+    """Run one step of a copy of ``optimizer`` (its own copies of the parameters, zero gradients), so that the first
+    real step at the switch does not pay the optimizer's first-call costs (tens of ms on a loaded machine). The
+    real parameters and optimizer state are not touched; an optimizer that cannot be copied or stepped so (one that
+    needs a closure, a wrapped ``step``) is left cold."""
+    try:
+        twin = copy.deepcopy(optimizer)
+        for group in twin.param_groups:
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param)
+        type(twin).step(twin)  # the class's step: an instance's wrapper (an LR scheduler's) may call the original
+    except Exception as exc:  # a warm-up only: whatever fails here, the real step will say too
+        log.debug("%s optimizer warm-up skipped: %s", prefix, exc)
 
 
 def _retain_freed_memory() -> None:

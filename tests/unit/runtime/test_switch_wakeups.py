@@ -1,0 +1,114 @@
+"""What keeps polling off a switch's path: the coordinator's event pump, the workers' blocking waits, the abort's
+wake-up of members waiting for each other, and the optimizer warm-up of a joiner (docs/runtime.md, section 2).
+
+Each test checks behaviour (who wakes, in which order, what is left untouched), not speed: the speed is
+``scripts/bench-runtime --pause-only``'s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch._C._distributed_c10d import TCPStore
+
+from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth, JobKey
+from slurm_amoeba.runtime.coordinator import EventPump
+from slurm_amoeba.runtime.group import FormationFailed, GroupSettings, await_keys, not_arrived, wait_for_members
+from slurm_amoeba.runtime.protocol import EVENTS_KEY, GenerationPlan, abort_key, arrival_key
+from slurm_amoeba.runtime.worker import _warm_optimizer
+
+
+@pytest.fixture
+def store() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+@pytest.mark.timeout(30)
+def test_the_pump_hands_events_over_in_order_and_wakes_the_loop(store: TCPStore) -> None:
+    wake = threading.Event()
+    pump = EventPump("127.0.0.1", store.port, wake)
+    try:
+        client = TCPStore("127.0.0.1", store.port, is_master=False)
+        for index in range(5):
+            client.queue_push(EVENTS_KEY, f"event {index}".encode())
+        assert wake.wait(10), "no wake-up after five events"
+        taken: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(taken) < 5 and time.monotonic() < deadline:
+            taken += pump.take()
+            time.sleep(0.01)
+        assert taken == [f"event {index}".encode() for index in range(5)]
+        # flush() returns once every event pushed before it is in hand, whatever the thread's timing
+        client.queue_push(EVENTS_KEY, b"late")
+        pump.flush(store)
+        assert pump.take() == [b"late"]
+    finally:
+        pump.close(store)
+    assert not any(t.name == "amoeba-coordinator-events" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.timeout(30)
+def test_await_keys_returns_when_the_key_appears_and_at_the_deadline(store: TCPStore) -> None:
+    timer = threading.Timer(0.2, lambda: TCPStore("127.0.0.1", store.port, is_master=False).set("k", "v"))
+    timer.start()
+    await_keys(store, ["k"], time.monotonic() + 20)
+    assert store.check(["k"])
+    timer.join()
+    started = time.monotonic()
+    await_keys(store, ["never"], started + 0.3)
+    assert 0.2 < time.monotonic() - started < 10
+    assert not store.check(["never"])
+
+
+def _plan(members: tuple[str, ...]) -> GenerationPlan:
+    return GenerationPlan(generation=3, members=members, hosts=("h",) * len(members), source=members[0])
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_wakes_a_member_waiting_for_the_others_and_names_who_was_missing(store: TCPStore) -> None:
+    key = JobKey.new()
+    coordinator, member = JobAuth(key, COORDINATOR), JobAuth(key, "w0")
+    plan = _plan(("w0", "w1"))
+    settings = GroupSettings(worker_id="w0", device=torch.device("cpu"), backend="gloo", timeout_s=40.0, auth=member)
+    token = coordinator.token(plan.generation)
+
+    def abort() -> None:  # what the coordinator does when w1 dies: the abort, then its mark in w1's arrival key
+        own = TCPStore("127.0.0.1", store.port, is_master=False)  # a connection of its own, as the coordinator's
+        coordinator.put(own, abort_key(plan.generation, token), "member w1 is gone")
+        coordinator.put(own, arrival_key(plan.generation, token, "w1"), "aborted")
+
+    timer = threading.Timer(0.3, abort)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(FormationFailed, match="member w1 is gone") as failed:
+        wait_for_members(store, plan, settings)
+    assert time.monotonic() - started < 20, "the member waited for its deadline instead of the abort"
+    assert failed.value.missing == ("w1",)  # the coordinator's mark is no arrival
+    timer.join()
+    keys = [arrival_key(plan.generation, token, m) for m in plan.members]
+    assert not_arrived(store, keys, plan.members, member) == ("w1",)
+
+
+def test_the_optimizer_warm_up_leaves_the_parameters_and_the_state_alone() -> None:
+    model = torch.nn.Linear(8, 3)
+    for optimizer in (
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1),
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+    ):
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)  # wraps optimizer.step
+        before = [p.detach().clone() for p in model.parameters()]
+        _warm_optimizer(optimizer, "[test]")
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        assert not optimizer.state
+        assert all(p.grad is None for p in model.parameters())
+        assert scheduler.last_epoch == 0
+
+
+def test_an_optimizer_that_cannot_be_stepped_so_is_left_cold() -> None:
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.LBFGS(model.parameters())  # step() needs a closure
+    _warm_optimizer(optimizer, "[test]")
+    assert not optimizer.state

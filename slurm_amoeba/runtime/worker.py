@@ -399,14 +399,16 @@ class WorkerRuntime:
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
-    def _wait_assignment(self, timeout_s: float, *, member: bool) -> Assignment:
+    def _wait_assignment(self, timeout_s: float, *, member: bool, want: bytes | None = None) -> Assignment:
         key = assignment_key(self.worker_id, self._seq)
         deadline = time.monotonic() + timeout_s
         store = self.store
-        # A member that just reported expects its assignment within milliseconds: poll fast. A joiner may wait
-        # long: it polls slowly until the coordinator asks the running generation to end, then fast, so that it
-        # does not delay the next generation's formation.
-        want = b"" if member else store.get(WANT_KEY)
+        # A member that just reported expects its assignment within milliseconds: it blocks in the store until the
+        # key exists. A joiner may wait long: it polls slowly until the coordinator asks the running generation to
+        # end (``want`` changes from its value before the joiner said it was ready), then fast, so that it does not
+        # delay the next generation's formation.
+        if not member and want is None:
+            want = store.get(WANT_KEY)
         while (assignment := self._read_assignment(store, key)) is None:
             if not member and self._leave.is_set():
                 self._push(EventKind.LEFT, message="SIGTERM while waiting for admission")
@@ -592,11 +594,14 @@ class WorkerRuntime:
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
         state.bind(self)
         self._prewarm(state)
+        # The coordinator may ask the members to switch within a millisecond of the ready event: what ``want`` was
+        # before it is what tells this joiner to look for its assignment often (_wait_assignment).
+        want = self.store.get(WANT_KEY)
         self._push(EventKind.READY, allowed_sizes=sizes)
         log.info("%s warm and ready", self.prefix)
         status = RunStatus.ENDED
         try:
-            assignment = self._wait_assignment(self.env.join_timeout_s, member=False)
+            assignment = self._wait_assignment(self.env.join_timeout_s, member=False, want=want)
             result = self._follow(assignment, train, state)
             status = result.status
             return result

@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.runtime.adaptive import AdaptiveBatch, best_batch, default_rule, fit_step_time, goodput
+from slurm_amoeba.runtime.gns import NormProbe
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.state import TorchState
 
@@ -214,7 +215,7 @@ def test_reducer_of_an_adaptive_state_carries_the_probe_and_its_slots() -> None:
     reducer = state.gradient_reducer(None)
     assert isinstance(reducer, GradientBuckets) and state.adaptive is not None
     assert reducer.probe is state.adaptive.probe
-    assert reducer.flats[-1].numel() == sum(p.numel() for p in model.parameters()) + 1 + 4
+    assert reducer.flats[-1].numel() == sum(p.numel() for p in model.parameters()) + 1 + NormProbe.SLOTS
     assert state.progress_report()["adaptive"]["global_batch"] == 8
     plain = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), amoeba.ElasticSampler(64, 8))
     manifest, _ = plain.encode()

@@ -115,7 +115,7 @@ class Ledger:
         record = AgentRecord(registration=reg, uid=uid, user=user, registered_at=self.clock())
         if previous is not None:
             record.in_flight, record.backoff_until = previous.in_flight, previous.backoff_until
-            record.history = previous.history
+            record.history, record.adaptive = previous.history, previous.adaptive
         elif reg.job_id in self.recovered:
             record.in_flight = self.recovered.pop(reg.job_id)
         self.agents[reg.job_id] = record
@@ -202,7 +202,15 @@ class Ledger:
 
     # ------------------------------------------------------------------ resizes
 
-    def order(self, agent: AgentRecord, target: int, reason: str, source: str, token: Any = None) -> Directive:
+    def order(
+        self,
+        agent: AgentRecord,
+        target: int,
+        reason: str,
+        source: str,
+        token: Any = None,
+        batch: int | None = None,
+    ) -> Directive:
         """Record a resize as in flight and return the directive that carries it to the agent.
 
         Args:
@@ -211,16 +219,21 @@ class Ledger:
             reason: why (the agent logs it).
             source: ``policy``, ``drain`` or ``ctl``.
             token: handed back with the outcome (a deferred ``amoebactl`` request).
+            batch: the global batch the policy chose for ``target`` workers (an adaptive job), sent along; a
+                directive to the job's current size that carries only a new batch is counted as ``batch``.
 
         Returns:
             The directive, for the actuator.
         """
         now = self.clock()
         size = agent.report.size if agent.report else 0
-        kind = "grow" if target > size else "shrink"
-        agent.in_flight = InFlight(target=target, ordered_at=now, source=source, reason=reason)
+        kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
+        agent.in_flight = InFlight(target=target, ordered_at=now, source=source, reason=reason, batch=batch)
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
-        logger.info("[daemon/actuator] job %s: %s %d -> %d workers (%s)", agent.job_id, kind, size, target, reason)
+        with_batch = "" if batch is None else f", global batch {batch}"
+        logger.info(
+            "[daemon/actuator] job %s: %s %d -> %d workers%s (%s)", agent.job_id, kind, size, target, with_batch, reason
+        )
         return Directive(
             job_id=agent.job_id,
             endpoint=agent.registration.endpoint,
@@ -229,6 +242,7 @@ class Ledger:
             reason=reason,
             ordered_at=now,
             token=token,
+            batch=batch,
         )
 
     def apply(self, outcome: Outcome) -> None:

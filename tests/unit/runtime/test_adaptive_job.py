@@ -123,3 +123,19 @@ def test_runtime_chosen_batch_with_a_joiner_and_a_kill_applies_every_sample_once
     per_step = applied_batches(tmp_path / "chosen", result)
     assert max(per_step.values()) > 8, f"the runtime never grew the batch: {per_step}"
     assert sum(per_step.values()) == EPOCHS * DATASET
+
+
+@pytest.mark.timeout(120)
+def test_the_policys_batch_from_the_coordinator_replaces_the_runtimes_choice_on_every_worker(tmp_path: Path) -> None:
+    out = tmp_path / "policy"
+    with AdaptiveJob(out, workers=2, extra=["--slow", "--choose", "--max-global-batch", "32"], delay_s=0.2) as job:
+        job.job.coordinator.set_policy_batch(24, world_size=2)
+        job.wait_step(4)
+        job.slow(0.0)
+        result = job.finish()
+    assert result.phase.value == "finished", result
+    per_step = applied_batches(out, result)  # every sample once per epoch, on both workers alike
+    batches = [per_step[step] for step in sorted(per_step)]
+    assert batches[-10:] == [24] * 10, f"the policy's batch did not hold: {batches}"
+    report = result.view.progress["adaptive"]
+    assert report["batch_source"] == "policy" and report["policy_batch"] == 24 and report["global_batch"] == 24

@@ -296,6 +296,7 @@ class InFlight:
         acknowledged: the agent accepted it (False while the directive is still being sent).
         acknowledged_at: when the acceptance came back (the daemon's clock; 0 before).
         batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
+        batch_only: the order changes the batch only (``target`` was the job's size): no resize latency to count.
     """
 
     target: int
@@ -305,6 +306,7 @@ class InFlight:
     acknowledged: bool = False
     acknowledged_at: float = 0.0
     batch: int | None = None
+    batch_only: bool = False
 
 
 @dataclasses.dataclass

@@ -127,7 +127,10 @@ class Ledger:
         self._note_failing_nodes(agent, report)
         flight = agent.in_flight
         now = report.received_at
-        if flight is not None and report.size == flight.target and report.target == flight.target:
+        if flight is not None and flight.batch_only and report.size == flight.target == report.target:
+            agent.in_flight = None  # the runtime applies the batch at its next decision point; nothing to time
+            self.changed()
+        elif flight is not None and report.size == flight.target and report.target == flight.target:
             latency = max(0.0, now - flight.ordered_at)
             self.metrics.resize_latency.observe(latency)
             logger.info(
@@ -228,7 +231,7 @@ class Ledger:
         now = self.clock()
         size = agent.report.size if agent.report else 0
         kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
-        agent.in_flight = InFlight(target=target, ordered_at=now, source=source, reason=reason, batch=batch)
+        agent.in_flight = InFlight(target, now, source, reason, batch=batch, batch_only=kind == "batch")
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
         with_batch = "" if batch is None else f", global batch {batch}"
         logger.info(
@@ -255,7 +258,7 @@ class Ledger:
             flight.acknowledged = True
             flight.acknowledged_at = self.clock()
             report = agent.report
-            if report is not None and report.size == flight.target and report.target == flight.target:
+            if report is not None and not flight.batch_only and report.size == flight.target == report.target:
                 agent.in_flight = None
             self.changed()
         elif not outcome.ok:

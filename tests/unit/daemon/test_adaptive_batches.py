@@ -159,6 +159,7 @@ def test_a_job_at_its_size_whose_batch_drifted_gets_the_batch_alone_and_only_onc
         moving = adaptive_report(2, global_batch=32, policy_batch=model.best(2)[0], batch_source="runtime")
         assert ask(d, "report", moving).body["ok"]
         assert d.agents["100"].in_flight is None
+        assert d.metrics.resize_latency.count == 0, "a batch-only order is no resize"
         assert d.run_round().ordered == {}, "the runtime has the batch: nothing more to send"
         time.sleep(0.2)
         assert len(agent.directives) == 1

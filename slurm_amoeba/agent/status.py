@@ -39,6 +39,8 @@ HISTORY_LIMIT = 200  # events x MAX_EVENT_BYTES each: at most ~400 kB, well insi
 FIELD_CHARS = 256  # a string field of an event (an error, a reason) is cut to this, quoted
 #: What a ``status`` reply's document may take of the message limit (the envelope and the reply's fields fit beside).
 STATUS_BUDGET = MAX_MESSAGE_BYTES - 16384
+#: The largest world size a step-time entry may name (the daemon's bound on a registration's worker range).
+REPORT_WORKERS = 100_000
 
 
 def _size(value: Any) -> int:
@@ -103,7 +105,7 @@ def adaptive_fields(progress: Mapping[str, Any]) -> dict[str, Any] | None:
     times: list[list[Any]] = []
     for entry in raw.get("step_time_s") or []:
         if isinstance(entry, list | tuple) and len(entry) == 4:
-            w, b, t, n = _count(entry[0], 1, 1 << 20), _count(entry[1], 1, MAX_BATCH), entry[2], entry[3]
+            w, b, t, n = _count(entry[0], 1, REPORT_WORKERS), _count(entry[1], 1, MAX_BATCH), entry[2], entry[3]
             seconds, steps = _number(t, 1e-9, MAX_STEP_S), _count(n, 0, 1 << 52)
             if w is not None and b is not None and seconds is not None and steps is not None:
                 times.append([w, b, seconds, steps])

@@ -82,7 +82,11 @@ def test_the_snapshots_inputs_are_the_goodput_model_its_rates_and_the_jobs_batch
     assert adaptive_inputs(None, 8) == (None, {}, None)
     _, wide, _ = adaptive_inputs(stats(), 100_000)
     assert set(range(1, DENSE_SIZES + 1)) <= set(wide) and max(wide) == 100_000
-    assert len(wide) < DENSE_SIZES + 60, "beyond the dense sizes, a grid 1.25x apart"
+    assert len(wide) < DENSE_SIZES + 45, "beyond the dense sizes, a grid 1.25x apart"
+    for size in (DENSE_SIZES + 1, 100, 5000):  # between grid points, what a policy reads is interpolated
+        info = JobInfo("1", JobPhase.RUNNING, 0.0, 1, 1, 100_000, workers=1, throughput=wide)
+        exact = model.best(size)[1] if model else 0.0
+        assert info.rate(size) == pytest.approx(exact, rel=0.02)
 
 
 def _info(job_id: str, workers: int, model: GoodputModel | None, batch: int | None, **kw: Any) -> JobInfo:

@@ -4,7 +4,9 @@ handling and rounds, against a fake agent on a real socket)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,25 +114,41 @@ def test_goodputs_directives_carry_the_models_batch_and_a_drifted_job_gets_one_a
     assert policy_batches("e-tiresias", managed, {"1": 4}, {"1": "grow"}) == ({"1": 4}, {"1": "grow"}, {})
 
 
-def _goodput_daemon(tmp_path: Path) -> Daemon:
-    return make_daemon(tmp_path, cluster(), policy="goodput")
+@contextlib.contextmanager
+def registered(
+    tmp_path: Path, report: dict[str, Any], *, policy: str = "goodput", high: int = 4
+) -> Iterator[tuple[Daemon, FakeAgent]]:
+    """A daemon running ``policy`` (its own state file under ``tmp_path``) with job 100 (2 workers, range
+    ``high``..4 or 2..2) registered behind a fake agent and ``report`` taken."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    agent = FakeAgent()
+    d = make_daemon(tmp_path, cluster(), policy=policy)
+    try:
+        low = 2 if high == 2 else 1
+        assert ask(d, "register", register_body("100", agent.endpoint, low=low, high=high)).body["ok"]
+        assert ask(d, "report", report).body["ok"]
+        yield d, agent
+    finally:
+        d.close()
+        agent.close()
+
+
+def first_directive(d: Daemon, agent: FakeAgent, ordered: dict[str, int]) -> dict[str, Any]:
+    """Run a round that orders ``ordered``; the body of the directive the agent got, once the daemon applied it."""
+    summary = d.run_round()
+    assert summary.error == "" and summary.ordered == ordered
+    wait_for("the directive", lambda: len(agent.directives) == 1)
+    settle(d, "100")
+    return dict(agent.directives[0].body)
 
 
 def test_goodputs_resize_of_an_adaptive_job_carries_the_batch_and_the_ledger_keeps_its_statistics(
     tmp_path: Path,
 ) -> None:
-    agent = FakeAgent()
-    d = _goodput_daemon(tmp_path)
-    try:
-        assert ask(d, "register", register_body("100", agent.endpoint)).body["ok"]
-        assert ask(d, "report", adaptive_report(2)).body["ok"]
-        summary = d.run_round()
-        assert summary.error == "" and summary.ordered == {"100": 4}
-        wait_for("the directive", lambda: len(agent.directives) == 1)
-        settle(d, "100")
-        model = model_from_report(ADAPTIVE)
-        assert model is not None
-        assert agent.directives[0].body["batch"] == model.best(4)[0]
+    model = model_from_report(ADAPTIVE)
+    assert model is not None
+    with registered(tmp_path, adaptive_report(2)) as (d, agent):
+        assert first_directive(d, agent, {"100": 4})["batch"] == model.best(4)[0]
         assert d.agents["100"].in_flight is not None and d.agents["100"].in_flight.batch == model.best(4)[0]
         obs = d.last_observation
         assert obs is not None and obs.managed["100"].adaptive == model
@@ -138,27 +156,21 @@ def test_goodputs_resize_of_an_adaptive_job_carries_the_batch_and_the_ledger_kee
         assert ask(d, "report", report_body("100", 4)).body["ok"], "a report without statistics keeps the last"
         listed = ask(d, "jobs", {}).body["data"]["jobs"][0]["adaptive"]
         assert listed["noise_scale"] == 2000.0 and listed["global_batch"] == 64 and listed["batch_source"] == "runtime"
-        hostile = adaptive_report(4, global_batch=5000)
-        refused = ask(d, "report", hostile)
+        refused = ask(d, "report", adaptive_report(4, global_batch=5000))
         assert not refused.body["ok"] and "base <= global <= max" in refused.body["error"]
         assert d.agents["100"].adaptive is not None and d.agents["100"].adaptive.global_batch == 64
-    finally:
-        d.close()
-        agent.close()
 
 
 def test_a_job_at_its_size_whose_batch_drifted_gets_the_batch_alone_and_only_once(tmp_path: Path) -> None:
-    agent = FakeAgent()
-    d = make_daemon(tmp_path, cluster(), policy="goodput")
-    try:
-        assert ask(d, "register", register_body("100", agent.endpoint, low=2, high=2)).body["ok"]
-        assert ask(d, "report", adaptive_report(2, global_batch=32)).body["ok"]
-        model = model_from_report(ADAPTIVE)
-        assert model is not None and model.best(2)[0] >= REBATCH_FACTOR * 32
-        assert d.run_round().ordered == {"100": 2}
-        wait_for("the directive", lambda: len(agent.directives) == 1)
-        settle(d, "100")
-        assert agent.directives[0].body["batch"] == model.best(2)[0] and agent.directives[0].body["target"] == 2
+    model = model_from_report(ADAPTIVE)
+    assert model is not None and model.best(2)[0] >= REBATCH_FACTOR * 32
+    with registered(tmp_path, adaptive_report(2, global_batch=32), high=2) as (d, agent):
+        assert first_directive(d, agent, {"100": 2}) == {
+            "job_id": "100",
+            "target": 2,
+            "batch": model.best(2)[0],
+            "reason": f"goodput: global batch {model.best(2)[0]} at 2 workers (it runs 32)",
+        }
         assert d.metrics.decisions.value({"kind": "batch", "source": "policy"}) == 1
         moving = adaptive_report(2, global_batch=32, policy_batch=model.best(2)[0], batch_source="runtime")
         assert ask(d, "report", moving).body["ok"]
@@ -167,43 +179,16 @@ def test_a_job_at_its_size_whose_batch_drifted_gets_the_batch_alone_and_only_onc
         assert d.run_round().ordered == {}, "the runtime has the batch: nothing more to send"
         time.sleep(0.2)
         assert len(agent.directives) == 1
-    finally:
-        d.close()
-        agent.close()
 
 
 def test_other_policies_send_no_batch_and_fixed_batch_jobs_never_get_one(tmp_path: Path) -> None:
-    agent = FakeAgent()
-    d = make_daemon(tmp_path, cluster(), policy="e-tiresias")
-    try:
-        assert ask(d, "register", register_body("100", agent.endpoint)).body["ok"]
-        assert ask(d, "report", adaptive_report(2)).body["ok"]
-        assert d.run_round().ordered == {"100": 4}
-        wait_for("the directive", lambda: len(agent.directives) == 1)
-        assert "batch" not in agent.directives[0].body
-    finally:
-        d.close()
-        agent.close()
-    agent = FakeAgent()
-    (tmp_path / "fixed").mkdir()
-    d = _goodput_daemon(tmp_path / "fixed")  # a state file of its own
-    try:
-        assert ask(d, "register", register_body("100", agent.endpoint)).body["ok"]
-        assert ask(d, "report", report_body("100", 2)).body["ok"]
-        assert d.run_round().ordered == {"100": 4}
-        wait_for("the directive", lambda: len(agent.directives) == 1)
-        assert "batch" not in agent.directives[0].body
-    finally:
-        d.close()
-        agent.close()
+    with registered(tmp_path / "tiresias", adaptive_report(2), policy="e-tiresias") as (d, agent):
+        assert "batch" not in first_directive(d, agent, {"100": 4})
+    with registered(tmp_path / "fixed", report_body("100", 2)) as (d, agent):
+        assert "batch" not in first_directive(d, agent, {"100": 4})
 
 
 def test_a_users_resize_request_cannot_set_the_batch(tmp_path: Path) -> None:
-    d = _goodput_daemon(tmp_path)
-    try:
-        assert ask(d, "register", register_body("100")).body["ok"]
-        assert ask(d, "report", report_body("100", 2)).body["ok"]
+    with registered(tmp_path, report_body("100", 2)) as (d, _):
         refused = ask(d, "resize", {"job_id": "100", "target": 3, "reason": "", "batch": 64})
         assert not refused.body["ok"] and "cannot set the global batch" in refused.body["error"]
-    finally:
-        d.close()

@@ -6,15 +6,11 @@ group; the multi-worker runs with resizes and kills are in ``test_adaptive_job.p
 from __future__ import annotations
 
 import collections
-import datetime
 import math
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore
 from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
@@ -116,15 +112,6 @@ def test_learning_rate_is_scaled_inside_the_optimizer_step_only() -> None:
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
     tree = state.as_tree()
     assert tree["progress"]["global_batch"] == 32 and tree["adaptive"]["scaled_steps"] == 1.0  # no estimate: no gain
-
-
-@pytest.fixture
-def single_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class OneWorker:

@@ -3,14 +3,10 @@ three bytes on the gradient all-reduce, and the decision point where it replaces
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore
 from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
@@ -117,15 +113,6 @@ def test_coordinator_publishes_the_policy_batch_sealed_for_its_workers(monkeypat
         assert PolicyBatchReader(every_s=0.0)(Driver(coordinator.store)) == PolicyBatch(128, 4, second.seq)
         with pytest.raises(ParseError):
             coordinator.set_policy_batch(0, world_size=4)
-
-
-@pytest.fixture
-def single_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _run(choice: PolicyBatch | None, *, choose: bool = True, steps: int = 12) -> tuple[list[int], AdaptiveBatch]:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from slurm_amoeba.agent.status import adaptive_fields
+from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.local import LocalJob, LocalJobResult
 from tests.unit.runtime.adaptive_train import DELAY_KEY
 from tests.unit.runtime.jobs import ToyJob, applied_ledger, epoch_counts, final_params, read_ledgers
@@ -139,3 +141,7 @@ def test_the_policys_batch_from_the_coordinator_replaces_the_runtimes_choice_on_
     assert batches[-10:] == [24] * 10, f"the policy's batch did not hold: {batches}"
     report = result.view.progress["adaptive"]
     assert report["batch_source"] == "policy" and report["policy_batch"] == 24 and report["global_batch"] == 24
+    fields = adaptive_fields(result.view.progress)  # what the agent sends on: the daemon's door takes it
+    assert fields is not None and fields["global_batch"] == 24 and fields["step_time_s"]
+    body = {"job_id": "7", "size": 2, "generation": 1, "target": 2, "throughput": {}, "history": [], "satellites": []}
+    assert decode(encode(Message("report", {**body, "adaptive": fields}))).body["adaptive"] == fields

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.core.messages import MAX_NOISE_SCALE
 from slurm_amoeba.runtime.auth import COORDINATOR, JobKey, Opener
 from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gns import (
@@ -472,7 +473,7 @@ class AdaptiveBatch:
             "global_batch": batch,
             "base_batch": base,
             "max_batch": sampler.max_global_batch,
-            "noise_scale": _finite(self.gns.scale),
+            "noise_scale": _reported_scale(self.gns.scale),
             "grad_variance": _finite(self.gns.noise),
             "grad_sq": _finite(self.gns.signal),
             "efficiency": self.gns.efficiency(batch, base),
@@ -516,6 +517,14 @@ def report_times(times: Mapping[tuple[int, int], tuple[float, int]]) -> list[lis
     entries, in (world size, batch) order."""
     kept = sorted(times.items(), key=lambda item: (-item[1][1], item[0]))[:REPORT_TIMES]
     return [[w, b, t, n] for (w, b), (t, n) in sorted(kept)]
+
+
+def _reported_scale(scale: float | None) -> float | None:
+    """The noise scale as reported: ``None`` before a measurement, an infinite one (no signal measured: every batch
+    is as efficient) as :data:`~slurm_amoeba.core.messages.MAX_NOISE_SCALE`, which JSON and the daemon take."""
+    if scale is None or math.isnan(scale):
+        return None
+    return min(scale, MAX_NOISE_SCALE)
 
 
 def _finite(value: float | None) -> float | None:

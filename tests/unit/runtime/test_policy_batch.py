@@ -3,6 +3,7 @@ three bytes on the gradient all-reduce, and the decision point where it replaces
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.messages import MAX_NOISE_SCALE
 from slurm_amoeba.runtime.adaptive import REPORT_TIMES, AdaptiveBatch, PolicyBatchReader, report_times
 from slurm_amoeba.runtime.auth import COORDINATOR, ENV_JOB_SECRET, JobAuth, JobKey
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
@@ -165,3 +167,14 @@ def test_report_keeps_the_most_measured_step_times_and_stays_bounded() -> None:
     assert len(table) == REPORT_TIMES
     assert min(n for *_, n in table) >= sorted((n for _, n in times.values()), reverse=True)[REPORT_TIMES - 1]
     assert table == sorted(table)
+
+
+def test_an_infinite_noise_scale_is_reported_as_the_largest_the_daemon_takes() -> None:
+    model = torch.nn.Linear(2, 1)
+    sampler = amoeba.ElasticSampler(64, 8, max_global_batch=32)
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler)
+    adaptive = state.adaptive
+    assert adaptive is not None and adaptive.report["noise_scale"] is None, "nothing measured yet"
+    adaptive.gns.load_state_dict({"noise": 1.0, "signal": -0.5, "weight": 1.0, "updates": 3})  # all noise
+    adaptive.load_state_dict(adaptive.state_dict())  # refreshes the report
+    assert adaptive.gns.scale == math.inf and adaptive.report["noise_scale"] == MAX_NOISE_SCALE

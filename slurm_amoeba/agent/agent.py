@@ -78,7 +78,7 @@ from slurm_amoeba.agent.plan import (
 )
 from slurm_amoeba.agent.status import Journal, announce_failure, fit_status, note_node_failing, release_fields
 from slurm_amoeba.agent.submission import SatelliteSlurm
-from slurm_amoeba.core.errors import AmoebaError, SpecError
+from slurm_amoeba.core.errors import AmoebaError, ParseError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
@@ -87,6 +87,7 @@ from slurm_amoeba.runtime.checkpoint import ENV_CHECKPOINT_DIR
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
+from slurm_amoeba.runtime.protocol import PolicyBatch
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
 from slurm_amoeba.transport.channel import ChannelServer, Request
@@ -122,6 +123,8 @@ class JobCoordinator(Protocol):
     def mark_dead(self, worker_id: str, reason: str) -> None: ...
 
     def view(self) -> CoordinatorView: ...
+
+    def set_policy_batch(self, batch: int, world_size: int) -> PolicyBatch: ...
 
 
 class RunningStep(Protocol):
@@ -492,20 +495,25 @@ class Agent:
 
     # ----------------------------------------------------------------------------------------------- directives
 
-    def resize(self, target: int, reason: str = "") -> int:
+    def resize(self, target: int, reason: str = "", batch: int | None = None) -> int:
         """Ask for ``target`` workers; the agent's next round gets there in the background.
+
+        ``batch``: the global batch the daemon's policy chose for ``target`` workers (:func:`hand_batch`).
 
         Returns:
             The accepted target.
 
         Raises:
-            SpecError: ``target`` is outside the job's range (the message gives the range).
+            SpecError: ``target`` is outside the job's range (the message gives the range), or ``batch`` is not a
+                global batch.
         """
         spec = self.config.spec
         if not spec.min_workers <= target <= spec.max_workers:
             raise SpecError(
                 f"resize to {target} workers is outside this job's range {spec.min_workers}..{spec.max_workers}"
             )
+        if batch is not None:
+            hand_batch(self, batch, target)
         if target != self.target:
             log.info("%s resize %d -> %d (%s)", self.prefix, self.target, target, reason or "no reason given")
             self.journal.event("resize_requested", target=target, previous=self.target, reason=reason)
@@ -553,6 +561,20 @@ def stop_step(step: RunningStep | None, grace_s: float, *, told: bool = False) -
     return step.wait()
 
 
+def hand_batch(agent: Agent, batch: int, workers: int) -> None:
+    """Hand the policy's global batch for ``workers`` workers to the coordinator at once (an adaptive job's workers
+    apply it once they are ``workers``, docs/runtime.md section 12; a fixed-batch job ignores it).
+
+    Raises:
+        SpecError: ``batch`` is not a global batch the runtime takes.
+    """
+    try:
+        choice = agent.coordinator.set_policy_batch(batch, workers)
+    except ParseError as exc:
+        raise SpecError(f"global batch {batch} for {workers} workers: {exc}") from None
+    agent.journal.event("batch_chosen", batch=batch, workers=workers, choice=choice.seq)
+
+
 def register_with_daemon(agent: Agent) -> None:
     """Register the job with the daemon (its range, resources and directive endpoint)."""
     spec = agent.config.spec
@@ -570,7 +592,8 @@ def register_with_daemon(agent: Agent) -> None:
 
 
 def report_to_daemon(agent: Agent, view: CoordinatorView) -> None:
-    """Report the job's size, target, throughput, recent history and satellites to the daemon."""
+    """Report the job's size, target, throughput, recent history and satellites to the daemon, and an adaptive
+    job's statistics (:func:`~slurm_amoeba.agent.status.adaptive_fields`)."""
     status = agent.status(view)
     agent.link.report(
         {
@@ -581,6 +604,7 @@ def report_to_daemon(agent: Agent, view: CoordinatorView) -> None:
             "throughput": status["throughput"],
             "history": status["history"][-20:],
             "satellites": [g.slurm_job for g in agent.groups if g.satellite and g.state is not GroupState.ENDED],
+            **({"adaptive": status["adaptive"]} if status.get("adaptive") else {}),
         }
     )
 
@@ -625,8 +649,11 @@ def handle_directive(agent: Agent, channel: ChannelServer, req: Request) -> None
     if msg.body["job_id"] != agent.config.job_id:
         channel.refuse(req, f"this is the agent of job {agent.config.job_id}, not {quote(msg.body['job_id'])}")
         return
+    batch = msg.body.get("batch")
     try:
-        target = agent.resize(int(msg.body["target"]), str(msg.body["reason"]))
+        target = agent.resize(
+            int(msg.body["target"]), str(msg.body["reason"]), batch=None if batch is None else int(batch)
+        )
     except SpecError as exc:
         channel.answer(req, msg.reply(ok=False, error=str(exc)))
         return

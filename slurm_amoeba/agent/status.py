@@ -2,7 +2,8 @@
 
 The status document is what ``job.history()``, ``amoebactl`` and the daemon's reports read (the agent writes it to
 ``<state_dir>/agent-status.json`` and answers ``status`` directives with it): size, target, worker groups,
-generations with their pauses, throughput per size, the agent's events and a time series of size and speed.
+generations with their pauses, throughput per size, an adaptive-batch job's statistics (:func:`adaptive_fields`),
+the agent's events and a time series of size and speed.
 """
 
 from __future__ import annotations
@@ -11,12 +12,23 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from slurm_amoeba.agent.groups import WorkerGroup
 from slurm_amoeba.agent.plan import JobFailed, NodeFailing, ReleaseSatellite
-from slurm_amoeba.core.messages import MAX_EVENT_BYTES, MAX_MESSAGE_BYTES, quote
+from slurm_amoeba.core.messages import (
+    MAX_BATCH,
+    MAX_EVENT_BYTES,
+    MAX_LABEL,
+    MAX_MESSAGE_BYTES,
+    MAX_NOISE_SCALE,
+    MAX_STEP_S,
+    MAX_STEP_TIMES,
+    ProtocolError,
+    check_adaptive,
+    quote,
+)
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.coordinator import CoordinatorView
 
@@ -27,6 +39,8 @@ HISTORY_LIMIT = 200  # events x MAX_EVENT_BYTES each: at most ~400 kB, well insi
 FIELD_CHARS = 256  # a string field of an event (an error, a reason) is cut to this, quoted
 #: What a ``status`` reply's document may take of the message limit (the envelope and the reply's fields fit beside).
 STATUS_BUDGET = MAX_MESSAGE_BYTES - 16384
+#: The largest world size a step-time entry may name (the daemon's bound on a registration's worker range).
+REPORT_WORKERS = 100_000
 
 
 def _size(value: Any) -> int:
@@ -55,6 +69,66 @@ def fit_status(doc: dict[str, Any], budget: int = STATUS_BUDGET) -> dict[str, An
             return {k: out[k] for k in ("job_id", "phase", "size", "target", "generation", "truncated") if k in out}
         out[longest] = items[len(items) // 2 + (len(items) % 2) :] if len(items) > 1 else []
     return out
+
+
+def _count(value: object, low: int, high: int) -> int | None:
+    """``value`` when it is an integer (not a bool) in ``low..high``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return None
+    return value
+
+
+def _number(value: object, low: float, high: float) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool) in ``low..high``, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        return None
+    return float(value)
+
+
+def adaptive_fields(progress: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The adaptive-batch statistics of rank 0's progress report (``progress["adaptive"]``,
+    :class:`~slurm_amoeba.runtime.adaptive.AdaptiveBatch`) as a report's ``adaptive`` field, or None.
+
+    Only the fields of :data:`~slurm_amoeba.core.messages.ADAPTIVE_FIELDS`, each checked, within the daemon's
+    bounds: a noise scale above the bound is sent as the bound (as good as infinite), step-time entries out of range
+    are left out
+    and at most the :data:`~slurm_amoeba.core.messages.MAX_STEP_TIMES` most measured are kept; statistics whose
+    batches are not ``1 <= base <= global <= max`` (a fixed batch, a report the agent cannot read) give None.
+    """
+    raw = progress.get("adaptive")
+    if not isinstance(raw, Mapping):
+        return None
+    base, batch, top = (_count(raw.get(k), 1, MAX_BATCH) for k in ("base_batch", "global_batch", "max_batch"))
+    if base is None or batch is None or top is None or not base <= batch <= top:
+        return None
+    phi = _number(raw.get("noise_scale"), 0.0, float("inf"))
+    times: list[list[Any]] = []
+    for entry in raw.get("step_time_s") or []:
+        if isinstance(entry, list | tuple) and len(entry) == 4:
+            w, b, t, n = _count(entry[0], 1, REPORT_WORKERS), _count(entry[1], 1, MAX_BATCH), entry[2], entry[3]
+            seconds, steps = _number(t, 1e-9, MAX_STEP_S), _count(n, 0, 1 << 52)
+            if w is not None and b is not None and seconds is not None and steps is not None:
+                times.append([w, b, seconds, steps])
+    times = sorted(sorted(times, key=lambda e: -e[3])[:MAX_STEP_TIMES])
+    fields: dict[str, Any] = {
+        "global_batch": batch,
+        "base_batch": base,
+        "max_batch": top,
+        "noise_scale": None if phi is None else min(phi, MAX_NOISE_SCALE),
+        "step_time_s": times,
+        "efficiency": _number(raw.get("efficiency"), 0.0, 1e6),
+        "measured_steps": _count(raw.get("measured_steps"), 0, 1 << 52) or 0,
+        "policy_batch": _count(raw.get("policy_batch"), 1, MAX_BATCH),
+    }
+    source = raw.get("batch_source")
+    if isinstance(source, str) and source.isalpha() and len(source) <= MAX_LABEL:
+        fields["batch_source"] = source
+    try:
+        check_adaptive(fields)
+    except ProtocolError as exc:  # a bug here must cost the statistics only, not the report
+        log.warning("adaptive statistics not reported: %s", exc)
+        return None
+    return fields
 
 
 class Journal:
@@ -154,6 +228,7 @@ class Journal:
             "groups": [g.to_json() for g in groups],
             "generations": self.generations(view),
             "throughput": {str(size): round(s.samples_per_s, 3) for size, s in sorted(view.throughput.items())},
+            "adaptive": adaptive_fields(view.progress),
             "history": list(self.history),
             "series": list(self.series),
             "updated_at": self._clock(),

@@ -93,6 +93,21 @@ def _throughput(table: Mapping[str, Any]) -> str:
     return " ".join(f"{size}:{float(rate):.0f}" for size, rate in table.items()) or "-"
 
 
+def _adaptive(stats: Mapping[str, Any]) -> str:
+    phi = stats.get("noise_scale")
+    efficiency = stats.get("efficiency")
+    parts = [
+        f"global batch {stats.get('global_batch')} (range {stats.get('base_batch')}..{stats.get('max_batch')}, "
+        f"chosen by {json.dumps(stats.get('batch_source') or 'unknown')})",
+        "noise scale " + ("not measured" if phi is None else f"{float(phi):.4g}"),
+    ]
+    if efficiency is not None:
+        parts.append(f"efficiency {float(efficiency):.3f}")
+    if stats.get("policy_batch") is not None:
+        parts.append(f"policy's batch {stats['policy_batch']}")
+    return ", ".join(parts)
+
+
 def _format_jobs(data: Mapping[str, Any]) -> str:
     jobs = data.get("jobs", [])
     others = int(data.get("others") or 0)
@@ -118,6 +133,9 @@ def _format_jobs(data: Mapping[str, Any]) -> str:
         )
     lines = [_table(rows)]
     for job in jobs:
+        adaptive = job.get("adaptive")
+        if isinstance(adaptive, Mapping):  # an adaptive-batch job: what its batch is and why
+            lines.append(f"\njob {job['job_id']}: {_adaptive(adaptive)}")
         failing = job.get("failing_nodes") or {}
         if failing:  # repeated infrastructure failures under the job (its agent excludes these nodes)
             named = ", ".join(f"{json.dumps(node)} ({int(count)} times)" for node, count in sorted(failing.items()))

@@ -14,9 +14,11 @@ kind                sender           body
                                      ``max_workers``, ``gpus_per_worker``, ``partition``, ``elastic_partition``
 ``report``          agent -> daemon  ``job_id``, ``size``, ``generation``, ``target`` (size being reached),
                                      ``throughput`` (``{"<size>": samples/s}``), ``history`` (events),
-                                     ``satellites`` (Slurm job ids)
+                                     ``satellites`` (Slurm job ids); optional ``adaptive`` (an adaptive-batch
+                                     job's statistics: :data:`ADAPTIVE_FIELDS`)
 ``resize``          daemon/ctl ->    ``job_id``, ``target``, ``reason``; to an agent it is a directive, to the
-                                     daemon a user's request
+                                     daemon a user's request; optional ``batch`` (the global batch the policy
+                                     chose for ``target`` workers, 1 to :data:`MAX_BATCH`)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
 ``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
 ``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
@@ -48,6 +50,11 @@ MAX_INT_DIGITS = 18  # an integer literal longer than this is refused before Pyt
 MAX_HISTORY_EVENTS = 64  # events in one report
 MAX_EVENT_BYTES = 2048  # one history event, encoded
 MAX_THROUGHPUT_ENTRIES = 1024  # sizes in one report's throughput table
+MAX_BATCH = (1 << 24) - 1  # a global batch in a report or a directive (the runtime's policy batch: three bytes)
+MAX_STEP_TIMES = 32  # entries of an adaptive report's step-time table
+MAX_LABEL = 16  # characters of a short word in a report (an adaptive job's batch source)
+MAX_NOISE_SCALE = 1e15  # samples: a gradient noise scale in a report (larger is as good as infinite)
+MAX_STEP_S = 1e5  # seconds of one step in a report's step-time table
 
 
 class ProtocolError(ParseError):
@@ -86,7 +93,25 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 # Fields a kind may carry but need not (older senders leave them out), checked like :data:`SCHEMAS`' fields.
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {"offset": (int,), "limit": (int,)},
+    "report": {"adaptive": (dict,)},
+    "resize": {"batch": (int,)},
 }
+_NONE = type(None)
+#: A report's ``adaptive`` object: field -> (accepted types, required). Values are checked for type, finiteness and
+#: count here, for range by the daemon (``daemon/agents.py``). ``step_time_s`` holds at most :data:`MAX_STEP_TIMES`
+#: ``[world size, global batch, seconds per step, steps measured]`` entries.
+ADAPTIVE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "global_batch": ((int,), True),
+    "base_batch": ((int,), True),
+    "max_batch": ((int,), True),
+    "noise_scale": ((float, _NONE), True),
+    "step_time_s": ((list,), True),
+    "efficiency": ((float, _NONE), False),
+    "measured_steps": ((int,), False),
+    "policy_batch": ((int, _NONE), False),
+    "batch_source": ((str,), False),
+}
+_STEP_TIME_ENTRY = ((int,), (int,), (float,), (int,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +172,49 @@ def _check_shape(doc: object) -> None:
                 stack.extend((item, depth + 1) for item in value)
 
 
+def _typed(value: object, types: tuple[type, ...]) -> bool:
+    """Whether ``value`` is of ``types`` (``int`` never accepts bool, ``float`` accepts int), and a number in it
+    finite and within 53 bits."""
+    if isinstance(value, bool) and bool not in types:
+        return False
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (int in types or float in types) and -(2**53) < value < 2**53
+    if isinstance(value, float):
+        return float in types and math.isfinite(value)
+    return isinstance(value, types)
+
+
+def check_adaptive(adaptive: Mapping[str, Any]) -> None:
+    """Check a report's ``adaptive`` object field by field (:data:`ADAPTIVE_FIELDS`): names, types, finite numbers,
+    the table's size; the ranges are the daemon's to check.
+
+    Raises:
+        ProtocolError: the first field that is wrong.
+    """
+    extra = sorted(set(adaptive) - set(ADAPTIVE_FIELDS))
+    if extra:
+        raise ProtocolError(f"report: adaptive has unknown field(s) {quote(', '.join(extra[:5]), 80)}")
+    for name, (types, required) in ADAPTIVE_FIELDS.items():
+        if name not in adaptive:
+            if required:
+                raise ProtocolError(f"report: adaptive is missing {name!r}")
+            continue
+        if not _typed(adaptive[name], types):
+            kinds = " or ".join("null" if t is _NONE else t.__name__ for t in types)
+            raise ProtocolError(f"report: adaptive[{name!r}] is {quote(adaptive[name])}, not a finite {kinds}")
+    if len(adaptive.get("batch_source", "")) > MAX_LABEL:
+        raise ProtocolError(f"report: adaptive['batch_source'] is longer than {MAX_LABEL} characters")
+    table = adaptive["step_time_s"]
+    if len(table) > MAX_STEP_TIMES:
+        raise ProtocolError(f"report: adaptive step_time_s has {len(table)} entries, over {MAX_STEP_TIMES}")
+    for entry in table:
+        ok = isinstance(entry, list) and len(entry) == len(_STEP_TIME_ENTRY)
+        if not ok or not all(_typed(v, t) for v, t in zip(entry, _STEP_TIME_ENTRY, strict=True)):
+            raise ProtocolError(
+                f"report: adaptive step_time_s entry {quote(entry)} is not [workers, batch, seconds, steps]"
+            )
+
+
 def _check_report(body: Mapping[str, Any]) -> None:
     history, throughput = body["history"], body["throughput"]
     if len(history) > MAX_HISTORY_EVENTS:
@@ -157,6 +225,8 @@ def _check_report(body: Mapping[str, Any]) -> None:
             raise ProtocolError(f"report: a history event of {size} bytes is over the {MAX_EVENT_BYTES} limit")
     if len(throughput) > MAX_THROUGHPUT_ENTRIES:
         raise ProtocolError(f"report: {len(throughput)} throughput entries, over {MAX_THROUGHPUT_ENTRIES}")
+    if "adaptive" in body:
+        check_adaptive(body["adaptive"])
 
 
 def _check_body(kind: str, body: Any) -> dict[str, Any]:
@@ -186,6 +256,8 @@ def _check_body(kind: str, body: Any) -> dict[str, Any]:
             raise ProtocolError(f"{kind}: field {name!r} is {value!r}, not a finite number")
     if kind == "report":
         _check_report(body)
+    if kind == "resize" and "batch" in body and not 1 <= body["batch"] <= MAX_BATCH:
+        raise ProtocolError(f"resize: batch {quote(body['batch'])} is not a global batch of 1 to {MAX_BATCH}")
     return body
 
 

@@ -33,6 +33,7 @@ class Directive:
         reason: why (the agent logs it).
         ordered_at: when the daemon decided it (its clock).
         token: anything the caller wants back with the outcome (a deferred ``amoebactl`` request).
+        batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
     """
 
     job_id: str
@@ -42,6 +43,7 @@ class Directive:
     reason: str
     ordered_at: float
     token: Any = None
+    batch: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +85,10 @@ class Actuator:
         self._pool.submit(self._deliver, directive)
 
     def _deliver(self, directive: Directive) -> None:
-        message = Message(
-            "resize", {"job_id": directive.job_id, "target": directive.target, "reason": directive.reason}
-        )
+        order: dict[str, Any] = {"job_id": directive.job_id, "target": directive.target, "reason": directive.reason}
+        if directive.batch is not None:
+            order["batch"] = directive.batch
+        message = Message("resize", order)
         try:
             reply = request(
                 directive.endpoint,

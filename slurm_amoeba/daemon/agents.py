@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import AmoebaError
-from slurm_amoeba.core.messages import quote
+from slurm_amoeba.core.messages import MAX_BATCH, MAX_NOISE_SCALE, MAX_STEP_S, quote
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 _AGENT_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:[0-9]{1,5}$|^tcp://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}$")
@@ -30,6 +30,8 @@ HISTORY_BYTES = 16384
 EVENT_DEPTH = 2
 #: Largest worker count the daemon accepts in a registration (a sanity bound, not a site policy).
 MAX_WORKERS = 100_000
+#: Words an adaptive report's ``batch_source`` may be.
+BATCH_SOURCES = frozenset({"initial", "runtime", "policy", "user"})
 
 
 class AgentMessageError(AmoebaError, ValueError):
@@ -126,6 +128,103 @@ class Registration:
 
 
 @dataclasses.dataclass(frozen=True)
+class AdaptiveStats:
+    """An adaptive-batch job's statistics from its runtime (a report's ``adaptive`` object), checked.
+
+    Attributes:
+        global_batch: the global batch the job runs with now.
+        base_batch: its initial (smallest) global batch.
+        max_batch: the largest global batch it allows.
+        noise_scale: the smoothed gradient noise scale (samples), or None before a measurement (or when the
+            runtime measured no signal: an infinite scale).
+        step_times: ``(world size, global batch, seconds per step, steps measured)`` entries.
+        efficiency: the statistical efficiency of the current batch over the initial one, when reported.
+        measured_steps: steps that updated the noise scale.
+        policy_batch: the policy's batch the runtime applies now, or None.
+        batch_source: who chose the current batch (``initial``, ``runtime``, ``policy``, ``user``), or "".
+    """
+
+    global_batch: int
+    base_batch: int
+    max_batch: int
+    noise_scale: float | None
+    step_times: tuple[tuple[int, int, float, int], ...]
+    efficiency: float | None = None
+    measured_steps: int = 0
+    policy_batch: int | None = None
+    batch_source: str = ""
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> AdaptiveStats:
+        """Check the ranges of a report's ``adaptive`` object (its types were checked by ``core.messages``).
+
+        Raises:
+            AgentMessageError: a batch out of ``1 <= base <= global <= max <= MAX_BATCH``, a negative or huge noise
+                scale, a step time that is not a positive number of seconds, an unknown batch source.
+        """
+        base, batch, top = int(body["base_batch"]), int(body["global_batch"]), int(body["max_batch"])
+        if not 1 <= base <= batch <= top <= MAX_BATCH:
+            raise AgentMessageError(
+                f"adaptive batches base={base}, global={batch}, max={top}: they need 1 <= base <= global <= max <= "
+                f"{MAX_BATCH}"
+            )
+        phi = body["noise_scale"]
+        if phi is not None and not 0 <= float(phi) <= MAX_NOISE_SCALE:
+            raise AgentMessageError(f"adaptive noise_scale={phi!r} is not 0 to {MAX_NOISE_SCALE:g} samples")
+        times: list[tuple[int, int, float, int]] = []
+        for w, b, t, n in body["step_time_s"]:
+            if not (1 <= w <= MAX_WORKERS and 1 <= b <= MAX_BATCH and 0 < t <= MAX_STEP_S and 0 <= n < 2**53):
+                raise AgentMessageError(
+                    f"adaptive step time {quote([w, b, t, n])} is not [workers, batch, seconds, steps] with 1 to "
+                    f"{MAX_WORKERS} workers, a batch of 1 to {MAX_BATCH} and 0 to {MAX_STEP_S:g} seconds"
+                )
+            times.append((int(w), int(b), float(t), int(n)))
+        efficiency = body.get("efficiency")
+        if efficiency is not None and not 0 <= float(efficiency) <= 1e6:
+            raise AgentMessageError(f"adaptive efficiency={efficiency!r} is not a number from 0")
+        steps, policy = int(body.get("measured_steps", 0)), body.get("policy_batch")
+        if steps < 0 or (policy is not None and not 1 <= int(policy) <= MAX_BATCH):
+            raise AgentMessageError(f"adaptive measured_steps={steps} or policy_batch={policy!r} is out of range")
+        source = str(body.get("batch_source", ""))
+        if source and source not in BATCH_SOURCES:
+            raise AgentMessageError(f"adaptive batch_source {quote(source)} is not one of {sorted(BATCH_SOURCES)}")
+        return cls(
+            batch,
+            base,
+            top,
+            None if phi is None else float(phi),
+            tuple(times),
+            None if efficiency is None else float(efficiency),
+            steps,
+            None if policy is None else int(policy),
+            source,
+        )
+
+    def as_report(self) -> dict[str, Any]:
+        """The statistics in the runtime's report form (what ``policy.goodput.model_from_report`` reads)."""
+        return {
+            "global_batch": self.global_batch,
+            "base_batch": self.base_batch,
+            "max_batch": self.max_batch,
+            "noise_scale": self.noise_scale,
+            "step_time_s": [list(entry) for entry in self.step_times],
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """What ``amoebactl jobs`` shows of them."""
+        return {
+            "global_batch": self.global_batch,
+            "base_batch": self.base_batch,
+            "max_batch": self.max_batch,
+            "noise_scale": self.noise_scale,
+            "efficiency": self.efficiency,
+            "measured_steps": self.measured_steps,
+            "batch_source": self.batch_source,
+            "policy_batch": self.policy_batch,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     """An agent's ``report`` message, checked.
 
@@ -137,6 +236,7 @@ class Report:
         satellites: Slurm job ids of the satellites the agent holds.
         history: the agent's recent events (JSON objects or strings), newest last.
         received_at: when the daemon received it (its clock).
+        adaptive: an adaptive-batch job's statistics, or None (a fixed batch, or an agent that sends none).
     """
 
     size: int
@@ -146,6 +246,7 @@ class Report:
     satellites: tuple[str, ...]
     history: tuple[Any, ...]
     received_at: float
+    adaptive: AdaptiveStats | None = None
 
     @property
     def resizing(self) -> bool:
@@ -157,8 +258,8 @@ class Report:
         """Check a ``report`` body.
 
         Raises:
-            AgentMessageError: a negative size, a throughput entry that is not ``"<size>": rate``, or a satellite id
-                that is not a Slurm job id.
+            AgentMessageError: a negative size, a throughput entry that is not ``"<size>": rate``, a satellite id
+                that is not a Slurm job id, or adaptive statistics out of range (:meth:`AdaptiveStats.from_body`).
         """
         size, generation, target = int(body["size"]), int(body["generation"]), int(body["target"])
         if not 0 <= size <= MAX_WORKERS or not 0 <= target <= MAX_WORKERS or generation < 0:
@@ -179,7 +280,8 @@ class Report:
                 raise AgentMessageError(f"satellite {item!r} is not a Slurm job id")
             satellites.append(check_job_id(str(item)))
         history = bounded_history(list(body["history"]))
-        return cls(size, generation, target, throughput, tuple(satellites), history, received_at)
+        adaptive = AdaptiveStats.from_body(body["adaptive"]) if body.get("adaptive") is not None else None
+        return cls(size, generation, target, throughput, tuple(satellites), history, received_at, adaptive)
 
 
 @dataclasses.dataclass
@@ -193,6 +295,8 @@ class InFlight:
         reason: why, as sent to the agent.
         acknowledged: the agent accepted it (False while the directive is still being sent).
         acknowledged_at: when the acceptance came back (the daemon's clock; 0 before).
+        batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
+        batch_only: the order changes the batch only (``target`` was the job's size): no resize latency to count.
     """
 
     target: int
@@ -201,6 +305,8 @@ class InFlight:
     reason: str
     acknowledged: bool = False
     acknowledged_at: float = 0.0
+    batch: int | None = None
+    batch_only: bool = False
 
 
 @dataclasses.dataclass
@@ -216,6 +322,8 @@ class AgentRecord:
         history: the latest events of the job, newest last.
         in_flight: a resize ordered and not yet reached, or None.
         backoff_until: the policy leaves the job alone until then (after a refused or unanswered directive).
+        adaptive: the latest adaptive-batch statistics its agent reported (kept while later reports carry none,
+            e.g. after a restart, before the runtime's first step), or None for a fixed-batch job.
     """
 
     registration: Registration
@@ -226,6 +334,7 @@ class AgentRecord:
     history: collections.deque[Any] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=HISTORY_KEPT))
     in_flight: InFlight | None = None
     backoff_until: float = 0.0
+    adaptive: AdaptiveStats | None = None
 
     @property
     def job_id(self) -> str:
@@ -233,8 +342,10 @@ class AgentRecord:
         return self.registration.job_id
 
     def accept_report(self, report: Report) -> None:
-        """Keep ``report`` as the latest and take its history."""
+        """Keep ``report`` as the latest and take its history (and its adaptive statistics, when it has some)."""
         self.report = report
+        if report.adaptive is not None:
+            self.adaptive = report.adaptive
         self.history.clear()
         self.history.extend(report.history)
 
@@ -257,6 +368,7 @@ class AgentRecord:
             "target": report.target if report else None,
             "generation": report.generation if report else None,
             "throughput": {str(k): v for k, v in sorted(report.throughput.items())} if report else {},
+            "adaptive": self.adaptive.summary() if self.adaptive else None,
             "satellites": list(report.satellites) if report else [],
             "history": list(self.history)[-history:] if history > 0 else [],
             "pinned": pinned,

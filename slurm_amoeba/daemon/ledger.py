@@ -115,7 +115,7 @@ class Ledger:
         record = AgentRecord(registration=reg, uid=uid, user=user, registered_at=self.clock())
         if previous is not None:
             record.in_flight, record.backoff_until = previous.in_flight, previous.backoff_until
-            record.history = previous.history
+            record.history, record.adaptive = previous.history, previous.adaptive
         elif reg.job_id in self.recovered:
             record.in_flight = self.recovered.pop(reg.job_id)
         self.agents[reg.job_id] = record
@@ -127,7 +127,10 @@ class Ledger:
         self._note_failing_nodes(agent, report)
         flight = agent.in_flight
         now = report.received_at
-        if flight is not None and report.size == flight.target and report.target == flight.target:
+        if flight is not None and flight.batch_only and report.size == flight.target == report.target:
+            agent.in_flight = None  # the runtime applies the batch at its next decision point; nothing to time
+            self.changed()
+        elif flight is not None and report.size == flight.target and report.target == flight.target:
             latency = max(0.0, now - flight.ordered_at)
             self.metrics.resize_latency.observe(latency)
             logger.info(
@@ -202,7 +205,15 @@ class Ledger:
 
     # ------------------------------------------------------------------ resizes
 
-    def order(self, agent: AgentRecord, target: int, reason: str, source: str, token: Any = None) -> Directive:
+    def order(
+        self,
+        agent: AgentRecord,
+        target: int,
+        reason: str,
+        source: str,
+        token: Any = None,
+        batch: int | None = None,
+    ) -> Directive:
         """Record a resize as in flight and return the directive that carries it to the agent.
 
         Args:
@@ -211,16 +222,21 @@ class Ledger:
             reason: why (the agent logs it).
             source: ``policy``, ``drain`` or ``ctl``.
             token: handed back with the outcome (a deferred ``amoebactl`` request).
+            batch: the global batch the policy chose for ``target`` workers (an adaptive job), sent along; a
+                directive to the job's current size that carries only a new batch is counted as ``batch``.
 
         Returns:
             The directive, for the actuator.
         """
         now = self.clock()
         size = agent.report.size if agent.report else 0
-        kind = "grow" if target > size else "shrink"
-        agent.in_flight = InFlight(target=target, ordered_at=now, source=source, reason=reason)
+        kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
+        agent.in_flight = InFlight(target, now, source, reason, batch=batch, batch_only=kind == "batch")
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
-        logger.info("[daemon/actuator] job %s: %s %d -> %d workers (%s)", agent.job_id, kind, size, target, reason)
+        with_batch = "" if batch is None else f", global batch {batch}"
+        logger.info(
+            "[daemon/actuator] job %s: %s %d -> %d workers%s (%s)", agent.job_id, kind, size, target, with_batch, reason
+        )
         return Directive(
             job_id=agent.job_id,
             endpoint=agent.registration.endpoint,
@@ -229,6 +245,7 @@ class Ledger:
             reason=reason,
             ordered_at=now,
             token=token,
+            batch=batch,
         )
 
     def apply(self, outcome: Outcome) -> None:
@@ -241,7 +258,7 @@ class Ledger:
             flight.acknowledged = True
             flight.acknowledged_at = self.clock()
             report = agent.report
-            if report is not None and report.size == flight.target and report.target == flight.target:
+            if report is not None and not flight.batch_only and report.size == flight.target == report.target:
                 agent.in_flight = None
             self.changed()
         elif not outcome.ok:

@@ -10,7 +10,8 @@ answered with the reason.
 kind            who may send it                      reads -> changes
 ==============  ==================================  =================================================================
 ``register``    the job's owner (Slurm's uid)        Slurm's record of the job -> the job's agent record
-``report``      the job's owner (registered uid)     the agent record -> its size, throughput, history; settles resizes
+``report``      the job's owner (registered uid)     the agent record -> its size, throughput, history, adaptive-batch
+                                                     statistics (kept per job); settles resizes
 ``resize``      the job's owner or an operator       the agent record -> a resize in flight, a directive to the agent
 ``pin``         the job's owner or an operator       the agent record, else Slurm -> the pinned jobs (state file)
 ``drain``       an operator                          -> the drain switch (state file)
@@ -468,6 +469,11 @@ class RequestHandler:
     def _on_resize(self, req: Request, owner: JobOwner) -> Message | None:
         job_id, body = owner.job_id, req.message.body
         target = int(body["target"])
+        if "batch" in body:
+            raise Refused(
+                "a resize request cannot set the global batch: the policy chooses it for adaptive jobs (the job's "
+                "owner sets it in the training script: AdaptiveBatch(choose=False) and set_global_batch)"
+            )
         agent = self.ledger.agents[job_id]
         reg = agent.registration
         if not reg.min_workers <= target <= reg.max_workers:

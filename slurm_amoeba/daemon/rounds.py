@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.daemon.actuator import Actuator
+from slurm_amoeba.daemon.batches import policy_batches
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
@@ -71,6 +72,7 @@ class Plan:
         source: ``policy``, or ``drain`` while an operator's drain is on.
         policy_s: how long the policy took.
         error: why nothing may be done (the policy broke an invariant), or "".
+        batches: job id -> the global batch sent with its directive (``goodput``'s adaptive jobs, daemon/batches.py).
     """
 
     targets: Mapping[str, int]
@@ -78,6 +80,7 @@ class Plan:
     source: str
     policy_s: float
     error: str = ""
+    batches: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def resize_targets(
@@ -127,7 +130,8 @@ def decide(policy: Policy, obs: Observation, now: float, *, draining: bool) -> P
     except PolicyError as exc:
         return Plan({}, {}, source, policy_s, f"policy error: {exc}")
     targets, reasons = resize_targets(obs.managed, decisions, policy.name)
-    return Plan(targets, reasons, source, policy_s)
+    targets, reasons, batches = policy_batches(policy.name, obs.managed, targets, reasons)
+    return Plan(targets, reasons, source, policy_s, batches=batches)
 
 
 class RoundLoop:
@@ -255,7 +259,8 @@ class RoundLoop:
         """The act step: one directive per target, recorded in the ledger as in flight."""
         for job_id, target in plan.targets.items():
             agent = self.ledger.agents[job_id]
-            self.actuator.send(self.ledger.order(agent, target, plan.reasons[job_id], plan.source))
+            batch = plan.batches.get(job_id)
+            self.actuator.send(self.ledger.order(agent, target, plan.reasons[job_id], plan.source, batch=batch))
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs

@@ -11,6 +11,10 @@ is a pure function made of named steps, each pure and tested on its own:
   ``resizing`` while a resize is in flight (the agent's target differs from its size, the daemon ordered one that
   has not arrived, a satellite is still pending, or the agent has not reported lately) so that no policy re-orders
   it;
+- :func:`adaptive_inputs`: for a managed job whose runtime reported adaptive-batch statistics, the goodput model
+  (:func:`~slurm_amoeba.policy.goodput.model_from_report`) and its best goodput per size
+  (:func:`~slurm_amoeba.policy.goodput.goodput_rates`) replace the measured throughput, so that every policy sees
+  the job's statistical progress, and the ``goodput`` policy's batch for a size is ``JobInfo.adaptive.best(size)``;
 - :func:`unmanaged_job`: every other job that holds GPUs is a fixed-size running job; every job that waits for GPUs
   in a regular partition is a pending fixed-size job (the ones elastic extras make room for);
 - :func:`show_released` and :func:`cap_young_pending`: the near future rather than the last second (see
@@ -26,9 +30,10 @@ import dataclasses
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 
-from slurm_amoeba.daemon.agents import AgentRecord
+from slurm_amoeba.daemon.agents import AdaptiveStats, AgentRecord
 from slurm_amoeba.daemon.observer import ClusterView, Observation, SatelliteInfo, satellite_parent
 from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
+from slurm_amoeba.policy.goodput import GoodputModel, goodput_rates, model_from_report
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
 
@@ -47,6 +52,10 @@ BLOCKED_REASONS = frozenset(
         "QOSMaxGRESPerUser",
     }
 )
+#: An adaptive job's goodput is tabled at every size up to this one, beyond it on a grid 1.25 times apart
+#: (``JobInfo.rate`` interpolates linearly between, which keeps a concave table concave): a job costs a round about
+#: 20-40 :meth:`GoodputModel.best` calls whatever size it registers (~12 us each at load 6).
+DENSE_SIZES = 16
 #: A satellite submitted this long before a report that does not list it is "unclaimed" (reports race submits).
 UNCLAIMED_MARGIN_S = 10.0
 
@@ -139,6 +148,8 @@ def build_snapshot(
     """
     pins = set(pinned)
     split = split_satellites(view.active_groups(), agents)
+    placeable = placeable_nodes(view.nodes, regular_partitions, elastic_partition)
+    cluster_gpus = sum(node.gpus_total for node in placeable)
     jobs: list[JobInfo] = []
     managed: dict[str, JobInfo] = {}
     releasing: dict[str, int] = {}
@@ -146,7 +157,9 @@ def build_snapshot(
         agent = agents.get(key)
         if agent is not None and any(r.state is SlurmState.RUNNING for r in records):
             sats = split.satellites.get(key, [])
-            info, leaving = managed_job(key, records, sats, agent, key in pins, stale_after_s, now)
+            info, leaving = managed_job(
+                key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus=cluster_gpus
+            )
             managed[key] = info
             for name, gpus in leaving.items():
                 releasing[name] = releasing.get(name, 0) + gpus
@@ -156,7 +169,7 @@ def build_snapshot(
                 continue
             info = other
         jobs.append(info)
-    nodes = show_released(placeable_nodes(view.nodes, regular_partitions, elastic_partition), releasing)
+    nodes = show_released(placeable, releasing)
     others = [info for info in jobs if info.job_id not in managed]
     free_now = sum(node_info.gpus_free for node_info in nodes)
     return Observation(
@@ -366,6 +379,8 @@ def managed_job(
     pinned: bool,
     stale_after_s: float,
     now: float,
+    *,
+    cluster_gpus: int | None = None,
 ) -> tuple[JobInfo, dict[str, int]]:
     """A managed elastic job as the policy sees it, and node -> GPUs it is giving back (see :func:`build_snapshot`).
 
@@ -381,6 +396,8 @@ def managed_job(
         pinned: whether an operator (or its owner) pinned it.
         stale_after_s: a report older than this is no word from the agent.
         now: the daemon's clock.
+        cluster_gpus: GPUs of the placeable nodes: an adaptive job's goodput is tabled up to the sizes that fit
+            (None: up to its maximum).
 
     Returns:
         The job, and node -> GPUs it is giving back.
@@ -404,6 +421,11 @@ def managed_job(
     resizing = resizing or agent.in_flight is not None or agent.backoff_until > now
     resizing = resizing or any(s.state is SlurmState.PENDING for s in satellites)
     workers = min(max(workers, 1), max(reg.max_workers, 1))
+    fits = (
+        reg.max_workers if cluster_gpus is None else max(1, min(reg.max_workers, cluster_gpus // reg.gpus_per_worker))
+    )
+    model, rates, batch = adaptive_inputs(agent.adaptive if report is not None and fresh else None, fits)
+    throughput = rates or throughput
     first = min(records, key=lambda r: r.het_job_offset)
     started = float(first.start_time) if first.start_time else now
     info = JobInfo(
@@ -424,5 +446,36 @@ def managed_job(
         executed_time=max(0.0, now - started),
         resizing=resizing,
         pinned=pinned,
+        adaptive=model,
+        batch=batch,
     )
     return info, leaving
+
+
+def adaptive_inputs(
+    stats: AdaptiveStats | None, max_workers: int
+) -> tuple[GoodputModel | None, dict[int, float], int | None]:
+    """An adaptive job's goodput model, its best goodput at sizes 1 to ``max_workers``, and its batch.
+
+    Args:
+        stats: the statistics its agent reported last, or None.
+        max_workers: the largest size to table (every size up to :data:`DENSE_SIZES`, a grid beyond).
+
+    Returns:
+        ``(model, rates, batch)``: ``(None, {}, None)`` without statistics or before the runtime measured a step
+        time; ``batch`` (the policy's batch the job is moving to, else the one it runs with) is None where the user
+        sets the batch (``batch_source: user``).
+    """
+    if stats is None:
+        return None, {}, None
+    model = model_from_report(stats.as_report())
+    if model is None:
+        return None, {}, None
+    rates = goodput_rates(model, min(max_workers, DENSE_SIZES))
+    size = DENSE_SIZES
+    while size < max_workers:
+        size = min(max_workers, max(size + 1, int(size * 1.25)))
+        rates[size] = model.best(size)[1]
+    if stats.batch_source == "user":
+        return model, rates, None
+    return model, rates, stats.policy_batch or stats.global_batch

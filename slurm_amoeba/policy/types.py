@@ -23,6 +23,16 @@ class PolicyError(AmoebaError, ValueError):
     """A policy was misconfigured, or a set of decisions breaks an invariant of the cluster."""
 
 
+@runtime_checkable
+class BatchModel(Protocol):
+    """A job's goodput as a function of its size, for a job whose global batch may change
+    (:class:`slurm_amoeba.policy.goodput.GoodputModel` is one)."""
+
+    def best(self, workers: int) -> tuple[int, float]:
+        """The global batch of highest goodput at ``workers`` workers, and that goodput."""
+        ...
+
+
 class JobPhase(str, enum.Enum):
     """Where a job stands as far as a policy is concerned: waiting for GPUs or holding them.
 
@@ -75,6 +85,11 @@ class JobInfo:
         resizing: a resize ordered earlier is still in flight; policies leave such a job alone.
         pinned: an operator excluded the job from policy decisions (``amoebactl pin``).
         shared_with: the job whose GPUs this job shares, or ``None`` when it has its GPUs to itself.
+        adaptive: for a job whose runtime may change its global batch (docs/runtime.md section 12): its goodput
+            model, whose :meth:`BatchModel.best` gives the batch to use at a size; ``None`` for a fixed batch (or
+            before the runtime measured anything). ``throughput`` then holds its goodput per size.
+        batch: the global batch an adaptive job runs with, or the policy's batch it is moving to; ``None`` for a
+            fixed batch, or where the user sets the batch (the job then ignores a policy's).
     """
 
     job_id: str
@@ -98,6 +113,8 @@ class JobInfo:
     resizing: bool = False
     pinned: bool = False
     shared_with: str | None = None
+    adaptive: BatchModel | None = None
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:

@@ -21,19 +21,32 @@ holds an :class:`AdaptiveBatch` (a default one, or the one passed as ``adaptive=
 * counts AdaScale's scale-invariant steps (``scaled_steps``: the sum of the gains, i.e. steps at the initial batch
   that the training is worth), for schedules that should follow statistical progress.
 
+A scheduling policy may choose the batch instead (the daemon's ``goodput`` policy, docs/runtime.md section 12): its
+choice for a world size reaches the coordinator (:meth:`~slurm_amoeba.runtime.coordinator.Coordinator.
+set_policy_batch`, the sealed ``batch`` key); rank 0 reads that key at most once a second
+(:class:`PolicyBatchReader`) and puts the batch on the gradient all-reduce beside the probe's numbers, so every
+worker reads the same value at the same step; at each decision point a policy batch for the current world size
+replaces the runtime's own choice (clipped to ``[global_batch, max_global_batch]``, not limited by
+``max_growth``). At any other world size, or with ``choose=False``, the policy's batch is ignored.
+
 Its state (the smoothed estimates, the step-time table, the scaled steps) is part of the training state:
 committed, rolled back and sent to joiners with the rest; the current global batch is in the sampler's position.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.core.messages import MAX_NOISE_SCALE
+from slurm_amoeba.runtime.auth import COORDINATOR, JobKey, Opener
 from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gns import (
     GradientNoiseScale,
@@ -43,6 +56,7 @@ from slurm_amoeba.runtime.gns import (
     efficiency,
     workers_pair,
 )
+from slurm_amoeba.runtime.protocol import BATCH_KEY, MAX_POLICY_BATCH, PolicyBatch
 
 if TYPE_CHECKING:
     from slurm_amoeba.runtime.state import TorchState
@@ -50,6 +64,10 @@ if TYPE_CHECKING:
 LR_RULES = ("adascale", "sqrt", "linear", "none")
 _SQRT_OPTIMIZERS = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Adafactor")
 _TIME_SMOOTHING = 0.8  # weight of the past in the step-time table
+#: Step-time entries in :attr:`AdaptiveBatch.report` (the most measured ones; the daemon takes at most 32).
+REPORT_TIMES = 32
+
+log = logging.getLogger(__name__)
 
 
 def default_rule(optimizer: torch.optim.Optimizer) -> str:
@@ -140,6 +158,52 @@ def best_batch(
     return max((c for c in candidates if base <= c <= top), key=lambda c: (goodput(c, base, scale, model), -c))
 
 
+class PolicyBatchReader:
+    """Rank 0's look at the policy's batch: the coordinator's sealed ``batch`` key, read at most every ``every_s``.
+
+    It reads through the worker runtime's own store connection (the driver's ``store``) on the training thread,
+    with the job's secret from the worker's environment; a driver without a store (a test's), a missing secret or
+    a value the coordinator did not seal read as no policy batch (the latter logged once).
+
+    Args:
+        every_s: the least time between two reads of the store.
+        clock: a monotonic clock.
+    """
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._next = 0.0
+        self._opener: Opener | None = None
+        self._unusable = False
+        self._warned = False
+        self.value: PolicyBatch | None = None
+
+    def __call__(self, driver: object) -> PolicyBatch | None:
+        """The latest policy batch (``None``: none yet), reading the store when ``every_s`` has passed."""
+        now = self._clock()
+        if self._unusable or now < self._next:
+            return self.value
+        self._next = now + self.every_s
+        try:
+            store = getattr(driver, "store", None)
+            if store is None:
+                return self.value
+            if self._opener is None:
+                self._opener = Opener(JobKey.from_environ(os.environ))
+            if store.check([BATCH_KEY]):
+                self.value = PolicyBatch.from_json(
+                    self._opener.open(BATCH_KEY, store.get(BATCH_KEY), sender=COORDINATOR)
+                )
+        except SpecError:  # no secret in this process's environment: not a worker of a coordinated job
+            self._unusable = True
+        except (ParseError, RuntimeError, OSError, ValueError) as exc:  # AuthError, store errors: keep the last value
+            if not self._warned:
+                self._warned = True
+                log.warning("the policy's batch could not be read (%s); the runtime keeps choosing its own", exc)
+        return self.value
+
+
 class AdaptiveBatch:
     """The adaptive-batch controller of one worker (see the module docstring); give it to ``TorchState(adaptive=)``.
 
@@ -198,6 +262,13 @@ class AdaptiveBatch:
         self._world = 0
         self._step_samples = 0
         self._pre_samples = 0
+        #: Where rank 0 looks for the policy's batch (replace it to feed one in without a coordinator).
+        self.policy_source: Callable[[], PolicyBatch | None] = lambda: self._reader(self.state.driver)
+        self._reader = PolicyBatchReader()
+        self._policy_now = 0  # the policy's batch on the latest all-reduce (0: none)
+        # Who chose the current batch: initial, runtime, policy, or user (always with choose=False: the daemon then
+        # knows not to send batches this job would ignore).
+        self.batch_source = "initial" if choose else "user"
 
     # ----------------------------------------------------------------------------------------------- wiring
 
@@ -281,6 +352,7 @@ class AdaptiveBatch:
         """A generation starts (reset callback): its first step is not timed; prepare its measurement."""
         self._last_end = None
         self._timed = None
+        self._policy_now = 0  # a policy batch read in the previous generation was for its world size
         self._prepare(None)
 
     def after_step(self) -> None:
@@ -294,7 +366,7 @@ class AdaptiveBatch:
         progress = sampler.progress
         if progress.step % sampler.adapt_every == 0 or progress.cursor == 0:
             if self.choose:
-                sampler.set_global_batch(self.choose_batch())
+                sampler.set_global_batch(self.decide_batch())
             self._last_end = None  # the next step restarts the loader: not a representative time
         self._elapsed = elapsed
         self._prepare(elapsed)
@@ -309,7 +381,28 @@ class AdaptiveBatch:
             BatchPlanError: see :meth:`~slurm_amoeba.runtime.sampler.ElasticSampler.set_global_batch`.
         """
         self.state.sampler.set_global_batch(batch)
+        self.batch_source = "user"
         self._prepare(self._elapsed)  # the next step's shares changed with the batch
+
+    def decide_batch(self) -> int:
+        """The batch from the next step on: the policy's for this world size when the all-reduce carried one
+        (clipped to the sampler's range), else :meth:`choose_batch`; :attr:`batch_source` says which."""
+        sampler = self.state.sampler
+        if self._policy_now:
+            assert sampler.max_global_batch is not None  # attach() checked it
+            self.batch_source = "policy"
+            return min(max(self._policy_now, sampler.min_global_batch), sampler.max_global_batch)
+        self.batch_source = "runtime"
+        return self.choose_batch()
+
+    def _policy_batch(self, rank: int, world: int) -> int:
+        """What this worker puts on the all-reduce as the policy's batch: rank 0's latest for this world size."""
+        if rank != 0 or not self.choose:
+            return 0
+        choice = self.policy_source()
+        if choice is None or choice.world_size != world or not 1 <= choice.batch <= MAX_POLICY_BATCH:
+            return 0
+        return choice.batch
 
     def choose_batch(self) -> int:
         """The batch of highest goodput at the current world size (every worker computes the same)."""
@@ -333,8 +426,9 @@ class AdaptiveBatch:
         rank, world = driver.rank, driver.world_size
         self._world = world
         sampler = state.sampler
+        policy = self._policy_batch(rank, world)
         if world < 1 or sampler.progress.cursor >= sampler.dataset_size:
-            self.probe.prepare(0.0, step_time_s=None, want_pre=False)
+            self.probe.prepare(0.0, step_time_s=None, want_pre=False, policy_batch=policy)
             return
         plan = sampler.planner.plan(sampler.step_samples(sampler.progress.cursor), world)
         local = plan.local_size(rank)
@@ -343,7 +437,9 @@ class AdaptiveBatch:
         self._pre_samples = local - micro[-1] if world == 1 and len(micro) > 1 else 0
         weight = plan.step_samples / local if local else 0.0
         measure = sampler.progress.step % (self.measure_every or 1) == 0
-        self.probe.prepare(weight, step_time_s=elapsed, want_pre=self._pre_samples > 0, measure=measure)
+        self.probe.prepare(
+            weight, step_time_s=elapsed, want_pre=self._pre_samples > 0, measure=measure, policy_batch=policy
+        )
 
     def _on_reading(self, reading: ProbeReading) -> None:
         """One step's reduced numbers (the same on every worker): update the estimate and the step-time table."""
@@ -357,6 +453,7 @@ class AdaptiveBatch:
         else:
             pair = accumulation_pair(reading.pre_sq / norm, self._pre_samples, reading.global_sq / norm, batch)
         self.gns.update(pair)
+        self._policy_now = reading.policy_batch
         if self._timed is not None and reading.timed == self._world and reading.timed > 0:
             seconds = reading.step_time_s / reading.timed
             old = self.times.get(self._timed)
@@ -376,7 +473,7 @@ class AdaptiveBatch:
             "global_batch": batch,
             "base_batch": base,
             "max_batch": sampler.max_global_batch,
-            "noise_scale": _finite(self.gns.scale),
+            "noise_scale": _reported_scale(self.gns.scale),
             "grad_variance": _finite(self.gns.noise),
             "grad_sq": _finite(self.gns.signal),
             "efficiency": self.gns.efficiency(batch, base),
@@ -385,7 +482,9 @@ class AdaptiveBatch:
             "lr_factor": self.lr_factor(),
             "scaled_steps": self.scaled_steps,
             "measured_steps": self.gns.updates,
-            "step_time_s": [[w, b, t, n] for (w, b), (t, n) in sorted(self.times.items())],
+            "batch_source": self.batch_source,
+            "policy_batch": self._policy_now or None,
+            "step_time_s": report_times(self.times),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -413,6 +512,21 @@ class AdaptiveBatch:
         self._refresh_report()
 
 
+def report_times(times: Mapping[tuple[int, int], tuple[float, int]]) -> list[list[Any]]:
+    """The step-time table as ``[[world size, batch, seconds, steps], ...]``: the :data:`REPORT_TIMES` most measured
+    entries, in (world size, batch) order."""
+    kept = sorted(times.items(), key=lambda item: (-item[1][1], item[0]))[:REPORT_TIMES]
+    return [[w, b, t, n] for (w, b), (t, n) in sorted(kept)]
+
+
+def _reported_scale(scale: float | None) -> float | None:
+    """The noise scale as reported: ``None`` before a measurement, an infinite one (no signal measured: every batch
+    is as efficient) as :data:`~slurm_amoeba.core.messages.MAX_NOISE_SCALE`, which JSON and the daemon take."""
+    if scale is None or math.isnan(scale):
+        return None
+    return min(scale, MAX_NOISE_SCALE)
+
+
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
@@ -430,4 +544,15 @@ def attach_adaptive(state: TorchState, adaptive: AdaptiveBatch | None) -> Adapti
     return controller
 
 
-__all__ = ["LR_RULES", "AdaptiveBatch", "attach_adaptive", "best_batch", "default_rule", "fit_step_time", "goodput"]
+__all__ = [
+    "LR_RULES",
+    "REPORT_TIMES",
+    "AdaptiveBatch",
+    "PolicyBatchReader",
+    "attach_adaptive",
+    "best_batch",
+    "default_rule",
+    "fit_step_time",
+    "goodput",
+    "report_times",
+]

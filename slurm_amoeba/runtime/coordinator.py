@@ -15,6 +15,7 @@ The launcher side needs only this::
     ...
     coordinator.request_leave("w3")      # graceful: leaves at the next step boundary
     coordinator.mark_dead("w5", "step ended with signal 9")   # launcher saw the process die
+    coordinator.set_policy_batch(96, world_size=4)   # a scheduler's batch for an adaptive job at 4 workers
     coordinator.view()                   # generation, members, workers, history, throughput
 
 It never talks to Slurm (DESIGN.md, layer ``runtime/``).
@@ -64,6 +65,7 @@ from slurm_amoeba.runtime.membership import (
     WorkerStatus,
 )
 from slurm_amoeba.runtime.protocol import (
+    BATCH_KEY,
     EVENTS_KEY,
     JOB_KEY,
     JOIN_KEY,
@@ -72,6 +74,7 @@ from slurm_amoeba.runtime.protocol import (
     GenerationPlan,
     JoinAnswer,
     JoinRequest,
+    PolicyBatch,
     WorkerEvent,
     abort_key,
     arrival_key,
@@ -386,6 +389,7 @@ class Coordinator:
         self._sealer, self._opener = self._auth.sealer, self._auth.opener
         self._desk = JoinDesk(self._auth, self._env_template, lambda w: w in self.membership.workers)
         self._refused = 0  # refusals beyond the opener's and the desk's own counts
+        self._batch_seq = 0  # policy batches published (set_policy_batch)
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -519,6 +523,23 @@ class Coordinator:
         with self._lock:
             self._deaths.append((worker_id, reason))
         self._wake.set()
+
+    def set_policy_batch(self, batch: int, world_size: int) -> PolicyBatch:
+        """Publish the global batch a scheduling policy chose for ``world_size`` workers (sealed, at ``batch``).
+
+        Workers of an adaptive job apply it at a step boundary where the batch may change while they are
+        ``world_size`` members, instead of their own choice (docs/runtime.md section 12); a fixed-batch job ignores it.
+
+        Raises:
+            ParseError: ``batch`` or ``world_size`` out of range (:class:`~slurm_amoeba.runtime.protocol.PolicyBatch`).
+            RuntimeConfigError: the coordinator is not started.
+        """
+        with self._lock:
+            self._batch_seq += 1
+            choice = PolicyBatch(batch=batch, world_size=world_size, seq=self._batch_seq)
+        self._auth.put(self.store, BATCH_KEY, choice.to_json())
+        log.info("%s policy batch %d for %d workers (choice %d)", self._prefix, batch, world_size, choice.seq)
+        return choice
 
     def view(self) -> CoordinatorView:
         """A consistent snapshot of the job's state.

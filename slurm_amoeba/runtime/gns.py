@@ -190,6 +190,7 @@ class ProbeReading:
         pre_sq: this worker's ``|h_pre|^2`` when it was asked for, else 0.
         step_time_s: the sum over the workers of the previous step's duration.
         timed: how many workers timed the previous step.
+        policy_batch: the policy's batch rank 0 put on this step's all-reduce (0: none); the same on every worker.
     """
 
     global_sq: float
@@ -198,6 +199,7 @@ class ProbeReading:
     pre_sq: float
     step_time_s: float
     timed: int
+    policy_batch: int = 0
 
 
 def _squared_norm(tensor: torch.Tensor) -> torch.Tensor:
@@ -219,7 +221,9 @@ class NormProbe:
         consumer: called with each step's reading (on every worker, with the same summed values).
     """
 
-    SLOTS = 4  # weighted local squared norm, workers with samples, previous step's time, workers that timed it
+    # weighted local squared norm, workers with samples, previous step's time, workers that timed it, and the
+    # policy's batch as three bytes (low first; only rank 0 writes them, so the sums are exact in any dtype)
+    SLOTS = 7
 
     def __init__(self, consumer: Callable[[ProbeReading], None]) -> None:
         self.consumer = consumer
@@ -230,12 +234,15 @@ class NormProbe:
         self._step_time_s = 0.0
         self._want_pre = False
         self._measure = True
+        self._policy_bytes = (0.0, 0.0, 0.0)
 
     def bind(self, slots: torch.Tensor) -> None:
         """Take the reducer's slots (a view of :attr:`SLOTS` elements of its last buffer)."""
         self._slots = slots
 
-    def prepare(self, weight: float, *, step_time_s: float | None, want_pre: bool, measure: bool = True) -> None:
+    def prepare(
+        self, weight: float, *, step_time_s: float | None, want_pre: bool, measure: bool = True, policy_batch: int = 0
+    ) -> None:
         """Set this worker's part of the next step's measurement.
 
         Args:
@@ -244,7 +251,12 @@ class NormProbe:
             want_pre: read the accumulated gradient when the last micro-batch starts (one worker, accumulation).
             measure: compute the norms in this step; ``False`` sends only the step time (the reading's norms are
                 then NaN and the estimate skips the step).
+            policy_batch: the policy's batch that this worker (rank 0 only) puts on the all-reduce, so that every
+                worker reads the same one (:attr:`ProbeReading.policy_batch`); 0: none. At most ``2**24 - 1``.
         """
+        if not 0 <= policy_batch < 1 << 24:
+            raise ValueError(f"policy_batch={policy_batch} does not fit three bytes")
+        self._policy_bytes = (float(policy_batch & 255), float(policy_batch >> 8 & 255), float(policy_batch >> 16))
         self._weight = weight if measure else 0.0
         self._step_time_s = -1.0 if step_time_s is None else step_time_s
         self._want_pre = want_pre and measure
@@ -274,6 +286,8 @@ class NormProbe:
                 slots[1].fill_(1.0 if self._weight > 0 else 0.0)
                 slots[2].fill_(max(self._step_time_s, 0.0))
                 slots[3].fill_(1.0 if self._step_time_s >= 0 else 0.0)
+                for index, value in enumerate(self._policy_bytes):
+                    slots[4 + index].fill_(value)
 
     def after_reduce(self, flats: list[torch.Tensor], tail: int) -> None:
         """Read the reduced gradient's squared norm and the summed slots, and hand them to the consumer."""
@@ -294,9 +308,10 @@ class NormProbe:
                 global_sq=read[0],
                 weighted_local=read[1],
                 pieces=round(read[2]),
-                pre_sq=read[5],
+                pre_sq=read[8],
                 step_time_s=read[3],
                 timed=round(read[4]),
+                policy_batch=round(read[5]) + 256 * round(read[6]) + 65536 * round(read[7]),
             )
         )
 

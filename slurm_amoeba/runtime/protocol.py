@@ -4,7 +4,8 @@ Everything in the store is JSON text (never pickle), and every value the runtime
 secret (:mod:`slurm_amoeba.runtime.auth`). A starting worker pushes a join request onto ``join`` and receives the
 worker id the coordinator issues at ``joined/<nonce>``. Workers push :class:`WorkerEvent`\\ s onto one queue; the
 coordinator answers each worker with numbered :class:`Assignment`\\ s (``assign/<worker>/<seq>``), publishes the
-generation it wants to end (``want``), and reads heartbeats and progress. Everything of generation ``g`` lives under
+generation it wants to end (``want``), the global batch a scheduling policy chose (``batch``, a
+:class:`PolicyBatch`), and reads heartbeats and progress. Everything of generation ``g`` lives under
 ``gen<g>.<token>/``, where the token is derived from the job's secret (``JobKey.derive``): a client without the
 secret cannot even name those keys. Before forming a process group, each member
 marks its arrival there (``arrived/<worker>``) and waits for the others, or for the coordinator's ``abort`` when a
@@ -27,6 +28,10 @@ WANT_KEY = PREFIX + "want"
 PROGRESS_KEY = PREFIX + "progress"
 JOB_KEY = PREFIX + "job"
 JOIN_KEY = PREFIX + "join"
+BATCH_KEY = PREFIX + "batch"
+#: The largest global batch a scheduling policy may set (it rides as three bytes on the gradient all-reduce,
+#: :class:`~slurm_amoeba.runtime.gns.NormProbe`, exact in any floating-point dtype).
+MAX_POLICY_BATCH = (1 << 24) - 1
 
 
 def heartbeat_key(worker_id: str) -> str:
@@ -361,3 +366,45 @@ class JoinAnswer:
         if not isinstance(worker, str) or not isinstance(job_id, str):
             raise ParseError("not a join answer (worker, job_id: text)", source="join answer")
         return cls(worker=worker, job_id=job_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyBatch:
+    """The global batch a scheduling policy chose for an adaptive job at one world size (the coordinator's
+    ``batch`` key; docs/runtime.md section 12).
+
+    Attributes:
+        batch: the global batch, 1 to :data:`MAX_POLICY_BATCH`.
+        world_size: the number of workers it is meant for; at other sizes the runtime chooses its own batch.
+        seq: grows with every new choice (the coordinator's count).
+    """
+
+    batch: int
+    world_size: int
+    seq: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (
+            ("batch", self.batch, 1, MAX_POLICY_BATCH),
+            ("world_size", self.world_size, 1, 1 << 20),
+            ("seq", self.seq, 0, 1 << 53),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ParseError(f"a policy batch's {name} is {value!r:.40}, not an integer in {low}..{high}")
+
+    def to_json(self) -> str:
+        """Encode as JSON text."""
+        return json.dumps({"batch": self.batch, "world_size": self.world_size, "seq": self.seq}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PolicyBatch:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: not a policy batch, or a value out of range.
+        """
+        data = _load(text, "policy batch")
+        try:
+            return cls(batch=data["batch"], world_size=data["world_size"], seq=data["seq"])
+        except KeyError as exc:
+            raise ParseError(f"not a policy batch (no {exc})", source="policy batch") from None

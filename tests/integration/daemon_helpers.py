@@ -63,7 +63,13 @@ class DaemonProcess:
     """``amoebad`` started with ``python -m slurm_amoeba.cli.amoebad`` and a configuration written for the test."""
 
     def __init__(
-        self, cluster: ClusterHandle, workdir: Path, *, interval_s: float = 2.0, host: str = "127.0.0.1"
+        self,
+        cluster: ClusterHandle,
+        workdir: Path,
+        *,
+        interval_s: float = 2.0,
+        host: str = "127.0.0.1",
+        policy: str = "elastic-backfill",
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -76,7 +82,7 @@ class DaemonProcess:
             "interval_s": interval_s,
             "listen": self.endpoint,
             "metrics": {"address": "127.0.0.1", "port": free_port()},
-            "policy": {"name": "elastic-backfill"},
+            "policy": {"name": policy},
             "partitions": {"regular": [cluster.regular_partition], "elastic": cluster.elastic_partition},
             "agents": {"timeout_s": 2, "retries": 0, "stale_after_s": 8, "backoff_s": 10},
             "resize_timeout_s": 90,
@@ -175,6 +181,7 @@ class FakeAgent:
         max_workers: its maximum.
         gpus_per_worker: GPUs per worker (one satellite per extra worker).
         resize_delay_s: seconds between accepting a directive and acting on it.
+        adaptive: the adaptive-batch statistics its reports carry (a report's ``adaptive`` object), or None.
     """
 
     def __init__(
@@ -188,8 +195,10 @@ class FakeAgent:
         max_workers: int = 4,
         gpus_per_worker: int = 1,
         resize_delay_s: float = 0.0,
+        adaptive: dict[str, Any] | None = None,
     ) -> None:
         self.cluster = cluster
+        self.adaptive = adaptive
         self.client: CliSlurmClient = cluster.client()
         self.job_id = str(job_id)
         self.daemon_endpoint = daemon_endpoint
@@ -321,6 +330,7 @@ class FakeAgent:
                 "throughput": {str(n): 100.0 * n for n in range(self.min_workers, self.size + 1)},
                 "history": self.history[-20:],
                 "satellites": [str(s) for s in self.satellites],
+                **({"adaptive": self.adaptive} if self.adaptive is not None else {}),
             }
         try:
             reply = request(self.daemon_endpoint, Message("report", body), timeout_s=1.5, retries=0)

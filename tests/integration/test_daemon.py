@@ -3,7 +3,9 @@
 - kill -9 of the daemon in the middle of a resize, then a restart: the job is not lost, the resize is not ordered a
   second time, and after one interval no satellite is orphaned or unaccounted for;
 - another user's resize, signed with that user's own munge credential, is refused with the reason;
-- a pending regular job makes the daemon shrink the elastic job before Slurm has to preempt its satellites.
+- a pending regular job makes the daemon shrink the elastic job before Slurm has to preempt its satellites;
+- with the ``goodput`` policy, an adaptive job's reported statistics reach the daemon and its grow carries the
+  policy's global batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon.state import load_state
+from slurm_amoeba.policy.goodput import model_from_report
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SubmitOptions
 from tests.conftest import ClusterHandle
 from tests.integration.daemon_helpers import DaemonProcess, FakeAgent, foreign_request, script, wait_until
@@ -255,3 +258,35 @@ def test_a_satellite_whose_parent_is_gone_is_reported_and_left_to_its_owner(
     assert f"satellite {orphan} of gone job {gone_parent} (user root): scancel it" in listed.stdout
     wait_until("the warning in the log", lambda: f"satellite {orphan} (user root" in daemon.log_text(), timeout=10)
     assert (j := client.job(orphan)) is not None and j.state is JobState.RUNNING  # the daemon cancels nobody's job
+
+
+def test_with_goodput_an_adaptive_jobs_statistics_reach_the_daemon_and_its_grow_carries_the_policys_batch(
+    slurm_cluster: ClusterHandle, client: CliSlurmClient, tmp_path: Path, submitted: list[int]
+) -> None:
+    adaptive = {
+        "global_batch": 64,
+        "base_batch": 32,
+        "max_batch": 1024,
+        "noise_scale": 2000.0,
+        "step_time_s": [[1, 32, 0.05, 10], [1, 64, 0.08, 30]],
+        "batch_source": "runtime",
+    }
+    model = model_from_report(adaptive)
+    assert model is not None
+    daemon = DaemonProcess(slurm_cluster, tmp_path, policy="goodput")
+    daemon.start()
+    job_id = parent_job(client, tmp_path, submitted)
+    agent = FakeAgent(slurm_cluster, job_id, daemon.endpoint, tmp_path, max_workers=3, adaptive=adaptive)
+    agent.start()
+    try:
+        wait_until("the daemon to order the job to grow", lambda: len(agent.directives) >= 1, timeout=20)
+        order = agent.directives[0][1].body
+        assert order["target"] == 3 and order["batch"] == model.best(3)[0], order
+        wait_until("the job to reach 3 workers", lambda: agent.size == 3, timeout=60)
+        jobs = amoebactl(daemon.endpoint, "jobs")
+        assert jobs.returncode == 0, jobs.stderr
+        assert f'job {job_id}: global batch 64 (range 32..1024, chosen by "runtime"), noise scale 2000' in jobs.stdout
+        assert f"global batch {model.best(3)[0]}" in daemon.log_text()
+    finally:
+        agent.stop()
+        daemon.stop()

@@ -111,3 +111,62 @@ def test_quote_is_ascii_and_short() -> None:
 
     assert quote("a\nb\x1b[31m") == "'a\\nb\\x1b[31m'"
     assert quote("\u00e9" * 1000, 20) == "'\\xe9\\xe9\\xe9\\xe9..." and len(quote("x" * 1000, 20)) == 20
+
+
+ADAPTIVE = {
+    "global_batch": 64,
+    "base_batch": 32,
+    "max_batch": 512,
+    "noise_scale": 250.0,
+    "step_time_s": [[2, 32, 0.05, 10], [2, 64, 0.08, 30]],
+}
+REPORT = {"job_id": "7", "size": 2, "generation": 3, "target": 2, "throughput": {}, "history": [], "satellites": []}
+
+
+def test_an_adaptive_report_and_a_batched_directive_survive_a_round_trip() -> None:
+    full = {**ADAPTIVE, "efficiency": 0.9, "measured_steps": 4, "policy_batch": None, "batch_source": "runtime"}
+    back = decode(encode(Message("report", {**REPORT, "adaptive": full})))
+    assert back.body["adaptive"] == full
+    assert decode(encode(Message("report", {**REPORT, "adaptive": {**ADAPTIVE, "noise_scale": None}}))).body
+    resize = decode(encode(Message("resize", {"job_id": "7", "target": 4, "reason": "goodput", "batch": 96})))
+    assert resize.body["batch"] == 96
+
+
+def _report_bytes(adaptive: object, *, raw: tuple[bytes, bytes] | None = None) -> bytes:
+    doc = {"v": 1, "kind": "report", "id": "r", "sent_at": 1.0, "body": {**REPORT, "adaptive": adaptive}}
+    data = json.dumps(doc).encode()
+    return data.replace(*raw) if raw else data
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (_report_bytes(ADAPTIVE, raw=(b'"noise_scale": 250.0', b'"noise_scale": NaN')), "not a number"),
+        (_report_bytes(ADAPTIVE, raw=(b'"noise_scale": 250.0', b'"noise_scale": 1e400')), "not a finite"),
+        (_report_bytes(ADAPTIVE, raw=(b'"noise_scale": 250.0', b'"noise_scale": -Infinity')), "not a number"),
+        (_report_bytes(ADAPTIVE, raw=(b"[2, 64, 0.08, 30]", b"[2, 64, 1e999, 30]")), "is not \\[workers"),
+        (_report_bytes(ADAPTIVE, raw=(b'"global_batch": 64', b'"global_batch": ' + b"9" * 19)), "19 digits"),
+        (_report_bytes(ADAPTIVE, raw=(b'"global_batch": 64', b'"global_batch": 99999999999999999')), "out of|finite"),
+        (_report_bytes({**ADAPTIVE, "global_batch": 64.0}), "'global_batch'"),
+        (_report_bytes({**ADAPTIVE, "global_batch": True}), "'global_batch'"),
+        (_report_bytes({**ADAPTIVE, "noise_scale": "250"}), "'noise_scale'"),
+        (_report_bytes({**ADAPTIVE, "step_time_s": {"2": 0.1}}), "'step_time_s'"),
+        (_report_bytes({**ADAPTIVE, "step_time_s": [[2, 32, 0.05]]}), "is not \\[workers"),
+        (_report_bytes({**ADAPTIVE, "step_time_s": [[2, 32, "0.05", 1]]}), "is not \\[workers"),
+        (_report_bytes({**ADAPTIVE, "step_time_s": [[2, 32, 0.05, 1]] * 33}), "33 entries"),
+        (_report_bytes({**ADAPTIVE, "batch_source": "x" * 17}), "longer than 16"),
+        (_report_bytes({**ADAPTIVE, "lr_rule": "sgd"}), "unknown field"),
+        (_report_bytes({k: v for k, v in ADAPTIVE.items() if k != "max_batch"}), "missing 'max_batch'"),
+        (_report_bytes([ADAPTIVE]), "'adaptive' is"),
+        (_report_bytes({**ADAPTIVE, "step_time_s": [[[[[[[1]]]]]]]}), "nesting deeper"),
+    ],
+)
+def test_hostile_adaptive_statistics_are_refused(data: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode(data)
+
+
+@pytest.mark.parametrize("batch", [0, -3, 1 << 24, True, 8.0, "8", None])
+def test_a_directives_batch_is_a_global_batch_of_three_bytes(batch: object) -> None:
+    with pytest.raises(ProtocolError, match="batch"):
+        encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "batch": batch}))

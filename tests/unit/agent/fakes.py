@@ -17,6 +17,7 @@ from typing import Any
 from slurm_amoeba.agent.plan import Action, LowerTarget, Observation, SubmitSatellite, new_satellite_group, record
 from slurm_amoeba.runtime.coordinator import CoordinatorView, WorkerView
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.runtime.protocol import PolicyBatch
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError, StepRecord
 from slurm_amoeba.slurm.script import SubmitOptions
 from slurm_amoeba.slurm.steps import StepOptions
@@ -195,6 +196,8 @@ class FakeCoordinator:
     deaths: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     started: bool = False
     closed: bool = False
+    batches: list[PolicyBatch] = dataclasses.field(default_factory=list)
+    progress: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def port(self) -> int:
@@ -215,6 +218,11 @@ class FakeCoordinator:
     def mark_dead(self, worker_id: str, reason: str) -> None:
         self.deaths.append((worker_id, reason))
 
+    def set_policy_batch(self, batch: int, world_size: int) -> PolicyBatch:
+        choice = PolicyBatch(batch=batch, world_size=world_size, seq=len(self.batches) + 1)
+        self.batches.append(choice)
+        return choice
+
     def members(self, *workers: str) -> None:
         """These workers are members of the current generation."""
         self.statuses.update(dict.fromkeys(workers, WorkerStatus.MEMBER))
@@ -224,7 +232,8 @@ class FakeCoordinator:
             w: WorkerView(w, status, 1, "n1", 0.1, w in self.leave_requests, "") for w, status in self.statuses.items()
         }
         members = sum(1 for s in self.statuses.values() if s is WorkerStatus.MEMBER)
-        return CoordinatorView(self.phase, 1 if members else 0, None, workers, (), {}, {"members": members}, "")
+        progress = {"members": members, **self.progress}
+        return CoordinatorView(self.phase, 1 if members else 0, None, workers, (), {}, progress, "")
 
 
 @dataclasses.dataclass

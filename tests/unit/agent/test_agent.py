@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.agent.agent import Agent
+from slurm_amoeba.agent.agent import Agent, report_to_daemon
 from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.groups import GroupState
+from slurm_amoeba.agent.status import adaptive_fields
 from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.messages import MAX_NOISE_SCALE, MAX_STEP_TIMES, Message, decode, encode
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.failures import FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
@@ -241,3 +243,50 @@ def test_the_status_document_shows_groups_target_and_history(parts: Parts) -> No
     assert (status["job_id"], status["target"], status["phase"]) == (str(PARENT), 3, "running")
     assert [g["name"] for g in status["groups"]] == ["g0", "g1"] and status["groups"][1]["state"] == "pending"
     assert (agent.config.state_dir / "agent-status.json").is_file()
+
+
+ADAPTIVE_PROGRESS = {
+    "global_batch": 64,
+    "base_batch": 32,
+    "max_batch": 512,
+    "noise_scale": 250.5,
+    "grad_variance": 1.0,
+    "grad_sq": 0.004,
+    "efficiency": 0.8,
+    "gain": 1.6,
+    "lr_rule": "adascale",
+    "lr_factor": 1.6,
+    "scaled_steps": 10.0,
+    "measured_steps": 40,
+    "batch_source": "runtime",
+    "policy_batch": None,
+    "step_time_s": [[2, 32, 0.05, 10], [2, 64, 0.08, 30]],
+}
+
+
+def test_an_adaptive_jobs_report_carries_its_statistics_bounded(parts: Parts, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent, _, coordinator, _, _ = parts
+    sent: list[dict[str, object]] = []
+    monkeypatch.setattr(agent.link, "endpoint", "tcp://127.0.0.1:1")
+    monkeypatch.setattr(agent.link, "report", lambda body: sent.append(dict(body)))
+    report_to_daemon(agent, coordinator.view())
+    assert "adaptive" not in sent[-1], "a fixed-batch job reports no statistics"
+    many = [[w, b, 0.01 * w, w + b] for w in range(1, 9) for b in (32, 64, 128, 256, 512)]
+    coordinator.progress = {"adaptive": {**ADAPTIVE_PROGRESS, "step_time_s": many, "noise_scale": 1e300}}
+    report_to_daemon(agent, coordinator.view())
+    adaptive = sent[-1]["adaptive"]
+    assert isinstance(adaptive, dict)
+    assert adaptive["global_batch"] == 64 and adaptive["noise_scale"] == MAX_NOISE_SCALE
+    assert len(adaptive["step_time_s"]) == MAX_STEP_TIMES and "lr_rule" not in adaptive
+    decode(encode(Message("report", sent[-1])))  # what the daemon's door accepts
+    for broken in (
+        {**ADAPTIVE_PROGRESS, "global_batch": 16},  # below the initial batch
+        {**ADAPTIVE_PROGRESS, "max_batch": 1 << 30},
+        {**ADAPTIVE_PROGRESS, "base_batch": True},
+        "not an object",
+    ):
+        assert adaptive_fields({"adaptive": broken}) is None, broken
+    odd = adaptive_fields(
+        {"adaptive": {**ADAPTIVE_PROGRESS, "noise_scale": float("nan"), "step_time_s": [[0, 1, 1.0, 1], [1, 2, -1, 1]]}}
+    )
+    assert odd is not None and odd["noise_scale"] is None and odd["step_time_s"] == []

@@ -149,6 +149,22 @@ HOSTILE: dict[str, Callable[[], list[bytes]]] = {
     "wrong version": lambda: signed(raw(envelope("status", {}, v=2))),
     "a reply as a request": lambda: signed(Message("reply", {"ok": True, "error": "", "data": {}})),
     "a message for the daemon": lambda: signed(Message("drain", {})),
+    "batch zero": lambda: signed(raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "batch": 0}))),
+    "batch over three bytes": lambda: signed(
+        raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "batch": 1 << 24}))
+    ),
+    "batch a bool": lambda: signed(raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "batch": True}))),
+    "batch a float": lambda: signed(raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "batch": 8.0}))),
+    "batch NaN": lambda: signed(
+        raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "batch": 1})).replace(
+            b'"batch": 1', b'"batch": NaN'
+        )
+    ),
+    "batch huge": lambda: signed(
+        raw(envelope("resize", {"job_id": "42", "target": 3, "reason": "", "batch": 1})).replace(
+            b'"batch": 1', b'"batch": ' + b"9" * 40
+        )
+    ),
 }
 
 
@@ -180,6 +196,21 @@ def test_an_oversized_frame_is_dropped_and_the_agent_still_answers(served: tuple
         fresh.close()
 
 
+def test_a_directives_batch_reaches_the_coordinator_for_the_target_size(served: tuple[Agent, Client]) -> None:
+    agent, client = served
+    coordinator = agent.coordinator
+    assert isinstance(coordinator, FakeCoordinator)
+    batched = Message("resize", {"job_id": str(PARENT), "target": 4, "reason": "goodput", "batch": 96})
+    reply = client.exchange(signed(batched))
+    assert reply.body["ok"] and agent.target == 4
+    assert [(c.batch, c.world_size) for c in coordinator.batches] == [(96, 4)]
+    assert any(e["event"] == "batch_chosen" and e["batch"] == 96 for e in agent.journal.history)
+    assert client.exchange(signed(resize(3))).body["ok"] and len(coordinator.batches) == 1, "no batch: none sent"
+    outside = Message("resize", {"job_id": str(PARENT), "target": 9, "reason": "", "batch": 96})
+    refused = client.exchange(signed(outside))
+    assert not refused.body["ok"] and agent.target == 3 and len(coordinator.batches) == 1
+
+
 def test_a_replayed_directive_is_refused(served: tuple[Agent, Client]) -> None:
     agent, client = served
     frames = signed(resize(4))
@@ -194,7 +225,7 @@ def test_a_handler_that_fails_costs_one_refusal_not_the_agent(
 ) -> None:
     agent, client = served
 
-    def broken(target: int, reason: str = "") -> int:
+    def broken(target: int, reason: str = "", batch: int | None = None) -> int:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(agent, "resize", broken)

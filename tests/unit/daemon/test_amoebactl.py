@@ -114,3 +114,32 @@ def test_jobs_follows_every_page(
     data = json.loads(capsys.readouterr().out)
     assert [j["job_id"] for j in data["jobs"]] == ["100", "101", "102"] and data["next"] is None
     assert daemon.metrics.requests.value({"kind": "jobs"}) == 3
+
+
+def test_jobs_shows_an_adaptive_jobs_batch_and_noise_scale(
+    running: Running, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemon, _ = running
+    assert daemon.server is not None
+    body = register_body("100", endpoint="tcp://127.0.0.1:9", low=2, high=2)
+    assert request(daemon.server.endpoint, Message("register", body), timeout_s=5).body["ok"]
+    adaptive = {
+        "global_batch": 96,
+        "base_batch": 32,
+        "max_batch": 512,
+        "noise_scale": 1234.5,
+        "step_time_s": [[2, 96, 0.1, 5]],
+        "efficiency": 0.95,
+        "batch_source": "policy",
+        "policy_batch": 96,
+    }
+    report = {**report_body("100", 2), "adaptive": adaptive}
+    assert request(daemon.server.endpoint, Message("report", report), timeout_s=5).body["ok"]
+    assert ctl(daemon, "jobs") == 0
+    out = capsys.readouterr().out
+    assert (
+        'job 100: global batch 96 (range 32..512, chosen by "policy"), noise scale 1234, efficiency 0.950, '
+        "policy's batch 96" in out
+    )
+    assert ctl(daemon, "--json", "jobs") == 0
+    assert json.loads(capsys.readouterr().out)["jobs"][0]["adaptive"]["noise_scale"] == 1234.5

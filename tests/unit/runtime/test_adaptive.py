@@ -6,19 +6,16 @@ group; the multi-worker runs with resizes and kills are in ``test_adaptive_job.p
 from __future__ import annotations
 
 import collections
-import datetime
 import math
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore
 from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.runtime.adaptive import AdaptiveBatch, best_batch, default_rule, fit_step_time, goodput
+from slurm_amoeba.runtime.gns import NormProbe
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.state import TorchState
 
@@ -117,15 +114,6 @@ def test_learning_rate_is_scaled_inside_the_optimizer_step_only() -> None:
     assert tree["progress"]["global_batch"] == 32 and tree["adaptive"]["scaled_steps"] == 1.0  # no estimate: no gain
 
 
-@pytest.fixture
-def single_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 class OneWorker:
     """The runtime's step for a lone worker in this process (the StepDriver that ``run()`` would bind)."""
 
@@ -214,7 +202,7 @@ def test_reducer_of_an_adaptive_state_carries_the_probe_and_its_slots() -> None:
     reducer = state.gradient_reducer(None)
     assert isinstance(reducer, GradientBuckets) and state.adaptive is not None
     assert reducer.probe is state.adaptive.probe
-    assert reducer.flats[-1].numel() == sum(p.numel() for p in model.parameters()) + 1 + 4
+    assert reducer.flats[-1].numel() == sum(p.numel() for p in model.parameters()) + 1 + NormProbe.SLOTS
     assert state.progress_report()["adaptive"]["global_batch"] == 8
     plain = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), amoeba.ElasticSampler(64, 8))
     manifest, _ = plain.encode()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from slurm_amoeba.agent.status import adaptive_fields
+from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.local import LocalJob, LocalJobResult
 from tests.unit.runtime.adaptive_train import DELAY_KEY
 from tests.unit.runtime.jobs import ToyJob, applied_ledger, epoch_counts, final_params, read_ledgers
@@ -123,3 +125,23 @@ def test_runtime_chosen_batch_with_a_joiner_and_a_kill_applies_every_sample_once
     per_step = applied_batches(tmp_path / "chosen", result)
     assert max(per_step.values()) > 8, f"the runtime never grew the batch: {per_step}"
     assert sum(per_step.values()) == EPOCHS * DATASET
+
+
+@pytest.mark.timeout(120)
+def test_the_policys_batch_from_the_coordinator_replaces_the_runtimes_choice_on_every_worker(tmp_path: Path) -> None:
+    out = tmp_path / "policy"
+    with AdaptiveJob(out, workers=2, extra=["--slow", "--choose", "--max-global-batch", "32"], delay_s=0.2) as job:
+        job.job.coordinator.set_policy_batch(24, world_size=2)
+        job.wait_step(4)
+        job.slow(0.0)
+        result = job.finish()
+    assert result.phase.value == "finished", result
+    per_step = applied_batches(out, result)  # every sample once per epoch, on both workers alike
+    batches = [per_step[step] for step in sorted(per_step)]
+    assert batches[-10:] == [24] * 10, f"the policy's batch did not hold: {batches}"
+    report = result.view.progress["adaptive"]
+    assert report["batch_source"] == "policy" and report["policy_batch"] == 24 and report["global_batch"] == 24
+    fields = adaptive_fields(result.view.progress)  # what the agent sends on: the daemon's door takes it
+    assert fields is not None and fields["global_batch"] == 24 and fields["step_time_s"]
+    body = {"job_id": "7", "size": 2, "generation": 1, "target": 2, "throughput": {}, "history": [], "satellites": []}
+    assert decode(encode(Message("report", {**body, "adaptive": fields}))).body["adaptive"] == fields

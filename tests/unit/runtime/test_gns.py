@@ -7,14 +7,10 @@ loss-weighted local gradients ``h_r = (b_r / B) g_r`` of uneven workers, or the 
 
 from __future__ import annotations
 
-import datetime
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore
 
 from slurm_amoeba.runtime.gns import (
     GradientNoiseScale,
@@ -105,15 +101,6 @@ def test_steps_without_two_sizes_or_with_overflow_add_nothing() -> None:
     assert efficiency(0.0, 32, 8) == pytest.approx(0.25) and efficiency(math.inf, 32, 8) == 1.0
     with pytest.raises(ValueError, match="smoothing=1.0 is invalid"):
         GradientNoiseScale(1.0)
-
-
-@pytest.fixture
-def single_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Centre(torch.nn.Module):

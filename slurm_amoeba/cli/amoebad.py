@@ -88,7 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
-    daemon = Daemon(config, CliSlurmClient(env, timeout=config.slurm_timeout_s))
+    try:
+        daemon = Daemon(config, CliSlurmClient(env, timeout=config.slurm_timeout_s))
+    except ConfigError as exc:  # e.g. queue_order.enabled without Slurm operator rights
+        print(f"amoebad: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

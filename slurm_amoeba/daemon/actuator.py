@@ -287,7 +287,11 @@ class QueueOrderer:
         current = {job.job_id: job.priority for job in queued}
         self.touched = {job_id: prio for job_id, prio in self.touched.items() if job_id in current}
         order = las_order(queued, self.settings.thresholds_gpu_s)
-        wanted = las_priorities(order)
+        # The band is the priorities Slurm gave (a changed job's own, not the daemon's): a round cut short by the
+        # bound leaves two jobs with one value for a while, and they must not push the band up.
+        wanted = las_priorities(
+            [dataclasses.replace(j, priority=self.touched.get(j.job_id, j.priority)) for j in order]
+        )
         changes, deferred = priority_updates(order, wanted, self.settings.max_updates_per_round)
         queues: dict[str, int] = {}
         for job in order:

@@ -4,11 +4,12 @@ when jobs vanish, how it reverts, the rights check and the configuration (a Slur
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from slurm_amoeba.daemon.actuator import QueueOrderer, make_queue_orderer, operator_rights
-from slurm_amoeba.daemon.config import ConfigError, QueueOrder, parse_config
+from slurm_amoeba.daemon.config import ConfigError, QueueOrder, load_config, parse_config
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.slurm import JobRecord, JobState, SlurmCommandError
@@ -263,3 +264,8 @@ def test_queue_order_is_off_by_default_and_reads_its_keys() -> None:
 def test_a_bad_queue_order_value_names_its_key(section: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         parse_config({"queue_order": section})
+
+
+def test_the_shipped_config_documents_the_defaults() -> None:
+    shipped = load_config(Path(__file__).resolve().parents[3] / "configs" / "amoebad.yaml")
+    assert shipped.queue_order == QueueOrder()

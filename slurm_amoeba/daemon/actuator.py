@@ -29,6 +29,7 @@ from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, queued_jobs, run_samples
 from slurm_amoeba.policy.queue_order import (
     JobService,
+    QueuedJob,
     account,
     las_order,
     las_priorities,
@@ -163,7 +164,13 @@ class QueueControl(Protocol):
         """The user's AdminLevel (sacctmgr)."""
         ...
 
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        """GPU-seconds the jobs' runs attained so far, from accounting (sacct)."""
+        ...
 
+
+#: The most pending jobs whose past runs the first round reads from accounting (one sacct call).
+SEED_MOST = 5000
 #: What Slurm answers for a job that finished, started or left between the round's read and its update.
 VANISHED = ("Invalid job id", "already finished", "no longer pending", "Job is pending execution")
 
@@ -279,11 +286,15 @@ class QueueOrderer:
         self.release_to_restore = release_to_restore
         self.book: dict[str, JobService] = {}
         self.touched: dict[str, int] = {}
+        self.seeded = False
 
     def apply(self, view: ClusterView, now: float) -> QueueRound:
         """Account the view's runs, order the pending jobs, and set the priorities that differ (at most the bound)."""
         self.book = account(self.book, run_samples(view), now)
         queued = queued_jobs(view, self.partitions, self.book, self.settings.users)
+        if not self.seeded:
+            self.seeded = True
+            queued = self._seed(view, queued)
         current = {job.job_id: job.priority for job in queued}
         self.touched = {job_id: prio for job_id, prio in self.touched.items() if job_id in current}
         order = las_order(queued, self.settings.thresholds_gpu_s)
@@ -321,6 +332,23 @@ class QueueOrderer:
         if deferred:
             self.metrics.queue_deferred.inc(deferred)
         return QueueRound(len(order), tuple(done), deferred, tuple(vanished), tuple(failed))
+
+    def _seed(self, view: ClusterView, queued: list[QueuedJob]) -> list[QueuedJob]:
+        """On the first round: the service pending jobs attained before the daemon watched them (earlier runs of
+        requeued jobs, from accounting), so that a restart does not send them back to the first queue."""
+        ids = [int(job.job_id) for job in queued if job.job_id.isdigit()][:SEED_MOST]
+        try:
+            past = self.control.past_service(ids)
+        except SlurmCommandError as exc:
+            logger.warning("[daemon/queue] no past runs from accounting (%s); pending jobs count from now on", exc)
+            return queued
+        for job_id, gpu_s in past.items():
+            key = str(job_id)
+            old = self.book.get(key, JobService())
+            self.book[key] = JobService(old.banked + gpu_s, old.runs)
+        if past:
+            logger.info("[daemon/queue] %d pending job(s) ran before (from accounting)", len(past))
+        return queued_jobs(view, self.partitions, self.book, self.settings.users)
 
     def revert(self) -> int:
         """Give every job the daemon reordered that may still be pending its own priority back; returns how many.

@@ -17,12 +17,13 @@ clock is passed in, nothing here reads Slurm. Three steps:
    second, and so on (ties are spread so that every job's value is distinct, never below 1: 0 would hold the job).
    The band of values the ordered jobs hold stays what Slurm gave them, so jobs the daemon leaves alone (other
    partitions, held jobs) keep their place relative to the band. :func:`priority_updates` lists the changes that
-   remain, first in LAS order, at most a bound per round.
+   remain, first in LAS order, at most a bound per round, and none while the queue is in order already.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 #: The Pollux artifact's Tiresias threshold between its two queues: 16 GPU-hours.
@@ -159,7 +160,8 @@ def las_priorities(order: Sequence[QueuedJob]) -> dict[str, int]:
 def priority_updates(
     order: Sequence[QueuedJob], wanted: Mapping[str, int], limit: int
 ) -> tuple[list[tuple[str, int]], int]:
-    """The priority changes still to make, first in LAS order, at most ``limit`` of them.
+    """The priority changes still to make, first in LAS order, at most ``limit`` of them; none while the current
+    priorities already decrease strictly along the order (a job leaving the queue costs no update).
 
     Args:
         order: the jobs in LAS order, with their current priorities.
@@ -169,5 +171,7 @@ def priority_updates(
     Returns:
         The changes (job id, priority), and how many more were left for later rounds.
     """
+    if all(first.priority > second.priority >= 1 for first, second in itertools.pairwise(order)):
+        return [], 0
     changes = [(job.job_id, wanted[job.job_id]) for job in order if job.priority != wanted[job.job_id]]
     return changes[:limit], max(0, len(changes) - limit)

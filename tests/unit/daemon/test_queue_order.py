@@ -4,6 +4,7 @@ when jobs vanish, how it reverts, the rights check and the configuration (a Slur
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from slurm_amoeba.daemon.config import ConfigError, QueueOrder, load_config, par
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.slurm import JobRecord, JobState, SlurmCommandError
+from slurm_amoeba.slurm.client import parse_past_service
 from tests.unit.daemon.fakes import job, satellite
 
 PENDING = JobState.PENDING
@@ -30,6 +32,8 @@ class FakeControl:
         default_factory=lambda: {"SlurmUser": "slurm(64030)", "PriorityType": "priority/basic"}
     )
     levels: dict[str, str] = dataclasses.field(default_factory=dict)
+    past: dict[int, float] = dataclasses.field(default_factory=dict)
+    asked: list[list[int]] = dataclasses.field(default_factory=list)
 
     def _check(self, argv: list[str], job_id: int) -> None:
         if job_id in self.gone:
@@ -55,6 +59,12 @@ class FakeControl:
 
     def admin_level(self, user: str) -> str:
         return self.levels.get(user, "None")
+
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        self.asked.append(sorted(job_ids))
+        if self.refuse:
+            raise SlurmCommandError(["sacct"], 1, "Slurm accounting storage is disabled")
+        return {job: self.past[job] for job in job_ids if job in self.past}
 
 
 def view(records: list[JobRecord], control: FakeControl, now: float = 2_000.0) -> ClusterView:
@@ -269,3 +279,41 @@ def test_a_bad_queue_order_value_names_its_key(section: dict[str, object], key: 
 def test_the_shipped_config_documents_the_defaults() -> None:
     shipped = load_config(Path(__file__).resolve().parents[3] / "configs" / "amoebad.yaml")
     assert shipped.queue_order == QueueOrder()
+
+
+def test_after_a_restart_the_first_round_reads_requeued_jobs_past_runs_from_accounting_once() -> None:
+    control = FakeControl(past={1: 500.0})
+    queue = orderer(control)
+    records = [
+        job(1, state=PENDING, submit_time=1_000, priority=3),
+        job(2, state=PENDING, submit_time=1_010, priority=2),
+    ]
+    queue.apply(view(records, control), 2_000.0)
+    assert control.asked == [[1, 2]]
+    assert control.priorities == {2: 3, 1: 2}  # 1 ran 500 GPU-s before the daemon started: behind 2
+    queue.apply(view(records, control), 2_001.0)
+    assert control.asked == [[1, 2]]
+
+
+def test_without_accounting_the_daemon_counts_from_its_own_start() -> None:
+    control = FakeControl(past={1: 500.0}, refuse=True)
+    queue = orderer(control)
+    records = [
+        job(1, state=PENDING, submit_time=1_000, priority=3),
+        job(2, state=PENDING, submit_time=1_010, priority=2),
+    ]
+    assert queue.apply(view(records, control), 2_000.0).changed == ()
+
+
+def test_sacct_lines_give_elapsed_times_gpus_summed_over_runs() -> None:
+    text = (
+        "9|2|billing=4,cpu=4,gres/gpu=16,node=4\n"
+        "9|0|\n"
+        "12|3|billing=1,cpu=1,gres/gpu=2,node=1\n"
+        "12|5|cpu=1,gres/gpu=2,node=1\n"
+        "13+0|4|cpu=1,node=1\n"
+        "13+1|4|cpu=2,gres/gpu=4,node=1\n"
+        "garbage\n"
+        "14|x|gres/gpu=1\n"
+    )
+    assert parse_past_service(text) == {9: 32.0, 12: 16.0, 13: 16.0}

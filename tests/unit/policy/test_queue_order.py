@@ -135,3 +135,8 @@ def test_once_applied_the_order_is_stable() -> None:
     order_again = las_order(applied, thresholds)
     assert priority_updates(order_again, las_priorities(order_again), limit=10) == ([], 0)
     assert sorted(applied, key=lambda j: -j.priority) == order_again
+
+
+def test_a_queue_already_in_order_is_left_alone_even_when_its_values_are_not_the_permutation() -> None:
+    order = [queued("b", 2.0, priority=9), queued("c", 3.0, priority=4)]  # a job between them left the queue
+    assert priority_updates(order, {"b": 9, "c": 7}, limit=10) == ([], 0)

@@ -43,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _queue_order(config: DaemonConfig) -> str:
+    queue = config.queue_order
+    if not queue.enabled:
+        return "off"
+    parts = ",".join(queue.partitions or config.regular_partitions)
+    thresholds = ", ".join(f"{t:g}" for t in queue.thresholds_gpu_s)
+    return f"on in {parts} (thresholds {thresholds} GPU-s; needs Slurm operator rights, checked at start)"
+
+
 def _describe(config: DaemonConfig) -> str:
     knobs = ", ".join(f"{k}={v!r}" for k, v in config.effective_knobs().items()) or "defaults"
     return "\n".join(
@@ -58,6 +67,7 @@ def _describe(config: DaemonConfig) -> str:
             f"  agents            timeout {config.agents.timeout_s:g} s, {config.agents.retries} retries, "
             f"{config.agents.parallel} in parallel",
             f"  state_file        {config.state_file or '(none: pins do not survive a restart)'}",
+            f"  queue_order       {_queue_order(config)}",
         ]
     )
 

@@ -260,6 +260,7 @@ class RoundLoop:
         if self.queue is None or (self._queue_run is not None and not self._queue_run.done()):
             return
         self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
+        self._queue_run.add_done_callback(_log_queue_failure)
 
     @property
     def last_queue_round(self) -> QueueRound | None:
@@ -346,6 +347,11 @@ class _Observing:
         if self._view is None:
             raise RuntimeError("the read of Slurm has not finished; wait for done")
         return self._view
+
+
+def _log_queue_failure(run: concurrent.futures.Future[QueueRound]) -> None:
+    if not run.cancelled() and run.exception() is not None:
+        logger.error("[daemon/queue] queue ordering failed this round: %r; the next round tries again", run.exception())
 
 
 def _user_name(uid: int) -> str:

@@ -339,7 +339,7 @@ def queued_jobs(
 
     A heterogeneous job is reordered through its leader (offset 0), a satellite through its own id with its
     parent's service. A job that may run in several partitions is reordered only when all of them are given. A held
-    job (priority 0) is never touched: setting a priority would release it.
+    job (priority 0) is never touched: it is its owner's or an operator's to release.
     """
     allowed = set(partitions)
     found: list[QueuedJob] = []

@@ -43,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _queue_order(config: DaemonConfig) -> str:
+    queue = config.queue_order
+    if not queue.enabled:
+        return "off"
+    parts = ",".join(queue.partitions or config.regular_partitions)
+    thresholds = ", ".join(f"{t:g}" for t in queue.thresholds_gpu_s)
+    return f"on in {parts} (thresholds {thresholds} GPU-s; needs Slurm operator rights, checked at start)"
+
+
 def _describe(config: DaemonConfig) -> str:
     knobs = ", ".join(f"{k}={v!r}" for k, v in config.effective_knobs().items()) or "defaults"
     return "\n".join(
@@ -58,6 +67,7 @@ def _describe(config: DaemonConfig) -> str:
             f"  agents            timeout {config.agents.timeout_s:g} s, {config.agents.retries} retries, "
             f"{config.agents.parallel} in parallel",
             f"  state_file        {config.state_file or '(none: pins do not survive a restart)'}",
+            f"  queue_order       {_queue_order(config)}",
         ]
     )
 
@@ -88,7 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
-    daemon = Daemon(config, CliSlurmClient(env, timeout=config.slurm_timeout_s))
+    try:
+        daemon = Daemon(config, CliSlurmClient(env, timeout=config.slurm_timeout_s))
+    except ConfigError as exc:  # e.g. queue_order.enabled without Slurm operator rights
+        print(f"amoebad: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

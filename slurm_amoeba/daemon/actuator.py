@@ -1,21 +1,42 @@
-"""The daemon's actuator: sends resize directives to job agents, off the daemon's main loop.
+"""The daemon's actuators: resize directives to job agents, off the daemon's main loop; Slurm's queue order.
 
 Last step of DESIGN.md's control flow. Each directive is an authenticated ``resize`` request to the job's agent
 (:func:`slurm_amoeba.transport.channel.request`: a deadline per attempt, retries, and the reply must be signed by the
 job owner's uid). Directives run on a small thread pool so that a slow or dead agent never stalls the loop that
 answers everyone else; their outcomes come back through :meth:`Actuator.completed`, which the loop drains (ZeroMQ
 sockets are used by one thread each: the pool's sockets never meet the loop's).
+
+:class:`QueueOrderer` is the other actuator (docs/admin.md, "Ordering Slurm's queue by attained service"): where the
+site enables it and the daemon has Slurm operator rights (:func:`operator_rights`), each round it sets the
+priorities of pending jobs (``scontrol update JobId=N Priority=P``, as the daemon's own user) so that Slurm tests
+them in 2D-LAS order (:mod:`slurm_amoeba.policy.queue_order`), changes only what differs, at most a bound per round,
+and gives the jobs it changed their own priority back when the daemon stops.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import queue
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, Protocol, runtime_checkable
 
 from slurm_amoeba.core.messages import Message
+from slurm_amoeba.daemon.config import ConfigError, QueueOrder
+from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.observer import ClusterView, queued_jobs, run_samples
+from slurm_amoeba.policy.queue_order import (
+    JobService,
+    QueuedJob,
+    account,
+    las_order,
+    las_priorities,
+    las_queue,
+    priority_updates,
+)
+from slurm_amoeba.slurm import SlurmCommandError
 from slurm_amoeba.transport.channel import ChannelError, request
 
 logger = logging.getLogger(__name__)
@@ -120,3 +141,249 @@ class Actuator:
     def close(self) -> None:
         """Stop taking directives and wait for those under way (each is bounded by its deadline)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@runtime_checkable
+class QueueControl(Protocol):
+    """What queue ordering needs of Slurm (:class:`~slurm_amoeba.slurm.CliSlurmClient` has it)."""
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        """``scontrol update JobId=N Priority=P``."""
+        ...
+
+    def hold(self, job_id: int) -> None:
+        """``scontrol hold N``."""
+        ...
+
+    def release(self, job_id: int) -> None:
+        """``scontrol release N``."""
+        ...
+
+    def config_values(self) -> dict[str, str]:
+        """``scontrol show config``."""
+        ...
+
+    def admin_level(self, user: str) -> str:
+        """The user's AdminLevel (sacctmgr)."""
+        ...
+
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        """GPU-seconds the jobs' runs attained so far, from accounting (sacct)."""
+        ...
+
+
+#: The most pending jobs whose past runs the first round reads from accounting (one sacct call).
+SEED_MOST = 5000
+#: What Slurm answers for a job that finished, started or left between the round's read and its update.
+VANISHED = ("Invalid job id", "already finished", "no longer pending", "Job is pending execution")
+
+
+def operator_rights(control: QueueControl, uid: int, user: str) -> tuple[str, str]:
+    """Whether the daemon's user may set job priorities: root, Slurm's ``SlurmUser``, or AdminLevel Operator/Admin.
+
+    Returns:
+        (why it may, "") or ("", why not: a sentence for the admin).
+    """
+    if uid == 0:
+        return "root", ""
+    try:
+        slurm_user = control.config_values().get("SlurmUser", "").split("(", 1)[0]
+        if slurm_user and slurm_user == user:
+            return f"SlurmUser ({user})", ""
+        level = control.admin_level(user)
+    except SlurmCommandError as exc:
+        return "", f"could not read {user}'s AdminLevel from Slurm's accounting ({exc})"
+    if level in ("Operator", "Administrator"):
+        return f"AdminLevel {level}", ""
+    return "", (
+        f"amoebad runs as {user} (uid {uid}), which is not root, not SlurmUser ({slurm_user or '?'}), and has "
+        f"AdminLevel {level}; give it operator rights with `sacctmgr modify user {user} set adminlevel=Operator` "
+        f"or set queue_order.enabled: false"
+    )
+
+
+def make_queue_orderer(
+    settings: QueueOrder,
+    partitions: Collection[str],
+    source: object,
+    metrics: DaemonMetrics,
+    *,
+    uid: int,
+    user: str,
+) -> QueueOrderer | None:
+    """The queue orderer for an enabled ``queue_order``, after checking the daemon's rights; None when disabled.
+
+    Raises:
+        ConfigError: it is enabled but the daemon may not set priorities, or its Slurm source cannot.
+    """
+    if not settings.enabled:
+        return None
+    if not isinstance(source, QueueControl):
+        raise ConfigError("queue_order.enabled: the daemon's Slurm source cannot update jobs (scontrol)")
+    why, refusal = operator_rights(source, uid, user)
+    if refusal:
+        raise ConfigError(f"queue_order.enabled refused: {refusal}")
+    try:
+        priority_type = source.config_values().get("PriorityType", "priority/basic")
+    except SlurmCommandError as exc:
+        raise ConfigError(f"queue_order.enabled: cannot read Slurm's configuration ({exc})") from None
+    logger.info(
+        "[daemon/queue] ordering Slurm's queue by attained service in %s (rights: %s; %s; thresholds %s GPU-s)",
+        ", ".join(partitions),
+        why,
+        priority_type,
+        ", ".join(f"{t:g}" for t in settings.thresholds_gpu_s),
+    )
+    return QueueOrderer(settings, partitions, source, metrics, release_to_restore=priority_type != "priority/basic")
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRound:
+    """What one round of queue ordering did.
+
+    Attributes:
+        pending: the pending jobs it ordered.
+        changed: (job id, priority) set this round.
+        deferred: changes left for later rounds (the bound).
+        vanished: jobs that finished, started or left before their update.
+        failed: jobs Slurm refused to update for another reason.
+    """
+
+    pending: int
+    changed: tuple[tuple[str, int], ...]
+    deferred: int
+    vanished: tuple[str, ...]
+    failed: tuple[str, ...]
+
+
+class QueueOrderer:
+    """Sets pending jobs' priorities each round so that Slurm tests them in 2D-LAS order (see the module docstring).
+
+    Args:
+        settings: the ``queue_order`` section.
+        partitions: the partitions whose pending jobs it reorders.
+        control: Slurm.
+        metrics: the daemon's metrics.
+        release_to_restore: give a job its own priority back by holding and releasing it (``priority/multifactor``
+            computes it again); False: set the priority Slurm had given it (``priority/basic``, whose release would
+            put the job at the end of the queue: measured).
+
+    Attributes:
+        book: job -> the service it attained (its runs Slurm shows, banked runs of requeued jobs and satellites).
+        touched: job id -> the priority Slurm had given it before the daemon's first change (pending jobs only).
+    """
+
+    def __init__(
+        self,
+        settings: QueueOrder,
+        partitions: Collection[str],
+        control: QueueControl,
+        metrics: DaemonMetrics,
+        *,
+        release_to_restore: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.partitions = tuple(partitions)
+        self.control = control
+        self.metrics = metrics
+        self.release_to_restore = release_to_restore
+        self.book: dict[str, JobService] = {}
+        self.touched: dict[str, int] = {}
+        self.seeded = False
+
+    def apply(self, view: ClusterView, now: float) -> QueueRound:
+        """Account the view's runs, order the pending jobs, and set the priorities that differ (at most the bound)."""
+        self.book = account(self.book, run_samples(view), now)
+        queued = queued_jobs(view, self.partitions, self.book, self.settings.users)
+        if not self.seeded:
+            self.seeded = True
+            queued = self._seed(view, queued)
+        current = {job.job_id: job.priority for job in queued}
+        self.touched = {job_id: prio for job_id, prio in self.touched.items() if job_id in current}
+        order = las_order(queued, self.settings.thresholds_gpu_s)
+        # The band is the priorities Slurm gave (a changed job's own, not the daemon's): a round cut short by the
+        # bound leaves two jobs with one value for a while, and they must not push the band up.
+        wanted = las_priorities(
+            [dataclasses.replace(j, priority=self.touched.get(j.job_id, j.priority)) for j in order]
+        )
+        changes, deferred = priority_updates(order, wanted, self.settings.max_updates_per_round)
+        queues: dict[str, int] = {}
+        for job in order:
+            key = str(las_queue(job.attained_gpu_s, self.settings.thresholds_gpu_s))
+            queues[key] = queues.get(key, 0) + 1
+        self.metrics.queue_jobs.replace(({"queue": key}, count) for key, count in queues.items())
+        done: list[tuple[str, int]] = []
+        vanished: list[str] = []
+        failed: list[str] = []
+        attained = {job.job_id: job.attained_gpu_s for job in order}
+        for job_id, priority in changes:
+            outcome = self._call(
+                "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority)
+            )
+            if outcome == "ok":
+                self.touched.setdefault(job_id, current[job_id])
+                done.append((job_id, priority))
+                logger.info(
+                    "[daemon/queue] job %s priority %d -> %d (attained %.0f GPU-s)",
+                    job_id,
+                    current[job_id],
+                    priority,
+                    attained[job_id],
+                )
+            else:
+                (vanished if outcome == "vanished" else failed).append(job_id)
+        if deferred:
+            self.metrics.queue_deferred.inc(deferred)
+        return QueueRound(len(order), tuple(done), deferred, tuple(vanished), tuple(failed))
+
+    def _seed(self, view: ClusterView, queued: list[QueuedJob]) -> list[QueuedJob]:
+        """On the first round: the service pending jobs attained before the daemon watched them (earlier runs of
+        requeued jobs, from accounting), so that a restart does not send them back to the first queue."""
+        ids = [int(job.job_id) for job in queued if job.job_id.isdigit()][:SEED_MOST]
+        try:
+            past = self.control.past_service(ids)
+        except SlurmCommandError as exc:
+            logger.warning("[daemon/queue] no past runs from accounting (%s); pending jobs count from now on", exc)
+            return queued
+        for job_id, gpu_s in past.items():
+            key = str(job_id)
+            old = self.book.get(key, JobService())
+            self.book[key] = JobService(old.banked + gpu_s, old.runs)
+        if past:
+            logger.info("[daemon/queue] %d pending job(s) ran before (from accounting)", len(past))
+        return queued_jobs(view, self.partitions, self.book, self.settings.users)
+
+    def revert(self) -> int:
+        """Give every job the daemon reordered that may still be pending its own priority back; returns how many.
+
+        Under ``priority/basic`` the priority Slurm had given the job is set again; otherwise the job is held and
+        released, after which Slurm's priority plugin computes its priority again.
+        """
+        restored = 0
+        for job_id, original in sorted(self.touched.items()):
+            if self.release_to_restore:
+                outcome = self._call("revert", job_id, functools.partial(self.control.hold, int(job_id)))
+                if outcome == "ok":
+                    outcome = self._call("revert", job_id, functools.partial(self.control.release, int(job_id)))
+            else:
+                outcome = self._call(
+                    "revert", job_id, functools.partial(self.control.set_priority, int(job_id), original)
+                )
+            restored += outcome == "ok"
+        logger.info(
+            "[daemon/queue] gave %d of %d reordered pending jobs their own priority back", restored, len(self.touched)
+        )
+        self.touched = {}
+        return restored
+
+    def _call(self, action: str, job_id: str, call: Callable[[], None]) -> str:
+        try:
+            call()
+        except SlurmCommandError as exc:
+            outcome = "vanished" if any(text in exc.stderr for text in VANISHED) else "failed"
+            log = logger.debug if outcome == "vanished" else logger.warning
+            log("[daemon/queue] %s of job %s: %s", action, job_id, exc)
+        else:
+            outcome = "ok"
+        self.metrics.queue_updates.inc(labels={"action": action, "outcome": outcome})
+        return outcome

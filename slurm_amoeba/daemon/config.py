@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import grp
 import ipaddress
+import itertools
 import pwd
 import re
 from collections.abc import Mapping
@@ -85,6 +86,27 @@ class Limits:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueOrder:
+    """Ordering Slurm's queue by attained service (docs/admin.md; needs Slurm operator rights, off by default).
+
+    Attributes:
+        enabled: whether the daemon sets the priorities of pending jobs.
+        thresholds_gpu_s: attained GPU-seconds at which a job moves to the next 2D-LAS queue (increasing).
+        partitions: the partitions whose pending jobs the daemon may reorder; empty: the regular partitions.
+        users: only these users' jobs are reordered (user names); empty: every user's.
+        max_updates_per_round: the most ``scontrol update`` calls of one round (the first jobs in LAS order first).
+        revert_on_stop: when the daemon stops, give the jobs it reordered back the priority Slurm had given them.
+    """
+
+    enabled: bool = False
+    thresholds_gpu_s: tuple[float, ...] = (57600.0,)
+    partitions: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    max_updates_per_round: int = 50
+    revert_on_stop: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class DaemonConfig:
     """Everything ``amoebad`` is configured with (see ``configs/amoebad.yaml`` for the annotated file).
 
@@ -106,6 +128,7 @@ class DaemonConfig:
         make_room_after_s: a pending regular job younger than this is left to Slurm (which starts it, or preempts
             elastic extras for it, at once); after it the daemon shrinks elastic jobs for it.
         orphan_grace_s: a satellite whose parent is gone is reported after this long.
+        queue_order: ordering Slurm's queue by attained service.
         slurm_timeout_s: deadline of one Slurm command.
         slurm_conf: ``SLURM_CONF`` for Slurm's commands; None: the environment's.
         state_file: where pins, the drain switch and acknowledged resizes survive a restart; None: nowhere.
@@ -129,6 +152,7 @@ class DaemonConfig:
     resize_timeout_s: float = 120.0
     make_room_after_s: float = 5.0
     orphan_grace_s: float = 30.0
+    queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
     slurm_timeout_s: float = 30.0
     slurm_conf: str | None = None
     state_file: str | None = None
@@ -156,6 +180,14 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "partitions": {"regular": list(base.regular_partitions), "elastic": base.elastic_partition},
         "agents": dataclasses.asdict(base.agents),
         "slurm": {"timeout_s": base.slurm_timeout_s, "conf": base.slurm_conf},
+        "queue_order": {
+            "enabled": base.queue_order.enabled,
+            "thresholds_gpu_s": list(base.queue_order.thresholds_gpu_s),
+            "partitions": list(base.queue_order.partitions),
+            "users": list(base.queue_order.users),
+            "max_updates_per_round": base.queue_order.max_updates_per_round,
+            "revert_on_stop": base.queue_order.revert_on_stop,
+        },
         "limits": {
             "requests_per_s": base.limits.requests_per_s,
             "burst": base.limits.burst,
@@ -178,6 +210,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "make_room_after_s": base.make_room_after_s,
         "orphan_grace_s": base.orphan_grace_s,
         "slurm": nested["slurm"],
+        "queue_order": nested["queue_order"],
         "state_file": base.state_file,
         "log_level": base.log_level,
     }
@@ -347,6 +380,41 @@ def _limits(top: _Section) -> Limits:
     )
 
 
+def _flag(section: _Section, key: str, default: bool) -> bool:
+    value = section.data.get(key, default)
+    if not isinstance(value, bool):
+        section.fail(section.full(key), value, "give true or false")
+    return value
+
+
+def _queue_order(top: _Section) -> QueueOrder:
+    section = top.section("queue_order")
+    base = QueueOrder()
+    raw = section.data.get("thresholds_gpu_s", list(base.thresholds_gpu_s))
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        raw = [raw]
+    ok = isinstance(raw, list) and bool(raw) and len(raw) <= 16
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in raw)
+    if not ok or any(b <= a for a, b in itertools.pairwise(raw)):
+        section.fail(
+            "queue_order.thresholds_gpu_s", raw, "give 1 to 16 increasing GPU-second thresholds above 0, e.g. [57600]"
+        )
+    parts = section.data.get("partitions", [])
+    if not isinstance(parts, list):
+        section.fail("queue_order.partitions", parts, "give a list of partition names ([] for partitions.regular)")
+    users = section.data.get("users", [])
+    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
+        section.fail("queue_order.users", users, "give a list of user names ([] for every user)")
+    return QueueOrder(
+        enabled=_flag(section, "enabled", base.enabled),
+        thresholds_gpu_s=tuple(float(v) for v in raw),
+        partitions=tuple(_partition(section, "queue_order.partitions", p) for p in parts),
+        users=tuple(users),
+        max_updates_per_round=section.integer("max_updates_per_round", base.max_updates_per_round, 1, 10_000),
+        revert_on_stop=_flag(section, "revert_on_stop", base.revert_on_stop),
+    )
+
+
 def _knob_type_ok(default: object, value: object) -> bool:
     if isinstance(default, bool):
         return isinstance(value, bool)
@@ -425,7 +493,6 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
     )
     site_limits = _limits(top)
     slurm = top.section("slurm")
-    slurm_timeout = slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600)
     slurm_conf = slurm.optional_string("conf")
     if slurm_conf is not None and not Path(slurm_conf).is_file():
         slurm.fail("slurm.conf", slurm_conf, "no such file; give the path of slurm.conf or leave the key out")
@@ -452,7 +519,8 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         resize_timeout_s=top.number("resize_timeout_s", defaults.resize_timeout_s),
         make_room_after_s=top.number("make_room_after_s", defaults.make_room_after_s, positive=False, maximum=3600),
         orphan_grace_s=top.number("orphan_grace_s", defaults.orphan_grace_s, positive=False),
-        slurm_timeout_s=slurm_timeout,
+        queue_order=_queue_order(top),
+        slurm_timeout_s=slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600),
         slurm_conf=slurm_conf,
         state_file=state_file,
         log_level=log_level,

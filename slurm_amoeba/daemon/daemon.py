@@ -149,8 +149,9 @@ class Daemon:
             self.requests.metrics_port = self.metrics_server.port
 
     def close(self) -> None:
-        """Stop the actuator, the metrics endpoint and the socket, and save the state."""
+        """Stop the actuators (queue ordering undoes its changes), the metrics endpoint and the socket; save state."""
         self.actuator.close()
+        self.round_loop.close()
         self.apply_outcomes()
         self.ledger.changed()
         self.ledger.save()

@@ -242,6 +242,18 @@ class DaemonMetrics:
             "amoeba_unreadable_messages_total", "Messages refused before a handler: bad credential, frames or JSON."
         )
         self.loop_errors = r.counter("amoeba_loop_errors_total", "Errors the daemon's loop caught and went past.")
+        self.queue_updates = r.counter(
+            "amoeba_queue_updates_total",
+            "scontrol calls of queue ordering, by action (priority, revert) and outcome (ok, vanished, failed).",
+            ["action", "outcome"],
+        )
+        self.queue_deferred = r.counter(
+            "amoeba_queue_deferred_total",
+            "Priority changes left for a later round (queue_order.max_updates_per_round).",
+        )
+        self.queue_jobs = r.gauge(
+            "amoeba_queue_jobs", "Pending jobs queue ordering sees, by 2D-LAS queue (0 is served first).", ["queue"]
+        )
 
 
 class MetricsServer:

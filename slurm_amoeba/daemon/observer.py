@@ -19,7 +19,8 @@ from typing import Protocol
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.policy import JobInfo, Snapshot
-from slurm_amoeba.slurm import CliSlurmClient, JobRecord, NodeRecord
+from slurm_amoeba.policy.queue_order import JobService, QueuedJob, RunSample
+from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord
 from slurm_amoeba.slurm.runner import run_command
 from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
 
@@ -308,3 +309,55 @@ class SubmissionBook:
             if len(self._known) + len(found) <= self._most:
                 self._known.update(found)
             self._wanted -= set(found)
+
+
+def service_key(record: JobRecord) -> str:
+    """The job a record's GPU-seconds count for: a satellite's parent, a heterogeneous job's leader, or itself."""
+    return satellite_parent(record) or group_id(record)
+
+
+def run_samples(view: ClusterView) -> list[RunSample]:
+    """Every active record of the view as a run of its job, for :func:`~slurm_amoeba.policy.queue_order.account`."""
+    return [
+        RunSample(
+            job=service_key(record),
+            record=str(record.job_id),
+            running=record.state is JobState.RUNNING and bool(record.start_time),
+            start_time=float(record.start_time),
+            gpus=record.gpus_held,
+        )
+        for record in view.jobs
+        if record.state.is_active()
+    ]
+
+
+def queued_jobs(
+    view: ClusterView, partitions: Collection[str], book: Mapping[str, JobService], users: Collection[str] = ()
+) -> list[QueuedJob]:
+    """The pending jobs the daemon may reorder: waiting in the given partitions only, not held, of ``users`` (all
+    users when empty).
+
+    A heterogeneous job is reordered through its leader (offset 0), a satellite through its own id with its
+    parent's service. A job that may run in several partitions is reordered only when all of them are given. A held
+    job (priority 0) is never touched: it is its owner's or an operator's to release.
+    """
+    allowed = set(partitions)
+    found: list[QueuedJob] = []
+    for record in view.jobs:
+        if record.state is not JobState.PENDING or record.het_job_offset != 0 or record.priority <= 0:
+            continue
+        parts = {part for part in record.partition.split(",") if part}
+        if not parts or not parts <= allowed or record.state_reason.startswith("JobHeld"):
+            continue
+        if users and record.user not in users:
+            continue
+        service = book.get(service_key(record))
+        found.append(
+            QueuedJob(
+                job_id=str(record.job_id),
+                submit_time=float(record.submit_time),
+                attained_gpu_s=service.total if service is not None else 0.0,
+                priority=record.priority,
+            )
+        )
+    return found

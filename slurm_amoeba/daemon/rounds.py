@@ -18,14 +18,17 @@ early round and is told to retry).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import logging
+import os
+import pwd
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_amoeba.core.errors import ParseError
-from slurm_amoeba.daemon.actuator import Actuator
+from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer, QueueRound, make_queue_orderer
 from slurm_amoeba.daemon.batches import policy_batches
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
@@ -178,6 +181,17 @@ class RoundLoop:
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
+        uid = os.getuid()
+        self.queue: QueueOrderer | None = make_queue_orderer(
+            config.queue_order,
+            config.queue_order.partitions or config.regular_partitions,
+            slurm,
+            metrics,
+            uid=uid,
+            user=_user_name(uid),
+        )
+        self._queue_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="amoebad-queue")
+        self._queue_run: concurrent.futures.Future[QueueRound] | None = None
 
     def begin_round(self) -> bool:
         """Start a round: read Slurm on a thread of its own (see the module docstring).
@@ -238,8 +252,33 @@ class RoundLoop:
             logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
         self.act(plan)
+        self.order_queue(view, now)
         update_gauges(self.metrics, obs, self.ledger)
         return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
+
+    def order_queue(self, view: ClusterView, now: float) -> None:
+        """Queue ordering's round (when enabled), on a thread of its own: ``scontrol`` may hang as ``squeue`` may.
+
+        A round whose previous ordering has not finished skips it.
+        """
+        if self.queue is None or (self._queue_run is not None and not self._queue_run.done()):
+            return
+        self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
+        self._queue_run.add_done_callback(_log_queue_failure)
+
+    @property
+    def last_queue_round(self) -> QueueRound | None:
+        """What the last finished queue ordering did (None before the first, or when it failed)."""
+        run = self._queue_run
+        if run is None or not run.done() or run.exception() is not None:
+            return None
+        return run.result()
+
+    def close(self) -> None:
+        """Wait for queue ordering under way, then (``queue_order.revert_on_stop``) undo what it changed."""
+        self._queue_pool.shutdown(wait=True, cancel_futures=True)
+        if self.queue is not None and self.config.queue_order.revert_on_stop:
+            self.queue.revert()
 
     def snapshot(self, view: ClusterView, now: float) -> Observation:
         """The snapshot step; while an operator's drain is on no job shows pinned (a drain outranks a pin)."""
@@ -313,6 +352,18 @@ class _Observing:
         if self._view is None:
             raise RuntimeError("the read of Slurm has not finished; wait for done")
         return self._view
+
+
+def _log_queue_failure(run: concurrent.futures.Future[QueueRound]) -> None:
+    if not run.cancelled() and run.exception() is not None:
+        logger.error("[daemon/queue] queue ordering failed this round: %r; the next round tries again", run.exception())
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:

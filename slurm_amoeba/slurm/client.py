@@ -250,3 +250,88 @@ class CliSlurmClient(SlurmClient):
         except SlurmCommandError:
             return False
         return "UP" in out
+
+    # ------------------------------------------------------------------ operator actions (queue ordering)
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        """Give a pending job a fixed priority (``scontrol update JobId=N Priority=P``; operators and admins only).
+
+        Slurm then stops computing the job's priority (``priority/multifactor``) until it is held and released.
+        Priority 0 would hold the job: refused here.
+
+        Raises:
+            ValueError: ``priority`` is below 1.
+            SlurmCommandError: Slurm refused (the job is gone, or the caller lacks the rights).
+        """
+        if priority < 1:
+            raise ValueError(f"priority {priority} for job {job_id}: give 1 or more (0 holds the job)")
+        self._run(["scontrol", "update", f"JobId={job_id}", f"Priority={priority}"])
+
+    def hold(self, job_id: int) -> None:
+        """Hold a pending job (``scontrol hold``; an operator's hold: its owner cannot release it)."""
+        self._run(["scontrol", "hold", str(job_id)])
+
+    def release(self, job_id: int) -> None:
+        """Release a held job (``scontrol release``); Slurm's priority plugin computes its priority again."""
+        self._run(["scontrol", "release", str(job_id)])
+
+    def config_values(self) -> dict[str, str]:
+        """slurmctld's running configuration (``scontrol show config``) as key -> value."""
+        return parse_show_config(self._run(["scontrol", "show", "config"]))
+
+    def admin_level(self, user: str) -> str:
+        """The user's ``AdminLevel`` in Slurm's accounting (``None``, ``Operator``, ``Administrator``).
+
+        Raises:
+            SlurmCommandError: sacctmgr failed (no slurmdbd, or it did not answer).
+        """
+        out = self._run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=User,AdminLevel"])
+        for line in out.splitlines():
+            name, _, level = line.partition("|")
+            if name.strip() == user:
+                return level.strip() or "None"
+        return "None"
+
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        """GPU-seconds the jobs' runs so far attained, from accounting (``sacct --duplicates``): a requeued job's
+        earlier runs (for a pending job, every run; its own pending record has none). Jobs without any: absent.
+
+        Raises:
+            SlurmCommandError: sacct failed (no slurmdbd, or it did not answer).
+        """
+        if not job_ids:
+            return {}
+        ids = ",".join(str(job) for job in sorted(job_ids))
+        argv = ["sacct", "-X", "--duplicates", "--noheader", "--parsable2", "--format=JobID,ElapsedRaw,AllocTRES"]
+        return parse_past_service(self._run([*argv, f"--jobs={ids}"]))
+
+
+def parse_past_service(text: str) -> dict[int, float]:
+    """``sacct -P --format=JobID,ElapsedRaw,AllocTRES`` lines -> job id -> sum of elapsed x ``gres/gpu`` over its
+    records (a heterogeneous job's components count for their leader); unreadable lines are skipped."""
+    found: dict[int, float] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 3 or not fields[1].strip().isdigit():
+            continue
+        head = fields[0].split("+", 1)[0].split("_", 1)[0]
+        if not head.isdigit():
+            continue
+        gpus = 0
+        for item in fields[2].split(","):
+            key, _, value = item.partition("=")
+            if key.strip() == "gres/gpu" and value.strip().isdigit():
+                gpus = int(value)
+        if gpus:
+            found[int(head)] = found.get(int(head), 0.0) + int(fields[1]) * gpus
+    return found
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = value`` lines as a mapping (other lines are skipped)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            values[key.strip()] = value.strip()
+    return values

@@ -1,0 +1,177 @@
+"""Slurm's queue in 2D-LAS order (Tiresias' least attained service), and the job priorities that make Slurm use it.
+
+Pure functions for the daemon's queue ordering (docs/admin.md, "Ordering Slurm's queue by attained service"); the
+clock is passed in, nothing here reads Slurm. Three steps:
+
+1. :func:`account`: each job's **attained service**, in GPU-seconds, from what Slurm shows of its runs (a run is one
+   record: an ordinary job, a heterogeneous component, or a satellite of an elastic job, counted for its parent):
+   elapsed time of the run times the GPUs it holds, plus what the job's earlier runs attained (a requeued job keeps
+   its service: the run is banked when Slurm stops showing it running). The book is the caller's state, handed in
+   and returned, so that the function stays pure.
+2. :func:`las_order`: the pending jobs in 2D-LAS order, as ``las_queue_s`` orders them in the simulator's ``slurm``
+   baseline: by queue (the number of thresholds the job's attained service has reached; one threshold of 16
+   GPU-hours is the Pollux artifact's Tiresias), then by submit time, then by job id.
+3. :func:`las_priorities`: priorities along that order that Slurm's scheduler (``priority/basic`` or
+   ``priority/multifactor``: both test jobs in priority order within a partition tier) turns back into it. The jobs'
+   own current priorities are *permuted*: the highest one goes to the first job in LAS order, the next to the
+   second, and so on (ties are spread so that every job's value is distinct, never below 1: 0 would hold the job).
+   The band of values the ordered jobs hold stays what Slurm gave them, so jobs the daemon leaves alone (other
+   partitions, held jobs) keep their place relative to the band. :func:`priority_updates` lists the changes that
+   remain, first in LAS order, at most a bound per round, and none while the queue is in order already.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+
+#: The Pollux artifact's Tiresias threshold between its two queues: 16 GPU-hours.
+DEFAULT_THRESHOLDS_GPU_S = (16 * 3600.0,)
+#: The highest priority Slurm accepts (a 32-bit value; 0xffffffff means "not set").
+MAX_PRIORITY = 0xFFFFFFFE
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSample:
+    """One record of a job as Slurm shows it now, for accounting.
+
+    Attributes:
+        job: the job whose service it counts for (a satellite's parent, a heterogeneous job's leader).
+        record: the record's own Slurm id (a satellite's, a component's).
+        running: whether it holds its resources now.
+        start_time: when the run started (seconds, the caller's clock); ignored when not running.
+        gpus: GPUs the run holds now.
+    """
+
+    job: str
+    record: str
+    running: bool
+    start_time: float
+    gpus: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobService:
+    """What one job has attained, in GPU-seconds.
+
+    Attributes:
+        banked: service of runs that ended (earlier runs of a requeued job, satellites that left).
+        runs: record id -> (start time, service so far) of the runs going on.
+    """
+
+    banked: float = 0.0
+    runs: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        """Everything the job has attained."""
+        return self.banked + sum(value for _, value in self.runs.values())
+
+
+def account(book: Mapping[str, JobService], samples: Iterable[RunSample], now: float) -> dict[str, JobService]:
+    """The book brought up to ``now``: each job's runs from ``samples``, ended runs banked.
+
+    A run's service is ``(now - start) x gpus`` (Slurm's elapsed time times the GPUs it holds: the GPUs of a run
+    do not change in this project, a resize adds or ends a satellite, which is a run of its own). A run that no
+    longer shows as running, or shows with another start time (requeued and started again), is banked at its last
+    value. Jobs without any sample are gone from Slurm and dropped.
+
+    Args:
+        book: the previous book (job -> service).
+        samples: every record of the jobs Slurm shows now.
+        now: the caller's clock.
+
+    Returns:
+        The new book.
+    """
+    seen: dict[str, dict[str, tuple[float, float]]] = {}
+    for sample in samples:
+        runs = seen.setdefault(sample.job, {})
+        if sample.running and sample.gpus > 0:
+            runs[sample.record] = (sample.start_time, max(0.0, now - sample.start_time) * sample.gpus)
+    fresh: dict[str, JobService] = {}
+    for job, runs in seen.items():
+        old = book.get(job, JobService())
+        banked = old.banked
+        for record, (start, value) in old.runs.items():
+            current = runs.get(record)
+            if current is None or current[0] != start:
+                banked += value
+        fresh[job] = JobService(banked, runs)
+    return fresh
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuedJob:
+    """A pending job the daemon may reorder.
+
+    Attributes:
+        job_id: the Slurm id its priority is set through (a heterogeneous job's leader).
+        submit_time: when it was submitted (seconds).
+        attained_gpu_s: the service its job has attained (:func:`account`).
+        priority: its priority in Slurm now.
+    """
+
+    job_id: str
+    submit_time: float
+    attained_gpu_s: float
+    priority: int
+
+
+def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
+    """The 2D-LAS queue of a job: how many thresholds its attained service has reached (0 is served first)."""
+    return sum(1 for threshold in thresholds_gpu_s if attained_gpu_s >= threshold)
+
+
+def _id_key(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (-1, job_id)
+
+
+def las_order(jobs: Iterable[QueuedJob], thresholds_gpu_s: Sequence[float]) -> list[QueuedJob]:
+    """The pending jobs in 2D-LAS order: by queue, then by submit time, then by job id."""
+    return sorted(
+        jobs, key=lambda job: (las_queue(job.attained_gpu_s, thresholds_gpu_s), job.submit_time, _id_key(job.job_id))
+    )
+
+
+def las_priorities(order: Sequence[QueuedJob]) -> dict[str, int]:
+    """Distinct priorities, decreasing along ``order``, made of the jobs' own priorities (see the module docstring).
+
+    The current values sorted from high to low are handed out along the order; where two are equal (or too low to
+    stay distinct and at least 1) the higher one is raised just enough, from the end of the order up, never above
+    :data:`MAX_PRIORITY` (where it cannot rise, the lower ones are lowered instead).
+
+    Returns:
+        job id -> the priority it should have.
+    """
+    values = sorted((job.priority for job in order), reverse=True)
+    out = [0] * len(values)
+    floor = 1
+    for index in range(len(values) - 1, -1, -1):
+        out[index] = max(values[index], floor)
+        floor = out[index] + 1
+    excess = out[0] - MAX_PRIORITY if out else 0
+    if excess > 0:  # only when values sit at Slurm's ceiling: shift the band down, keeping it distinct
+        out = [max(1, value - excess) for value in out]
+    return {job.job_id: value for job, value in zip(order, out, strict=True)}
+
+
+def priority_updates(
+    order: Sequence[QueuedJob], wanted: Mapping[str, int], limit: int
+) -> tuple[list[tuple[str, int]], int]:
+    """The priority changes still to make, first in LAS order, at most ``limit`` of them; none while the current
+    priorities already decrease strictly along the order (a job leaving the queue costs no update).
+
+    Args:
+        order: the jobs in LAS order, with their current priorities.
+        wanted: job id -> the priority it should have (:func:`las_priorities`).
+        limit: the most changes to make now.
+
+    Returns:
+        The changes (job id, priority), and how many more were left for later rounds.
+    """
+    if all(first.priority > second.priority >= 1 for first, second in itertools.pairwise(order)):
+        return [], 0
+    changes = [(job.job_id, wanted[job.job_id]) for job in order if job.priority != wanted[job.job_id]]
+    return changes[:limit], max(0, len(changes) - limit)

@@ -50,6 +50,7 @@ from slurm_amoeba.runtime.auth import (
     AuthError,
     JobAuth,
     JobKey,
+    Opener,
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
@@ -415,8 +416,7 @@ class Coordinator:
         self._auth.put(store, WANT_KEY, "0")
         self._store = store
         self._pump = EventPump(client_host(bind), self.port, self._wake)
-        self._thread = threading.Thread(target=self._loop, name=f"amoeba-coordinator-{self.config.job_id}")
-        self._thread.daemon = True
+        self._thread = threading.Thread(target=self._loop, name=f"amoeba-coordinator-{self.config.job_id}", daemon=True)
         self._thread.start()
         log.info(
             "%s store on %s port %s, workers reach it at %s", self._prefix, bind, self.port, self.config.advertise_addr
@@ -430,9 +430,7 @@ class Coordinator:
             self._thread.join(timeout=5)
         if self._pump is not None and self._store is not None:
             self._pump.close(self._store)
-        self._thread = None
-        self._pump = None
-        self._store = None
+        self._thread = self._pump = self._store = None
 
     def __enter__(self) -> Coordinator:
         self.start()
@@ -648,14 +646,9 @@ class Coordinator:
         log.warning("%s ignored %s: %s", self._prefix, what, exc)
 
     def _read_events(self, now: float) -> None:
-        for raw in self._incoming():
+        for raw in self._pump.take() if self._pump is not None else ():
             try:
-                sender, text = self._opener.sender_of(EVENTS_KEY, raw)
-                event = WorkerEvent.from_json(text)
-                if event.worker != sender:
-                    raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
-                if not self._desk.issued(sender):
-                    raise ParseError(f"{sender!r} is no worker id this coordinator issued")
+                sender, event = open_event(self._opener, self._desk, raw)
             except ParseError as exc:  # AuthError too: only holders of the job's secret are heard
                 self._refuse("an event", exc)
                 continue
@@ -665,12 +658,6 @@ class Coordinator:
             with self._lock:
                 if not self.membership.handle(event, now):
                     self._refuse("an event", ParseError(f"{sender!r} may not change what it claimed: {event}"))
-
-    def _incoming(self) -> list[bytes]:
-        if self._pump is not None:
-            return self._pump.take()
-        store = self.store
-        return [store.queue_pop(EVENTS_KEY, block=False) for _ in range(int(store.queue_len(EVENTS_KEY)))]
 
     def _read_heartbeats(self, now: float) -> None:
         with self._lock:
@@ -734,7 +721,10 @@ class Coordinator:
             elif isinstance(action, AbortGeneration):
                 log.info("%s generation %s cannot form: %s", self._prefix, action.generation, action.reason)
                 self._auth.put(store, abort_key(action.generation, self._auth.token(action.generation)), action.reason)
-                self._wake_arrivals(action.generation)
+                with self._lock:
+                    plan = self.membership.plan
+                if plan is not None and plan.generation == action.generation:
+                    mark_missing_arrivals(store, self._auth, plan)
             else:
                 assignment = action.assignment
                 if assignment.plan is not None and assignment.plan.source == action.worker:
@@ -751,18 +741,32 @@ class Coordinator:
                     )
                 self._auth.put(store, assignment_key(action.worker, action.seq), assignment.to_json())
 
-    def _wake_arrivals(self, generation: int) -> None:
-        """Members waiting for the others to arrive block in the store until every arrival key exists: the
-        coordinator's own mark in the keys still missing wakes them, and they find the abort (runtime/group.py)."""
-        with self._lock:
-            plan = self.membership.plan
-        if plan is None or plan.generation != generation:
-            return
-        store, token = self.store, self._auth.token(generation)
-        for member in plan.members:
-            key = arrival_key(generation, token, member)
-            if not store.check([key]):
-                self._auth.put(store, key, "aborted")
+
+def open_event(opener: Opener, desk: JoinDesk, raw: bytes) -> tuple[str, WorkerEvent]:
+    """The sender and the event of a raw value of the events queue.
+
+    Raises:
+        ParseError: not sealed with the job's secret (:class:`AuthError`), not an event, sealed by another worker
+            than the one it names, or by a worker id this coordinator never issued.
+    """
+    sender, text = opener.sender_of(EVENTS_KEY, raw)
+    event = WorkerEvent.from_json(text)
+    if event.worker != sender:
+        raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
+    if not desk.issued(sender):
+        raise ParseError(f"{sender!r} is no worker id this coordinator issued")
+    return sender, event
+
+
+def mark_missing_arrivals(store: TCPStore, auth: JobAuth, plan: GenerationPlan) -> None:
+    """After an abort of ``plan``'s generation: members waiting for the others to arrive block in the store until
+    every arrival key exists, so the coordinator's own mark in the keys still missing wakes them, and they find the
+    abort (runtime/group.py)."""
+    token = auth.token(plan.generation)
+    for member in plan.members:
+        key = arrival_key(plan.generation, token, member)
+        if not store.check([key]):
+            auth.put(store, key, "aborted")
 
 
 def _worker_view(info: WorkerInfo, now: float) -> WorkerView:

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.runtime_worker import read_steps
+from benchmarks.runtime_worker import WARM_UP_VARIABLE, read_steps
 from slurm_amoeba.launcher.restart import restart_command
 from slurm_amoeba.local.job import LocalJob
 from slurm_amoeba.runtime.coordinator import CoordinatorView
@@ -669,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=10, help="scale-out/scale-in pairs for the worker pause")
     parser.add_argument("--pause-only", action="store_true", help="measure only the worker pause")
     parser.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="the runtime's workers pass TorchState(warm_up=...): a joiner rehearses a forward and backward",
+    )
+    parser.add_argument(
         "--restart-cycles", type=int, default=3, help="scale-out/scale-in pairs of the restart path (0: skip it)"
     )
     parser.add_argument(
@@ -688,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
 
+    if args.warm_up:  # the workers inherit the environment (benchmarks/runtime_worker.py reads it)
+        os.environ[WARM_UP_VARIABLE] = "1"
     if args.baseline is not None:
         report: dict[str, Any] = {"comparison": compare_pauses(work, args.baseline, args.rounds, args.cycles, progress)}
         print(format_comparison(report["comparison"]))
@@ -702,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         (work / "restart").mkdir()
         report["restart_pause"] = restart_resizes(work / "restart", args.restart_cycles)
     report["wall_s"] = time.monotonic() - started
+    report["warm_up"] = args.warm_up
     if "worker_pause" in report:
         print(format_pauses(report["worker_pause"]))
     if "restart_pause" in report:

@@ -28,6 +28,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 GLOBAL_BATCH = 64
+#: Set to 1 by ``bench-runtime --warm-up``: the runtime's workers pass ``TorchState(warm_up=...)``.
+WARM_UP_VARIABLE = "AMOEBA_BENCH_WARM_UP"
 DATASET = 8192
 FEATURES = 512
 CLASSES = 10
@@ -87,9 +89,15 @@ def run_amoeba(args: argparse.Namespace) -> None:
     dataset = build_dataset()
     sampler = amoeba.ElasticSampler(len(dataset), GLOBAL_BATCH, seed=1)
     loader = amoeba.ElasticDataLoader(dataset, sampler)
-    state = amoeba.TorchState(model, optimizer, sampler)
-    log = StepLog(args.out / f"steps-amoeba-{runtime.worker_id}.jsonl", args.flush)
     loss_fn = torch.nn.CrossEntropyLoss()
+    x0, y0 = dataset[: GLOBAL_BATCH // 2]  # a joiner's local batch at 2 workers
+
+    def warm_up(net: torch.nn.Module) -> None:
+        loss_fn(net(x0), y0).backward()
+
+    rehearse = os.environ.get(WARM_UP_VARIABLE) == "1"
+    state = amoeba.TorchState(model, optimizer, sampler, warm_up=warm_up if rehearse else None)
+    log = StepLog(args.out / f"steps-amoeba-{runtime.worker_id}.jsonl", args.flush)
     limit = [args.steps]
 
     block = args.compare_ddp

@@ -200,6 +200,10 @@ class TorchState:
         scaler: a ``torch.amp.GradScaler`` whose scale and growth tracker travel and roll back with the rest.
         adaptive: the adaptive-batch controller (:mod:`~slurm_amoeba.runtime.adaptive`); a default one when the
             sampler has ``max_global_batch`` and this is ``None``.
+        warm_up: one forward and backward of the model on a batch of your data's shape (e.g.
+            ``lambda m: loss_fn(m(x0), y0).backward()``), which a joining worker runs while the others still train, so
+            that its first real step does not pay the first-call costs of your model's kernels (docs/runtime.md
+            section 2). The runtime zeroes the gradients and restores the model, the optimizer and the RNG after it.
 
     Raises:
         StateError: an extra cannot be sent.
@@ -216,8 +220,10 @@ class TorchState:
         schedulers: Sequence[LRScheduler] = (),
         scaler: torch.amp.GradScaler | None = None,
         adaptive: AdaptiveBatch | None = None,
+        warm_up: Callable[[torch.nn.Module], object] | None = None,
     ) -> None:
         refuse_wrapped(model)
+        self.warm_up = warm_up
         self.model = model
         self.optimizer = optimizer
         self.sampler = sampler

@@ -633,6 +633,9 @@ class WorkerRuntime:
         probe = torch.ones(256, 256, device=self.device, requires_grad=True)
         torch.autograd.grad((probe @ probe).relu().sum(), probe)
         _warm_optimizer(state.optimizer, self.prefix)
+        if state.warm_up is not None:
+            rehearse(state, self.device)
+            self._grad.zero()
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""
@@ -667,6 +670,25 @@ _WARM_COPIES = 4
 #: allocations from this size up are mapped (and unmapped when freed) on their own.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _RETAIN_BYTES, _MMAP_FROM_BYTES = 1 << 30, 32 << 20
+
+
+def rehearse(state: TorchState, device: torch.device) -> None:
+    """Run the state's ``warm_up`` (a forward and backward of the user's model), then put back what it may have
+    changed: the model's parameters and buffers (e.g. batch-norm statistics), the RNG streams, and no gradient is
+    left behind (the caller zeroes the flat gradient buckets; other gradients are dropped here)."""
+    assert state.warm_up is not None
+    saved = {name: tensor.detach().clone() for name, tensor in state.model.state_dict().items()}
+    cpu_rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        state.warm_up(state.model)
+    finally:
+        with torch.no_grad():
+            for name, tensor in state.model.state_dict().items():
+                tensor.copy_(saved[name])
+        torch.random.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
 
 
 def _warm_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> None:

@@ -56,7 +56,9 @@ def test_resized_job_with_leave_and_kill_matches_fixed_size_run_exactly_once(
     fixed_out, fixed_result = fixed_run.out, fixed_run.result
     out = tmp_path / "elastic"
     # DataLoader worker processes (persistent across resizes) in the elastic run only: results must not change.
-    with ToyJob(out, workers=2, hold=True, extra_args=["--step-delay", "0.01", "--loader-workers", "1"]) as toy:
+    # A warm_up that every joiner rehearses (random data, a forward and backward): nothing of it may show.
+    extra = ["--step-delay", "0.01", "--loader-workers", "1", "--warm-up"]
+    with ToyJob(out, workers=2, hold=True, extra_args=extra) as toy:
         job = toy.job
         toy.release(4)
         toy.wait_members(2)

@@ -18,7 +18,9 @@ from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth, JobKey
 from slurm_amoeba.runtime.coordinator import EventPump
 from slurm_amoeba.runtime.group import FormationFailed, GroupSettings, await_keys, not_arrived, wait_for_members
 from slurm_amoeba.runtime.protocol import EVENTS_KEY, GenerationPlan, abort_key, arrival_key
-from slurm_amoeba.runtime.worker import _warm_optimizer
+from slurm_amoeba.runtime.sampler import ElasticSampler
+from slurm_amoeba.runtime.state import TorchState
+from slurm_amoeba.runtime.worker import _warm_optimizer, rehearse
 
 
 @pytest.fixture
@@ -112,3 +114,39 @@ def test_an_optimizer_that_cannot_be_stepped_so_is_left_cold() -> None:
     optimizer = torch.optim.LBFGS(model.parameters())  # step() needs a closure
     _warm_optimizer(optimizer, "[test]")
     assert not optimizer.state
+
+
+def test_a_rehearsal_puts_back_the_model_its_buffers_and_the_rng() -> None:
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5))
+    sampler = ElasticSampler(32, 8, seed=1)
+    calls: list[int] = []
+
+    def warm_up(net: torch.nn.Module) -> None:
+        calls.append(1)
+        net(torch.randn(8, 6)).sum().backward()  # moves the batch-norm statistics, draws dropout masks
+
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, warm_up=warm_up)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.random.get_rng_state()
+    rehearse(state, torch.device("cpu"))
+    assert calls == [1]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.random.get_rng_state())
+    assert any(p.grad is not None for p in model.parameters())  # the caller zeroes the flat buckets it keeps
+
+
+def test_a_failing_rehearsal_is_the_users_error_and_still_puts_the_model_back() -> None:
+    model = torch.nn.Linear(3, 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def warm_up(net: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for param in net.parameters():
+                param.add_(1.0)
+        raise ValueError("shape mismatch in the user's warm-up")
+
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), ElasticSampler(8, 4), warm_up=warm_up)
+    with pytest.raises(ValueError, match="user's warm-up"):
+        rehearse(state, torch.device("cpu"))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--loader-workers", type=int, default=0)
     parser.add_argument("--hold", action="store_true", help="obey test/release holds")
+    parser.add_argument("--warm-up", action="store_true", help="give TorchState a warm_up (a joiner rehearses a step)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
@@ -74,9 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.loader_workers:
         loader_kwargs = {"num_workers": args.loader_workers, "persistent_workers": True}
     loader = amoeba.ElasticDataLoader(dataset, sampler, **loader_kwargs)
-    state = amoeba.TorchState(model, optimizer, sampler, extras={"samples_seen": 0})
-    ledger_path = args.out / f"ledger-{worker}.jsonl"
     loss_fn = torch.nn.MSELoss()
+
+    def warm_up(net: torch.nn.Module) -> None:  # random data: the runtime puts the RNG and the model back after it
+        x = torch.randn(args.max_local_batch, 8, dtype=torch.float64, device=device)
+        loss_fn(net(x), torch.randn(args.max_local_batch, 1, dtype=torch.float64, device=device)).backward()
+
+    state = amoeba.TorchState(
+        model, optimizer, sampler, extras={"samples_seen": 0}, warm_up=warm_up if args.warm_up else None
+    )
+    ledger_path = args.out / f"ledger-{worker}.jsonl"
 
     wanted = JobAuth(JobKey.from_environ(os.environ), "hold").want  # the coordinator's sealed "want"
 

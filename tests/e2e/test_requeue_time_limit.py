@@ -21,6 +21,7 @@ import collections
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,24 @@ def start_when_requeued(job_env: dict[str, str]) -> Iterator[list[int]]:  # noqa
     stop = threading.Event()
     client = CliSlurmClient(job_env, timeout=10)
 
+    held_since: dict[int, float] = {}
+
+    def completing() -> bool:
+        """Whether a node still cleans up after a job (the requeued run's own nodes among them): a run started on
+        such a node fails at once (seen: the second run FAILED in 0 s when its start was moved the same second)."""
+        states = run_command(["sinfo", "-h", "-N", "-o", "%T"], timeout=10, env=job_env).stdout
+        return "comp" in states.lower()
+
     def watch() -> None:
         while not stop.wait(0.5):
             for job_id in list(jobs):
                 try:
                     record = client.job(job_id)
-                    if record is not None and record.state is JobState.PENDING and record.state_reason == "BeginTime":
+                    if record is None or record.state is not JobState.PENDING or record.state_reason != "BeginTime":
+                        held_since.pop(job_id, None)
+                        continue
+                    since = held_since.setdefault(job_id, time.monotonic())
+                    if time.monotonic() - since >= 3.0 and not completing():
                         run_command(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], timeout=10, env=job_env)
                 except SlurmCommandError:
                     continue  # the next look tries again

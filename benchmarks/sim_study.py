@@ -11,6 +11,8 @@
 - *Default*: the daemon's default on top of the ``slurm`` baseline against the baseline alone, per workload family
   and load (avg and p99 JCT, workloads that lose), the rigid jobs' wait when half the jobs are elastic, and the
   what-if of a queue in 2D-LAS order.
+- *Goodput*: the goodput policy with adaptive batches (``sim/adaptive.py``) and with fixed ones beside the
+  artifact's Pollux, Tiresias and the ``slurm`` baseline at every load (avg and p99 JCT, makespan).
 - *Speed*: all workloads x all policies at 1.0x, FIFO over the full ``philly.csv``, and one decision of each policy
   on a snapshot of 1,000 nodes x 8 GPUs and 2,000 jobs.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -39,6 +42,7 @@ from slurm_amoeba.sim.engine import (
     Simulator,
     trace_models,
 )
+from slurm_amoeba.sim.metrics import percentile
 from slurm_amoeba.sim.report import plot
 from slurm_amoeba.sim.runner import RunOutcome, RunSpec, load_jobs, run_many
 from slurm_amoeba.sim.workload import load_pollux_workload
@@ -274,6 +278,72 @@ def default_policy(processes: int | None) -> str:
 #: Jobs of philly.csv in the rigid family's run.
 PHILLY_RIGID = 2000
 
+#: The goodput study's rows: label, policy, share of adaptive jobs, share of elastic jobs (runtime resize setting).
+GOODPUT_ROWS: tuple[tuple[str, str, float, float], ...] = (
+    ("slurm (baseline)", "slurm", 0.0, 0.0),
+    ("tiresias", "tiresias", 0.0, 0.0),
+    ("goodput, fixed batches", "goodput", 0.0, 1.0),
+    ("goodput, adaptive batches", "goodput", 1.0, 1.0),
+)
+
+
+def _artifact_figures(load: str, files: Sequence[Path]) -> tuple[list[float], list[float], list[float]]:
+    """The artifact's Pollux per workload: average JCT, p99 JCT and makespan (s), from its per-job JCTs."""
+    jcts = _reference("pollux", load)["jcts"]
+    assert isinstance(jcts, dict)
+    avgs, p99s, spans = [], [], []
+    for path in files:
+        per_job = {str(name): float(value) for name, value in jcts[path.stem].items()}
+        submits = {job.name: job.submit_time for job in load_pollux_workload(path)}
+        values = sorted(per_job.values())
+        avgs.append(sum(values) / len(values))
+        p99s.append(percentile(values, 0.99))
+        spans.append(max(submits[name] + jct for name, jct in per_job.items()) - min(submits.values()))
+    return avgs, p99s, spans
+
+
+def goodput_study(processes: int | None) -> str:
+    """Markdown: the goodput policy beside Pollux's artifact result, Tiresias and the ``slurm`` baseline, per load.
+
+    Every row runs the runtime's resize setting (``RUNTIME_RESIZE_COST_S`` per resize, ``RUNTIME_GROW_LAG_S`` lag,
+    30 s per start or resume); the artifact's Pollux paid 30 s for every reallocation. Means over the 8 workloads
+    of a load, with the range over workloads.
+    """
+    lines = [
+        "| load | row | mean avg JCT h [min..max] | vs Pollux (artifact) | p99 JCT h | makespan h | resizes / wl |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for load in LOADS:
+        files = _workloads(load)
+        specs = [
+            RunSpec(policy, path, SimConfig(), elastic_fraction=elastic, adaptive_fraction=adaptive)
+            for _, policy, adaptive, elastic in GOODPUT_ROWS
+            for path in files
+        ]
+        outcomes = run_many(specs, processes)
+        avgs, p99s, spans = _artifact_figures(load, files)
+        pollux = sum(avgs) / len(avgs)
+        rows = [("Pollux (artifact, 30 s per reallocation)", avgs, p99s, spans, math.nan)]
+        for index, (label, *_rest) in enumerate(GOODPUT_ROWS):
+            runs = outcomes[index * len(files) : (index + 1) * len(files)]
+            rows.append(
+                (
+                    label,
+                    [run.summary["avg_jct_s"] for run in runs],
+                    [run.summary["p99_jct_s"] for run in runs],
+                    [run.summary["makespan_s"] for run in runs],
+                    sum(run.summary["resizes"] for run in runs) / len(runs),
+                )
+            )
+        for label, row_avgs, row_p99, row_span, resizes in rows:
+            mean = sum(row_avgs) / len(row_avgs)
+            lines.append(
+                f"| {load}x | {label} | {mean / 3600:.3f} [{min(row_avgs) / 3600:.3f}..{max(row_avgs) / 3600:.3f}] | "
+                f"{100 * (mean / pollux - 1):+.1f}% | {sum(row_p99) / len(row_p99) / 3600:.2f} | "
+                f"{sum(row_span) / len(row_span) / 3600:.2f} | {'-' if math.isnan(resizes) else f'{resizes:.0f}'} |"
+            )
+    return "\n".join(lines)
+
 
 def _cpu_seconds() -> float:
     times = os.times()
@@ -383,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the document's tables as Markdown; write the plot.
 
     Args:
-        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|speed]``.
+        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|goodput|speed]``.
 
     Returns:
         0.
@@ -392,12 +462,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("docs/img/sim-jobload-1.0.png"))
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--no-philly", action="store_true", help="skip the (one-minute) Philly speed run")
-    parser.add_argument("--only", choices=("fidelity", "claims", "default", "speed"), default=None)
+    parser.add_argument("--only", choices=("fidelity", "claims", "default", "goodput", "speed"), default=None)
     args = parser.parse_args(argv)
     sections: dict[str, Callable[[], str]] = {
         "fidelity": lambda: fidelity(args.processes),
         "claims": lambda: claims(args.processes, args.plot),
         "default": lambda: default_policy(args.processes),
+        "goodput": lambda: goodput_study(args.processes),
         "speed": lambda: speed(args.processes, not args.no_philly),
     }
     for name, section in sections.items():

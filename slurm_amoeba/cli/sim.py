@@ -113,6 +113,12 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         help="a range runs from requested/F to requested*F workers (default 2)",
     )
     parser.add_argument(
+        "--adaptive-fraction",
+        type=float,
+        default=0.0,
+        help="share of Pollux jobs whose global batch adapts to each allocation (default 0: every batch fixed)",
+    )
+    parser.add_argument(
         "--format", choices=("auto", "pollux", "philly"), default="auto", help="workload format (by header)"
     )
     parser.add_argument("--limit", type=int, default=None, help="read only the first N jobs of a Philly trace")
@@ -310,6 +316,7 @@ def _common_spec(
         trace_format=args.format,
         elastic_fraction=args.elastic_fraction,
         elastic_factor=args.elastic_factor,
+        adaptive_fraction=args.adaptive_fraction,
         philly_limit=args.limit,
         knobs=knobs,
     )

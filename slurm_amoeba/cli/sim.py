@@ -112,12 +112,7 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         default=2.0,
         help="a range runs from requested/F to requested*F workers (default 2)",
     )
-    parser.add_argument(
-        "--adaptive-fraction",
-        type=float,
-        default=0.0,
-        help="share of Pollux jobs whose global batch adapts to each allocation (default 0: every batch fixed)",
-    )
+    parser.add_argument("--adaptive-fraction", type=float, default=0.0, help="share of jobs whose batch adapts")
     parser.add_argument(
         "--format", choices=("auto", "pollux", "philly"), default="auto", help="workload format (by header)"
     )

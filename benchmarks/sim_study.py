@@ -355,7 +355,7 @@ GOODPUT_ABLATION: tuple[tuple[str, tuple[tuple[str, object], ...], SimConfig], .
     ("defaults", (), SimConfig()),
     ("Pollux's fairness exponent (fairness=-1)", (("fairness", -1.0),), SimConfig()),
     ("no LAS weight (service_weight=0)", (("service_weight", 0.0),), SimConfig()),
-    ("placement on the most free nodes (pack=false)", (("pack", False),), SimConfig()),
+    ("packed placements with moves, a simulator-only what-if (pack=true)", (("pack", True),), SimConfig()),
     ("no look-ahead over dips (lookahead=1)", (("lookahead", 1),), SimConfig()),
     (
         "the artifact's stop-resume (30 s per resize, no lag)",

@@ -4,17 +4,23 @@ The objective, after Pollux (OSDI 2021): with ``s_j(w)`` job ``j``'s speedup at 
 measured in *goodput* (throughput x statistical efficiency) for a job with an adaptive batch and in throughput
 otherwise, the policy maximises
 
-    sum_j U(s_j(w_j)),   U(s) = s^p / p  (p < 0: fairness; p -> 0: log s; p = 1: the plain sum of speedups),
+    sum_j v_j U(s_j(w_j)),   U(s) = s^p / p  (p < 0: fairness; p -> 0: log s; p = 1: the plain sum of speedups),
 
-with ``p`` = ``fairness`` (Pollux's fairness exponent; -1 by default). ``U`` is concave, so GPUs handed out one
-worker at a time to the largest marginal ``U`` gain per GPU maximise it for concave speedups (the greedy is exact
-for separable concave objectives); a heap keeps that at O(GPUs x log jobs).
+with ``p`` = ``fairness`` (0.5 by default; Pollux's is -1) and ``v_j = (1 + attained_j / service_scale_gpu_s) **
+-service_weight`` a weight that falls with the job's attained service (Tiresias's least-attained-service idea put
+into the objective: without knowing how long jobs run, favouring those that ran least lowers the mean JCT). ``U``
+is concave, so GPUs handed out one worker at a time to the largest weighted marginal gain per GPU maximise it for
+concave speedups (the greedy is exact for separable concave objectives); a heap keeps that at O(GPUs x log jobs).
+Where one more worker is not worth ``min_gain`` (a table that dips, e.g. where a job spills onto a second node),
+the policy looks up to ``lookahead`` workers ahead and may grant the jump at once (the concave hull).
 
 Admission is 2D-LAS (Tiresias): jobs in order of attained-service queue (``thresholds_gpu_s``; within a queue
 first come, first served) get their minimum size (a regular job its size) while GPUs remain; running jobs that no
 longer fit are preempted. This runtime's resizes are cheap (a step-boundary switch, no restart), so a running job's
 size is not frozen, only favoured: the workers it holds count ``1 + keep_bonus`` times in the greedy, and a worker
-is only given when it adds at least ``min_gain`` of a worker's worth of speed.
+is only given when it adds at least ``min_gain`` of a worker's worth of speed. With ``pack`` (off by default) the
+placements go on as few nodes as possible, moving a growing job onto one node when one holds it: a what-if for the
+simulator, since the daemon leaves node choice to Slurm.
 
 For adaptive jobs, :class:`GoodputModel` turns the runtime's report (the noise scale and the measured step times,
 ``slurm_amoeba.runtime.adaptive``) into goodput per size and the batch to use there (:meth:`GoodputModel.best`);
@@ -172,15 +178,21 @@ class GoodputPolicy:
     """LAS admission at minimum sizes, then GPUs to the largest gain in the sum of fair speedups.
 
     Attributes:
-        fairness: the exponent ``p`` of the utility ``s^p / p`` (Pollux's; -1 by default, 1 = plain sum of
+        fairness: the exponent ``p`` of the utility ``s^p / p`` (0.5 by default; Pollux's is -1, 1 = plain sum of
             speedups, 0 = sum of logs).
         thresholds_gpu_s: attained GPU-seconds at which a job drops to the next LAS queue (ascending).
         keep_bonus: a running job's held workers count this much more in the greedy (resizes are cheap here,
             but not free).
         min_gain: a worker goes to a job only if it adds at least this fraction of a worker's speed at the job's
             minimum size.
+        service_weight: how fast a job's weight falls with attained service (0: every job weighs the same).
+        service_scale_gpu_s: the attained GPU-seconds at which the weight is ``2 ** -service_weight``.
+        pack: place on as few nodes as possible (:func:`realize_packed`; the daemon does not place, Slurm does);
+            ``False`` uses the shared rule of every policy (most free nodes first).
+        lookahead: how many workers ahead a jump over a dip in a job's table may reach.
         name: ``"goodput"``.
-        decides_on_events_only: ``False``: the LAS queues change with attained service.
+        decides_on_events_only: ``False``: the weights move with attained service and adaptive jobs' tables with
+            their epochs, so it is asked at every interval (it declares no service thresholds).
     """
 
     fairness: float = 0.5
@@ -189,7 +201,7 @@ class GoodputPolicy:
     min_gain: float = 0.05
     service_weight: float = 0.5
     service_scale_gpu_s: float = 4 * 3600.0
-    pack: bool = True
+    pack: bool = False
     lookahead: int = 8
     name: str = dataclasses.field(default="goodput", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
@@ -202,6 +214,8 @@ class GoodputPolicy:
             raise PolicyError(f"thresholds_gpu_s={thresholds} must be positive and ascending")
         if self.service_scale_gpu_s <= 0:
             raise PolicyError(f"service_scale_gpu_s={self.service_scale_gpu_s} must be positive")
+        if self.lookahead < 1:
+            raise PolicyError(f"lookahead={self.lookahead} must be at least 1 (1: one worker at a time)")
         if self.keep_bonus < 0 or self.min_gain < 0 or self.service_weight < 0:
             raise PolicyError(
                 f"keep_bonus={self.keep_bonus}, min_gain={self.min_gain} and service_weight={self.service_weight} "

@@ -125,12 +125,12 @@ def test_packing_puts_a_job_on_the_fullest_node_that_holds_it_and_a_grown_job_mo
     flat = dict.fromkeys(range(1, 5), 1.0)
     fixed = job("fixed", 2, placement={"n0": 2})  # leaves n0 with 2 free; n1 and n2 have 4
     newcomer = job("new", 2, throughput=flat, submit=1.0)
-    decided = GoodputPolicy().decide(snapshot([4, 4, 4], [fixed, newcomer]), now=0.0)
+    decided = GoodputPolicy(pack=True).decide(snapshot([4, 4, 4], [fixed, newcomer]), now=0.0)
     assert [(d.job_id, d.placement) for d in decided] == [("new", {"n0": 2})], "best fit, not the emptiest node"
     linear = {w: float(w) for w in range(1, 5)}
     split = job("split", 2, low=1, high=4, placement={"n0": 1, "n1": 1}, throughput=linear)
     nodes = snapshot([4, 4, 4], [split])
-    grown = GoodputPolicy(fairness=1.0).decide(nodes, now=0.0)
+    grown = GoodputPolicy(fairness=1.0, pack=True).decide(nodes, now=0.0)
     assert [(d.workers, len(d.placement)) for d in grown] == [(4, 1)], "4 workers fit on one node: no spread"
     check_decisions(nodes, grown)
     spread = GoodputPolicy(fairness=1.0, pack=False).decide(nodes, now=0.0)

@@ -288,6 +288,7 @@ GOODPUT_ROWS: tuple[tuple[str, str, float, float], ...] = (
     ("slurm (baseline)", "slurm", 0.0, 0.0),
     ("tiresias", "tiresias", 0.0, 0.0),
     ("goodput, fixed batches", "goodput", 0.0, 1.0),
+    ("goodput, half the batches adaptive", "goodput", 0.5, 1.0),
     ("goodput, adaptive batches", "goodput", 1.0, 1.0),
 )
 

@@ -11,6 +11,8 @@
 - *Default*: the daemon's default on top of the ``slurm`` baseline against the baseline alone, per workload family
   and load (avg and p99 JCT, workloads that lose), the rigid jobs' wait when half the jobs are elastic, and the
   what-if of a queue in 2D-LAS order.
+- *Goodput*: the goodput policy with adaptive batches (``sim/adaptive.py``) and with fixed ones beside the
+  artifact's Pollux, Tiresias and the ``slurm`` baseline at every load (avg and p99 JCT, makespan).
 - *Speed*: all workloads x all policies at 1.0x, FIFO over the full ``philly.csv``, and one decision of each policy
   on a snapshot of 1,000 nodes x 8 GPUs and 2,000 jobs.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -39,6 +42,7 @@ from slurm_amoeba.sim.engine import (
     Simulator,
     trace_models,
 )
+from slurm_amoeba.sim.metrics import percentile
 from slurm_amoeba.sim.report import plot
 from slurm_amoeba.sim.runner import RunOutcome, RunSpec, load_jobs, run_many
 from slurm_amoeba.sim.workload import load_pollux_workload
@@ -59,6 +63,7 @@ class Variant:
     grow_lag: float
     elastic_fraction: float = 1.0
     knobs: tuple[tuple[str, object], ...] = ()
+    adaptive_fraction: float = 0.0
 
     @property
     def setting(self) -> str:
@@ -138,6 +143,8 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
             Variant("sjf-ffs", "sjf-ffs", cost, lag, 0.0),
             Variant("srtf (oracle)", "srtf", cost, lag, 0.0),
             Variant("fifo", "fifo", cost, lag, 0.0),
+            Variant("goodput, fixed batches", "goodput", cost, lag),
+            Variant("goodput, adaptive batches", "goodput", cost, lag, adaptive_fraction=1.0),
         ]
     specs = [
         RunSpec(
@@ -146,6 +153,7 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
             SimConfig(resize_cost=v.resize_cost, grow_lag=v.grow_lag),
             elastic_fraction=v.elastic_fraction,
             knobs=v.knobs,
+            adaptive_fraction=v.adaptive_fraction,
         )
         for v in variants
         for path in files
@@ -190,6 +198,7 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
             for variant, start in zip(variants, range(0, len(outcomes), len(files)), strict=True)
             if variant.grow_lag > 0
             and variant.label not in ("backfill without elastic jobs", "slurm + elastic backfill")
+            and variant.policy != "goodput"  # the figure of docs/simulator.md predates it; see its Goodput section
             for outcome in outcomes[start : start + len(files)]
         ]
         title = (
@@ -273,6 +282,107 @@ def default_policy(processes: int | None) -> str:
 
 #: Jobs of philly.csv in the rigid family's run.
 PHILLY_RIGID = 2000
+
+#: The goodput study's rows: label, policy, share of adaptive jobs, share of elastic jobs (runtime resize setting).
+GOODPUT_ROWS: tuple[tuple[str, str, float, float], ...] = (
+    ("slurm (baseline)", "slurm", 0.0, 0.0),
+    ("tiresias", "tiresias", 0.0, 0.0),
+    ("goodput, fixed batches", "goodput", 0.0, 1.0),
+    ("goodput, half the batches adaptive", "goodput", 0.5, 1.0),
+    ("goodput, adaptive batches", "goodput", 1.0, 1.0),
+)
+
+
+def _artifact_figures(load: str, files: Sequence[Path]) -> tuple[list[float], list[float], list[float]]:
+    """The artifact's Pollux per workload: average JCT, p99 JCT and makespan (s), from its per-job JCTs."""
+    jcts = _reference("pollux", load)["jcts"]
+    assert isinstance(jcts, dict)
+    avgs, p99s, spans = [], [], []
+    for path in files:
+        per_job = {str(name): float(value) for name, value in jcts[path.stem].items()}
+        submits = {job.name: job.submit_time for job in load_pollux_workload(path)}
+        values = sorted(per_job.values())
+        avgs.append(sum(values) / len(values))
+        p99s.append(percentile(values, 0.99))
+        spans.append(max(submits[name] + jct for name, jct in per_job.items()) - min(submits.values()))
+    return avgs, p99s, spans
+
+
+def goodput_study(processes: int | None) -> str:
+    """Markdown: the goodput policy beside Pollux's artifact result, Tiresias and the ``slurm`` baseline, per load.
+
+    Every row runs the runtime's resize setting (``RUNTIME_RESIZE_COST_S`` per resize, ``RUNTIME_GROW_LAG_S`` lag,
+    30 s per start or resume); the artifact's Pollux paid 30 s for every reallocation. Means over the 8 workloads
+    of a load, with the range over workloads.
+    """
+    lines = [
+        "| load | row | mean avg JCT h [min..max] | vs Pollux (artifact) | p99 JCT h | makespan h | resizes / wl |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for load in LOADS:
+        files = _workloads(load)
+        specs = [
+            RunSpec(policy, path, SimConfig(), elastic_fraction=elastic, adaptive_fraction=adaptive)
+            for _, policy, adaptive, elastic in GOODPUT_ROWS
+            for path in files
+        ]
+        outcomes = run_many(specs, processes)
+        avgs, p99s, spans = _artifact_figures(load, files)
+        pollux = sum(avgs) / len(avgs)
+        rows = [("Pollux (artifact, 30 s per reallocation)", avgs, p99s, spans, math.nan)]
+        for index, (label, *_rest) in enumerate(GOODPUT_ROWS):
+            runs = outcomes[index * len(files) : (index + 1) * len(files)]
+            rows.append(
+                (
+                    label,
+                    [run.summary["avg_jct_s"] for run in runs],
+                    [run.summary["p99_jct_s"] for run in runs],
+                    [run.summary["makespan_s"] for run in runs],
+                    sum(run.summary["resizes"] for run in runs) / len(runs),
+                )
+            )
+        for label, row_avgs, row_p99, row_span, resizes in rows:
+            mean = sum(row_avgs) / len(row_avgs)
+            lines.append(
+                f"| {load}x | {label} | {mean / 3600:.3f} [{min(row_avgs) / 3600:.3f}..{max(row_avgs) / 3600:.3f}] | "
+                f"{100 * (mean / pollux - 1):+.1f}% | {sum(row_p99) / len(row_p99) / 3600:.2f} | "
+                f"{sum(row_span) / len(row_span) / 3600:.2f} | {'-' if math.isnan(resizes) else f'{resizes:.0f}'} |"
+            )
+    return "\n".join(lines) + "\n\n" + goodput_ablation(processes)
+
+
+#: One setting changed at a time from the goodput policy's defaults (1.0x, adaptive batches): label, knobs, config.
+GOODPUT_ABLATION: tuple[tuple[str, tuple[tuple[str, object], ...], SimConfig], ...] = (
+    ("defaults", (), SimConfig()),
+    ("Pollux's fairness exponent (fairness=-1)", (("fairness", -1.0),), SimConfig()),
+    ("no LAS weight (service_weight=0)", (("service_weight", 0.0),), SimConfig()),
+    ("packed placements with moves, a simulator-only what-if (pack=true)", (("pack", True),), SimConfig()),
+    ("no look-ahead over dips (lookahead=1)", (("lookahead", 1),), SimConfig()),
+    (
+        "the artifact's stop-resume (30 s per resize, no lag)",
+        (),
+        SimConfig(resize_cost=ARTIFACT_RESTART_COST_S, grow_lag=0.0),
+    ),
+)
+
+
+def goodput_ablation(processes: int | None) -> str:
+    """Markdown: the goodput policy at 1.0x with adaptive batches, one default changed at a time."""
+    files = _workloads("1.0")
+    specs = [
+        RunSpec("goodput", path, config, knobs=knobs, adaptive_fraction=1.0)
+        for _, knobs, config in GOODPUT_ABLATION
+        for path in files
+    ]
+    outcomes = run_many(specs, processes)
+    pollux = sum(_artifact_figures("1.0", files)[0]) / len(files)
+    lines = ["| 1.0x, adaptive batches | mean avg JCT h | vs Pollux (artifact) | p99 JCT h |", "|---|---|---|---|"]
+    for index, (label, _, _) in enumerate(GOODPUT_ABLATION):
+        runs = outcomes[index * len(files) : (index + 1) * len(files)]
+        mean = _mean_jct(runs)
+        p99 = sum(run.summary["p99_jct_s"] for run in runs) / len(runs)
+        lines.append(f"| {label} | {mean / 3600:.3f} | {100 * (mean / pollux - 1):+.1f}% | {p99 / 3600:.2f} |")
+    return "\n".join(lines)
 
 
 def _cpu_seconds() -> float:
@@ -383,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the document's tables as Markdown; write the plot.
 
     Args:
-        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|speed]``.
+        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|goodput|speed]``.
 
     Returns:
         0.
@@ -392,12 +502,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("docs/img/sim-jobload-1.0.png"))
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--no-philly", action="store_true", help="skip the (one-minute) Philly speed run")
-    parser.add_argument("--only", choices=("fidelity", "claims", "default", "speed"), default=None)
+    parser.add_argument("--only", choices=("fidelity", "claims", "default", "goodput", "speed"), default=None)
     args = parser.parse_args(argv)
     sections: dict[str, Callable[[], str]] = {
         "fidelity": lambda: fidelity(args.processes),
         "claims": lambda: claims(args.processes, args.plot),
         "default": lambda: default_policy(args.processes),
+        "goodput": lambda: goodput_study(args.processes),
         "speed": lambda: speed(args.processes, not args.no_philly),
     }
     for name, section in sections.items():

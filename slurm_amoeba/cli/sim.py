@@ -112,6 +112,7 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         default=2.0,
         help="a range runs from requested/F to requested*F workers (default 2)",
     )
+    parser.add_argument("--adaptive-fraction", type=float, default=0.0, help="share of jobs whose batch adapts")
     parser.add_argument(
         "--format", choices=("auto", "pollux", "philly"), default="auto", help="workload format (by header)"
     )
@@ -310,6 +311,7 @@ def _common_spec(
         trace_format=args.format,
         elastic_fraction=args.elastic_fraction,
         elastic_factor=args.elastic_factor,
+        adaptive_fraction=args.adaptive_fraction,
         philly_limit=args.limit,
         knobs=knobs,
     )

@@ -4,17 +4,23 @@ The objective, after Pollux (OSDI 2021): with ``s_j(w)`` job ``j``'s speedup at 
 measured in *goodput* (throughput x statistical efficiency) for a job with an adaptive batch and in throughput
 otherwise, the policy maximises
 
-    sum_j U(s_j(w_j)),   U(s) = s^p / p  (p < 0: fairness; p -> 0: log s; p = 1: the plain sum of speedups),
+    sum_j v_j U(s_j(w_j)),   U(s) = s^p / p  (p < 0: fairness; p -> 0: log s; p = 1: the plain sum of speedups),
 
-with ``p`` = ``fairness`` (Pollux's fairness exponent; -1 by default). ``U`` is concave, so GPUs handed out one
-worker at a time to the largest marginal ``U`` gain per GPU maximise it for concave speedups (the greedy is exact
-for separable concave objectives); a heap keeps that at O(GPUs x log jobs).
+with ``p`` = ``fairness`` (0.5 by default; Pollux's is -1) and ``v_j = (1 + attained_j / service_scale_gpu_s) **
+-service_weight`` a weight that falls with the job's attained service (Tiresias's least-attained-service idea put
+into the objective: without knowing how long jobs run, favouring those that ran least lowers the mean JCT). ``U``
+is concave, so GPUs handed out one worker at a time to the largest weighted marginal gain per GPU maximise it for
+concave speedups (the greedy is exact for separable concave objectives); a heap keeps that at O(GPUs x log jobs).
+Where one more worker is not worth ``min_gain`` (a table that dips, e.g. where a job spills onto a second node),
+the policy looks up to ``lookahead`` workers ahead and may grant the jump at once (the concave hull).
 
 Admission is 2D-LAS (Tiresias): jobs in order of attained-service queue (``thresholds_gpu_s``; within a queue
 first come, first served) get their minimum size (a regular job its size) while GPUs remain; running jobs that no
 longer fit are preempted. This runtime's resizes are cheap (a step-boundary switch, no restart), so a running job's
 size is not frozen, only favoured: the workers it holds count ``1 + keep_bonus`` times in the greedy, and a worker
-is only given when it adds at least ``min_gain`` of a worker's worth of speed.
+is only given when it adds at least ``min_gain`` of a worker's worth of speed. With ``pack`` (off by default) the
+placements go on as few nodes as possible, moving a growing job onto one node when one holds it: a what-if for the
+simulator, since the daemon leaves node choice to Slurm.
 
 For adaptive jobs, :class:`GoodputModel` turns the runtime's report (the noise scale and the measured step times,
 ``slurm_amoeba.runtime.adaptive``) into goodput per size and the batch to use there (:meth:`GoodputModel.best`);
@@ -28,10 +34,10 @@ import bisect
 import dataclasses
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from slurm_amoeba.policy.common import base_size, managed_capacity, realize
+from slurm_amoeba.policy.common import base_size, managed_capacity, realize, shrink_placement
 from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Attained GPU-seconds at which a job drops to the next LAS queue (1 and 16 GPU-hours).
@@ -172,21 +178,31 @@ class GoodputPolicy:
     """LAS admission at minimum sizes, then GPUs to the largest gain in the sum of fair speedups.
 
     Attributes:
-        fairness: the exponent ``p`` of the utility ``s^p / p`` (Pollux's; -1 by default, 1 = plain sum of
+        fairness: the exponent ``p`` of the utility ``s^p / p`` (0.5 by default; Pollux's is -1, 1 = plain sum of
             speedups, 0 = sum of logs).
         thresholds_gpu_s: attained GPU-seconds at which a job drops to the next LAS queue (ascending).
         keep_bonus: a running job's held workers count this much more in the greedy (resizes are cheap here,
             but not free).
         min_gain: a worker goes to a job only if it adds at least this fraction of a worker's speed at the job's
             minimum size.
+        service_weight: how fast a job's weight falls with attained service (0: every job weighs the same).
+        service_scale_gpu_s: the attained GPU-seconds at which the weight is ``2 ** -service_weight``.
+        pack: place on as few nodes as possible (:func:`realize_packed`; the daemon does not place, Slurm does);
+            ``False`` uses the shared rule of every policy (most free nodes first).
+        lookahead: how many workers ahead a jump over a dip in a job's table may reach.
         name: ``"goodput"``.
-        decides_on_events_only: ``False``: the LAS queues change with attained service.
+        decides_on_events_only: ``False``: the weights move with attained service and adaptive jobs' tables with
+            their epochs, so it is asked at every interval (it declares no service thresholds).
     """
 
-    fairness: float = -1.0
+    fairness: float = 0.5
     thresholds_gpu_s: tuple[float, ...] = DEFAULT_THRESHOLDS_GPU_S
     keep_bonus: float = 0.1
     min_gain: float = 0.05
+    service_weight: float = 0.5
+    service_scale_gpu_s: float = 4 * 3600.0
+    pack: bool = False
+    lookahead: int = 8
     name: str = dataclasses.field(default="goodput", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
 
@@ -196,13 +212,15 @@ class GoodputPolicy:
         thresholds = tuple(self.thresholds_gpu_s)
         if any(t <= 0 for t in thresholds) or list(thresholds) != sorted(thresholds):
             raise PolicyError(f"thresholds_gpu_s={thresholds} must be positive and ascending")
-        if self.keep_bonus < 0 or self.min_gain < 0:
-            raise PolicyError(f"keep_bonus={self.keep_bonus} and min_gain={self.min_gain} must be 0 or more")
-
-    @property
-    def service_thresholds(self) -> tuple[float, ...]:
-        """The attained services at which a job's LAS queue changes."""
-        return tuple(self.thresholds_gpu_s)
+        if self.service_scale_gpu_s <= 0:
+            raise PolicyError(f"service_scale_gpu_s={self.service_scale_gpu_s} must be positive")
+        if self.lookahead < 1:
+            raise PolicyError(f"lookahead={self.lookahead} must be at least 1 (1: one worker at a time)")
+        if self.keep_bonus < 0 or self.min_gain < 0 or self.service_weight < 0:
+            raise PolicyError(
+                f"keep_bonus={self.keep_bonus}, min_gain={self.min_gain} and service_weight={self.service_weight} "
+                "must be 0 or more"
+            )
 
     def queue_key(self, job: JobInfo) -> tuple[float | str, ...]:
         """The job's place in LAS order: queue, then first come, first served."""
@@ -234,47 +252,218 @@ class GoodputPolicy:
         targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
         by_id = {job.job_id: job for job in snapshot.jobs}
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
+        if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
+            return realize_packed(snapshot, targets, admitted, reasons)
         return realize(snapshot, targets, admitted, reasons)
 
-    def _gain(self, job: JobInfo, size: int, base: float) -> float | None:
-        """The utility gained per GPU by one more worker at ``size``, or ``None`` when it is not worth one."""
-        now = job.rate(size)
-        nxt = job.rate(size + 1)
+    def _weight(self, job: JobInfo) -> float:
+        """How much a job's utility counts: ``(1 + attained / service_scale) ** -service_weight`` (LAS-like)."""
+        if self.service_weight == 0:
+            return 1.0
+        return float((1.0 + job.attained_service / self.service_scale_gpu_s) ** -self.service_weight)
+
+    def _gain(self, job: JobInfo, size: int, base: float, weight: float = 1.0) -> float | None:
+        """The utility gained per GPU by one more worker at ``size``, or ``None`` when it is not worth one.
+
+        The hot spot of a decision (thousands of calls on a large cluster): the table is read directly, the
+        interpolation of ``JobInfo.rate`` only used for sizes the table lacks.
+        """
+        return self._step_gain(job, size, size + 1, base, weight)
+
+    def _step_gain(self, job: JobInfo, size: int, to: int, base: float, weight: float) -> float | None:
+        """The utility gained per GPU from ``size`` to ``to`` workers, or ``None`` below ``min_gain`` a worker."""
+        table = job.throughput
+        now = table.get(size)
+        if now is None:
+            now = job.rate(size)
+        nxt = table.get(to)
+        if nxt is None:
+            nxt = job.rate(to)
+        step = to - size
         if now is None or nxt is None or base <= 0:
-            now, nxt, base = float(size), float(size + 1), float(job.min_workers)  # unknown: linear scaling
-        if (nxt - now) / (base / job.min_workers) < self.min_gain:
+            now, nxt, base = float(size), float(to), float(job.min_workers)  # unknown: linear scaling
+        if (nxt - now) * job.min_workers < self.min_gain * base * step:
             return None
-        gain = (_utility(nxt / base, self.fairness) - _utility(now / base, self.fairness)) / job.gpus_per_worker
-        if job.state is JobPhase.RUNNING and size < job.workers:
+        fairness = self.fairness
+        if now > 0 and fairness != 0:
+            utility = float((nxt / base) ** fairness - (now / base) ** fairness) / fairness
+        else:
+            utility = _utility(nxt / base, fairness) - _utility(now / base, fairness)
+        gain = weight * utility / (job.gpus_per_worker * step)
+        if size < job.workers and job.state is JobPhase.RUNNING:
             gain *= 1.0 + self.keep_bonus
         return gain
 
+    def _next(self, job: JobInfo, size: int, base: float, weight: float) -> tuple[float, int] | None:
+        """The best gain per GPU from ``size`` and the workers it takes: one more, or when one more is not worth it
+        (a table that dips, e.g. where a job spills onto a second node), a jump of up to ``lookahead`` workers."""
+        if size >= job.max_workers:
+            return None
+        one = self._step_gain(job, size, size + 1, base, weight)
+        if one is not None:
+            return one, 1
+        best: tuple[float, int] | None = None
+        for to in range(size + 2, min(job.max_workers, size + self.lookahead) + 1):
+            gain = self._step_gain(job, size, to, base, weight)
+            if gain is not None and (best is None or gain > best[0]):
+                best = (gain, to - size)
+        return best
+
     def _grow(self, jobs: Sequence[JobInfo], sizes: dict[str, int], spare: int) -> None:
-        heap: list[tuple[float, int, JobInfo, float]] = []
+        heap: list[tuple[float, int, int, JobInfo, float, float]] = []
         for index, job in enumerate(jobs):
             size = sizes[job.job_id]
             if not job.is_resizable or size >= job.max_workers:
                 continue
             base = job.rate(job.min_workers) or 0.0
-            first = self._gain(job, size, base)
+            weight = self._weight(job)
+            first = self._next(job, size, base, weight)
             if first is not None:
-                heap.append((-first, index, job, base))
+                heap.append((-first[0], index, first[1], job, base, weight))
         heapq.heapify(heap)
         while heap and spare > 0:
-            _, index, job, base = heapq.heappop(heap)
+            _, index, step, job, base, weight = heapq.heappop(heap)
             runner_up = -heap[0][0] if heap else -math.inf
             size = sizes[job.job_id]
-            gain: float | None = 0.0
-            # The job keeps the next worker too while its gain stays ahead of every other job's (fewer heap moves).
-            while spare >= job.gpus_per_worker:
-                size += 1
-                spare -= job.gpus_per_worker
-                gain = self._gain(job, size, base) if size < job.max_workers else None
-                if gain is None or gain < runner_up:
+            found: tuple[float, int] | None = None
+            # The job keeps the next workers too while its gain stays ahead of every other job's (fewer heap moves).
+            while spare >= step * job.gpus_per_worker:
+                size += step
+                spare -= step * job.gpus_per_worker
+                found = self._next(job, size, base, weight)
+                if found is None or found[0] < runner_up:
                     break
+                step = found[1]
             sizes[job.job_id] = size
-            if gain is not None and spare >= job.gpus_per_worker:
-                heapq.heappush(heap, (-gain, index, job, base))
+            if found is not None and spare >= found[1] * job.gpus_per_worker:
+                heapq.heappush(heap, (-found[0], index, found[1], job, base, weight))
+
+
+class _Packer:
+    """Free GPUs per node, bucketed by count, for placements on as few nodes as possible (best fit).
+
+    A job's speed on several nodes is far below its speed on one (all-reduce across nodes; the Pollux traces show
+    8 workers on two nodes slower than 4 on one for some applications), and the rate tables the policy reads are for
+    the fewest nodes, so the goodput policy packs: a job that fits in a node goes to the fullest node that holds it,
+    a larger one takes the emptiest nodes whole and puts its rest by best fit. Each lookup costs O(GPUs per node).
+    """
+
+    def __init__(self, free: Mapping[str, int], top: int) -> None:
+        self.free = dict(free)
+        self.top = max(top, *self.free.values()) if self.free else top
+        self._buckets: list[dict[str, None]] = [{} for _ in range(self.top + 1)]
+        for name, count in self.free.items():
+            self._buckets[count][name] = None
+
+    def change(self, name: str, delta: int) -> None:
+        """Add ``delta`` free GPUs to a node (negative: take them)."""
+        del self._buckets[self.free[name]][name]
+        self.free[name] += delta
+        self._buckets[self.free[name]][name] = None
+
+    def best_fit(self, gpus: int, avoid: Collection[str] = ()) -> str | None:
+        """The node with the fewest free GPUs that still holds ``gpus`` (not one of ``avoid``), or ``None``."""
+        for count in range(max(gpus, 1), self.top + 1):
+            for name in self._buckets[count]:
+                if name not in avoid:
+                    return name
+        return None
+
+    def place(self, workers: int, gpus_per_worker: int, avoid: Collection[str] = ()) -> dict[str, int] | None:
+        """Place workers on as few nodes as possible and take their GPUs; ``None`` (nothing taken) if they don't fit."""
+        placement: dict[str, int] = {}
+        need = workers
+        while need > 0:
+            name = self.best_fit(need * gpus_per_worker, avoid)
+            if name is not None:
+                placement[name] = placement.get(name, 0) + need
+                self.change(name, -need * gpus_per_worker)
+                need = 0
+                break
+            name = next(
+                (
+                    n
+                    for count in range(self.top, gpus_per_worker - 1, -1)
+                    for n in self._buckets[count]
+                    if n not in avoid
+                ),
+                None,
+            )
+            if name is None:
+                break
+            take = min(self.free[name] // gpus_per_worker, need)
+            placement[name] = placement.get(name, 0) + take
+            self.change(name, -take * gpus_per_worker)
+            need -= take
+        if need > 0:
+            for name, count in placement.items():
+                self.change(name, count * gpus_per_worker)
+            return None
+        return placement
+
+    def grow(self, job: JobInfo, target: int) -> dict[str, int] | None:
+        """The job's placement at ``target`` workers: on one node if any holds it (moving there), else its own
+        nodes first and the rest packed; ``None`` when it does not fit. The GPUs it leaves stay taken this round."""
+        per = job.gpus_per_worker
+        if target * per <= self.top:
+            for name, held in job.placement.items():
+                if self.free.get(name, 0) >= (target - held) * per:
+                    self.change(name, -(target - held) * per)
+                    return {name: target}
+            if len(job.placement) > 0:
+                other = self.best_fit(target * per, avoid=job.placement)
+                if other is not None:
+                    self.change(other, -target * per)
+                    return {other: target}
+        own: dict[str, int] = dict(job.placement)
+        need = target - job.workers
+        for name in job.placement:
+            take = min(self.free.get(name, 0) // per, need)
+            if take > 0:
+                own[name] += take
+                self.change(name, -take * per)
+                need -= take
+        more = self.place(need, per) if need > 0 else {}
+        if more is None:
+            for name, count in own.items():
+                self.change(name, -(job.placement[name] - count) * per)
+            return None
+        for name, count in more.items():
+            own[name] = own.get(name, 0) + count
+        return own
+
+
+def realize_packed(
+    snapshot: Snapshot, targets: Mapping[str, int], order: Sequence[JobInfo], reasons: Mapping[str, str]
+) -> list[Decision]:
+    """:func:`~slurm_amoeba.policy.common.realize` with placements on as few nodes as possible (:class:`_Packer`).
+
+    Shrinks and preemptions free their GPUs first; growth and starts follow ``order``. A grown job may move to one
+    node that holds all of it (a resize in this runtime: the new workers join, the old ones leave at a step
+    boundary); the GPUs it leaves are not reused in the same round, so every decision fits whatever order the
+    executor applies them in. Sharing jobs are not handled here: the caller uses ``realize`` when any job shares.
+    """
+    packer = _Packer(snapshot.free_by_node(), max((node.gpus_total for node in snapshot.nodes), default=0))
+    by_id = {job.job_id: job for job in snapshot.jobs}
+    decisions: list[Decision] = []
+    for job_id, target in targets.items():
+        job = by_id[job_id]
+        if job.state is not JobPhase.RUNNING or target >= job.workers:
+            continue
+        new = shrink_placement(job.placement, job.workers - target) if target else {}
+        for name, count in job.placement.items():
+            if name in packer.free:
+                packer.change(name, (count - new.get(name, 0)) * job.gpus_per_worker)
+        decisions.append(Decision(job_id, target, new, reasons.get(job_id, "")))
+    for job in order:
+        target = targets.get(job.job_id, job.workers)
+        if target <= job.workers:
+            continue
+        running = job.state is JobPhase.RUNNING
+        grown = packer.grow(job, target) if running else packer.place(target, job.gpus_per_worker)
+        if grown is not None:
+            decisions.append(Decision(job.job_id, target, grown, reasons.get(job.job_id, "")))
+    return decisions
 
 
 def _reason(job: JobInfo, size: int) -> str:

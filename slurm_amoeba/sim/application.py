@@ -265,6 +265,18 @@ class Application:
         cached = self._gain_cache.get(key)
         if cached is not None:
             return cached
+        sqr, var = self.grad_stats(batch_size, epoch)
+        scale = batch_size / self.init_batch
+        result = (var + sqr) / (var / scale + sqr)
+        self._gain_cache[key] = result
+        return result
+
+    def grad_stats(self, batch_size: int, epoch: int) -> tuple[float, float]:
+        """``(grad_sqr, grad_var)`` of an epoch at a global batch, interpolated between the nearest validated runs.
+
+        Raises:
+            SimError: the batch lies outside the validated range.
+        """
         if not self.init_batch <= batch_size <= self.max_batch:
             raise SimError(
                 f"application {self.name}: global batch {batch_size} lies outside the validated range "
@@ -276,12 +288,11 @@ class Application:
         sqr_hi, var_hi = self._validation[high].grad_sqr[epoch], self._validation[high].grad_var[epoch]
         sqr_lo, var_lo = self._validation[low].grad_sqr[epoch], self._validation[low].grad_var[epoch]
         frac = 0.0 if high == low else (batch_size - low) / (high - low)
-        sqr = sqr_lo + frac * (sqr_hi - sqr_lo)
-        var = var_lo + frac * (var_hi - var_lo)
-        scale = batch_size / self.init_batch
-        result = (var + sqr) / (var / scale + sqr)
-        self._gain_cache[key] = result
-        return result
+        return sqr_lo + frac * (sqr_hi - sqr_lo), var_lo + frac * (var_hi - var_lo)
+
+    def measured_local_batches(self) -> list[int]:
+        """Every local batch measured on some placement, ascending (where step time bends)."""
+        return sorted({int(point[0]) for curve in self._placements.values() for point in curve})
 
     def rate(self, placement: tuple[int, ...], batch_size: int, epoch: int, max_local: int | None = None) -> float:
         """Progress per second of a job with a fixed global batch on a placement during an epoch.

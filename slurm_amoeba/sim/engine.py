@@ -198,6 +198,15 @@ class WorkModel:
             self._linear[(low, high)] = table
         return table
 
+    # -- adaptive batch (sim/adaptive.py overrides these) ------------------------------------------------------
+
+    #: Whether :meth:`table` changes from epoch to epoch (an adaptive job's goodput does).
+    varies_by_epoch = False
+
+    def table(self, low: int, high: int, epoch: int) -> dict[int, float]:
+        """The rate table the policy sees in ``epoch`` (``JobInfo.throughput``): :meth:`speedups` by default."""
+        return self.speedups(low, high)
+
     def remaining_seconds(self, epoch: int, progress: float) -> float:
         """Seconds left at the requested size from ``progress`` in ``epoch`` (the oracle)."""
         left = self.epoch_ends[-1] - progress
@@ -225,7 +234,7 @@ class TraceWorkModel(WorkModel):
         self._shared_local = max(1, app.max_local_batch // 2)
         compact = self._compact(requested)
         # Seconds to finish epochs 0..e-1 at the requested size, and the speed in each epoch.
-        self._req_rate = [app.rate(compact, batch_size, epoch) for epoch in range(len(self.epoch_ends))]
+        self._req_rate = [self.rate(compact, epoch, False) for epoch in range(len(self.epoch_ends))]
         self._cum = [0.0]
         previous = 0.0
         for end, speed in zip(self.epoch_ends, self._req_rate, strict=True):
@@ -247,7 +256,7 @@ class TraceWorkModel(WorkModel):
         cached = self._speedups.get(key)
         if cached is None:
             base = self._req_rate[0]
-            cached = {size: self._app.rate(self._compact(size), self._batch, 0) / base for size in range(low, high + 1)}
+            cached = {size: self.rate(self._compact(size), 0, False) / base for size in range(low, high + 1)}
             self._speedups[key] = cached
         return cached
 
@@ -414,7 +423,7 @@ def _job_info(job: _Job) -> JobInfo:
         max_workers=spec.max_workers,
         workers=job.workers,
         placement=job.placement,
-        throughput=job.model.speedups(spec.min_workers, spec.max_workers),
+        throughput=job.model.table(spec.min_workers, spec.max_workers, job.epoch),
         remaining_work=job.model.remaining_seconds(job.epoch, job.progress),
         attained_service=job.attained,
         executed_time=job.executed,
@@ -826,6 +835,8 @@ class Simulator:
                 info.remaining_work = job.model.remaining_seconds(job.epoch, job.progress)
                 info.attained_service = job.attained
                 info.executed_time = job.executed
+                if job.model.varies_by_epoch:  # an adaptive job's goodput per size moves with its epoch
+                    info.throughput = job.model.table(job.spec.min_workers, job.spec.max_workers, job.epoch)
         hidden = 0
         if self._ordered is not None:
             order = self._ordered

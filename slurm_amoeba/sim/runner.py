@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_amoeba.core.errors import AmoebaError, ParseError
 from slurm_amoeba.policy import make_policy
+from slurm_amoeba.sim.adaptive import adaptive_models, mark_adaptive, widen_adaptive
 from slurm_amoeba.sim.application import load_applications
 from slurm_amoeba.sim.data import SimError
 from slurm_amoeba.sim.engine import SimConfig, Simulator, trace_models
@@ -35,6 +36,9 @@ class RunSpec:
         elastic_factor: how far ranges extend below and above the requested size.
         philly_limit: read only the first jobs of a Philly trace.
         knobs: the policy's settings.
+        adaptive_fraction: share of the Pollux jobs whose global batch adapts to each allocation (a stable hash of
+            the name picks them; ``sim/adaptive.py``); 0 keeps every batch fixed. An adaptive job's range may reach
+            as many workers as its largest batch allows (not only its initial one).
     """
 
     policy: str
@@ -45,6 +49,7 @@ class RunSpec:
     elastic_factor: float = 2.0
     philly_limit: int | None = None
     knobs: tuple[tuple[str, object], ...] = ()
+    adaptive_fraction: float = 0.0
 
     @property
     def workload_name(self) -> str:
@@ -116,8 +121,16 @@ def load_jobs(spec: RunSpec) -> list[JobSpec]:
                     f"{app.name} traces validate ({app.init_batch}..{app.max_batch}); pick a batch in that range",
                     source=str(spec.workload),
                 )
-        limits = {job.name: apps[job.application].max_replicas(job.batch_size) for job in jobs if job.application}
+        jobs = mark_adaptive(jobs, spec.adaptive_fraction)
+        limits = {
+            job.name: apps[job.application].max_replicas(
+                apps[job.application].max_batch if job.adaptive else job.batch_size
+            )
+            for job in jobs
+            if job.application
+        }
         jobs = make_elastic(jobs, limits, spec.elastic_fraction, spec.elastic_factor, spec.config.total_gpus)
+        jobs = widen_adaptive(jobs, limits, spec.elastic_fraction, spec.config.total_gpus)
     else:
         raise SimError(f"trace format {kind!r} is unknown; use pollux, philly or auto")
     if not jobs:
@@ -143,7 +156,10 @@ def run_one(spec: RunSpec) -> RunOutcome:
         jobs = load_jobs(spec)
         apps = load_applications() if any(job.application for job in jobs) else {}
         colocation = load_colocation() if apps else {}
-        sim = Simulator(jobs, policy, spec.config, trace_models(apps, spec.config.gpus_per_node), colocation)
+        models = trace_models(apps, spec.config.gpus_per_node)
+        if any(job.adaptive for job in jobs):
+            models = adaptive_models(apps, spec.config.gpus_per_node, models)
+        sim = Simulator(jobs, policy, spec.config, models, colocation)
         result = sim.run()
     except AmoebaError as exc:
         if str(spec.workload) in str(exc):

@@ -45,6 +45,7 @@ class JobSpec:
         partition: the Slurm partition the job was submitted to (empty: the cluster's only one).
         user: the job's owner (for fair share).
         line: the line of the workload file the job comes from (0 when it was not read from a file), for messages.
+        adaptive: the job lets its global batch adapt (``batch_size`` is its initial batch; ``sim/adaptive.py``).
     """
 
     name: str
@@ -59,6 +60,7 @@ class JobSpec:
     partition: str = ""
     user: str = ""
     line: int = 0
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.min_workers == 0:

@@ -119,3 +119,37 @@ def test_settings_are_checked_and_registered() -> None:
     assert policy.name == "goodput" and not policy.decides_on_events_only
     pending = job("p", 2)
     assert pending.state is JobPhase.PENDING
+
+
+def test_packing_puts_a_job_on_the_fullest_node_that_holds_it_and_a_grown_job_moves_onto_one_node() -> None:
+    flat = dict.fromkeys(range(1, 5), 1.0)
+    fixed = job("fixed", 2, placement={"n0": 2})  # leaves n0 with 2 free; n1 and n2 have 4
+    newcomer = job("new", 2, throughput=flat, submit=1.0)
+    decided = GoodputPolicy(pack=True).decide(snapshot([4, 4, 4], [fixed, newcomer]), now=0.0)
+    assert [(d.job_id, d.placement) for d in decided] == [("new", {"n0": 2})], "best fit, not the emptiest node"
+    linear = {w: float(w) for w in range(1, 5)}
+    split = job("split", 2, low=1, high=4, placement={"n0": 1, "n1": 1}, throughput=linear)
+    nodes = snapshot([4, 4, 4], [split])
+    grown = GoodputPolicy(fairness=1.0, pack=True).decide(nodes, now=0.0)
+    assert [(d.workers, len(d.placement)) for d in grown] == [(4, 1)], "4 workers fit on one node: no spread"
+    check_decisions(nodes, grown)
+    spread = GoodputPolicy(fairness=1.0, pack=False).decide(nodes, now=0.0)
+    assert len(spread[0].placement) > 1, "the shared rule (most free first, own nodes first) keeps it spread"
+
+
+def test_a_table_that_dips_on_a_second_node_is_jumped_over_with_the_look_ahead() -> None:
+    # A job on one 4-GPU node: 5..7 workers are slower than 4 (a second node), 8 is much faster.
+    dipping = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 3.0, 6: 3.5, 7: 3.8, 8: 7.5}
+    running = job("dip", 4, low=1, high=8, placement={"n0": 4}, throughput=dipping)
+    nodes = snapshot([4, 4], [running])
+    assert sizes(GoodputPolicy(fairness=1.0).decide(nodes, now=0.0)) == {"dip": 8}
+    assert sizes(GoodputPolicy(fairness=1.0, lookahead=1).decide(nodes, now=0.0)) == {}, "one worker at a time stops"
+
+
+def test_less_attained_service_weighs_more_in_the_growth() -> None:
+    linear = {w: float(w) for w in range(1, 5)}
+    old = job("old", 1, low=1, high=4, placement={"n0": 1}, throughput=linear, attained_service=40 * 3600.0)
+    young = job("young", 1, low=1, high=4, placement={"n0": 1}, throughput=linear, submit=1.0, attained_service=60.0)
+    nodes = snapshot([6], [old, young])
+    assert sizes(GoodputPolicy(fairness=0.5).decide(nodes, now=0.0)) == {"young": 4, "old": 2}
+    assert sizes(GoodputPolicy(fairness=0.5, service_weight=0.0).decide(nodes, now=0.0)) == {"old": 3, "young": 3}

@@ -277,7 +277,11 @@ def distribute_spare(
 
 
 def realize(
-    snapshot: Snapshot, targets: Mapping[str, int], order: Iterable[JobInfo], reason: Mapping[str, str]
+    snapshot: Snapshot,
+    targets: Mapping[str, int],
+    order: Iterable[JobInfo],
+    reason: Mapping[str, str],
+    fixed: Mapping[str, Mapping[str, int]] | None = None,
 ) -> list[Decision]:
     """Turn target sizes into decisions with placements.
 
@@ -290,6 +294,9 @@ def realize(
         targets: job id -> target size (0 = preempt or stay pending); jobs not named keep their size.
         order: the jobs in the order in which growth and starts are placed.
         reason: job id -> why (for the decision's ``reason``); a missing entry gives an empty reason.
+        fixed: job id -> the placement it gets, for jobs whose nodes the policy chose itself (a shrink off given
+            nodes, a start on given nodes); these are applied before any other growth or start. A fixed start or
+            growth that the free GPUs cannot hold falls back to the default placement.
 
     Returns:
         One decision per job whose size changes.
@@ -311,15 +318,18 @@ def realize(
             continue
         if target == 0:
             new: dict[str, int] = {}
+        elif fixed is not None and job_id in fixed:
+            new = dict(fixed[job_id])
         else:
             new = shrink_placement(job.placement, job.workers - target)
         if job.shared_with is None:
             for name, count in job.placement.items():
                 free.change(name, (count - new.get(name, 0)) * job.gpus_per_worker)
         decisions.append(Decision(job_id, target, new, reason.get(job_id, "")))
+    pinned = _place_fixed(free, by_id, releases, fixed or {}, reason, decisions)
     for job in order:
         target = releases.get(job.job_id, job.workers)
-        if target <= job.workers or job.shared_with is not None:
+        if target <= job.workers or job.shared_with is not None or job.job_id in pinned:
             continue
         if job.state is JobPhase.RUNNING:
             grown = free.grow(job.placement, target - job.workers, job.gpus_per_worker)
@@ -329,3 +339,29 @@ def realize(
             continue
         decisions.append(Decision(job.job_id, target, grown, reason.get(job.job_id, "")))
     return decisions
+
+
+def _place_fixed(
+    free: FreeGpus,
+    jobs: Mapping[str, JobInfo],
+    targets: Mapping[str, int],
+    fixed: Mapping[str, Mapping[str, int]],
+    reason: Mapping[str, str],
+    decisions: list[Decision],
+) -> set[str]:
+    """Apply the growth and starts whose placement the policy chose; returns the ids placed so."""
+    placed: set[str] = set()
+    for job_id, placement in fixed.items():
+        job = jobs[job_id]
+        target = targets.get(job_id, job.workers)
+        if target <= job.workers or job.shared_with is not None or sum(placement.values()) != target:
+            continue
+        added = {name: count - job.placement.get(name, 0) for name, count in placement.items()}
+        if any(count < 0 or free.free.get(name, 0) < count * job.gpus_per_worker for name, count in added.items()):
+            continue
+        for name, count in added.items():
+            if count:
+                free.change(name, -count * job.gpus_per_worker)
+        decisions.append(Decision(job_id, target, dict(placement), reason.get(job_id, "")))
+        placed.add(job_id)
+    return placed

@@ -169,11 +169,15 @@ def test_bad_settings_are_refused_with_the_knob_named() -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snapshot=snapshots(), now=st.floats(0, 100_000), easy=st.booleans())
-def test_with_elastic_backfill_and_partitions_no_invariant_breaks(snapshot: Snapshot, now: float, easy: bool) -> None:
+@given(snapshot=snapshots(), now=st.floats(0, 100_000), easy=st.booleans(), admit=st.booleans())
+def test_with_elastic_backfill_and_partitions_no_invariant_breaks(
+    snapshot: Snapshot, now: float, easy: bool, admit: bool
+) -> None:
     tiers = (SlurmPartition("", 2), SlurmPartition("low", 1, "requeue", 30.0))
     for grow in (False, True):
-        policy = SlurmBaselinePolicy(grow_elastic=grow, partitions=tiers, bf_reservations=int(easy))
+        policy = SlurmBaselinePolicy(
+            grow_elastic=grow, partitions=tiers, bf_reservations=int(easy), admit_at_request=admit
+        )
         decisions = policy.decide(snapshot, now)
         check_decisions(snapshot, decisions)
         jobs = {job.job_id: job for job in snapshot.jobs}
@@ -189,7 +193,8 @@ def test_grow_elastic_gives_idle_gpus_to_the_least_attained_service_first() -> N
     cluster = snapshot([4, 2], [old, young])
     assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"young": 4}
     # By speedup gain the two tie and the first listed grows.
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True, grow_by_service=False).decide(cluster, now=10.0)) == {"old": 4}
+    by_gain = SlurmBaselinePolicy(grow_elastic=True, grow_by_service=False, compact_growth=False)
+    assert sizes(by_gain.decide(cluster, now=10.0)) == {"old": 4}
 
 
 def test_las_queue_tests_pending_jobs_by_attained_service_then_submit_time() -> None:
@@ -198,3 +203,62 @@ def test_las_queue_tests_pending_jobs_by_attained_service_then_submit_time() -> 
     cluster = snapshot([4], [demoted, fresh])
     assert sizes(SlurmBaselinePolicy().decide(cluster, now=10.0)) == {"demoted": 4}
     assert sizes(SlurmBaselinePolicy(las_queue_s=3600.0).decide(cluster, now=10.0)) == {"fresh": 4}
+
+
+def test_admit_at_request_holds_an_elastic_job_without_a_reservation_until_its_size_is_available() -> None:
+    lender = job("e", 2, low=1, high=4, placement={"n0": 3}, time_limit=10_000.0)
+    elastic = job("p", 4, low=2, high=4, submit=5.0, time_limit=1000.0)
+    rigid = job("q", 1, submit=6.0, time_limit=100_000.0)
+    cluster = snapshot([4], [lender, elastic, rigid])
+    # The plain daemon: Slurm starts p at its minimum and q beside it, out of the free GPU and e's two extras.
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"e": 1, "p": 2, "q": 1}
+    # Held until 4 GPUs are free or lent: p holds no reservation, so q starts in the free GPU and e keeps its extras.
+    held = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
+    assert sizes(held) == {"q": 1}
+    check_decisions(cluster, held)
+
+
+def test_admit_at_request_starts_at_the_requested_size_out_of_other_jobs_extras() -> None:
+    linear = {size: float(size) for size in range(1, 5)}
+    lender = job("e", 2, low=1, high=4, placement={"n0": 4}, throughput=linear, time_limit=10_000.0)
+    elastic = job("p", 2, low=1, high=4, submit=5.0, throughput=linear, time_limit=1000.0)
+    cluster = snapshot([4], [lender, elastic])
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"e": 3, "p": 1}
+    decisions = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
+    assert sizes(decisions) == {"e": 2, "p": 2}
+    check_decisions(cluster, decisions)
+
+
+def test_extras_above_the_request_go_back_before_those_below_it() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    above = job("above", 2, low=1, high=4, placement={"n0": 3}, throughput=linear, attained_service=1.0)
+    below = job("below", 4, low=2, high=4, placement={"n1": 3}, throughput=linear, attained_service=1.0)
+    rigid = job("r", 1, submit=5.0, time_limit=100.0)
+    cluster = snapshot([3, 3], [above, below, rigid])
+    decisions = SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)
+    assert sizes(decisions) == {"above": 2, "r": 1}
+
+
+def test_compact_starts_take_extras_back_where_the_started_job_fits_on_one_node() -> None:
+    spread = job("e", 2, low=2, high=8, placement={"n0": 3, "n1": 3}, time_limit=10_000.0)
+    rigid = job("r", 4, submit=5.0, time_limit=100.0)
+    cluster = snapshot([4, 4], [spread, rigid])
+    decisions = {d.job_id: d for d in SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)}
+    assert len(decisions["r"].placement) == 1 and decisions["e"].workers == 3
+    check_decisions(cluster, list(decisions.values()))
+    loose = {d.job_id: d for d in SlurmBaselinePolicy(grow_elastic=True, compact_starts=False).decide(cluster, 10.0)}
+    assert len(loose["r"].placement) == 2
+
+
+def test_compact_growth_does_not_spread_a_job_over_more_nodes_than_its_size_needs() -> None:
+    linear = {size: float(size) for size in range(2, 5)}
+    grower = job("j", 2, low=2, high=4, placement={"n0": 2}, throughput=linear, time_limit=10_000.0)
+    other = job("x", 2, placement={"n0": 2}, time_limit=10_000.0)
+    filler = job("y", 2, placement={"n1": 2}, time_limit=10_000.0)
+    cluster = snapshot([4, 4], [grower, other, filler])
+    assert SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0) == []
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True, compact_growth=False).decide(cluster, now=10.0)) == {"j": 4}
+    # Room on its own node: it grows there only.
+    roomy = snapshot([5, 4], [grower, other, filler])
+    (decision,) = SlurmBaselinePolicy(grow_elastic=True).decide(roomy, now=10.0)
+    assert (decision.workers, decision.placement) == (3, {"n0": 3})

@@ -25,6 +25,7 @@ from typing import Any
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.sim.slurmconf import parse_slurm_time
 from slurm_amoeba.sim.workload import JobSpec
+from slurm_amoeba.slurm.parsers import tres_gpus
 
 #: The ``--format`` fields the parsable reader needs (``sacct -P`` prints them as a header line).
 PARSABLE_FIELDS = ("JobID", "Submit", "Start", "End", "Partition", "User", "Timelimit", "AllocTRES", "State")
@@ -216,7 +217,7 @@ def _parsable_row(value: Mapping[str, str], number: int) -> _Row:
         submit=_stamp(value["Submit"], "Submit") or 0.0,
         start=_stamp(value["Start"], "Start"),
         end=_stamp(value["End"], "End"),
-        gpus=_tres_gpus(value["AllocTRES"]),
+        gpus=tres_gpus(value["AllocTRES"]),
         partition=value["Partition"],
         user=value["User"],
         time_limit=None if limit in ("", "UNLIMITED", "Partition_Limit", "INFINITE") else parse_slurm_time(limit),
@@ -233,16 +234,3 @@ def _stamp(text: str, field: str) -> float | None:
     except ValueError:
         raise ValueError(f"{field}={text!r} is not a time like 2026-11-23T15:09:38") from None
     return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
-
-
-def _tres_gpus(text: str) -> int:
-    """GPUs in a TRES string such as ``billing=2,cpu=2,gres/gpu=2,mem=8000M,node=1`` (typed ones summed)."""
-    total = 0
-    for item in text.split(","):
-        key, _, count = item.partition("=")
-        if key == "gres/gpu":
-            total = int(count)  # the untyped total, when present, is authoritative
-            break
-        if key.startswith("gres/gpu:"):
-            total += int(count)
-    return total

@@ -20,7 +20,9 @@ from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.slurm.parsers import (
     STEP_FORMAT,
     SlurmReportedError,
+    parse_past_service,
     parse_sbatch_reply,
+    parse_show_config,
     parse_sinfo_json,
     parse_squeue_json,
     parse_step_lines,
@@ -304,34 +306,3 @@ class CliSlurmClient(SlurmClient):
         ids = ",".join(str(job) for job in sorted(job_ids))
         argv = ["sacct", "-X", "--duplicates", "--noheader", "--parsable2", "--format=JobID,ElapsedRaw,AllocTRES"]
         return parse_past_service(self._run([*argv, f"--jobs={ids}"]))
-
-
-def parse_past_service(text: str) -> dict[int, float]:
-    """``sacct -P --format=JobID,ElapsedRaw,AllocTRES`` lines -> job id -> sum of elapsed x ``gres/gpu`` over its
-    records (a heterogeneous job's components count for their leader); unreadable lines are skipped."""
-    found: dict[int, float] = {}
-    for line in text.splitlines():
-        fields = line.split("|")
-        if len(fields) < 3 or not fields[1].strip().isdigit():
-            continue
-        head = fields[0].split("+", 1)[0].split("_", 1)[0]
-        if not head.isdigit():
-            continue
-        gpus = 0
-        for item in fields[2].split(","):
-            key, _, value = item.partition("=")
-            if key.strip() == "gres/gpu" and value.strip().isdigit():
-                gpus = int(value)
-        if gpus:
-            found[int(head)] = found.get(int(head), 0.0) + int(fields[1]) * gpus
-    return found
-
-
-def parse_show_config(text: str) -> dict[str, str]:
-    """``scontrol show config``'s ``Key = value`` lines as a mapping (other lines are skipped)."""
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() and " " not in key.strip():
-            values[key.strip()] = value.strip()
-    return values

@@ -270,3 +270,50 @@ def parse_step_lines(text: str) -> list[StepRecord]:
             raise ParseError(f"line {number}: {parts[0]!r} is not JOB.STEP", source="squeue --steps", text=line)
         steps.append(StepRecord(job_id=int(job), step=step, name=parts[2], nodes=tuple(expand_nodelist(parts[1]))))
     return steps
+
+
+def tres_gpus(text: str) -> int:
+    """GPUs in a TRES string such as ``billing=2,cpu=2,gres/gpu=2,mem=8000M,node=1`` (sacct's ``AllocTRES``): the
+    untyped ``gres/gpu`` count when present, else the typed ones (``gres/gpu:a100=2``) summed; 0 when none.
+
+    Raises:
+        ValueError: a GPU count that is not a number.
+    """
+    total = 0
+    for item in text.split(","):
+        key, _, count = item.strip().partition("=")
+        if key == "gres/gpu":
+            return int(count)  # the untyped total, when present, is authoritative
+        if key.startswith("gres/gpu:"):
+            total += int(count)
+    return total
+
+
+def parse_past_service(text: str) -> dict[int, float]:
+    """``sacct -P --format=JobID,ElapsedRaw,AllocTRES`` lines -> job id -> sum of elapsed x ``gres/gpu`` over its
+    records (a heterogeneous job's components count for their leader); unreadable lines are skipped."""
+    found: dict[int, float] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 3 or not fields[1].strip().isdigit():
+            continue
+        head = fields[0].split("+", 1)[0].split("_", 1)[0]
+        if not head.isdigit():
+            continue
+        try:
+            gpus = tres_gpus(fields[2])
+        except ValueError:
+            continue
+        if gpus:
+            found[int(head)] = found.get(int(head), 0.0) + int(fields[1]) * gpus
+    return found
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = value`` lines as a mapping (other lines are skipped)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            values[key.strip()] = value.strip()
+    return values

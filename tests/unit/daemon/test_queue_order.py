@@ -17,7 +17,7 @@ from slurm_amoeba.daemon.config import ConfigError, QueueOrder, load_config, par
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, SlurmCommandError
-from slurm_amoeba.slurm.client import parse_past_service
+from slurm_amoeba.slurm.parsers import parse_past_service
 from tests.unit.daemon.fakes import job, satellite
 
 PENDING = JobState.PENDING

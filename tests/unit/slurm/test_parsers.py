@@ -28,6 +28,7 @@ from slurm_amoeba.slurm import (
     parse_squeue_json,
     parse_step_lines,
 )
+from slurm_amoeba.slurm.parsers import parse_past_service, tres_gpus
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "slurm"
 
@@ -227,3 +228,12 @@ def test_arbitrary_text_raises_only_parse_error(text: str) -> None:
             parse(text)
         except ParseError:
             pass
+
+
+def test_tres_gpus_takes_the_untyped_count_else_sums_the_typed_ones() -> None:
+    assert tres_gpus("billing=2,cpu=2,gres/gpu=4,mem=8000M,node=1") == 4
+    assert tres_gpus("cpu=2,gres/gpu:a100=2,gres/gpu:v100=1") == 3
+    assert tres_gpus("gres/gpu:a100=2,gres/gpu=2") == 2
+    assert tres_gpus("cpu=2,mem=1G") == 0
+    # sacct lines whose GPUs are typed count too; a line with an unreadable count is skipped
+    assert parse_past_service("7|10|cpu=1,gres/gpu:a100=2\n8|10|gres/gpu=x\n") == {7: 20.0}

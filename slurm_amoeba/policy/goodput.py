@@ -37,20 +37,12 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from slurm_amoeba.core.efficiency import efficiency
 from slurm_amoeba.policy.common import base_size, managed_capacity, realize, shrink_placement
 from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Attained GPU-seconds at which a job drops to the next LAS queue (1 and 16 GPU-hours).
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 16 * 3600.0)
-
-
-def efficiency(noise_scale: float | None, batch: int, base: int) -> float:
-    """Statistical efficiency of ``batch`` over ``base``: ``(phi + base) / (phi + batch)`` (``base/batch`` unknown)."""
-    if noise_scale is None:
-        return base / batch
-    if math.isinf(noise_scale):
-        return 1.0
-    return (noise_scale + base) / (noise_scale + batch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from slurm_amoeba.core.efficiency import efficiency
+
 
 @dataclasses.dataclass(frozen=True)
 class NormPair:
@@ -168,15 +170,6 @@ class GradientNoiseScale:
         self._signal = float(state["signal"])
         self._weight = float(state["weight"])
         self.updates = int(state["updates"])
-
-
-def efficiency(scale: float | None, batch: int, base: int) -> float:
-    """``(phi + base) / (phi + batch)``; ``base / batch`` without an estimate (no gain is assumed), 1 for infinite."""
-    if scale is None:
-        return base / batch
-    if math.isinf(scale):
-        return 1.0
-    return (scale + base) / (scale + batch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,13 +27,13 @@ from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon.config import ConfigError, QueueOrder
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, queued_jobs, run_samples
+from slurm_amoeba.policy.common import las_queue
 from slurm_amoeba.policy.queue_order import (
     JobService,
     QueuedJob,
     account,
     las_order,
     las_priorities,
-    las_queue,
     priority_updates,
 )
 from slurm_amoeba.slurm import SlurmCommandError

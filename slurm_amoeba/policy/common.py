@@ -182,6 +182,12 @@ def managed_capacity(snapshot: Snapshot) -> int:
     return snapshot.free_gpus + held
 
 
+def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
+    """The 2D-LAS queue of a job (Tiresias): how many of the thresholds its attained GPU-seconds have reached (0 is
+    served first)."""
+    return sum(1 for threshold in thresholds_gpu_s if attained_gpu_s >= threshold)
+
+
 def arrival_key(job: JobInfo) -> tuple[float, str]:
     """Sort key for first come, first served: submit time, then id."""
     return (job.submit_time, job.job_id)

@@ -30,7 +30,6 @@ rate table per job, whatever the job. Pure: imports only ``core`` and ``policy``
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import heapq
 import math
@@ -38,7 +37,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from slurm_amoeba.core.efficiency import efficiency
-from slurm_amoeba.policy.common import base_size, managed_capacity, realize, shrink_placement
+from slurm_amoeba.policy.common import base_size, las_queue, managed_capacity, realize, shrink_placement
 from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Attained GPU-seconds at which a job drops to the next LAS queue (1 and 16 GPU-hours).
@@ -160,11 +159,6 @@ def _utility(speedup: float, fairness: float) -> float:
     return float(speedup**fairness) / fairness
 
 
-def las_queue(job: JobInfo, thresholds: Sequence[float]) -> int:
-    """The job's LAS queue: how many of the thresholds its attained service has reached."""
-    return bisect.bisect_right(thresholds, job.attained_service)
-
-
 @dataclasses.dataclass(frozen=True)
 class GoodputPolicy:
     """LAS admission at minimum sizes, then GPUs to the largest gain in the sum of fair speedups.
@@ -216,7 +210,7 @@ class GoodputPolicy:
 
     def queue_key(self, job: JobInfo) -> tuple[float | str, ...]:
         """The job's place in LAS order: queue, then first come, first served."""
-        return (float(las_queue(job, self.thresholds_gpu_s)), job.submit_time, job.job_id)
+        return (float(las_queue(job.attained_service, self.thresholds_gpu_s)), job.submit_time, job.job_id)
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
         """Admit in LAS order at minimum sizes, then grow by the largest fair-speedup gain per GPU.
@@ -474,6 +468,5 @@ __all__ = [
     "GoodputPolicy",
     "efficiency",
     "goodput_rates",
-    "las_queue",
     "model_from_report",
 ]

@@ -26,6 +26,8 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
+from slurm_amoeba.policy.common import las_queue
+
 #: The Pollux artifact's Tiresias threshold between its two queues: 16 GPU-hours.
 DEFAULT_THRESHOLDS_GPU_S = (16 * 3600.0,)
 #: The highest priority Slurm accepts (a 32-bit value; 0xffffffff means "not set").
@@ -117,11 +119,6 @@ class QueuedJob:
     submit_time: float
     attained_gpu_s: float
     priority: int
-
-
-def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
-    """The 2D-LAS queue of a job: how many thresholds its attained service has reached (0 is served first)."""
-    return sum(1 for threshold in thresholds_gpu_s if attained_gpu_s >= threshold)
 
 
 def _id_key(job_id: str) -> tuple[int, str]:

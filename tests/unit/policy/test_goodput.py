@@ -9,12 +9,12 @@ import math
 import pytest
 
 from slurm_amoeba.policy import JobPhase, PolicyError, check_decisions, make_policy
+from slurm_amoeba.policy.common import las_queue
 from slurm_amoeba.policy.goodput import (
     GoodputModel,
     GoodputPolicy,
     efficiency,
     goodput_rates,
-    las_queue,
     model_from_report,
 )
 from tests.unit.policy.helpers import job, sizes, snapshot
@@ -51,7 +51,8 @@ def test_las_admits_the_least_served_first_and_preempts_what_no_longer_fits() ->
     young = job("young", 4, submit=5.0)
     decided = GoodputPolicy().decide(snapshot([4], [served, young]), now=10.0)
     assert sizes(decided) == {"old": 0, "young": 4}
-    assert las_queue(served, (3600.0, 16 * 3600.0)) == 2 and las_queue(young, (3600.0,)) == 0
+    assert las_queue(served.attained_service, (3600.0, 16 * 3600.0)) == 2
+    assert las_queue(young.attained_service, (3600.0,)) == 0
 
 
 def test_running_jobs_keep_their_workers_unless_another_job_gains_clearly_more() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from slurm_amoeba.policy.common import las_queue
 from slurm_amoeba.policy.queue_order import (
     DEFAULT_THRESHOLDS_GPU_S,
     MAX_PRIORITY,
@@ -13,7 +14,6 @@ from slurm_amoeba.policy.queue_order import (
     account,
     las_order,
     las_priorities,
-    las_queue,
     priority_updates,
 )
 

@@ -37,16 +37,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from slurm_amoeba.core.errors import ParseError, SpecError
+from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.messages import MAX_NOISE_SCALE
-from slurm_amoeba.runtime.auth import COORDINATOR, JobKey, Opener
 from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gns import (
     GradientNoiseScale,
@@ -161,9 +159,9 @@ def best_batch(
 class PolicyBatchReader:
     """Rank 0's look at the policy's batch: the coordinator's sealed ``batch`` key, read at most every ``every_s``.
 
-    It reads through the worker runtime's own store connection (the driver's ``store``) on the training thread,
-    with the job's secret from the worker's environment; a driver without a store (a test's), a missing secret or
-    a value the coordinator did not seal read as no policy batch (the latter logged once).
+    It asks the worker runtime (the driver's ``coordinator_value``: its own store connection and the job's key) on
+    the training thread; a driver without it (a test's) reads as no policy batch, and so does a value the
+    coordinator did not seal (the runtime's seals log that once).
 
     Args:
         every_s: the least time between two reads of the store.
@@ -174,30 +172,21 @@ class PolicyBatchReader:
         self.every_s = every_s
         self._clock = clock
         self._next = 0.0
-        self._opener: Opener | None = None
-        self._unusable = False
         self._warned = False
         self.value: PolicyBatch | None = None
 
     def __call__(self, driver: object) -> PolicyBatch | None:
         """The latest policy batch (``None``: none yet), reading the store when ``every_s`` has passed."""
         now = self._clock()
-        if self._unusable or now < self._next:
+        read = getattr(driver, "coordinator_value", None)
+        if read is None or now < self._next:
             return self.value
         self._next = now + self.every_s
         try:
-            store = getattr(driver, "store", None)
-            if store is None:
-                return self.value
-            if self._opener is None:
-                self._opener = Opener(JobKey.from_environ(os.environ))
-            if store.check([BATCH_KEY]):
-                self.value = PolicyBatch.from_json(
-                    self._opener.open(BATCH_KEY, store.get(BATCH_KEY), sender=COORDINATOR)
-                )
-        except SpecError:  # no secret in this process's environment: not a worker of a coordinated job
-            self._unusable = True
-        except (ParseError, RuntimeError, OSError, ValueError) as exc:  # AuthError, store errors: keep the last value
+            text = read(BATCH_KEY)
+            if text is not None:
+                self.value = PolicyBatch.from_json(text)
+        except (ParseError, RuntimeError, OSError) as exc:  # a malformed value, store errors: keep the last value
             if not self._warned:
                 self._warned = True
                 log.warning("the policy's batch could not be read (%s); the runtime keeps choosing its own", exc)

@@ -231,6 +231,10 @@ class WorkerRuntime:
         self._thread.start()
         log.info("%s registered (pid %s, device %s)", self.prefix, os.getpid(), self.device)
 
+    def coordinator_value(self, key: str) -> str | None:
+        """The text the coordinator sealed at ``key`` in the job's store (``None``: none, or not the coordinator's)."""
+        return self._auth.read(self.store, key, sender=COORDINATOR)
+
     def _connect(self) -> TCPStore:
         timeout = datetime.timedelta(seconds=self.env.collective_timeout_s)
         return TCPStore(self.env.store_addr, self.env.store_port, is_master=False, timeout=timeout, use_libuv=True)

@@ -14,7 +14,7 @@ from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.messages import MAX_NOISE_SCALE
 from slurm_amoeba.runtime.adaptive import REPORT_TIMES, AdaptiveBatch, PolicyBatchReader, report_times
-from slurm_amoeba.runtime.auth import COORDINATOR, ENV_JOB_SECRET, JobAuth, JobKey
+from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth, JobKey
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.gns import NormProbe, ProbeReading
 from slurm_amoeba.runtime.protocol import BATCH_KEY, MAX_POLICY_BATCH, PolicyBatch
@@ -77,42 +77,46 @@ class FakeStore:
 
 
 class Driver:
-    def __init__(self, store: Any) -> None:
+    """What the reader asks of the worker runtime: values the coordinator sealed, opened with the job's key."""
+
+    def __init__(self, store: Any, key: JobKey) -> None:
         self.store = store
+        self.auth = JobAuth(key, "w0")
+
+    def coordinator_value(self, key: str) -> str | None:
+        return self.auth.read(self.store, key, sender=COORDINATOR)
 
 
-def test_reader_takes_only_the_coordinators_sealed_batch_and_reads_at_most_once_a_second(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_reader_takes_only_the_coordinators_sealed_batch_and_reads_at_most_once_a_second() -> None:
     key = JobKey.new()
-    monkeypatch.setenv(ENV_JOB_SECRET, key.hex())
     store = FakeStore()
     now = [100.0]
     reader = PolicyBatchReader(every_s=1.0, clock=lambda: now[0])
-    assert reader(Driver(store)) is None, "no batch yet"
+    assert reader(Driver(store, key)) is None, "no batch yet"
     JobAuth(key, COORDINATOR).put(store, BATCH_KEY, PolicyBatch(64, 2, 1).to_json())  # type: ignore[arg-type]
-    assert reader(Driver(store)) is None, "read again only after every_s"
+    assert reader(Driver(store, key)) is None, "read again only after every_s"
     now[0] += 1.0
-    assert reader(Driver(store)) == PolicyBatch(64, 2, 1)
+    assert reader(Driver(store, key)) == PolicyBatch(64, 2, 1)
     JobAuth(key, "w0").put(store, BATCH_KEY, PolicyBatch(512, 2, 2).to_json())  # type: ignore[arg-type]
     now[0] += 1.0
-    assert reader(Driver(store)) == PolicyBatch(64, 2, 1), "a worker's forgery is refused; the last value stays"
+    assert reader(Driver(store, key)) == PolicyBatch(64, 2, 1), "a worker's forgery is refused; the last value stays"
     JobAuth(JobKey.new(), COORDINATOR).put(store, BATCH_KEY, PolicyBatch(512, 2, 3).to_json())  # type: ignore[arg-type]
     now[0] += 1.0
-    assert reader(Driver(store)) == PolicyBatch(64, 2, 1), "another job's secret is refused"
-    assert PolicyBatchReader()(object()) is None, "a driver without a store (tests) has no policy batch"
-    monkeypatch.delenv(ENV_JOB_SECRET)
-    lone = PolicyBatchReader(every_s=0.0)
-    assert lone(Driver(store)) is None and lone(Driver(store)) is None, "no secret: never a policy batch"
+    assert reader(Driver(store, key)) == PolicyBatch(64, 2, 1), "another job's secret is refused"
+    assert PolicyBatchReader()(object()) is None, "a driver that reads no store (tests) has no policy batch"
+    store.values[BATCH_KEY] = b"not sealed at all"
+    now[0] += 1.0
+    assert reader(Driver(store, key)) == PolicyBatch(64, 2, 1), "an unsealed value is refused; the last value stays"
 
 
-def test_coordinator_publishes_the_policy_batch_sealed_for_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_coordinator_publishes_the_policy_batch_sealed_for_its_workers() -> None:
     with Coordinator(CoordinatorConfig(job_id="policy-batch")) as coordinator:
-        monkeypatch.setenv(ENV_JOB_SECRET, coordinator.job_key.hex())
         first = coordinator.set_policy_batch(96, world_size=4)
         second = coordinator.set_policy_batch(128, world_size=4)
         assert second.seq == first.seq + 1
-        assert PolicyBatchReader(every_s=0.0)(Driver(coordinator.store)) == PolicyBatch(128, 4, second.seq)
+        assert PolicyBatchReader(every_s=0.0)(Driver(coordinator.store, coordinator.job_key)) == PolicyBatch(
+            128, 4, second.seq
+        )
         with pytest.raises(ParseError):
             coordinator.set_policy_batch(0, world_size=4)
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +132,48 @@ def clone_tree(obj: Any) -> Any:
     return obj
 
 
+class _CommitCopy:
+    """The part of a commit that is copied in a thread of its own: the model's parameters and the optimizer's state.
+
+    Nothing changes those tensors until the next optimizer step (a forward and backward read parameters and write
+    only gradients), so a joiner and a sender can start their first step of a new generation while the copy runs;
+    :meth:`TorchState.settle` waits for it before the optimizer steps, before a restore and before the next commit.
+    Buffers (which a forward may update in place: batch-norm statistics), the RNG, the sampler's position, extras and
+    the small parts are copied before the thread starts.
+    """
+
+    def __init__(self, eager: dict[str, Any], deferred: dict[str, Any], order: list[str]) -> None:
+        self._eager = eager
+        self._deferred = deferred
+        self._order = order
+        self._copied: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._copy, name="amoeba-commit", daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        try:
+            self._copied = clone_tree(self._deferred)
+        except BaseException as exc:  # re-raised in the training thread by result()
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        """The whole commit, once the copy is done.
+
+        Raises:
+            BaseException: what the copy raised (e.g. out of memory).
+        """
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._copied is not None
+        tree = dict(self._eager)
+        params = self._copied["params"]
+        tree["model"] = {name: params[name] if name in params else self._eager["model"][name] for name in self._order}
+        tree["optimizer"] = self._copied["optimizer"]
+        return tree
+
+
 class StateExtras(MutableMapping[str, Any]):
     """The user's extra state (``epoch``-like counters, best loss, small tensors), checked on every assignment.
 
@@ -232,6 +275,7 @@ class TorchState:
         self.scaler = scaler
         self._reset_callbacks: list[ResetCallback] = []
         self._committed: dict[str, Any] | None = None
+        self._copying: _CommitCopy | None = None
         self._driver: StepDriver | None = None
         self.adaptive = attach_adaptive(self, adaptive)
 
@@ -275,6 +319,7 @@ class TorchState:
     @property
     def committed_step(self) -> int:
         """The step of the last commit, or -1 before the first."""
+        self.settle()
         return -1 if self._committed is None else int(self._committed["progress"]["step"])
 
     def register_reset_callbacks(self, callbacks: collections.abc.Iterable[ResetCallback]) -> None:
@@ -317,6 +362,7 @@ class TorchState:
         """
         driver = self.driver
         driver.reduce_gradients()
+        self.settle()
         yield
         driver.end_step(self)
         self.after_step()
@@ -353,6 +399,7 @@ class TorchState:
                 ``slurm_amoeba.runtime.run()``.
             WorkerFailure: the check failed because a peer died.
         """
+        self.settle()
         snapshot = self.capture()
         self.driver.agree_on_commit(self.step_index, snapshot)
         self._committed = snapshot
@@ -370,13 +417,41 @@ class TorchState:
         copied: dict[str, Any] = clone_tree(tree)
         return copied
 
-    def save(self) -> None:
+    def save(self, *, background: bool = False) -> None:
         """Commit without the collective check (the runtime calls it where all members are known to agree).
+
+        Args:
+            background: copy the parameters and the optimizer's state in a thread (see :class:`_CommitCopy`); the
+                runtime does so at a switch, so that the first step of the new generation does not wait for the
+                copy. :meth:`settle` waits for it.
 
         Raises:
             StateError: the state cannot be sent (the previous commit is kept).
         """
-        self._committed = self.capture()
+        self.settle()
+        if not background:
+            self._committed = self.capture()
+            return
+        tree = self.as_tree()
+        encode_tree(tree, "state", [])
+        parameters = {name for name, _ in self.model.named_parameters()}
+        model = tree["model"]
+        deferred = {
+            "params": {name: value for name, value in model.items() if name in parameters},
+            "optimizer": tree.pop("optimizer"),
+        }
+        tree["model"] = {name: value for name, value in model.items() if name not in parameters}
+        self._copying = _CommitCopy(clone_tree(tree), deferred, list(model))
+
+    def settle(self) -> None:
+        """Wait until a commit being copied in the background is complete (before anything may change the state).
+
+        Raises:
+            BaseException: what the background copy raised; the commit is then the previous one.
+        """
+        copying, self._copying = self._copying, None
+        if copying is not None:
+            self._committed = copying.result()
 
     def restore(self) -> None:
         """Go back to the last commit (local; every survivor does it after a failure).
@@ -384,6 +459,7 @@ class TorchState:
         Raises:
             StateError: there is no commit to go back to.
         """
+        self.settle()
         if self._committed is None:
             raise StateError("restore() found no commit: the runtime commits at the start of every generation")
         self.load_tree(clone_tree(self._committed))
@@ -506,6 +582,7 @@ class TorchState:
         Raises:
             StateError: the tree does not fit the model or optimizer.
         """
+        self.settle()
         try:
             with torch.no_grad():
                 self.model.load_state_dict(tree["model"], strict=True)

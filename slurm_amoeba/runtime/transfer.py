@@ -5,6 +5,11 @@ publishes its state's manifest (structure, dtypes, shapes, model entries) in the
 it against its own model *before* anything is sent, the members agree on the verdict with one tiny all-reduce, and
 the source broadcasts the tensors, one flat buffer per dtype. Nothing is pickled. Every wait has the collective
 deadline and gives up at once when the coordinator aborts the generation.
+
+The source does not wait for its broadcast: it goes on to its first step of the new generation (forward and
+backward need nothing from the joiners) while the joiners receive, and waits for the send (:class:`PendingSend`)
+only before its first gradient all-reduce, which the joiners enter once they hold the state anyway. A scale-out
+thus costs the members the joiners' receive *minus* their own step's computation, not the sum of the two.
 """
 
 from __future__ import annotations
@@ -19,11 +24,28 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from slurm_amoeba.runtime.errors import StateError, WorkerFailure
-from slurm_amoeba.runtime.group import GroupSettings, aborted, teardown_group
+from slurm_amoeba.runtime.group import GroupSettings, aborted, await_keys, teardown_group
 from slurm_amoeba.runtime.protocol import GenerationPlan, manifest_key
 from slurm_amoeba.runtime.state import TorchState, decode_tree
 
 log = logging.getLogger(__name__)
+
+
+class PendingSend:
+    """The source's broadcasts of a switch, still in flight (the buffers stay referenced until they are done)."""
+
+    def __init__(self, works: list[tuple[dist.Work, torch.Tensor]]) -> None:
+        self._works = works
+
+    def wait(self) -> None:
+        """Block until every broadcast is done.
+
+        Raises:
+            RuntimeError: a broadcast failed (a joiner died while receiving); the caller tears the group down.
+        """
+        works, self._works = self._works, []
+        for work, _buffer in works:
+            work.wait()
 
 
 class StateRefused(Exception):
@@ -44,7 +66,8 @@ def _wait_manifest(store: Store, plan: GenerationPlan, settings: GroupSettings) 
             raise _failed(plan, "state manifest wait", RuntimeError(f"aborted by the coordinator: {reason}"))
         if time.monotonic() > deadline:
             raise _failed(plan, "state manifest wait", TimeoutError(f"no {key} from {plan.source}"))
-        time.sleep(0.001)
+        # Blocks until the source writes it; wakes every 50 ms to look at the abort key.
+        await_keys(store, [key], min(deadline, time.monotonic() + 0.05))
     manifest: dict[str, Any] = json.loads(text)
     return manifest
 
@@ -67,10 +90,14 @@ def sync_state(
     settings: GroupSettings,
     state: TorchState,
     marks: dict[str, float] | None = None,
-) -> None:
+) -> PendingSend | None:
     """The plan's source broadcasts its state; the others check it fits, then receive it.
 
     A collective: every member of ``plan`` calls it, right after forming the group.
+
+    Returns:
+        On the source, its broadcasts in flight: it must :meth:`~PendingSend.wait` before its next collective
+        whose result depends on the receivers (the first gradient all-reduce). ``None`` on the receivers.
 
     Raises:
         StateError: this worker's model or optimizer does not fit the source's (this worker must leave).
@@ -91,35 +118,55 @@ def sync_state(
     marks["manifest"] = time.perf_counter()
     _agree(plan, settings, problem)
     marks["agreed"] = time.perf_counter()
-    received = _broadcast(plan, settings, manifest["tensors"], tensors if source else None)
+    if source:
+        pending = PendingSend(_send(plan, settings, manifest["tensors"], tensors))
+        marks["broadcast"] = time.perf_counter()
+        return pending
+    received = _receive(plan, settings, manifest["tensors"])
     marks["broadcast"] = time.perf_counter()
-    if not source:
-        state.load_tree(decode_tree(manifest["skeleton"], received))
+    state.load_tree(decode_tree(manifest["skeleton"], received))
+    return None
 
 
-def _broadcast(
-    plan: GenerationPlan, settings: GroupSettings, specs: list[Any], tensors: list[torch.Tensor] | None
-) -> list[torch.Tensor]:
-    """One broadcast per dtype from the source; returns the received tensors in manifest order (receivers)."""
-    by_dtype: dict[str, list[int]] = {}
+def _by_dtype(specs: list[Any]) -> list[tuple[str, list[int]]]:
+    """The manifest's tensor indices grouped by dtype, in the order every member broadcasts them."""
+    groups: dict[str, list[int]] = {}
     for index, (dtype, _shape, _device) in enumerate(specs):
-        by_dtype.setdefault(dtype, []).append(index)
+        groups.setdefault(dtype, []).append(index)
+    return sorted(groups.items())
+
+
+def _send(
+    plan: GenerationPlan, settings: GroupSettings, specs: list[Any], tensors: list[torch.Tensor]
+) -> list[tuple[dist.Work, torch.Tensor]]:
+    """The source's broadcasts, one flat copy per dtype, started and not waited for."""
+    works: list[tuple[dist.Work, torch.Tensor]] = []
+    for _dtype_name, indices in _by_dtype(specs):
+        flat = torch.cat([tensors[i].reshape(-1).to(settings.device) for i in indices])
+        try:
+            work = dist.broadcast(flat, src=plan.rank_of(plan.source), async_op=True)
+        except RuntimeError as exc:
+            raise _failed(plan, "state broadcast", exc) from None
+        if work is None:  # pragma: no cover - torch returns a work for async_op=True
+            raise _failed(plan, "state broadcast", RuntimeError("torch returned no work for an async broadcast"))
+        works.append((work, flat))
+    return works
+
+
+def _receive(plan: GenerationPlan, settings: GroupSettings, specs: list[Any]) -> list[torch.Tensor]:
+    """The receivers' side of :func:`_send`: the tensors in manifest order, views of one buffer per dtype."""
     received: list[torch.Tensor | None] = [None] * len(specs)
     device = settings.device
-    for dtype_name, indices in sorted(by_dtype.items()):
+    for dtype_name, indices in _by_dtype(specs):
         sizes = [_numel(specs[i][1]) for i in indices]
-        if tensors is not None:
-            flat = torch.cat([tensors[i].reshape(-1).to(device) for i in indices])
-        else:
-            flat = torch.empty(sum(sizes), dtype=_dtype(dtype_name), device=device)
+        flat = torch.empty(sum(sizes), dtype=_dtype(dtype_name), device=device)
         try:
             dist.broadcast(flat, src=plan.rank_of(plan.source))
         except RuntimeError as exc:
             raise _failed(plan, "state broadcast", exc) from None
-        if tensors is None:
-            for index, part in zip(indices, torch.split(flat, sizes), strict=True):
-                target = device if specs[index][2] == "cuda" else torch.device("cpu")
-                received[index] = part.reshape(specs[index][1]).to(target)  # views of one buffer, no copy
+        for index, part in zip(indices, torch.split(flat, sizes), strict=True):
+            target = device if specs[index][2] == "cuda" else torch.device("cpu")
+            received[index] = part.reshape(specs[index][1]).to(target)  # views of one buffer, no copy
     return [t for t in received if t is not None]
 
 

@@ -81,7 +81,7 @@ from slurm_amoeba.runtime.protocol import (
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus, generation_table
 from slurm_amoeba.runtime.state import TorchState, clone_tree, encode_tree
 from slurm_amoeba.runtime.topology import Generation, GradientReducer
-from slurm_amoeba.runtime.transfer import StateRefused, sync_state
+from slurm_amoeba.runtime.transfer import PendingSend, StateRefused, sync_state
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class WorkerRuntime:
         self._progress: dict[str, Any] = {}
         self._timeline: list[GenerationTiming] = []
         self._checkpoints: Checkpointer | None = None
+        self._sending: PendingSend | None = None  # the source's state broadcast at a switch, until its first reduce
         # Where each switch's time went, as perf_counter marks (see switch_marks).
         self._marks: dict[str, float] = {}
         self.switch_marks: list[dict[str, float]] = []
@@ -339,6 +340,7 @@ class WorkerRuntime:
             WorkerFailure: the all-reduce failed.
         """
         self.reduce_gradients()
+        state.settle()  # a commit still being copied (the switch's) must not see this step's update
         state.optimizer.step()
         self.end_step(state)
 
@@ -352,6 +354,7 @@ class WorkerRuntime:
         grad = self._grad
         if grad is None or self.generation == 0:
             raise RuntimeConfigError(f"{self.prefix} state.step() was called outside slurm_amoeba.runtime.run()")
+        self._finish_send()
         try:
             self._agreed_now = grad.finish(self._control_word()) > 0
         except RuntimeError as exc:
@@ -386,6 +389,7 @@ class WorkerRuntime:
         """
         if self.generation == 0:
             return
+        self._finish_send()
         due = float(self._checkpoints is not None and self._checkpoints.due(step))
         probe = torch.tensor([float(step), -float(step), due], dtype=torch.float64, device=self.device)
         try:
@@ -400,6 +404,19 @@ class WorkerRuntime:
             )
         if probe[2].item() > 0 and self._checkpoints is not None and snapshot is not None:
             self._checkpoints.submit(CheckpointJob(snapshot, step, self.generation, self.rank, self.world_size))
+
+    def _finish_send(self) -> None:
+        """Wait for this member's state broadcast of the switch, if it is still in flight (see runtime/transfer.py).
+
+        Raises:
+            WorkerFailure: the broadcast failed (a receiver died).
+        """
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            try:
+                sending.wait()
+            except RuntimeError as exc:
+                raise self._failure("state broadcast", exc) from None
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -431,6 +448,8 @@ class WorkerRuntime:
         self._seq += 1
         if member and self._marks:
             self._marks["assigned"] = time.perf_counter()
+        elif not member and assignment.action is AssignAction.JOIN:
+            self._marks = {"assigned": time.perf_counter()}  # a joiner's switch: its marks from its admission on
         return assignment
 
     def _read_assignment(self, store: TCPStore, key: str) -> Assignment | None:
@@ -475,12 +494,12 @@ class WorkerRuntime:
             state.restore()
         if plan.sync:
             try:
-                sync_state(self.store, plan, self._settings(), state, self._marks)
+                self._sending = sync_state(self.store, plan, self._settings(), state, self._marks)
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
         self._marks.update(generation=float(plan.generation), world_size=float(plan.world_size))
         self._marks["synced"] = time.perf_counter()
-        state.save()
+        state.save(background=True)
         self._marks["saved"] = time.perf_counter()
         self._grad = state.gradient_reducer(self._grad)
         self._last_step_end = 0.0
@@ -498,6 +517,7 @@ class WorkerRuntime:
         return timing
 
     def _report(self, state: TorchState, *, failed: bool, missing: tuple[str, ...] = ()) -> None:
+        self._sending = None  # a send still in flight here failed with the generation: nothing waits for it
         self._marks = {"last_step": self._last_step_end, "report": time.perf_counter()}
         self._push(
             EventKind.REPORT,
@@ -525,6 +545,10 @@ class WorkerRuntime:
         except WorkerFailure:
             self._report(state, failed=True)
         else:
+            try:  # train() may return before any step of a generation that a joiner is still receiving
+                self._finish_send()
+            except WorkerFailure as exc:
+                log.warning("%s %s", self.prefix, exc)
             self._push(EventKind.DONE)
             return self._result(RunStatus.FINISHED, value)
         return None

@@ -319,6 +319,7 @@ def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[s
         "scale_in": _spread(pauses["in"]),
         "split": split,
         "phases": switch_phases(json.loads((out / f"marks-{keeper}.json").read_text())),
+        "joiner": joiner_phases(out, keeper),
     }
 
 
@@ -356,6 +357,39 @@ def switch_phases(marks: list[dict[str, float]]) -> dict[str, dict[str, dict[str
         for (_, before), (name, after) in itertools.pairwise(present):
             phases[kind].setdefault(name, []).append(after - before)
     return {kind: {name: _spread(values) for name, values in by.items()} for kind, by in phases.items()}
+
+
+#: The joiner's marks at its admission (runtime/worker.py), timed from the member's end of its last old step.
+JOINER_MARKS = (
+    ("assigned", "admitted"),
+    ("arrived", "members met"),
+    ("formed", "process group formed"),
+    ("manifest", "manifest checked"),
+    ("agreed", "state check agreed"),
+    ("broadcast", "state received"),
+    ("synced", "state loaded"),
+    ("saved", "auto-commit started"),
+    ("first_step", "first step ended"),
+)
+
+
+def joiner_phases(out: Path, keeper: str) -> dict[str, dict[str, float]]:
+    """When each joiner reached each mark of its admission, counted from the end of the member's last step in the
+    old generation (both processes' marks are ``time.perf_counter``, one clock on one machine): what the member
+    waits for at a scale-out."""
+    member = {s["generation"]: s for s in json.loads((out / f"marks-{keeper}.json").read_text()) if "report" in s}
+    offsets: dict[str, list[float]] = {}
+    for path in sorted(out.glob("marks-*.json")):
+        if path.name == f"marks-{keeper}.json":
+            continue
+        for switch in json.loads(path.read_text()):
+            base = member.get(switch.get("generation", -1))
+            if base is None or "assigned" not in switch:
+                continue
+            for name, _label in JOINER_MARKS:
+                if name in switch:
+                    offsets.setdefault(name, []).append(switch[name] - base["last_step"])
+    return {name: _spread(values) for name, values in offsets.items()}
 
 
 def stop_resume(out: Path) -> dict[str, float]:
@@ -536,6 +570,7 @@ def compare_pauses(
                     "scale_out": result["scale_out"],
                     "scale_in": result["scale_in"],
                     "phases": result["phases"],
+                    "joiner": result.get("joiner", {}),
                 }
             )
     summary = {label: {kind: _spread(values) for kind, values in by.items()} for label, by in pauses.items()}
@@ -656,6 +691,11 @@ def format_pauses(pauses: dict[str, Any]) -> str:
         for name, label in PHASES:
             if name in pauses.get("phases", {}).get(kind, {}):
                 lines.append(f"      {label:<22} {_ms(pauses['phases'][kind][name])}")
+    if pauses.get("joiner"):
+        lines.append("  the joiner at a scale-out, from the member's last old step end:")
+        for name, label in JOINER_MARKS:
+            if name in pauses["joiner"]:
+                lines.append(f"      {label:<22} {_ms(pauses['joiner'][name])}")
     return "\n".join(lines)
 
 

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         logits.float().flatten(0, 1), targets.to(runtime.device).flatten()
                     )
                     torch.autograd.backward(loss * weight)
-                    loss_sum += float(loss) * weight
+                    loss_sum += float(loss.detach()) * weight
                 with state.sync():  # gradients are the global batch's here
                     nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
                     state.optimizer.step()
@@ -158,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
                     state.commit()
 
     result = amoeba.run(train, state)
-    print(f"worker {runtime.worker_id}: {result.status.value}, generations {list(result.generations)}", flush=True)
+    print(
+        f"worker {runtime.worker_id}: {result.status.value}, generations {list(result.generations)}, "
+        f"device {runtime.device}",
+        flush=True,
+    )
     return 0
 
 

@@ -725,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=4, help="with --baseline: rounds per tree")
     args = parser.parse_args(argv)
+    os.environ.setdefault("AMOEBA_DEVICE", "cpu")  # the benchmark's model trains on CPU (gloo), GPU or not
     reps = args.reps or (1 if args.quick else 3)
     steps = 400 if args.quick else 1000
     work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))

@@ -51,7 +51,7 @@ class ToyJob:
             command,
             initial_workers=workers,
             job_id="toy",
-            env=env,
+            env={"AMOEBA_DEVICE": "cpu", **(env or {})},  # "auto" would put every worker on a GPU if one is there
             cuda_devices=cuda_devices,
             log_dir=out / "logs",
             collective_timeout_s=collective_timeout_s,

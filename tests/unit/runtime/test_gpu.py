@@ -60,7 +60,7 @@ def test_the_tiny_lm_example_trains_one_fsdp2_worker_in_bf16_over_nccl(tmp_path:
     env = {**os.environ, "AMOEBA_DEVICE": "cuda", "PYTHONPATH": str(root)}
     command = [sys.executable, "-m", "slurm_amoeba.local.cli", "-n", "1", "--max-workers", "1"]
     command += ["--log-dir", str(tmp_path), "--", sys.executable, str(root / "examples" / "tiny_lm.py")]
-    done = subprocess.run([*command, "--epochs", "3"], env=env, capture_output=True, text=True, timeout=220)
+    done = subprocess.run([*command, "--epochs", "4"], env=env, capture_output=True, text=True, timeout=220)
     log = (tmp_path / "w0.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-2000:]
     assert "worker w0: finished" in log and "device cuda:0" in log

@@ -13,6 +13,7 @@ users without Slurm (``amoeba-local``).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from slurm_amoeba.core.runtime_env import ENV_STORE_ADDR
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
@@ -212,6 +214,10 @@ class LocalJob:
         for _ in range(count):
             worker_id = self.coordinator.new_worker_id()
             env = {**os.environ, "OMP_NUM_THREADS": "1", **self.env, **self.coordinator.worker_env(worker_id)}
+            if _is_loopback(env.get(ENV_STORE_ADDR, "")):
+                # Every worker is on this host: gloo's connections go over loopback, not over whatever address the
+                # host name resolves to (on some machines one that does not accept connections).
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo")
             if self.cuda_devices is not None:
                 device = self._free_device()
                 self._device_of[worker_id] = device
@@ -341,3 +347,13 @@ class LocalJob:
         path = self._worker(worker_id).log_path
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _is_loopback(addr: str) -> bool:
+    """Whether ``addr`` is a loopback address (``localhost`` counts)."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from slurm_amoeba.core.runtime_env import ENV_STORE_ADDR
+from slurm_amoeba.core.runtime_env import ENV_DEVICE, ENV_STORE_ADDR
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
@@ -214,6 +214,9 @@ class LocalJob:
         for _ in range(count):
             worker_id = self.coordinator.new_worker_id()
             env = {**os.environ, "OMP_NUM_THREADS": "1", **self.env, **self.coordinator.worker_env(worker_id)}
+            wanted = self.env.get(ENV_DEVICE) or os.environ.get(ENV_DEVICE)
+            if wanted:  # the contract's default ("auto") must not override the device the user asked for
+                env[ENV_DEVICE] = wanted
             if _is_loopback(env.get(ENV_STORE_ADDR, "")):
                 # Every worker is on this host: gloo's connections go over loopback, not over whatever address the
                 # host name resolves to (on some machines one that does not accept connections).

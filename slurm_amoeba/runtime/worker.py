@@ -69,7 +69,6 @@ from slurm_amoeba.runtime.group import (
 from slurm_amoeba.runtime.protocol import (
     EVENTS_KEY,
     PROGRESS_KEY,
-    WANT_KEY,
     AssignAction,
     Assignment,
     EventKind,
@@ -420,16 +419,13 @@ class WorkerRuntime:
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
-    def _wait_assignment(self, timeout_s: float, *, member: bool, want: bytes | None = None) -> Assignment:
+    def _wait_assignment(self, timeout_s: float, *, member: bool) -> Assignment:
         key = assignment_key(self.worker_id, self._seq)
         deadline = time.monotonic() + timeout_s
         store = self.store
-        # A member that just reported expects its assignment within milliseconds: it blocks in the store until the
-        # key exists. A joiner may wait long: it polls slowly until the coordinator asks the running generation to
-        # end (``want`` changes from its value before the joiner said it was ready), then fast, so that it does not
-        # delay the next generation's formation.
-        if not member and want is None:
-            want = store.get(WANT_KEY)
+        # Both block in the store until the key exists, so that the assignment is seen the moment the coordinator
+        # writes it (a joiner that polled every few ms delayed the members' next generation by as much). A joiner
+        # may wait long: it wakes every quarter second to see whether SIGTERM asked it to leave.
         while (assignment := self._read_assignment(store, key)) is None:
             if not member and self._leave.is_set():
                 self._push(EventKind.LEFT, message="SIGTERM while waiting for admission")
@@ -439,12 +435,7 @@ class WorkerRuntime:
                     f"{self.prefix} waited {timeout_s:.0f} s for the coordinator's assignment {self._seq} "
                     f"(key {key}); is the coordinator alive at {self.env.store_addr}:{self.env.store_port}?"
                 )
-            if member:
-                await_keys(store, [key], deadline)
-            elif store.get(WANT_KEY) != want:
-                time.sleep(0.002)
-            else:
-                time.sleep(0.025)
+            await_keys(store, [key], deadline if member else min(deadline, time.monotonic() + 0.25))
         self._seq += 1
         if member and self._marks:
             self._marks["assigned"] = time.perf_counter()
@@ -622,14 +613,11 @@ class WorkerRuntime:
         sizes = tuple(state.sampler.planner.allowed_world_sizes(1024))
         state.bind(self)
         self._prewarm(state)
-        # The coordinator may ask the members to switch within a millisecond of the ready event: what ``want`` was
-        # before it is what tells this joiner to look for its assignment often (_wait_assignment).
-        want = self.store.get(WANT_KEY)
         self._push(EventKind.READY, allowed_sizes=sizes)
         log.info("%s warm and ready", self.prefix)
         status = RunStatus.ENDED
         try:
-            assignment = self._wait_assignment(self.env.join_timeout_s, member=False, want=want)
+            assignment = self._wait_assignment(self.env.join_timeout_s, member=False)
             result = self._follow(assignment, train, state)
             status = result.status
             return result

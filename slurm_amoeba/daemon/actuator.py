@@ -178,8 +178,9 @@ SEED_MOST = 5000
 VANISHED = ("Invalid job id", "already finished", "no longer pending", "Job is pending execution")
 
 
-def operator_rights(control: QueueControl, uid: int, user: str) -> tuple[str, str]:
-    """Whether the daemon's user may set job priorities: root, Slurm's ``SlurmUser``, or AdminLevel Operator/Admin.
+def operator_rights(control: QueueControl, uid: int, user: str, switch: str = "queue_order.enabled") -> tuple[str, str]:
+    """Whether the daemon's user may set job priorities (and hold jobs): root, Slurm's ``SlurmUser``, or AdminLevel
+    Operator/Admin; ``switch`` is the setting the refusal tells the admin to turn off instead.
 
     Returns:
         (why it may, "") or ("", why not: a sentence for the admin).
@@ -198,7 +199,7 @@ def operator_rights(control: QueueControl, uid: int, user: str) -> tuple[str, st
     return "", (
         f"amoebad runs as {user} (uid {uid}), which is not root, not SlurmUser ({slurm_user or '?'}), and has "
         f"AdminLevel {level}; give it operator rights with `sacctmgr modify user {user} set adminlevel=Operator` "
-        f"or set queue_order.enabled: false"
+        f"or set {switch}: false"
     )
 
 

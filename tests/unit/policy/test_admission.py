@@ -12,6 +12,7 @@ from slurm_amoeba.policy.admission import (
     Profile,
     Running,
     Standing,
+    Verdict,
     Waiting,
     admit,
     slurm_order,
@@ -38,7 +39,7 @@ def rigid(job_id: str, gpus: int, *, limit: float | None = 600.0, priority: int 
     return Waiting(job_id, gpus, gpus, limit, priority, submit)
 
 
-def actions(verdicts: list, settings: AdmissionSettings | None = None) -> dict[str, Action]:
+def actions(verdicts: list[Verdict]) -> dict[str, Action]:
     return {v.job_id: v.action for v in verdicts}
 
 

@@ -490,6 +490,18 @@ def _policy(section: _Section) -> tuple[str, dict[str, Any]]:
     return name, dict(knobs_raw)
 
 
+def _agents(top: _Section) -> AgentSettings:
+    agents = top.section("agents")
+    base = AgentSettings()
+    return AgentSettings(
+        timeout_s=agents.number("timeout_s", base.timeout_s, maximum=300),
+        retries=agents.integer("retries", base.retries, 0, 10),
+        parallel=agents.integer("parallel", base.parallel, 1, 256),
+        stale_after_s=agents.number("stale_after_s", base.stale_after_s),
+        backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
+    )
+
+
 def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
     """Validate a parsed YAML document and build the configuration.
 
@@ -526,15 +538,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
             "partitions.elastic", elastic, "the elastic partition must not also be a regular one (partitions.regular)"
         )
     operators, uids, gids = _operators(top)
-    agents = top.section("agents")
-    base = AgentSettings()
-    agent_settings = AgentSettings(
-        timeout_s=agents.number("timeout_s", base.timeout_s, maximum=300),
-        retries=agents.integer("retries", base.retries, 0, 10),
-        parallel=agents.integer("parallel", base.parallel, 1, 256),
-        stale_after_s=agents.number("stale_after_s", base.stale_after_s),
-        backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
-    )
+    agent_settings = _agents(top)
     site_limits = _limits(top)
     slurm = top.section("slurm")
     slurm_conf = slurm.optional_string("conf")

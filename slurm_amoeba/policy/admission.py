@@ -201,8 +201,8 @@ def admit(
         One verdict per elastic job (``NEW`` or ``HELD``) among the first ``max_jobs`` in Slurm's order.
     """
     profile = Profile(now, free_gpus + lendable_gpus)
-    for job in running:
-        profile.add(job.ends_at, math.inf, job.gpus)
+    for run in running:
+        profile.add(run.ends_at, math.inf, run.gpus)
     latest = now + settings.window_s
     verdicts: list[Verdict] = []
     for job in slurm_order(queue)[: settings.max_jobs]:

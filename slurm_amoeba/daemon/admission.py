@@ -111,7 +111,12 @@ def _request_gpus(record: JobRecord, gpus: int, max_workers: int, total: int) ->
 
 
 def admission_input(
-    view: ClusterView, partitions: Collection[str], users: Collection[str], max_workers: int, admitted: Collection[str]
+    view: ClusterView,
+    partitions: Collection[str],
+    users: Collection[str],
+    max_workers: int,
+    admitted: Collection[str],
+    lenders: Collection[str] | None = None,
 ) -> AdmissionInput:
     """Read the round's view for admission (see the module docstring).
 
@@ -121,6 +126,7 @@ def admission_input(
         users: only these users' elastic jobs are held; empty: everyone's.
         max_workers: the site's cap on an elastic job's workers (``limits.max_workers``).
         admitted: jobs admitted earlier (never held again).
+        lenders: the jobs whose satellites the daemon can take back (its managed jobs); None: every job's.
     """
     allowed = set(partitions)
     nodes = [node for node in view.nodes if allowed & set(node.partitions)]
@@ -134,7 +140,10 @@ def admission_input(
     stale: list[str] = []
     for job_id, group in view.active_groups().items():
         leader = min(group, key=lambda record: record.het_job_offset)
-        if satellite_parent(leader) is not None:
+        parent = satellite_parent(leader)
+        if parent is not None:
+            if lenders is not None and parent not in lenders:
+                continue  # another daemon's (or nobody's) loan: busy GPUs as far as admission knows
             lendable += sum(r.gpus_held for r in group if r.state is JobState.RUNNING and names & set(r.nodes))
             continue
         if leader.state is JobState.RUNNING:
@@ -231,11 +240,14 @@ class Admitter:
         self.waiting: tuple[HeldJob, ...] = ()
         self._first = True
 
-    def apply(self, view: ClusterView, now: float) -> AdmissionRound:
-        """One round: read, decide, hold and release (disabled: release a previous life's holds, first round only)."""
+    def apply(self, view: ClusterView, now: float, lenders: Collection[str] | None = None) -> AdmissionRound:
+        """One round: read, decide, hold and release (disabled: release a previous life's holds, first round only).
+
+        ``lenders`` are the jobs whose satellites the daemon can take back (its managed jobs; None: every job's).
+        """
         if not self.settings.enabled and not self._first:
             return AdmissionRound((), (), (), (), ())
-        seen = admission_input(view, self.partitions, self.settings.users, self.max_workers, self.admitted)
+        seen = admission_input(view, self.partitions, self.settings.users, self.max_workers, self.admitted, lenders)
         first, self._first = self._first, False
         for job_id in seen.stale:
             self._call("clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""))

@@ -264,7 +264,7 @@ class RoundLoop:
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
         self.act(plan)
         self.order_queue(view, now)
-        self.admit(view, now)
+        self.admit(view, now, frozenset(obs.managed))
         update_gauges(self.metrics, obs, self.ledger)
         return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
 
@@ -278,14 +278,15 @@ class RoundLoop:
         self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
         self._queue_run.add_done_callback(_log_queue_failure)
 
-    def admit(self, view: ClusterView, now: float) -> None:
-        """Admission's round (docs/admin.md 8c), on the queue ordering's thread (one ``scontrol`` at a time).
+    def admit(self, view: ClusterView, now: float, lenders: frozenset[str]) -> None:
+        """Admission's round (docs/admin.md 8c), on the queue ordering's thread (one ``scontrol`` at a time);
+        ``lenders`` are the managed jobs, whose satellites the daemon takes back.
 
         A round whose previous admission has not finished skips it.
         """
         if self.admission is None or (self._admission_run is not None and not self._admission_run.done()):
             return
-        self._admission_run = self._queue_pool.submit(self.admission.apply, view, now)
+        self._admission_run = self._queue_pool.submit(self.admission.apply, view, now, lenders)
         self._admission_run.add_done_callback(_log_admission_failure)
 
     @property

@@ -120,8 +120,10 @@ def test_held_while_few_gpus_are_free_then_released_with_its_priority_back() -> 
 def test_loans_count_as_available_and_a_job_with_room_is_never_held() -> None:
     records = {7: elastic_job(), 20: satellite(20, 3, gpus={"n1": 4})}
     slurm = MemorySlurm(records, cluster(used=12))
-    assert admitter(slurm).apply(slurm.view(), 2_000.0).held == ()
+    assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"3"}).held == ()
     assert slurm.calls == []
+    # Satellites of a job the daemon does not manage are not its to take back.
+    assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"4"}).held == ("7",)
 
 
 def test_the_starvation_bound_releases_a_job_held_too_long() -> None:

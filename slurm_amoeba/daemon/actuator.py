@@ -203,6 +203,25 @@ def operator_rights(control: QueueControl, uid: int, user: str, switch: str = "q
     )
 
 
+def checked_rights(control: QueueControl, uid: int, user: str, switch: str) -> tuple[str, str]:
+    """The daemon's operator rights for the feature ``switch`` turns on, and Slurm's ``PriorityType``.
+
+    Returns:
+        (why the daemon may, the priority plugin).
+
+    Raises:
+        ConfigError: it may not (the sentence names the fix), or Slurm's configuration cannot be read.
+    """
+    why, refusal = operator_rights(control, uid, user, switch)
+    if refusal:
+        raise ConfigError(f"{switch} refused: {refusal}")
+    try:
+        priority_type = control.config_values().get("PriorityType", "priority/basic")
+    except SlurmCommandError as exc:
+        raise ConfigError(f"{switch}: cannot read Slurm's configuration ({exc})") from None
+    return why, priority_type
+
+
 def make_queue_orderer(
     settings: QueueOrder,
     partitions: Collection[str],
@@ -221,13 +240,7 @@ def make_queue_orderer(
         return None
     if not isinstance(source, QueueControl):
         raise ConfigError("queue_order.enabled: the daemon's Slurm source cannot update jobs (scontrol)")
-    why, refusal = operator_rights(source, uid, user)
-    if refusal:
-        raise ConfigError(f"queue_order.enabled refused: {refusal}")
-    try:
-        priority_type = source.config_values().get("PriorityType", "priority/basic")
-    except SlurmCommandError as exc:
-        raise ConfigError(f"queue_order.enabled: cannot read Slurm's configuration ({exc})") from None
+    why, priority_type = checked_rights(source, uid, user, "queue_order.enabled")
     logger.info(
         "[daemon/queue] ordering Slurm's queue by attained service in %s (rights: %s; %s; thresholds %s GPU-s)",
         ", ".join(partitions),

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, runtime_checkable
 
-from slurm_amoeba.daemon.actuator import VANISHED, QueueControl, operator_rights
+from slurm_amoeba.daemon.actuator import VANISHED, QueueControl, checked_rights
 from slurm_amoeba.daemon.config import Admission, ConfigError
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, satellite_parent
@@ -383,13 +383,7 @@ def make_admitter(
         return None
     restore = True
     if settings.enabled:
-        why, refusal = operator_rights(source, uid, user, "admission.enabled")
-        if refusal:
-            raise ConfigError(f"admission.enabled refused: {refusal}")
-        try:
-            priority_type = source.config_values().get("PriorityType", "priority/basic")
-        except SlurmCommandError as exc:
-            raise ConfigError(f"admission.enabled: cannot read Slurm's configuration ({exc})") from None
+        why, priority_type = checked_rights(source, uid, user, "admission.enabled")
         restore = priority_type == "priority/basic"
         logger.info(
             "[daemon/admission] admitting elastic jobs at their requested size in %s (rights: %s; %s; max_hold_s %g)",

@@ -414,6 +414,17 @@ def _flag(section: _Section, key: str, default: bool) -> bool:
     return value
 
 
+def _partitions_and_users(section: _Section, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A section's ``partitions`` (empty: the regular ones) and ``users`` (empty: everyone) lists."""
+    parts = section.data.get("partitions", [])
+    if not isinstance(parts, list):
+        section.fail(f"{name}.partitions", parts, "give a list of partition names ([] for partitions.regular)")
+    users = section.data.get("users", [])
+    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
+        section.fail(f"{name}.users", users, "give a list of user names ([] for every user)")
+    return tuple(_partition(section, f"{name}.partitions", p) for p in parts), tuple(users)
+
+
 def _queue_order(top: _Section) -> QueueOrder:
     section = top.section("queue_order")
     base = QueueOrder()
@@ -426,17 +437,12 @@ def _queue_order(top: _Section) -> QueueOrder:
         section.fail(
             "queue_order.thresholds_gpu_s", raw, "give 1 to 16 increasing GPU-second thresholds above 0, e.g. [57600]"
         )
-    parts = section.data.get("partitions", [])
-    if not isinstance(parts, list):
-        section.fail("queue_order.partitions", parts, "give a list of partition names ([] for partitions.regular)")
-    users = section.data.get("users", [])
-    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
-        section.fail("queue_order.users", users, "give a list of user names ([] for every user)")
+    parts, users = _partitions_and_users(section, "queue_order")
     return QueueOrder(
         enabled=_flag(section, "enabled", base.enabled),
         thresholds_gpu_s=tuple(float(v) for v in raw),
-        partitions=tuple(_partition(section, "queue_order.partitions", p) for p in parts),
-        users=tuple(users),
+        partitions=parts,
+        users=users,
         max_updates_per_round=section.integer("max_updates_per_round", base.max_updates_per_round, 1, 10_000),
         revert_on_stop=_flag(section, "revert_on_stop", base.revert_on_stop),
     )
@@ -445,17 +451,12 @@ def _queue_order(top: _Section) -> QueueOrder:
 def _admission(top: _Section) -> Admission:
     section = top.section("admission")
     base = Admission()
-    parts = section.data.get("partitions", [])
-    if not isinstance(parts, list):
-        section.fail("admission.partitions", parts, "give a list of partition names ([] for partitions.regular)")
-    users = section.data.get("users", [])
-    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
-        section.fail("admission.users", users, "give a list of user names ([] for every user)")
+    parts, users = _partitions_and_users(section, "admission")
     return Admission(
         enabled=_flag(section, "enabled", base.enabled),
         max_hold_s=section.number("max_hold_s", base.max_hold_s, maximum=30 * 24 * 3600),
-        partitions=tuple(_partition(section, "admission.partitions", p) for p in parts),
-        users=tuple(users),
+        partitions=parts,
+        users=users,
     )
 
 

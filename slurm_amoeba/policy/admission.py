@@ -23,11 +23,14 @@ Pure: the caller reads Slurm and applies the verdicts (``daemon/admission.py``);
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import enum
 import math
 from collections.abc import Sequence
+
+# The free-GPU profile of the baseline's backfill, the same step function (one of it in the code base; policy/ owns
+# slurm_baseline.py, whose private name this borrows until it is made public there).
+from slurm_amoeba.policy.slurm_baseline import _Profile as Profile
 
 #: Slurm's default ``bf_window`` (one day): reservations lie at most this far ahead.
 DEFAULT_WINDOW_S = 24 * 3600.0
@@ -109,50 +112,6 @@ class Verdict:
     wanted: int
     available: int
     reason: str
-
-
-class Profile:
-    """Free GPUs over time: a step function from ``now`` on (segments ``[times[i], times[i + 1])``)."""
-
-    def __init__(self, now: float, free: int) -> None:
-        self.times = [now]
-        self.free = [free]
-
-    def _split(self, at: float) -> int:
-        index = bisect.bisect_right(self.times, at) - 1
-        if index < 0:
-            return 0
-        if self.times[index] == at:
-            return index
-        self.times.insert(index + 1, at)
-        self.free.insert(index + 1, self.free[index])
-        return index + 1
-
-    def add(self, start: float, end: float, delta: int) -> None:
-        """Add ``delta`` free GPUs over ``[start, end)`` (negative: take them)."""
-        if end <= start:
-            return
-        first = self._split(max(start, self.times[0]))
-        last = len(self.times) if math.isinf(end) else self._split(end)
-        for index in range(first, last):
-            self.free[index] += delta
-
-    def earliest(self, need: int, duration: float, latest: float) -> float | None:
-        """The earliest breakpoint no later than ``latest`` from which ``need`` GPUs stay free for ``duration``."""
-        for start_index, start in enumerate(self.times):
-            if start > latest:
-                return None
-            end = start + duration
-            ok = True
-            for index in range(start_index, len(self.times)):
-                if self.times[index] >= end:
-                    break
-                if self.free[index] < need:
-                    ok = False
-                    break
-            if ok:
-                return start
-        return None
 
 
 @dataclasses.dataclass(frozen=True)

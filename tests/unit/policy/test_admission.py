@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from slurm_amoeba.policy.admission import (
     Action,
     AdmissionSettings,
-    Profile,
     Running,
     Standing,
     Verdict,
@@ -114,13 +111,14 @@ def test_a_starved_job_takes_its_minimum_in_the_profile() -> None:
     assert verdicts[1].available == 6
 
 
-def test_running_jobs_free_their_gpus_at_their_limit() -> None:
-    profile = Profile(NOW, 0)
-    profile.add(NOW + 50, math.inf, 8)
-    assert profile.earliest(8, 10, NOW + 1000) == NOW + 50
-    assert profile.earliest(8, 10, NOW + 10) is None
-    profile.add(NOW + 60, NOW + 70, -4)
-    assert profile.earliest(8, 30, NOW + 1000) == NOW + 70
+def test_running_jobs_free_their_gpus_at_their_limit_and_a_job_ending_before_it_needs_them_is_released() -> None:
+    busy = [Running(8, NOW + 50)]
+    assert actions(admit(NOW, 0, 0, busy, [elastic("1", 2, 8, held_since=NOW - 1)], AdmissionSettings())) == {
+        "1": Action.WAIT
+    }
+    # 8 free now, 8 more at NOW+50 for the rigid 16-GPU job ahead: a 40 s job ends before its reservation.
+    queue = [rigid("r", 16, priority=300), elastic("1", 2, 8, limit=40.0, held_since=NOW - 1)]
+    assert actions(admit(NOW, 8, 0, busy, queue, AdmissionSettings())) == {"1": Action.RELEASE}
 
 
 def test_slurm_order_is_priority_then_submit_then_id() -> None:

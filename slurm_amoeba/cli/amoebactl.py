@@ -167,6 +167,17 @@ def _format_status(data: Mapping[str, Any]) -> str:
             f"last round  {last['duration_s'] * 1000:.1f} ms (policy {last['policy_s'] * 1000:.1f} ms), "
             f"{len(last['ordered'])} resize(s) ordered{error}"
         )
+    admission = data.get("admission") or {}
+    if admission.get("enabled") or admission.get("held"):
+        lines.append(
+            f"admission   at the requested size, {admission.get('held_count', 0)} job(s) held "
+            f"(released anyway after {admission.get('max_hold_s', 0):g} s)"
+        )
+    for job in admission.get("held", []):
+        lines.append(
+            f"  job {job['job_id']} (user {job['user']}): held by amoebad: waiting for {job['wanted']} GPUs "
+            f"({job['available']} free or lendable), {float(job.get('held_s', 0)):.0f} s so far"
+        )
     orphans = data.get("orphans", [])
     lines.append(f"orphans     {len(orphans)}")
     for sat in orphans:

@@ -52,6 +52,14 @@ def _queue_order(config: DaemonConfig) -> str:
     return f"on in {parts} (thresholds {thresholds} GPU-s; needs Slurm operator rights, checked at start)"
 
 
+def _admission(config: DaemonConfig) -> str:
+    admission = config.admission
+    if not admission.enabled:
+        return "off"
+    parts = ",".join(admission.partitions or config.regular_partitions)
+    return f"on in {parts} (max_hold_s {admission.max_hold_s:g}; needs Slurm operator rights, checked at start)"
+
+
 def _describe(config: DaemonConfig) -> str:
     knobs = ", ".join(f"{k}={v!r}" for k, v in config.effective_knobs().items()) or "defaults"
     return "\n".join(
@@ -68,6 +76,7 @@ def _describe(config: DaemonConfig) -> str:
             f"{config.agents.parallel} in parallel",
             f"  state_file        {config.state_file or '(none: pins do not survive a restart)'}",
             f"  queue_order       {_queue_order(config)}",
+            f"  admission         {_admission(config)}",
         ]
     )
 
@@ -100,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["SLURM_CONF"] = config.slurm_conf
     try:
         daemon = Daemon(config, CliSlurmClient(env, timeout=config.slurm_timeout_s))
-    except ConfigError as exc:  # e.g. queue_order.enabled without Slurm operator rights
+    except ConfigError as exc:  # e.g. queue_order.enabled or admission.enabled without Slurm operator rights
         print(f"amoebad: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()

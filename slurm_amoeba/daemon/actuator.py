@@ -178,8 +178,9 @@ SEED_MOST = 5000
 VANISHED = ("Invalid job id", "already finished", "no longer pending", "Job is pending execution")
 
 
-def operator_rights(control: QueueControl, uid: int, user: str) -> tuple[str, str]:
-    """Whether the daemon's user may set job priorities: root, Slurm's ``SlurmUser``, or AdminLevel Operator/Admin.
+def operator_rights(control: QueueControl, uid: int, user: str, switch: str = "queue_order.enabled") -> tuple[str, str]:
+    """Whether the daemon's user may set job priorities (and hold jobs): root, Slurm's ``SlurmUser``, or AdminLevel
+    Operator/Admin; ``switch`` is the setting the refusal tells the admin to turn off instead.
 
     Returns:
         (why it may, "") or ("", why not: a sentence for the admin).
@@ -198,8 +199,27 @@ def operator_rights(control: QueueControl, uid: int, user: str) -> tuple[str, st
     return "", (
         f"amoebad runs as {user} (uid {uid}), which is not root, not SlurmUser ({slurm_user or '?'}), and has "
         f"AdminLevel {level}; give it operator rights with `sacctmgr modify user {user} set adminlevel=Operator` "
-        f"or set queue_order.enabled: false"
+        f"or set {switch}: false"
     )
+
+
+def checked_rights(control: QueueControl, uid: int, user: str, switch: str) -> tuple[str, str]:
+    """The daemon's operator rights for the feature ``switch`` turns on, and Slurm's ``PriorityType``.
+
+    Returns:
+        (why the daemon may, the priority plugin).
+
+    Raises:
+        ConfigError: it may not (the sentence names the fix), or Slurm's configuration cannot be read.
+    """
+    why, refusal = operator_rights(control, uid, user, switch)
+    if refusal:
+        raise ConfigError(f"{switch} refused: {refusal}")
+    try:
+        priority_type = control.config_values().get("PriorityType", "priority/basic")
+    except SlurmCommandError as exc:
+        raise ConfigError(f"{switch}: cannot read Slurm's configuration ({exc})") from None
+    return why, priority_type
 
 
 def make_queue_orderer(
@@ -220,13 +240,7 @@ def make_queue_orderer(
         return None
     if not isinstance(source, QueueControl):
         raise ConfigError("queue_order.enabled: the daemon's Slurm source cannot update jobs (scontrol)")
-    why, refusal = operator_rights(source, uid, user)
-    if refusal:
-        raise ConfigError(f"queue_order.enabled refused: {refusal}")
-    try:
-        priority_type = source.config_values().get("PriorityType", "priority/basic")
-    except SlurmCommandError as exc:
-        raise ConfigError(f"queue_order.enabled: cannot read Slurm's configuration ({exc})") from None
+    why, priority_type = checked_rights(source, uid, user, "queue_order.enabled")
     logger.info(
         "[daemon/queue] ordering Slurm's queue by attained service in %s (rights: %s; %s; thresholds %s GPU-s)",
         ", ".join(partitions),

@@ -107,6 +107,24 @@ class QueueOrder:
 
 
 @dataclasses.dataclass(frozen=True)
+class Admission:
+    """Admitting elastic jobs at their requested size (docs/admin.md, section 8c; needs Slurm operator rights, off by
+    default).
+
+    Attributes:
+        enabled: whether the daemon holds pending elastic jobs until their requested size is free or lendable.
+        max_hold_s: a job held this long is released anyway and starts at its minimum (the starvation bound).
+        partitions: the partitions whose pending jobs it admits into; empty: the regular partitions.
+        users: only these users' elastic jobs are held (user names); empty: every user's.
+    """
+
+    enabled: bool = False
+    max_hold_s: float = 3600.0
+    partitions: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class DaemonConfig:
     """Everything ``amoebad`` is configured with (see ``configs/amoebad.yaml`` for the annotated file).
 
@@ -129,6 +147,7 @@ class DaemonConfig:
             elastic extras for it, at once); after it the daemon shrinks elastic jobs for it.
         orphan_grace_s: a satellite whose parent is gone is reported after this long.
         queue_order: ordering Slurm's queue by attained service.
+        admission: admitting elastic jobs at their requested size.
         slurm_timeout_s: deadline of one Slurm command.
         slurm_conf: ``SLURM_CONF`` for Slurm's commands; None: the environment's.
         state_file: where pins, the drain switch and acknowledged resizes survive a restart; None: nowhere.
@@ -153,6 +172,7 @@ class DaemonConfig:
     make_room_after_s: float = 5.0
     orphan_grace_s: float = 30.0
     queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
+    admission: Admission = dataclasses.field(default_factory=Admission)
     slurm_timeout_s: float = 30.0
     slurm_conf: str | None = None
     state_file: str | None = None
@@ -188,6 +208,12 @@ def _section_defaults() -> dict[str, dict[str, object]]:
             "max_updates_per_round": base.queue_order.max_updates_per_round,
             "revert_on_stop": base.queue_order.revert_on_stop,
         },
+        "admission": {
+            "enabled": base.admission.enabled,
+            "max_hold_s": base.admission.max_hold_s,
+            "partitions": list(base.admission.partitions),
+            "users": list(base.admission.users),
+        },
         "limits": {
             "requests_per_s": base.limits.requests_per_s,
             "burst": base.limits.burst,
@@ -211,6 +237,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "orphan_grace_s": base.orphan_grace_s,
         "slurm": nested["slurm"],
         "queue_order": nested["queue_order"],
+        "admission": nested["admission"],
         "state_file": base.state_file,
         "log_level": base.log_level,
     }
@@ -387,6 +414,17 @@ def _flag(section: _Section, key: str, default: bool) -> bool:
     return value
 
 
+def _partitions_and_users(section: _Section, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A section's ``partitions`` (empty: the regular ones) and ``users`` (empty: everyone) lists."""
+    parts = section.data.get("partitions", [])
+    if not isinstance(parts, list):
+        section.fail(f"{name}.partitions", parts, "give a list of partition names ([] for partitions.regular)")
+    users = section.data.get("users", [])
+    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
+        section.fail(f"{name}.users", users, "give a list of user names ([] for every user)")
+    return tuple(_partition(section, f"{name}.partitions", p) for p in parts), tuple(users)
+
+
 def _queue_order(top: _Section) -> QueueOrder:
     section = top.section("queue_order")
     base = QueueOrder()
@@ -399,19 +437,26 @@ def _queue_order(top: _Section) -> QueueOrder:
         section.fail(
             "queue_order.thresholds_gpu_s", raw, "give 1 to 16 increasing GPU-second thresholds above 0, e.g. [57600]"
         )
-    parts = section.data.get("partitions", [])
-    if not isinstance(parts, list):
-        section.fail("queue_order.partitions", parts, "give a list of partition names ([] for partitions.regular)")
-    users = section.data.get("users", [])
-    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
-        section.fail("queue_order.users", users, "give a list of user names ([] for every user)")
+    parts, users = _partitions_and_users(section, "queue_order")
     return QueueOrder(
         enabled=_flag(section, "enabled", base.enabled),
         thresholds_gpu_s=tuple(float(v) for v in raw),
-        partitions=tuple(_partition(section, "queue_order.partitions", p) for p in parts),
-        users=tuple(users),
+        partitions=parts,
+        users=users,
         max_updates_per_round=section.integer("max_updates_per_round", base.max_updates_per_round, 1, 10_000),
         revert_on_stop=_flag(section, "revert_on_stop", base.revert_on_stop),
+    )
+
+
+def _admission(top: _Section) -> Admission:
+    section = top.section("admission")
+    base = Admission()
+    parts, users = _partitions_and_users(section, "admission")
+    return Admission(
+        enabled=_flag(section, "enabled", base.enabled),
+        max_hold_s=section.number("max_hold_s", base.max_hold_s, maximum=30 * 24 * 3600),
+        partitions=parts,
+        users=users,
     )
 
 
@@ -444,6 +489,18 @@ def _policy(section: _Section) -> tuple[str, dict[str, Any]]:
     except PolicyError as exc:
         raise ConfigError(f"{section.source}: policy.knobs {knobs_raw!r} is invalid: {exc}") from None
     return name, dict(knobs_raw)
+
+
+def _agents(top: _Section) -> AgentSettings:
+    agents = top.section("agents")
+    base = AgentSettings()
+    return AgentSettings(
+        timeout_s=agents.number("timeout_s", base.timeout_s, maximum=300),
+        retries=agents.integer("retries", base.retries, 0, 10),
+        parallel=agents.integer("parallel", base.parallel, 1, 256),
+        stale_after_s=agents.number("stale_after_s", base.stale_after_s),
+        backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
+    )
 
 
 def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
@@ -482,15 +539,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
             "partitions.elastic", elastic, "the elastic partition must not also be a regular one (partitions.regular)"
         )
     operators, uids, gids = _operators(top)
-    agents = top.section("agents")
-    base = AgentSettings()
-    agent_settings = AgentSettings(
-        timeout_s=agents.number("timeout_s", base.timeout_s, maximum=300),
-        retries=agents.integer("retries", base.retries, 0, 10),
-        parallel=agents.integer("parallel", base.parallel, 1, 256),
-        stale_after_s=agents.number("stale_after_s", base.stale_after_s),
-        backoff_s=agents.number("backoff_s", base.backoff_s, positive=False),
-    )
+    agent_settings = _agents(top)
     site_limits = _limits(top)
     slurm = top.section("slurm")
     slurm_conf = slurm.optional_string("conf")
@@ -520,6 +569,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         make_room_after_s=top.number("make_room_after_s", defaults.make_room_after_s, positive=False, maximum=3600),
         orphan_grace_s=top.number("orphan_grace_s", defaults.orphan_grace_s, positive=False),
         queue_order=_queue_order(top),
+        admission=_admission(top),
         slurm_timeout_s=slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600),
         slurm_conf=slurm_conf,
         state_file=state_file,

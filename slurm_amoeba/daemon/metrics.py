@@ -254,6 +254,15 @@ class DaemonMetrics:
         self.queue_jobs = r.gauge(
             "amoeba_queue_jobs", "Pending jobs queue ordering sees, by 2D-LAS queue (0 is served first).", ["queue"]
         )
+        self.admission_decisions = r.counter(
+            "amoeba_admission_decisions_total",
+            "Holds and releases of admission at the requested size, by action (hold, release, starved, undo) and "
+            "outcome (ok, vanished, failed); clear and priority count only when they fail.",
+            ["action", "outcome"],
+        )
+        self.admission_held = r.gauge(
+            "amoeba_admission_held", "Pending elastic jobs the daemon holds until their requested size is available."
+        )
 
 
 class MetricsServer:

@@ -533,6 +533,8 @@ class RequestHandler:
         sees = self._sees(viewer)
         orphans = [s for s in obs.orphans if sees.user_named(s.user)] if obs else []
         unclaimed = [s for s in obs.unclaimed if sees.user_named(s.user)] if obs else []
+        admitter = self.round_loop.admission
+        held = admitter.waiting if admitter is not None else ()
         last_round = dataclasses.asdict(last) if last else None
         if last_round is not None:
             last_round["ordered"] = {job: n for job, n in last_round["ordered"].items() if sees.job(job)}
@@ -566,6 +568,16 @@ class RequestHandler:
             "orphans_count": len(obs.orphans) if obs else 0,
             "unclaimed": [s.as_dict() for s in unclaimed],
             "unclaimed_count": len(obs.unclaimed) if obs else 0,
+            "admission": {
+                "enabled": self.config.admission.enabled,
+                "max_hold_s": self.config.admission.max_hold_s,
+                "held": [
+                    {**job.as_dict(), "held_s": round(max(0.0, self.clock() - job.since), 1)}
+                    for job in held
+                    if sees.user_named(job.user)
+                ],
+                "held_count": len(held),
+            },
             "last_round": last_round,
             "refusals": (self.server.refusals if self.server else 0) + int(self.metrics.refusals.total()),
             "limited_to_own_jobs": not sees.everything,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer, QueueRound, make_queue_orderer
+from slurm_amoeba.daemon.admission import AdmissionRound, Admitter, make_admitter
 from slurm_amoeba.daemon.batches import policy_batches
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
@@ -190,8 +191,18 @@ class RoundLoop:
             uid=uid,
             user=_user_name(uid),
         )
+        self.admission: Admitter | None = make_admitter(
+            config.admission,
+            config.admission.partitions or config.regular_partitions,
+            config.limits.max_workers,
+            slurm,
+            metrics,
+            uid=uid,
+            user=_user_name(uid),
+        )
         self._queue_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="amoebad-queue")
         self._queue_run: concurrent.futures.Future[QueueRound] | None = None
+        self._admission_run: concurrent.futures.Future[AdmissionRound] | None = None
 
     def begin_round(self) -> bool:
         """Start a round: read Slurm on a thread of its own (see the module docstring).
@@ -253,6 +264,7 @@ class RoundLoop:
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
         self.act(plan)
         self.order_queue(view, now)
+        self.admit(view, now, frozenset(obs.managed))
         update_gauges(self.metrics, obs, self.ledger)
         return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
 
@@ -266,6 +278,17 @@ class RoundLoop:
         self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
         self._queue_run.add_done_callback(_log_queue_failure)
 
+    def admit(self, view: ClusterView, now: float, lenders: frozenset[str]) -> None:
+        """Admission's round (docs/admin.md 8c), on the queue ordering's thread (one ``scontrol`` at a time);
+        ``lenders`` are the managed jobs, whose satellites the daemon takes back.
+
+        A round whose previous admission has not finished skips it.
+        """
+        if self.admission is None or (self._admission_run is not None and not self._admission_run.done()):
+            return
+        self._admission_run = self._queue_pool.submit(self.admission.apply, view, now, lenders)
+        self._admission_run.add_done_callback(_log_admission_failure)
+
     @property
     def last_queue_round(self) -> QueueRound | None:
         """What the last finished queue ordering did (None before the first, or when it failed)."""
@@ -275,10 +298,13 @@ class RoundLoop:
         return run.result()
 
     def close(self) -> None:
-        """Wait for queue ordering under way, then (``queue_order.revert_on_stop``) undo what it changed."""
+        """Wait for queue ordering and admission under way, then (``queue_order.revert_on_stop``) undo what queue
+        ordering changed and release every job admission holds."""
         self._queue_pool.shutdown(wait=True, cancel_futures=True)
         if self.queue is not None and self.config.queue_order.revert_on_stop:
             self.queue.revert()
+        if self.admission is not None:
+            self.admission.release_all()
 
     def snapshot(self, view: ClusterView, now: float) -> Observation:
         """The snapshot step; while an operator's drain is on no job shows pinned (a drain outranks a pin)."""
@@ -357,6 +383,11 @@ class _Observing:
 def _log_queue_failure(run: concurrent.futures.Future[QueueRound]) -> None:
     if not run.cancelled() and run.exception() is not None:
         logger.error("[daemon/queue] queue ordering failed this round: %r; the next round tries again", run.exception())
+
+
+def _log_admission_failure(run: concurrent.futures.Future[AdmissionRound]) -> None:
+    if not run.cancelled() and run.exception() is not None:
+        logger.error("[daemon/admission] admission failed this round: %r; the next round tries again", run.exception())
 
 
 def _user_name(uid: int) -> str:

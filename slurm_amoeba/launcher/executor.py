@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shlex
 import time
 import typing as tp
@@ -46,7 +47,7 @@ from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_JOB_FOLDER, ENV_STATE_DIR
 from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.launcher.parameters import ElasticParameters, updated
-from slurm_amoeba.launcher.submission import ElasticJobShape, lifecycle_options, signal_lead_s
+from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
 from slurm_amoeba.slurm import (
     CliSlurmClient,
     JobState,
@@ -211,6 +212,7 @@ class ElasticExecutor(core.PicklingExecutor):
             lifecycle=lifecycle_options(
                 signal_lead_s(p.time, p.signal_delay_s), (k for k, _ in p.additional_parameters)
             ),
+            begin_delay_s=admission_delay_s(os.environ, (k for k, _ in p.additional_parameters)),
         )
 
     def _check(self, submissions: tp.Sequence[utils.DelayedSubmission]) -> None:

@@ -178,7 +178,8 @@ REFUSED: dict[str, str] = {
         _SIZED_IN_WORKERS,
     ),
     **dict.fromkeys(("stderr_to_stdout", "slurm_srun_args", "slurm_use_srun"), _AGENT_STARTS_WORKERS),
-    "slurm_comment": "slurm_amoeba links satellites to their job through the job's comment",
+    "slurm_comment": "the job's comment carries its elastic mark (amoeba-elastic=MIN:MAX), which amoebad reads "
+    "while the job is pending; amoeba-sbatch --comment keeps a comment of yours after the mark",
     "slurm_array_parallelism": "map_array submits one elastic job per item, not a Slurm array",
 }
 
@@ -201,7 +202,7 @@ _OWN_OPTIONS = {
     "mem": "mem_per_worker",
     "output": "(the executor's job folder)",
     "error": "(the executor's job folder)",
-    "comment": "(slurm_amoeba links satellites through it)",
+    "comment": "(the job's elastic mark, amoeba-elastic=MIN:MAX)",
     "array": "(map_array)",
     "account": "account",
     "qos": "qos",

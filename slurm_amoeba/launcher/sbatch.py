@@ -27,7 +27,7 @@ from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.parameters import parse_memory_mb
-from slurm_amoeba.launcher.submission import ElasticJobShape, lifecycle_options, signal_lead_s
+from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
 from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
 from slurm_amoeba.slurm.options import (
     JOB_WIDE_OPTIONS,
@@ -301,7 +301,11 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
         ours.cpus_per_worker, last_value(request.directives, "cpus-per-task"), "cpus-per-task", job.cpus_per_worker
     )
     spec = ElasticSpec.parse(elastic, gpus_per_worker=gpus, cpus_per_worker=cpus, mem_per_worker_mb=ours.mem_per_worker)
-    passthrough = [w for o in request.options if o.name not in ("partition", "wrap", "parsable") for w in o.words]
+    # The comment is the job's elastic mark followed by the user's own (ElasticJobShape.comment): the command line's
+    # --comment replaces a script's #SBATCH --comment, so the user's comment travels whole, after the mark.
+    passthrough = [
+        w for o in request.options if o.name not in ("partition", "wrap", "parsable", "comment") for w in o.words
+    ]
     if last_value(request.directives, "gpus-per-task") is not None:
         passthrough.append("--gpus-per-task=0")  # the script's line would give the agent's component GPUs too
     if any(o.name in ("elastic", "elastic-partition") for o in request.directives):
@@ -334,6 +338,8 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
         extra=tuple(passthrough),
         worker_extra=tuple(w for o in request.options if o.name in JOB_WIDE_OPTIONS for w in o.words),
         lifecycle=lifecycle_options(signal_lead_s(_time_limit(request)), given),
+        comment=last_value(request.options, "comment") or last_value(request.directives, "comment"),
+        begin_delay_s=admission_delay_s(os.environ, given),
     )
     shape.check_capacity(slurm)
     return Prepared(

@@ -9,12 +9,13 @@ Everything here is checked before anything is submitted.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.jobenv import DEFAULT_ELASTIC_PARTITION, JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import SlurmClient, SubmitOptions
+from slurm_amoeba.slurm.marks import elastic_comment
 
 DEFAULT_SIGNAL_LEAD_S = 120
 """Seconds before its time limit that Slurm warns a job's agent (``--signal=B:USR1@120``), unless a short time limit
@@ -22,6 +23,30 @@ asks for less: the workers stop at a step boundary, write a final checkpoint and
 (:mod:`slurm_amoeba.agent.lifecycle`). Slurm may send it up to a minute early (its time-limit checks are periodic)."""
 #: The sbatch options that say how the job ends and comes back; the user's own win over the executor's.
 LIFECYCLE_OPTIONS = frozenset({"signal", "requeue", "no-requeue"})
+#: Where a site whose daemon admits elastic jobs at their requested size (docs/admin.md, section 8c) says how many
+#: seconds a new elastic job waits before Slurm may start it, so that the daemon sees it pending and can hold it.
+ADMISSION_DELAY_ENV = "AMOEBA_ADMISSION_DELAY_S"
+#: The longest such delay accepted (a site's typo must not keep jobs waiting for hours).
+MAX_ADMISSION_DELAY_S = 600
+
+
+def admission_delay_s(environ: Mapping[str, str], given: Iterable[str] = ()) -> int:
+    """Seconds a new elastic job waits before it is eligible (``--begin=now+N``): the site's
+    :data:`ADMISSION_DELAY_ENV`, 0 when unset or when the user gave a ``--begin`` of their own (``given``: the names
+    of the user's sbatch options).
+
+    Raises:
+        SpecError: the variable is not a whole number of seconds from 0 to :data:`MAX_ADMISSION_DELAY_S`.
+    """
+    raw = environ.get(ADMISSION_DELAY_ENV, "").strip()
+    if not raw or "begin" in set(given):
+        return 0
+    if not raw.isdigit() or int(raw) > MAX_ADMISSION_DELAY_S:
+        raise SpecError(
+            f"{ADMISSION_DELAY_ENV}={raw!r}: give whole seconds from 0 to {MAX_ADMISSION_DELAY_S} (the daemon's "
+            f"round interval and a little more, e.g. 10), or unset it"
+        )
+    return int(raw)
 
 
 def signal_lead_s(time_min: int | None, given_s: int | None = None) -> int:
@@ -69,6 +94,9 @@ class ElasticJobShape:
             to component 1).
         worker_extra: further sbatch arguments for component 1 (options sbatch does not copy, e.g. the account).
         lifecycle: sbatch arguments of component 0 for the time limit and requeues (:func:`lifecycle_options`).
+        comment: the user's own ``--comment``; the job's comment is the elastic mark followed by it
+            (:func:`~slurm_amoeba.slurm.marks.elastic_comment`), which the daemon reads while the job is pending.
+        begin_delay_s: the job becomes eligible this many seconds after submission (:func:`admission_delay_s`).
     """
 
     spec: ElasticSpec
@@ -82,19 +110,23 @@ class ElasticJobShape:
     extra: tuple[str, ...] = ()
     worker_extra: tuple[str, ...] = ()
     lifecycle: tuple[str, ...] = ()
+    comment: str | None = None
+    begin_delay_s: int = 0
 
     def components(self) -> list[SubmitOptions]:
         """Component 0 (the agent) and component 1 (the minimum workers)."""
         spec = self.spec
+        begin = (f"--begin=now+{self.begin_delay_s}",) if self.begin_delay_s else ()
         agent = SubmitOptions(
             name=self.name,
+            comment=elastic_comment(spec.min_workers, spec.max_workers, self.comment),
             partition=self.partition,
             ntasks=1,
             cpus_per_task=1,
             time_min=self.time_min,
             output=self.output,
             error=self.error,
-            extra=(*self.extra, *self.lifecycle),
+            extra=(*self.extra, *self.lifecycle, *begin),
         )
         workers = SubmitOptions(
             partition=self.partition,

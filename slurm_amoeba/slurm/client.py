@@ -277,6 +277,18 @@ class CliSlurmClient(SlurmClient):
         """Release a held job (``scontrol release``); Slurm's priority plugin computes its priority again."""
         self._run(["scontrol", "release", str(job_id)])
 
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        """Set a job's ``AdminComment`` (``scontrol update JobId=N AdminComment=...``; operators and admins only;
+        "" clears it). A heterogeneous job's leader passes it to every component.
+
+        Raises:
+            ValueError: ``text`` holds a newline or NUL.
+            SlurmCommandError: Slurm refused (the job is gone, or the caller lacks the rights).
+        """
+        if any(c in text for c in "\n\r\0"):
+            raise ValueError(f"AdminComment {text!r} for job {job_id}: it may not hold a newline or NUL")
+        self._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={text}"])
+
     def config_values(self) -> dict[str, str]:
         """slurmctld's running configuration (``scontrol show config``) as key -> value."""
         return parse_show_config(self._run(["scontrol", "show", "config"]))

@@ -196,9 +196,28 @@ def parse_squeue_json(text: str) -> list[JobRecord]:
                 qos=_field(rec, "qos", str, where, ""),
                 reservation=_field(rec, "resv_name", str, where, ""),
                 features=_field(rec, "features", str, where, ""),
+                admin_comment=_field(rec, "admin_comment", str, where, ""),
+                time_limit_s=_time_limit_s(rec.get("time_limit"), where),
+                gpus_requested=_requested_gpus(_field(rec, "tres_req_str", str, where, ""), where),
             )
         )
     return jobs
+
+
+def _time_limit_s(value: object, where: str) -> int | None:
+    """squeue's ``time_limit`` (minutes; null or absent: unlimited) in seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParseError(f"field 'time_limit' is {value!r}, not a number of minutes", source=where)
+    return value * 60
+
+
+def _requested_gpus(text: str, where: str) -> int:
+    try:
+        return tres_gpus(text)
+    except ValueError:
+        raise ParseError(f"field 'tres_req_str' is {text!r}: a GPU count that is not a number", source=where) from None
 
 
 def parse_sinfo_json(text: str) -> list[NodeRecord]:

@@ -87,6 +87,9 @@ class JobRecord:
         qos: its quality of service (``--qos``).
         reservation: the reservation it runs in (``--reservation``), or empty.
         features: the node features it requires (``--constraint``), as Slurm spells them, or empty.
+        admin_comment: the job's ``AdminComment`` (set by operators only; amoebad marks the jobs it holds there).
+        time_limit_s: its time limit in seconds; None when unlimited (or not given).
+        gpus_requested: the GPUs it asked for (``gres/gpu`` of its requested TRES), pending or not.
     """
 
     job_id: int
@@ -112,6 +115,9 @@ class JobRecord:
     qos: str = ""
     reservation: str = ""
     features: str = ""
+    admin_comment: str = ""
+    time_limit_s: int | None = None
+    gpus_requested: int = 0
 
     @property
     def is_het_component(self) -> bool:

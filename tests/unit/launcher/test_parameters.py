@@ -70,7 +70,7 @@ def test_another_slurm_option_is_pointed_at_additional_parameters() -> None:
     [
         ("nodes", "sized in workers"),
         ("gpus_per_node", "gpus_per_worker"),
-        ("slurm_comment", "links satellites"),
+        ("slurm_comment", "elastic mark"),
         ("slurm_array_parallelism", "one elastic job per item"),
         ("slurm_srun_args", "agent starts the workers"),
     ],

@@ -23,7 +23,12 @@ def script(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def no_job_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AMOEBA_GPUS_PER_WORKER", "AMOEBA_CPUS_PER_WORKER", "AMOEBA_ELASTIC_PARTITION"):
+    for name in (
+        "AMOEBA_GPUS_PER_WORKER",
+        "AMOEBA_CPUS_PER_WORKER",
+        "AMOEBA_ELASTIC_PARTITION",
+        "AMOEBA_ADMISSION_DELAY_S",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -154,3 +159,26 @@ def test_an_enclosing_elastic_jobs_option_does_not_reach_the_new_job(script: Pat
     env = submission_env(enclosing, shape)
     assert "SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_elastic" not in env
     assert (env["AMOEBA_ELASTIC_MIN"], env["AMOEBA_ELASTIC_MAX"], env["PATH"]) == ("1", "3", "/bin")
+
+
+def test_the_job_carries_its_elastic_mark_and_the_users_comment_after_it(tmp_path: Path, script: Path) -> None:
+    agent = argv_of("--elastic", "2:8", str(script))[: argv_of("--elastic", "2:8", str(script)).index(":")]
+    assert "--comment=amoeba-elastic=2:8" in agent
+    args = argv_of("--elastic", "2:8", "--comment", "my run #3", str(script))
+    assert args.count("--comment=amoeba-elastic=2:8 my run #3") == 1 and "my run #3" not in args
+    path = tmp_path / "commented.sh"
+    path.write_text("#!/bin/bash\n#SBATCH --comment=from-script\namoeba-run python train.py\n")
+    assert "--comment=amoeba-elastic=1:4 from-script" in argv_of("--elastic", "1:4", str(path))
+
+
+def test_a_site_admission_delay_makes_new_jobs_wait_unless_the_user_gave_a_begin(
+    script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not any(a.startswith("--begin") for a in argv_of("--elastic", "2:8", str(script)))
+    monkeypatch.setenv("AMOEBA_ADMISSION_DELAY_S", "10")
+    assert "--begin=now+10" in argv_of("--elastic", "2:8", str(script))
+    mine = argv_of("--elastic", "2:8", "--begin=now+1hour", str(script))
+    assert "--begin=now+1hour" in mine and "--begin=now+10" not in mine
+    monkeypatch.setenv("AMOEBA_ADMISSION_DELAY_S", "ten")
+    with pytest.raises(SpecError, match="AMOEBA_ADMISSION_DELAY_S='ten': give whole seconds"):
+        prepare(["--elastic", "2:8", str(script)], cluster(4))

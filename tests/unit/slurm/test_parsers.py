@@ -83,6 +83,18 @@ def test_a_job_without_accounting_fields_reads_as_empty_ones() -> None:
     assert (record.account, record.qos, record.reservation, record.features) == ("", "", "", "")
 
 
+def test_squeue_json_gives_admin_comments_time_limits_and_requested_gpus() -> None:
+    doc = json.loads(recorded("squeue-accounts.json"))
+    doc["jobs"][0].update(admin_comment="amoebad-held since=1 priority=2: waiting for 8 GPUs", time_limit=5)
+    doc["jobs"][1].update(time_limit=None, tres_req_str="cpu=2,mem=8000M,node=1,billing=2,gres/gpu=2")
+    agent, worker = parse_squeue_json(json.dumps(doc))
+    assert (agent.admin_comment, agent.time_limit_s) == ("amoebad-held since=1 priority=2: waiting for 8 GPUs", 300)
+    assert (worker.time_limit_s, worker.gpus_requested) == (None, 2)
+    doc["jobs"][1].update(tres_req_str="gres/gpu=x")
+    with pytest.raises(ParseError, match="tres_req_str"):
+        parse_squeue_json(json.dumps(doc))
+
+
 @pytest.mark.parametrize(
     ("state", "reason", "preempted"),
     [

@@ -1,0 +1,259 @@
+"""Admission at the requested size in the daemon: holds with a mark, releases with the priority given back, the
+starvation bound, nothing left behind at a stop or after a crash, the rights check and the configuration (a Slurm
+that lives in memory)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+import pytest
+
+from slurm_amoeba.cli import amoebad
+from slurm_amoeba.cli.amoebactl import _format_status
+from slurm_amoeba.daemon import rounds
+from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitter
+from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
+from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord, SlurmCommandError
+from slurm_amoeba.slurm.marks import HoldMark, parse_hold_mark
+from tests.unit.daemon.fakes import job, node, satellite
+
+PENDING = JobState.PENDING
+ELASTIC = "amoeba-elastic=2:8 my own note"
+
+
+@dataclasses.dataclass
+class MemorySlurm:
+    """Jobs in memory whose hold, priority and AdminComment the daemon's calls change, as Slurm would."""
+
+    records: dict[int, JobRecord]
+    nodes: list[NodeRecord]
+    calls: list[tuple[str, int, object]] = dataclasses.field(default_factory=list)
+    refuse: bool = False
+    config: dict[str, str] = dataclasses.field(
+        default_factory=lambda: {"SlurmUser": "slurm(64030)", "PriorityType": "priority/basic"}
+    )
+    lowest: int = 10
+
+    def _get(self, argv: str, job_id: int) -> JobRecord:
+        if self.refuse:
+            raise SlurmCommandError(["scontrol", argv], 1, "Access/permission denied")
+        if job_id not in self.records:
+            raise SlurmCommandError(["scontrol", argv], 1, "Invalid job id specified")
+        return self.records[job_id]
+
+    def hold(self, job_id: int) -> None:
+        self.calls.append(("hold", job_id, None))
+        record = self._get("hold", job_id)
+        self.records[job_id] = dataclasses.replace(record, priority=0, state_reason="JobHeldAdmin")
+
+    def release(self, job_id: int) -> None:
+        self.calls.append(("release", job_id, None))
+        record = self._get("release", job_id)
+        self.lowest -= 1  # priority/basic: a released job goes to the back of the queue
+        self.records[job_id] = dataclasses.replace(record, priority=self.lowest, state_reason="None")
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        self.calls.append(("priority", job_id, priority))
+        self.records[job_id] = dataclasses.replace(self._get("update", job_id), priority=priority)
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        self.calls.append(("comment", job_id, text))
+        self.records[job_id] = dataclasses.replace(self._get("update", job_id), admin_comment=text)
+
+    def config_values(self) -> dict[str, str]:
+        return dict(self.config)
+
+    def admin_level(self, user: str) -> str:
+        return "None"
+
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        return {}
+
+    def view(self, now: float = 2_000.0) -> ClusterView:
+        return ClusterView(tuple(self.records.values()), tuple(self.nodes), now)
+
+
+def elastic_job(job_id: int = 7, *, gpus: int = 2, comment: str = ELASTIC, **kwargs: object) -> JobRecord:
+    record = job(job_id, state=PENDING, comment=comment, priority=500, **kwargs)  # type: ignore[arg-type]
+    return dataclasses.replace(record, gpus_requested=gpus, time_limit_s=600)
+
+
+def cluster(used: int) -> list[NodeRecord]:
+    """4 nodes x 4 GPUs, ``used`` of them taken (filling nodes in order)."""
+    out = []
+    for index in range(4):
+        taken = min(4, max(0, used - 4 * index))
+        out.append(node(f"n{index + 1}", used=taken))
+    return out
+
+
+def admitter(slurm: MemorySlurm, **settings: object) -> Admitter:
+    config = Admission(enabled=True, **settings)  # type: ignore[arg-type]
+    return Admitter(config, ("batch",), 64, slurm, DaemonMetrics())
+
+
+def test_held_while_few_gpus_are_free_then_released_with_its_priority_back() -> None:
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+    daemon = admitter(slurm)
+    first = daemon.apply(slurm.view(), 2_000.0)
+    assert first.held == ("7",)
+    assert slurm.calls[:2] == [("comment", 7, HoldMark(2000, 500, 8).text()), ("hold", 7, None)]  # mark first
+    record = slurm.records[7]
+    assert record.priority == 0 and parse_hold_mark(record.admin_comment) == HoldMark(2000, 500, 8)
+    assert [(h.job_id, h.wanted, h.available) for h in first.waiting] == [("7", 8, 4)]
+    assert daemon.apply(slurm.view(), 2_005.0).waiting[0].since == 2000.0  # still waiting: nothing called
+    assert len(slurm.calls) == 2
+    slurm.nodes = cluster(used=8)
+    second = daemon.apply(slurm.view(), 2_010.0)
+    assert second.released == ("7",)
+    assert slurm.calls[2:] == [("release", 7, None), ("comment", 7, ""), ("priority", 7, 500)]
+    assert slurm.records[7].admin_comment == "" and slurm.records[7].priority == 500
+    slurm.nodes = cluster(used=16)  # admitted once: never held again while it waits for Slurm
+    assert daemon.apply(slurm.view(), 2_011.0).held == ()
+
+
+def test_loans_count_as_available_and_a_job_with_room_is_never_held() -> None:
+    records = {7: elastic_job(), 20: satellite(20, 3, gpus={"n1": 4})}
+    slurm = MemorySlurm(records, cluster(used=12))
+    assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"3"}).held == ()
+    assert slurm.calls == []
+    # Satellites of a job the daemon does not manage are not its to take back.
+    assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"4"}).held == ("7",)
+
+
+def test_the_starvation_bound_releases_a_job_held_too_long() -> None:
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+    daemon = admitter(slurm, max_hold_s=30.0)
+    daemon.apply(slurm.view(), 2_000.0)
+    assert daemon.apply(slurm.view(), 2_029.0).starved == ()
+    assert daemon.apply(slurm.view(), 2_030.0).starved == ("7",)
+    assert slurm.records[7].priority == 500 and slurm.records[7].admin_comment == ""
+
+
+def test_the_stop_releases_every_held_job_and_a_crash_leaves_marks_the_next_daemon_finds() -> None:
+    slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12))
+    daemon = admitter(slurm)
+    assert daemon.apply(slurm.view(), 2_000.0).held == ("7", "8")
+    # A crash: a new daemon with admission on keeps the holds (and their hold time) ...
+    again = admitter(slurm, max_hold_s=100.0)
+    kept = again.apply(slurm.view(), 2_050.0)
+    assert kept.held == () and {h.job_id: h.since for h in kept.waiting} == {"7": 2000.0, "8": 2000.0}
+    assert again.apply(slurm.view(), 2_100.0).starved == ("7", "8")
+    # ... and one with admission off releases them on its first round.
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+    admitter(slurm).apply(slurm.view(), 2_000.0)
+    off = Admitter(Admission(enabled=False), ("batch",), 64, slurm, DaemonMetrics())
+    off.apply(slurm.view(), 2_001.0)
+    assert slurm.records[7].priority == 500 and slurm.records[7].state_reason == "None"
+    # The stop.
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+    daemon = admitter(slurm)
+    daemon.apply(slurm.view(), 2_000.0)
+    assert daemon.release_all() == 1
+    assert slurm.records[7].priority == 500 and slurm.records[7].admin_comment == ""
+
+
+def test_a_release_slurm_refuses_is_logged_with_the_command(caplog: pytest.LogCaptureFixture) -> None:
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+    daemon = admitter(slurm)
+    daemon.apply(slurm.view(), 2_000.0)
+    slurm.refuse = True
+    assert daemon.release_all() == 0
+    assert "release it with `scontrol release 7`" in caplog.text
+
+
+def test_other_holds_other_users_other_partitions_and_plain_jobs_are_never_touched() -> None:
+    records = {
+        1: elastic_job(1, reason="JobHeldUser"),  # the owner's hold (priority stays 500 in this double)
+        2: dataclasses.replace(elastic_job(2), priority=0, state_reason="JobHeldAdmin"),  # an admin's hold
+        3: elastic_job(3, user="bob"),
+        4: elastic_job(4, partition="elastic"),
+        5: elastic_job(5, comment="just a comment"),
+    }
+    slurm = MemorySlurm(records, cluster(used=12))
+    admitter(slurm, users=("alice",)).apply(slurm.view(), 2_000.0)
+    assert slurm.calls == []
+
+
+def test_a_mark_left_on_a_released_job_is_cleared() -> None:
+    marked = dataclasses.replace(elastic_job(), admin_comment=HoldMark(1, 500, 8).text())
+    slurm = MemorySlurm({7: marked}, cluster(used=0))
+    admitter(slurm).apply(slurm.view(), 2_000.0)
+    assert slurm.calls == [("comment", 7, "")]
+
+
+def test_the_requested_size_is_the_marks_max_capped_by_the_site_and_the_cluster() -> None:
+    records = {
+        7: elastic_job(7, gpus=4, comment="amoeba-elastic=2:8"),  # 2 GPUs per worker
+        8: elastic_job(8, gpus=2, comment="amoeba-elastic=2:64"),
+    }
+    seen = admission_input(ClusterView(tuple(records.values()), tuple(cluster(0)), 0.0), ("batch",), (), 6, ())
+    wanted = {job.job_id: job.request_gpus for job in seen.queue}
+    assert wanted == {"7": 12, "8": 6}  # 7: 6 workers (the site's cap) x 2; 8: 6 x 1
+    seen = admission_input(ClusterView(tuple(records.values()), tuple(cluster(0)), 0.0), ("batch",), (), 64, ())
+    assert {job.job_id: job.request_gpus for job in seen.queue} == {"7": 16, "8": 16}  # the cluster's 16
+
+
+def test_status_shows_a_held_job_as_held_by_amoebad() -> None:
+    data = {
+        "pid": 1,
+        "uid": 0,
+        "uptime_s": 3.0,
+        "listen": "tcp://x:1",
+        "policy": "elastic-backfill",
+        "interval_s": 5.0,
+        "draining": False,
+        "jobs": {"elastic": 0, "regular_running": 1, "regular_pending": 0},
+        "workers": 0,
+        "gpus": {"free": 4, "total": 16},
+        "agents": 0,
+        "in_flight": {},
+        "pinned": [],
+        "admission": {
+            "enabled": True,
+            "max_hold_s": 3600.0,
+            "held_count": 1,
+            "held": [{"job_id": "7", "user": "alice", "wanted": 8, "available": 4, "since": 1.0, "held_s": 12.0}],
+        },
+    }
+    text = _format_status(data)
+    assert "job 7 (user alice): held by amoebad: waiting for 8 GPUs (4 free or lendable), 12 s so far" in text
+
+
+def test_enabling_without_rights_is_refused_and_the_config_is_read() -> None:
+    slurm = MemorySlurm({}, [])
+    with pytest.raises(ConfigError, match=r"admission.enabled refused: .*or set admission.enabled: false"):
+        make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=1003, user="amoeba")
+    with pytest.raises(ConfigError, match="cannot hold jobs"):
+        make_admitter(Admission(enabled=True), ("batch",), 64, object(), DaemonMetrics(), uid=0, user="root")
+    assert make_admitter(Admission(), ("batch",), 64, object(), DaemonMetrics(), uid=1003, user="x") is None
+    made = make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=0, user="root")
+    assert made is not None and made.restore_priority
+    assert parse_config({}).admission == Admission()
+    config = parse_config({"admission": {"enabled": True, "max_hold_s": 60, "partitions": ["batch"], "users": ["a"]}})
+    assert config.admission == Admission(True, 60.0, ("batch",), ("a",))
+    for section, key in (({"max_hold_s": 0}, "max_hold_s"), ({"users": "a"}, "users"), ({"x": 1}, "x")):
+        with pytest.raises(ConfigError, match=rf"admission\.{key}"):
+            parse_config({"admission": section})
+    shipped = load_config(Path(__file__).resolve().parents[3] / "configs" / "amoebad.yaml")
+    assert shipped.admission == Admission()
+
+
+def test_amoebad_refuses_to_start_with_admission_and_no_rights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "amoebad.yaml"
+    config.write_text("metrics: {port: 0}\nlisten: tcp://127.0.0.1:1\nadmission: {enabled: true}\n")
+    monkeypatch.setattr(os, "getuid", lambda: 1003)
+    monkeypatch.setattr(rounds, "_user_name", lambda uid: "amoeba")
+    monkeypatch.setattr(CliSlurmClient, "config_values", lambda self: {"SlurmUser": "slurm(64030)"})
+    monkeypatch.setattr(CliSlurmClient, "admin_level", lambda self, user: "None")
+    assert amoebad.main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "admission.enabled refused: amoebad runs as amoeba (uid 1003)" in err
+    assert "sacctmgr modify user amoeba set adminlevel=Operator" in err

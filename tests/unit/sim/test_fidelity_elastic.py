@@ -9,6 +9,7 @@ import pytest
 from benchmarks.sim_fidelity_elastic import (
     LiveJob,
     ReplayJob,
+    ReplayWorkModel,
     compare,
     costs_from,
     daemon_decisions,
@@ -52,26 +53,27 @@ def test_costs_are_measured_from_the_steps_the_job_printed() -> None:
         "r0": LiveJob("14", _t("02:12:01"), _t("02:12:01"), _t("02:12:22")),
     }
     decisions = [(_t("02:12:34.799"), "13", "grow", 1, 4)]
-    measured = measure(workload, live, decisions, {"13": _t("02:12:12")})
+    measured = measure(workload, live, decisions, {"13": _t("02:12:20")})
     assert measured["rigid_overhead_s"] == [pytest.approx(1.0)]
     assert measured["start_latency_s"] == [pytest.approx(15.0)]
     assert measured["exit_latency_s"] == [pytest.approx(4.9)]
-    assert measured["registration_s"] == [pytest.approx(7.0)]
+    assert measured["registration_s"] == [pytest.approx(15.0)]
     assert measured["grow_lag_s"] == [pytest.approx(40.1 - 34.799)]
     assert measured["switch_pause_s"] == [pytest.approx(0.1)]  # the gap of 1.1 s less the 1 s step at one worker
     assert measured["size_changes"] == [1.0]
     costs = costs_from(measured)
-    assert costs["start"] == pytest.approx(19.9)
+    assert (costs["start_latency_s"], costs["exit_latency_s"]) == pytest.approx((15.0, 4.9))
     assert costs["grow_lag_s"] == pytest.approx(40.1 - 34.799 + 2.5)  # plus half the daemon's 5 s interval
-    assert costs["start_grow_lag_s"] == pytest.approx(7.0 + 2.5 + 40.1 - 34.799)
+    # From the first step: registered 15 s after the start, half an interval, the grow lag, less the 15 s start.
+    assert costs["start_grow_lag_s"] == pytest.approx(15.0 + 2.5 + 40.1 - 34.799 - 15.0)
 
 
 def test_a_simulation_of_the_live_costs_compares_per_job_and_counts_the_grow() -> None:
     workload = draw_workload(4, 2, seed=3, spread_s=30.0)
     assert [job.elastic for job in workload].count(True) == 2
     assert workload == draw_workload(4, 2, seed=3, spread_s=30.0)
-    costs = {"rigid_overhead_s": 1.0, "start": 20.0, "switch_pause_s": 0.1, "grow_lag_s": 10.0}
-    costs["start_grow_lag_s"] = 30.0
+    costs = {"rigid_overhead_s": 1.0, "start_latency_s": 15.0, "exit_latency_s": 5.0, "switch_pause_s": 0.1}
+    costs.update({"grow_lag_s": 10.0, "start_grow_lag_s": 30.0})
     submits = {job.name: job.offset - workload[0].offset for job in workload}
     rigid = simulate(workload, submits, costs, CONF, elastic=False)
     elastic = simulate(workload, submits, costs, CONF, elastic=True)
@@ -92,3 +94,10 @@ def test_a_simulation_of_the_live_costs_compares_per_job_and_counts_the_grow() -
     assert figures["mean_jct_error"] == pytest.approx(0.0, abs=0.05)
     assert figures["pairs_agreeing"] == pytest.approx(1.0)
     assert figures["start_abs_error_max_s"] <= 1.0 + 1e-6
+
+
+def test_an_elastic_job_s_start_and_exit_take_the_same_time_at_any_size() -> None:
+    model = ReplayWorkModel(start_s=15.0, work_s=100.0, exit_s=5.0, alpha=0.5)
+    assert model.epoch_ends == [15.0, 115.0, 120.0]
+    assert [model.rate((4,), epoch, False) for epoch in range(3)] == [1.0, 2.0, 1.0]
+    assert model.rate((1,), 1, False) == 1.0

@@ -253,6 +253,16 @@ def daemon_decisions(log: Path) -> list[tuple[float, str, str, int, int]]:
     return found
 
 
+def het_start_failures(job_ids: Sequence[str]) -> int:
+    """How often Slurm deallocated one of these heterogeneous jobs at its start and requeued it (slurmctld's log of
+    the private cluster: a component could not start, e.g. on GPUs a preempted satellite still held)."""
+    path = Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "log" / "slurmctld.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    failed = re.findall(r"Deallocate JobId=([0-9]+)\+0\([0-9]+\) due to hetjob start failure", text)
+    wanted = set(job_ids)
+    return sum(1 for job_id in failed if job_id in wanted)
+
+
 def daemon_registrations(log: Path) -> dict[str, float]:
     """Job id -> Unix time of its agent's registration with amoebad (from its log)."""
     found = {}
@@ -390,15 +400,14 @@ def costs_from(measured: Mapping[str, Sequence[float]]) -> dict[str, float]:
         return float(statistics.median(values)) if values else 0.0
 
     grow = median("grow_lag_s")
+    half = DAEMON_INTERVAL_S / 2 if measured.get("grow_lag_s") else 0.0  # no daemon, no grow: nothing to add
     return {
         "rigid_overhead_s": median("rigid_overhead_s"),
         "start_latency_s": median("start_latency_s"),
         "exit_latency_s": median("exit_latency_s"),
         "switch_pause_s": median("switch_pause_s"),
-        "grow_lag_s": grow + DAEMON_INTERVAL_S / 2,
-        "start_grow_lag_s": max(
-            0.0, median("registration_s") + DAEMON_INTERVAL_S / 2 + grow - median("start_latency_s")
-        ),
+        "grow_lag_s": grow + half,
+        "start_grow_lag_s": max(0.0, median("registration_s") + half + grow - median("start_latency_s")),
     }
 
 
@@ -534,6 +543,9 @@ def evaluate(saved: Mapping[str, Any], workdir: Path, conf: Path) -> dict[str, A
         "measured": {label: {key: _spread(values) for key, values in m.items()} for label, m in measured.items()},
         "live_directives": {"grow": grows, "shrink": len(decisions) - grows},
         "live_size_changes": int(sum(measured["elastic"]["size_changes"])),
+        "het_start_failures": {
+            label: het_start_failures([record.job_id for record in live.values()]) for label, live in runs.items()
+        },
         "sim_resizes": figures["elastic"]["sim_resizes"],
         "gain_live": gain_live,
         "gain_sim": gain_sim,
@@ -577,6 +589,11 @@ def table(report: Mapping[str, Any]) -> str:
     lines.append(
         f"resizes: live {live_dirs['grow']} grow + {live_dirs['shrink']} shrink directives "
         f"({summary['live_size_changes']} size changes seen by the jobs), simulated {summary['sim_resizes']}"
+    )
+    failures = summary["het_start_failures"]
+    lines.append(
+        f"heterogeneous jobs whose start failed and were requeued by Slurm (not simulated): rigid run "
+        f"{failures['rigid']}, elastic run {failures['elastic']}"
     )
     lines.append(
         f"avg-JCT gain of the elastic run over the rigid one: live {summary['gain_live']:+.1%}, "

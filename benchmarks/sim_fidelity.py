@@ -12,6 +12,9 @@ time and of the JCT, the mean JCT of both, and on how many pairs of jobs the two
 The cluster is shared with other engineers' tests: jobs of others that hold GPUs make the recorded run differ from
 the simulated one, which knows only this workload. The script names its jobs ``fidelity-<tag>`` and counts only
 those.
+
+``--elastic`` (first argument) runs the elastic replay instead: :mod:`benchmarks.sim_fidelity_elastic` (amoebad on
+a private cluster against the simulator's run of the same policy; its own options follow).
 """
 
 from __future__ import annotations
@@ -151,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 when both goals are met, 1 otherwise.
     """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--elastic"]:
+        from benchmarks import sim_fidelity_elastic
+
+        return sim_fidelity_elastic.main(args_list[1:])
     parser = argparse.ArgumentParser(prog="bench-sim-fidelity", description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1)
@@ -160,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slurm-conf", type=Path, default=DEFAULT_CONF)
     parser.add_argument("--export", type=Path, default=None, help="compare a recorded export instead of running")
     parser.add_argument("--json", type=Path, default=Path("bench-sim-fidelity.json"))
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     export = args.export
     others: list[str] = []
     if export is None:

@@ -107,6 +107,11 @@ class SimConfig:
             leaves; the ``slurm`` policy waits for it. 0 preempts at once.
         queue_depth: the policy sees the running jobs and the oldest pending ones, at least this many (and enough
             to ask for more GPUs than the cluster has); 0 shows every pending job.
+        start_grow_lag: ``None``: a job starts at whatever size the policy gives it (the artifact's setting).
+            Seconds: a job started above its minimum trains at its minimum until this long after its start, as
+            with amoebad, where Slurm starts the job at its minimum and the daemon grows it once its agent has
+            registered (the live elastic replay measures it: ``scripts/bench-sim-fidelity --elastic``); such a
+            start counts as one resize.
     """
 
     nodes: int = 16
@@ -120,6 +125,7 @@ class SimConfig:
     time_limit_factor: float = DEFAULT_TIME_LIMIT_FACTOR
     grace_time: float = 0.0
     queue_depth: int = DEFAULT_QUEUE_DEPTH
+    start_grow_lag: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -142,6 +148,8 @@ class SimConfig:
             )
         if not self.grace_time >= 0:
             raise SimError(f"grace_time={self.grace_time} s must be 0 or more")
+        if self.start_grow_lag is not None and not self.start_grow_lag >= 0:
+            raise SimError(f"start_grow_lag={self.start_grow_lag} s must be 0 or more (or None)")
         if self.queue_depth < 0:
             raise SimError(f"queue_depth={self.queue_depth} must be 0 (every pending job) or more")
 
@@ -795,6 +803,9 @@ class Simulator:
                 self._set_free(name, -count)
         if before == 0:
             cost = self.config.restart_cost
+            if self.config.start_grow_lag is not None and decision.workers > job.spec.min_workers:
+                cost += self._start_growth_cost(job, decision.workers)
+                job.resizes += 1  # the daemon's grow of a job Slurm started at its minimum
             if job.first_start is None:
                 job.first_start = now
             else:
@@ -816,6 +827,15 @@ class Simulator:
         self._predict(job)
         self._queue.sync(job)
         self._record_usage(now)
+
+    def _start_growth_cost(self, job: _Job, workers: int) -> float:
+        """With ``start_grow_lag``: the pause equivalent to training at the minimum until the extras join."""
+        lag = self.config.start_grow_lag or 0.0
+        low = job.spec.min_workers
+        speeds = job.model.speedups(low, max(workers, job.spec.max_workers))
+        if not speeds[workers] > speeds[low] > 0.0:
+            return 0.0
+        return max(0.0, lag - self.config.restart_cost) * (1.0 - speeds[low] / speeds[workers])
 
     # -- snapshot -------------------------------------------------------------------------------------------
 

@@ -45,6 +45,25 @@ def test_growing_pays_the_resize_cost_and_the_grow_lag_and_speeds_the_job_up() -
     assert ends[0.01, 10.0] == pytest.approx(120 + 0.01 + 5 + (400 - 90) / 2)
 
 
+def test_with_a_start_grow_lag_a_job_started_above_its_minimum_trains_at_its_minimum_until_the_lag() -> None:
+    job = JobSpec("e", 0, 1, duration=400, min_workers=1, max_workers=4)
+    records = {}
+    for lag in (None, 50.0, 10.0):
+        config = SimConfig(nodes=1, restart_cost=30.0, start_grow_lag=lag)
+        policy = make_policy("slurm", grow_elastic=True)
+        (records[lag],) = Simulator([job], policy, config, trace_models({}, 4)).run().jobs
+    start = records[None].first_start
+    assert start is not None and records[50.0].first_start == records[10.0].first_start == start
+    # Started at 4 workers (the idle node): without a lag it pays only the start; with one it trains at 1 worker
+    # (a quarter of the speed) from 30 to 50 s, the same as pausing 20 * 3/4 = 15 s at 4 workers, and counts a grow.
+    assert records[None].completion == pytest.approx(start + 30 + 400 / 4)
+    assert records[None].resizes == 0
+    assert records[50.0].completion == pytest.approx(start + 30 + 15 + 400 / 4)
+    assert records[50.0].resizes == 1
+    # A lag shorter than the start itself costs nothing more: the extras are there before the first step.
+    assert records[10.0].completion == pytest.approx(start + 30 + 400 / 4)
+
+
 def test_a_guest_shares_its_hosts_gpus_and_runs_alone_once_the_host_is_done() -> None:
     jobs = [JobSpec("a", 0, 2, duration=100), JobSpec("b", 0, 2, duration=100)]
     result = _run(jobs, "sjf-ffs", nodes=1, gpus_per_node=2).run()
@@ -111,7 +130,9 @@ def test_trace_jobs_run_for_their_modelled_time(data_dir: Path) -> None:
     assert result.jobs[0].completion == pytest.approx(30 + model.remaining_seconds(0, 0.0), rel=1e-9)
 
 
-@pytest.mark.parametrize("bad", [{"nodes": 0}, {"interval": 0}, {"resize_cost": -1}, {"grow_lag": -1}])
+@pytest.mark.parametrize(
+    "bad", [{"nodes": 0}, {"interval": 0}, {"resize_cost": -1}, {"grow_lag": -1}, {"start_grow_lag": -1}]
+)
 def test_bad_cluster_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(SimError):
         SimConfig(**bad)  # type: ignore[arg-type]

@@ -15,15 +15,20 @@ as the job's own uid (a user's private amoebad); any other answerer is logged on
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from slurm_amoeba.core.messages import Message
+from slurm_amoeba.core.messages import RETRY_SOON, Message
 from slurm_amoeba.transport.channel import ChannelError, request
 
 log = logging.getLogger(__name__)
 
 ROOT_UID = 0
+#: A registration the daemon cannot vet yet (its Slurm thread reads the job's record at its next round, within a
+#: round interval) is sent again this many times, this far apart, before the agent goes on to its loop.
+REGISTER_RETRIES = 8
+REGISTER_RETRY_S = 1.0
 
 
 class DaemonLink:
@@ -104,6 +109,11 @@ class DaemonLink:
         if not self.endpoint:
             return
         reply = self._request(Message("register", self._registration), timeout_s=3, retries=1, level=logging.WARNING)
+        for _ in range(REGISTER_RETRIES):  # the daemon has not read Slurm's record of the job yet: ask again soon
+            if reply is None or reply.body["ok"] or RETRY_SOON not in str(reply.body["error"]):
+                break
+            time.sleep(REGISTER_RETRY_S)
+            reply = self._request(Message("register", self._registration), timeout_s=3, retries=0, level=logging.DEBUG)
         if reply is None:
             return
         if reply.body["ok"]:

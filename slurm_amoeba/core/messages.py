@@ -43,6 +43,10 @@ from typing import Any
 from slurm_amoeba.core.errors import ParseError
 
 PROTOCOL_VERSION = 1
+
+#: Ends the daemon's refusal of a registration it cannot vet yet (Slurm's record of the job is being read): the
+#: agent registers again within seconds instead of at its next report.
+RETRY_SOON = "retry in a few seconds"
 MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB: reports with long histories fit; a flood does not
 MAX_DEPTH = 8  # nesting of objects/arrays in one message (a report's history event sits at depth 4)
 MAX_STRING = 65536  # characters of any one string (key or value)

@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
-from slurm_amoeba.core.messages import PROTOCOL_VERSION, Message, quote
+from slurm_amoeba.core.messages import PROTOCOL_VERSION, RETRY_SOON, Message, quote
 from slurm_amoeba.daemon.actuator import Outcome
 from slurm_amoeba.daemon.agents import (
     AgentMessageError,
@@ -426,7 +426,7 @@ class RequestHandler:
         if submissions.available and submitted is None:
             self.round_loop.refresh_wanted = True  # the next round reads it, on the Slurm thread
             raise Refused(
-                f"job {reg.job_id}: the daemon is reading Slurm's record of its submission; retry in a few seconds",
+                f"job {reg.job_id}: the daemon is reading Slurm's record of its submission; {RETRY_SOON}",
                 reason="unknown_job",
                 level=logging.INFO,
             )

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from slurm_amoeba.agent import link as link_module
 from slurm_amoeba.agent.link import DaemonLink
+from slurm_amoeba.core.messages import RETRY_SOON
 from slurm_amoeba.transport.channel import ChannelServer
 
 REGISTRATION = {
@@ -30,9 +32,10 @@ REPORT = {"job_id": "42", "size": 1, "generation": 1, "target": 1, "throughput":
 class StandInDaemon:
     """Answers registrations; answers the first report with "unknown job" (it restarted), later ones with ok."""
 
-    def __init__(self) -> None:
+    def __init__(self, not_read_yet: int = 0) -> None:
         self.server = ChannelServer("tcp://127.0.0.1:*")
         self.kinds: list[str] = []
+        self.not_read_yet = not_read_yet  # registrations refused as "reading Slurm's record" before one is taken
         self._forgot = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -44,7 +47,11 @@ class StandInDaemon:
             if req is None:
                 continue
             self.kinds.append(req.message.kind)
-            if req.message.kind == "report" and not self._forgot:
+            if req.message.kind == "register" and self.not_read_yet > 0:
+                self.not_read_yet -= 1
+                error = f"job 42: the daemon is reading Slurm's record of its submission; {RETRY_SOON}"
+                self.server.answer(req, req.message.reply(ok=False, error=error))
+            elif req.message.kind == "report" and not self._forgot:
                 self._forgot = True
                 self.server.answer(req, req.message.reply(ok=False, error="unknown job 42; register first"))
             else:
@@ -92,3 +99,16 @@ def test_without_a_daemon_nothing_is_sent_and_only_the_owner_directs() -> None:
     link.register(REGISTRATION)
     link.report(REPORT)
     assert not link.registered and link.may_direct(1234) and not link.may_direct(0) and not link.may_read(4321)
+
+
+def test_a_registration_the_daemon_cannot_vet_yet_is_sent_again_within_seconds(
+    munged: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(link_module, "REGISTER_RETRY_S", 0.01)
+    stand_in = StandInDaemon(not_read_yet=2)
+    try:
+        link = DaemonLink(stand_in.server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+        link.register(REGISTRATION)
+        assert stand_in.kinds == ["register"] * 3 and link.registered, "not at the next report, seconds later"
+    finally:
+        stand_in.close()

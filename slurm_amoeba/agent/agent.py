@@ -118,7 +118,7 @@ class JobCoordinator(Protocol):
 
     def worker_env(self, worker_id: str) -> dict[str, str]: ...
 
-    def request_leave(self, worker_id: str) -> None: ...
+    def request_leave(self, worker_id: str, *, unstarted: bool = False) -> None: ...
 
     def mark_dead(self, worker_id: str, reason: str) -> None: ...
 
@@ -448,9 +448,11 @@ class Agent:
         if isinstance(action, AskToLeave | RetireGroup):
             for worker in action.workers:
                 try:
-                    self.coordinator.request_leave(worker)
+                    # A worker still starting in a running satellite is told to leave the moment it is ready
+                    # (it once joined anyway, and its satellite was never released).
+                    self.coordinator.request_leave(worker, unstarted=True)
                 except RuntimeConfigError as exc:
-                    # Not registered yet (still warming up) or already gone: it must not join, so stop it.
+                    # Already gone, or the last member: it is stopped with its group.
                     log.info(
                         "%s %s cannot leave gracefully (%s); it is stopped with its group", self.prefix, worker, exc
                     )

@@ -483,11 +483,12 @@ class Coordinator:
             env[ENV_JOB_SECRET] = self.job_key.hex()
         return env
 
-    def request_leave(self, worker_id: str) -> None:
+    def request_leave(self, worker_id: str, *, unstarted: bool = False) -> None:
         """Ask a worker to leave gracefully at the next step boundary.
 
         Args:
             worker_id: the worker.
+            unstarted: its launcher started it and it may not have registered yet: then it leaves once ready.
 
         Raises:
             RuntimeConfigError: the worker is not live, or it is the last member (the state would be lost).
@@ -502,7 +503,7 @@ class Coordinator:
                     "gracefully without losing the training state; add a worker first or stop the job"
                 )
             try:
-                self.membership.request_leave(worker_id)
+                self.membership.request_leave(worker_id, unstarted=unstarted)
             except KeyError as exc:
                 raise RuntimeConfigError(str(exc.args[0])) from None
             self._lock.notify_all()

@@ -199,6 +199,7 @@ class Membership:
         self._want_sent = 0
         self._abort_sent = 0
         self._no_show_streak: dict[str, int] = {}
+        self._leave_on_arrival: set[str] = set()  # asked to leave before they registered
         self._ending_since = 0.0
         self._actions: list[Action] = []
 
@@ -208,6 +209,7 @@ class Membership:
         info = self.workers.get(worker_id)
         if info is None:
             info = WorkerInfo(worker_id=worker_id, registered_at=now, last_heartbeat=now)
+            info.leave_requested = worker_id in self._leave_on_arrival
             self.workers[worker_id] = info
         return info
 
@@ -292,16 +294,21 @@ class Membership:
         if info is not None:
             info.last_heartbeat = max(info.last_heartbeat, when)
 
-    def request_leave(self, worker_id: str) -> None:
+    def request_leave(self, worker_id: str, *, unstarted: bool = False) -> None:
         """Ask a worker to leave at the next step boundary (or at once, if it is not a member).
 
         Args:
             worker_id: the worker.
+            unstarted: the worker may not have registered yet (its launcher started it): if it has not, it is
+                told to leave as soon as it is ready, instead of joining.
 
         Raises:
-            KeyError: the worker is unknown or already gone.
+            KeyError: the worker is unknown (and not ``unstarted``) or already gone.
         """
         info = self.workers.get(worker_id)
+        if info is None and unstarted:
+            self._leave_on_arrival.add(worker_id)
+            return
         if info is None or info.status.is_gone():
             known = sorted(w for w, i in self.workers.items() if not i.status.is_gone())
             raise KeyError(f"worker {worker_id!r} is not a live worker of this job; live workers: {known}")

@@ -212,7 +212,7 @@ class FakeCoordinator:
     def worker_env(self, worker_id: str) -> dict[str, str]:
         return {"AMOEBA_STORE_ADDR": "10.0.0.1", "AMOEBA_STORE_PORT": str(self.port), "AMOEBA_WORKER_ID": worker_id}
 
-    def request_leave(self, worker_id: str) -> None:
+    def request_leave(self, worker_id: str, *, unstarted: bool = False) -> None:
         self.leave_requests.append(worker_id)
 
     def mark_dead(self, worker_id: str, reason: str) -> None:

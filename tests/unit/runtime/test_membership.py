@@ -371,3 +371,16 @@ def test_job_whose_every_initial_worker_exits_before_the_first_generation_is_los
     m.mark_dead("w0", "process exited with status 1")
     m.decide(0.2)
     assert m.phase is Phase.LOST and "before the first generation" in m.lost_reason
+
+
+def test_a_worker_asked_to_leave_before_it_registered_leaves_when_ready_instead_of_joining() -> None:
+    job = SimJob(initial=1)
+    job.apply_assignments()
+    job.train(3)
+    job.m.request_leave("w1", unstarted=True)  # its satellite runs, the process is still importing torch
+    assert "w1" not in job.m.workers, "no phantom worker: nothing is warming up yet"
+    job.add()
+    sent = job.tick()
+    assert job.m.workers["w1"].status is WorkerStatus.LEFT
+    assert any(a.worker == "w1" and a.assignment.action is AssignAction.LEAVE for a in sent)
+    assert job.plan.members == ("w0",) and job.want == 0, "the members are not asked to switch for it"

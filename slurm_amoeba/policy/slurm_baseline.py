@@ -22,11 +22,12 @@ A model of Slurm 22.05 with ``PriorityType=priority/multifactor``, ``SchedulerTy
   holds a reservation until then. Without a grace time the preemptor starts in the same round.
 
 With ``grow_elastic`` the policy adds the daemon's ``elastic-backfill`` on top: elastic jobs start at their minimum
-(the daemon's jobs are submitted so), their extra workers count as free GPUs for Slurm's decisions (they live in a
-preemptible partition), are given back, least useful first, when a job Slurm starts needs them, and the GPUs left
-idle go to the elastic jobs with the least attained service first. This is what a site running ``amoebad`` would
-see. ``las_queue_s`` is a what-if on top: Slurm's queue in 2D-LAS order, as a daemon with operator rights could set
-it through job priorities (not built).
+(the daemon's jobs are submitted so), their loans above their request count as free GPUs for Slurm's decisions
+(they live in a preemptible partition; ``slurm_takes_loans_only``), are given back, least useful first, when a job
+Slurm starts needs them, and the GPUs left idle go first to jobs below and behind their request
+(``restore_requests``), then to the elastic jobs with the least attained service first. This is what a site running
+``amoebad`` would see. ``las_queue_s`` is a what-if on top: Slurm's queue in 2D-LAS order, as a daemon with
+operator rights could set it through job priorities (not built).
 
 Each knob is a ``slurm.conf`` parameter; ``slurm_amoeba.sim.slurmconf`` reads them from a slurm.conf-like file.
 """

@@ -216,13 +216,11 @@ DEFAULT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True),)
 #: The daemon with operator rights: elastic jobs held until their requested size is available (``admit_at_request``).
 ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_at_request", True))
 LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
-#: The plain daemon with the rules of the round before (Slurm may take an elastic job's workers down to its minimum;
-#: idle GPUs by least attained service only), kept as a row to read this round's rules against.
-BEFORE_KNOBS: tuple[tuple[str, object], ...] = (
-    *DEFAULT_KNOBS,
-    ("restore_requests", False),
-    ("slurm_takes_loans_only", False),
-)
+#: The plain daemon with the rules of the round before (Slurm may take an elastic job's workers down to its
+#: minimum), kept as a row to read this round's rules against.
+BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("slurm_takes_loans_only", False))
+#: Admission with the what-if of regrowing jobs below and behind their request first.
+RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
 SUBMIT_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("submit_at_request", True))
 
@@ -238,6 +236,7 @@ DEFAULT_ROWS: tuple[tuple[str, float, tuple[tuple[str, object], ...]], ...] = (
     ("plain daemon", 1.0, DEFAULT_KNOBS),
     ("plain daemon, submitted at request", 1.0, SUBMIT_KNOBS),
     ("+ admission at request", 1.0, ADMIT_KNOBS),
+    ("+ admission, restore_requests (what-if)", 1.0, RESTORE_KNOBS),
     ("+ admission + LAS order", 1.0, LAS_KNOBS),
 )
 

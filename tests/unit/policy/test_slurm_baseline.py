@@ -299,7 +299,8 @@ def test_restore_requests_regrows_a_job_behind_its_request_before_younger_jobs_g
         "young": 6
     }
     # Restored first: old back to its request on its own node, young grows into what is left.
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"old": 4, "young": 4}
+    restore = SlurmBaselinePolicy(grow_elastic=True, restore_requests=True)
+    assert sizes(restore.decide(cluster, now=10.0)) == {"old": 4, "young": 4}
 
 
 def test_a_job_ahead_of_its_request_gives_back_before_one_behind_it() -> None:

@@ -92,8 +92,8 @@ def test_a_job_shrunk_below_its_request_for_an_admission_gets_it_back_before_a_y
         JobSpec("S", 5000, 2, duration=1200, min_workers=1, max_workers=2, time_limit=3000),
     ]
     knobs = {"grow_elastic": True, "admit_at_request": True}
-    restored = _records(jobs, config, **knobs)
-    left = _records(jobs, config, **knobs, restore_requests=False)
+    restored = _records(jobs, config, **knobs, restore_requests=True)
+    left = _records(jobs, config, **knobs)
     assert restored["S"].first_start == left["S"].first_start == 5040.0
     # When S ends, Y has the least attained service and would take the 2 GPUs; L gets them back first instead.
     assert restored["L"].completion is not None and left["L"].completion is not None

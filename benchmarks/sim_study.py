@@ -216,9 +216,6 @@ DEFAULT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True),)
 #: The daemon with operator rights: elastic jobs held until their requested size is available (``admit_at_request``).
 ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_at_request", True))
 LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
-#: The plain daemon with the rules of the round before (Slurm may take an elastic job's workers down to its
-#: minimum), kept as a row to read this round's rules against.
-BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("slurm_takes_loans_only", False))
 #: Admission with the what-if of regrowing jobs below and behind their request first.
 RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
@@ -232,7 +229,6 @@ GRACE_TIME_S = 10.0
 #: The default section's rows: label, share of the jobs elastic, knobs of the ``slurm`` policy.
 DEFAULT_ROWS: tuple[tuple[str, float, tuple[tuple[str, object], ...]], ...] = (
     ("slurm (baseline)", 0.0, ()),
-    ("plain daemon, rules before this round", 1.0, BEFORE_KNOBS),
     ("plain daemon", 1.0, DEFAULT_KNOBS),
     ("plain daemon, submitted at request", 1.0, SUBMIT_KNOBS),
     ("+ admission at request", 1.0, ADMIT_KNOBS),

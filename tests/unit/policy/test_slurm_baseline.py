@@ -162,16 +162,15 @@ def test_slurm_takes_only_the_loans_above_an_elastic_jobs_request() -> None:
     elastic = job("e", 4, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
     rigid = job("r", 2, submit=10.0, time_limit=100.0)
     cluster = snapshot([4], [elastic, rigid])
-    assert SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0) == []
-    # The rule before: Slurm took them and left e at half its request.
-    loose = SlurmBaselinePolicy(grow_elastic=True, slurm_takes_loans_only=False).decide(cluster, now=20.0)
-    assert sizes(loose) == {"e": 2, "r": 2}
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    assert admit.decide(cluster, now=20.0) == []
+    # The rule before (and the plain daemon's): Slurm took them and left e at half its request.
+    loose = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, slurm_takes_loans_only=False)
+    assert sizes(loose.decide(cluster, now=20.0)) == {"e": 2, "r": 2}
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)) == {"e": 2, "r": 2}
     # The daemon's own admission at request may still take them (an elastic job admitted at its request).
     arrival = job("p", 2, low=1, high=4, submit=10.0, time_limit=100.0)
-    admitted = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(
-        snapshot([4], [elastic, arrival]), now=20.0
-    )
-    assert sizes(admitted) == {"e": 2, "p": 2}
+    assert sizes(admit.decide(snapshot([4], [elastic, arrival]), now=20.0)) == {"e": 2, "p": 2}
 
 
 def test_a_job_larger_than_the_cluster_is_skipped_and_the_rest_still_start() -> None:
@@ -230,10 +229,8 @@ def test_admit_at_request_holds_an_elastic_job_without_a_reservation_until_its_s
     elastic = job("p", 4, low=2, high=4, submit=5.0, time_limit=1000.0)
     rigid = job("q", 1, submit=6.0, time_limit=100_000.0)
     cluster = snapshot([4], [lender, elastic, rigid])
-    # The plain daemon as before this round: Slurm starts p at its minimum and q beside it, out of the free GPU and
-    # e's two extras (one above e's request, one below it).
-    plain = SlurmBaselinePolicy(grow_elastic=True, slurm_takes_loans_only=False)
-    assert sizes(plain.decide(cluster, now=10.0)) == {"e": 1, "p": 2, "q": 1}
+    # The plain daemon: Slurm starts p at its minimum and q beside it, out of the free GPU and e's two extras.
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"e": 1, "p": 2, "q": 1}
     # Held until 4 GPUs are free or lent: p holds no reservation, so q starts in the free GPU and e keeps its extras.
     held = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
     assert sizes(held) == {"q": 1}

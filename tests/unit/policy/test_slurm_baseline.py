@@ -331,3 +331,18 @@ def test_protect_requests_keeps_a_job_that_cannot_grow_at_its_request_for_an_adm
     # A job that scales past its request may still lend below it.
     linear = dataclasses.replace(flat, throughput={size: float(size) for size in range(1, 9)})
     assert sizes(protect.decide(snapshot([4], [linear, arrival]), now=10.0)) == {"flat": 2, "p": 2}
+
+
+def test_submit_at_request_starts_elastic_jobs_at_their_request_and_lends_only_above_it() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    pending = job("p", 4, low=2, high=8, submit=0.0, throughput=linear, time_limit=1000.0)
+    submit = SlurmBaselinePolicy(grow_elastic=True, submit_at_request=True)
+    # 3 GPUs free: the plain daemon starts p at its minimum and grows it; submitted at its request it waits.
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(snapshot([3], [pending]), now=10.0)) == {"p": 3}
+    assert submit.decide(snapshot([3], [pending]), now=10.0) == []
+    # Running at 6 of its requested 4: a rigid job may take the 2 loans, never the workers up to the request.
+    running = job("e", 4, low=2, high=8, placement={"n0": 6}, throughput=linear, time_limit=10_000.0)
+    small = job("r", 2, submit=5.0, time_limit=100.0)
+    assert sizes(submit.decide(snapshot([6], [running, small]), now=10.0)) == {"e": 4, "r": 2}
+    large = job("q", 3, submit=5.0, time_limit=100.0)
+    assert submit.decide(snapshot([6], [running, large]), now=10.0) == []

@@ -22,11 +22,11 @@ A model of Slurm 22.05 with ``PriorityType=priority/multifactor``, ``SchedulerTy
   holds a reservation until then. Without a grace time the preemptor starts in the same round.
 
 With ``grow_elastic`` the policy adds the daemon's ``elastic-backfill`` on top: elastic jobs start at their minimum
-(the daemon's jobs are submitted so), their extra workers count as free GPUs for Slurm's decisions (they live in a
-preemptible partition), are given back, least useful first, when a job Slurm starts needs them, and the GPUs left
-idle go to the elastic jobs with the least attained service first. This is what a site running ``amoebad`` would
-see. ``las_queue_s`` is a what-if on top: Slurm's queue in 2D-LAS order, as a daemon with operator rights could set
-it through job priorities (not built).
+(the daemon's jobs are submitted so), their loans above their request count as free GPUs for Slurm's decisions
+(they live in a preemptible partition; ``slurm_takes_loans_only``), are given back, least useful first, when a job
+Slurm starts needs them, and the GPUs left idle go to the elastic jobs with the least attained service first. This
+is what a site running ``amoebad`` would see. ``las_queue_s`` is a what-if on top: Slurm's queue in 2D-LAS order, as
+a daemon with operator rights could set it through job priorities (not built).
 
 Each knob is a ``slurm.conf`` parameter; ``slurm_amoeba.sim.slurmconf`` reads them from a slurm.conf-like file.
 """
@@ -39,7 +39,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from slurm_amoeba.policy.common import base_size, distribute_spare, realize, speedup_gain
+from slurm_amoeba.policy.common import base_size, distribute_spare, marginal_efficiency, realize, speedup_gain
 from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Slurm's default ``PriorityMaxAge`` (7 days).
@@ -53,6 +53,10 @@ DEFAULT_BF_MAX_JOB_TEST = 500
 
 #: The time limit assumed for a job that has none (Slurm's ``UNLIMITED``, as a year).
 UNLIMITED_S = 365 * 86400.0
+
+#: How far above its request's GPU-seconds a job must be to count as ahead of it (1%: a job that held exactly its
+#: request is not ahead, whatever the rounding of the caller's clocks).
+AHEAD_MARGIN = 0.01
 
 #: Partition ``PreemptMode`` values the model knows (``suspend`` and ``gang`` are not modelled).
 PREEMPT_MODES = ("off", "requeue", "cancel")
@@ -160,6 +164,29 @@ class SlurmBaselinePolicy:
             starts at that size; until then it is held and holds no reservation. Its extras above the minimum stay
             reclaimable for later starts. The daemon needs operator rights for it (``scontrol hold``/``release``);
             ``False``, the default, is the plain daemon, under which Slurm starts an elastic job at its minimum.
+        protect_requests: with ``admit_at_request``, an admission does not take below its request a running job
+            that cannot use a worker above its request and is not ahead of it (:func:`admission_keeps`); default
+            ``False``: it fixed every p99 at 0.5x but held admissions so long at 1.0x that one workload's average
+            JCT went 43% above Slurm alone (docs/simulator.md). Whatever this knob, extras below requests of jobs
+            ahead of their request go back before those of jobs behind (:func:`_give_back_key`).
+        restore_requests: with ``grow_elastic``, idle GPUs go first to running jobs that are below their requested
+            size *and* behind it (:func:`request_credit` negative), the most behind first, up to their request; the
+            rest as ``grow_by_service`` says. Default ``False``, a measured what-if: it cut the p99 misses at 0.5x
+            but cost 1.0x workload 6 half its gain (-45% -> -23% avg, p99 +7%) and the half-elastic family more
+            (docs/simulator.md).
+        submit_at_request: with ``grow_elastic``, elastic jobs are submitted at their requested size (a plain
+            daemon's choice, no operator rights needed): Slurm starts each at that size, with its own reservation,
+            and counts it as taken; the daemon only lends idle GPUs above requests and takes back only those. No job
+            ever runs below its request. ``False``: submitted at their minimum (Slurm starts them as soon as that
+            fits).
+        slurm_takes_loans_only: with ``admit_at_request``, a job Slurm starts (a rigid one) may take only the loans
+            above running elastic jobs' requests: their workers up to the request count as taken, as in Slurm alone
+            (live: those satellites run in a partition Slurm does not preempt; only the loans run in the preemptible
+            one). Only the daemon's own admissions take a job below its request. ``False``: every extra above a
+            job's minimum is Slurm's to take (the rule before this round: a 48-GPU rigid job started on an elastic
+            job's workers below its request left that job at half size for hours and 28 jobs waited behind both).
+            The plain daemon (no ``admit_at_request``) keeps the rule before: with it, its 1.0x average went from
+            -20% to +6% against Slurm alone (docs/simulator.md).
         compact_starts: with ``grow_elastic``, the extras given back for a job Slurm starts are taken on the nodes
             where the job then fits on the fewest nodes (best fit), instead of the least useful extras wherever they
             run: a job spread over nodes whose GPUs were lent out trains up to 2.5x slower (measured placements).
@@ -190,6 +217,10 @@ class SlurmBaselinePolicy:
     grow_by_service: bool = True
     las_queue_s: float = 0.0
     admit_at_request: bool = False
+    protect_requests: bool = False
+    restore_requests: bool = False
+    submit_at_request: bool = False
+    slurm_takes_loans_only: bool = True
     compact_starts: bool = True
     compact_growth: bool = True
     name: str = dataclasses.field(default="slurm", init=False)
@@ -295,15 +326,27 @@ class SlurmBaselinePolicy:
     def _held(self, job: JobInfo) -> int:
         """GPUs of a running job that Slurm counts as taken (an elastic job's extras are free under the daemon)."""
         if self.grow_elastic and job.is_resizable:
-            return job.min_workers * job.gpus_per_worker
+            return min(self._slurm_floor(job), job.workers) * job.gpus_per_worker
         return job.gpus
+
+    def _slurm_floor(self, job: JobInfo) -> int:
+        """The workers of a running elastic job that a job Slurm starts cannot take: its request with
+        ``slurm_takes_loans_only`` (under ``admit_at_request``) or ``submit_at_request``, else its minimum."""
+        if (self.slurm_takes_loans_only and self.admit_at_request) or self.submit_at_request:
+            return max(job.requested_workers, job.min_workers)
+        return job.min_workers
+
+    def _floor(self, job: JobInfo) -> int:
+        """The fewest workers the daemon leaves a running elastic job: its minimum, or with ``submit_at_request``
+        its requested size (Slurm allocated that much; only the loans above it are the daemon's)."""
+        return max(job.requested_workers, job.min_workers) if self.submit_at_request else job.min_workers
 
     def _gated(self, job: JobInfo) -> bool:
         """Whether the daemon holds this job until its requested size is available (``admit_at_request``)."""
         return self.grow_elastic and self.admit_at_request and job.is_elastic
 
     def _start_size(self, job: JobInfo) -> int:
-        if not self.grow_elastic or self._gated(job):
+        if not self.grow_elastic or self._gated(job) or self.submit_at_request:
             return job.requested_workers
         return base_size(job)
 
@@ -318,26 +361,33 @@ class SlurmBaselinePolicy:
             Start and preempt decisions (and shrink/grow decisions with ``grow_elastic``).
         """
         running = [job for job in snapshot.running() if job.shared_with is None]
-        free_now = snapshot.free_gpus + sum(job.gpus - self._held(job) for job in running)
-        profile = _Profile(now, free_now)
-        for job in running:
-            profile.add(now + self._limit(job), math.inf, self._held(job))
+        profile = self._profile(snapshot, running, now, self._held)
+        admissions = profile
+        loans_only = self.grow_elastic and self.admit_at_request and self.slurm_takes_loans_only
+        if loans_only and not self.submit_at_request:
+            admissions = self._profile(snapshot, running, now, lambda job: self._floor(job) * job.gpus_per_worker)
         targets: dict[str, int] = {}
         reasons: dict[str, str] = {}
         victims: set[str] = set()
         started: list[JobInfo] = []
         reserved = 0
+        lendable = self._lendable_for_admissions(snapshot, running)
         for job in self.queue_order(snapshot, now)[: self.bf_max_job_test]:
             need = self._start_size(job) * job.gpus_per_worker
             if need > snapshot.total_gpus:
                 continue
             duration = self._limit(job)
-            at = profile.earliest(need, duration, now + self.bf_window_s)
+            at = (admissions if self._gated(job) else profile).earliest(need, duration, now + self.bf_window_s)
+            if at is not None and self._gated(job) and need > lendable:
+                at = None
             if at is None or at > now:
                 preempted = self._preempt_for(job, need, duration, running, victims, profile, now, reasons)
                 at = at if preempted is None else preempted
             if at is not None and at <= now:
                 profile.add(now, now + duration, -need)
+                if admissions is not profile:
+                    admissions.add(now, now + duration, -need)
+                lendable -= need
                 targets[job.job_id] = self._start_size(job)
                 reasons[job.job_id] = "slurm: starts without delaying any reservation"
                 started.append(job)
@@ -347,6 +397,8 @@ class SlurmBaselinePolicy:
                 and (self.bf_reservations == 0 or reserved < self.bf_reservations)
             ):
                 profile.add(at, at + duration, -need)
+                if admissions is not profile:
+                    admissions.add(at, at + duration, -need)
                 reserved += 1
         for key in victims:
             targets[key] = 0
@@ -360,6 +412,26 @@ class SlurmBaselinePolicy:
             kept = (_compact(decision, by_id[decision.job_id], node_gpus) for decision in decisions)
             decisions = [decision for decision in kept if decision is not None]
         return decisions
+
+    def _lendable_for_admissions(self, snapshot: Snapshot, running: Sequence[JobInfo]) -> float:
+        """GPUs an elastic job admitted at its request may take now: free ones and running jobs' extras above what
+        they keep (their minimum; with ``protect_requests``, :func:`admission_keeps`). Infinite when the rule is
+        off (the profile alone decides)."""
+        if not self.protect_requests:
+            return math.inf
+        keep = admission_keeps(self.min_gain)
+        extras = sum(max(job.workers - keep(job), 0) * job.gpus_per_worker for job in running if job.is_resizable)
+        return snapshot.free_gpus + extras
+
+    def _profile(
+        self, snapshot: Snapshot, running: Sequence[JobInfo], now: float, held: Callable[[JobInfo], int]
+    ) -> _Profile:
+        """Free GPUs over time when each running job holds ``held(job)`` GPUs until its time limit (and its other
+        GPUs count as free now)."""
+        profile = _Profile(now, snapshot.free_gpus + sum(job.gpus - min(held(job), job.gpus) for job in running))
+        for job in running:
+            profile.add(now + self._limit(job), math.inf, min(held(job), job.gpus))
+        return profile
 
     def _preempt_for(
         self,
@@ -419,7 +491,9 @@ class SlurmBaselinePolicy:
             job id -> placement, for the jobs whose nodes were chosen here (compact starts and the shrinks for them).
         """
         sizes = {job.job_id: job.workers for job in running if job.job_id not in victims}
-        lenders = [job for job in running if job.job_id in sizes and job.is_resizable and job.workers > job.min_workers]
+        lenders = [
+            job for job in running if job.job_id in sizes and job.is_resizable and job.workers > self._floor(job)
+        ]
         fixed: dict[str, dict[str, int]] = {}
         if self.compact_starts:
             nodes = dict(snapshot.free_by_node())
@@ -428,12 +502,15 @@ class SlurmBaselinePolicy:
                     for name, count in job.placement.items():
                         nodes[name] = nodes.get(name, 0) + count * job.gpus_per_worker
             for job in started:
-                _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons)
+                keep: Callable[[JobInfo], int] = self._slurm_floor
+                if self._gated(job):
+                    keep = admission_keeps(self.min_gain) if self.protect_requests else self._floor
+                _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep)
         free = snapshot.free_gpus + sum(job.gpus for job in running if job.job_id in victims)
         free -= sum(targets[job.job_id] * job.gpus_per_worker for job in started)
         free += sum((job.workers - sizes[job.job_id]) * job.gpus_per_worker for job in lenders)
         extras = [(_give_back_key(job, sizes[job.job_id]), job.job_id, job) for job in lenders]
-        extras = [entry for entry in extras if sizes[entry[1]] > entry[2].min_workers]
+        extras = [entry for entry in extras if sizes[entry[1]] > self._floor(entry[2])]
         heapq.heapify(extras)
         while free < 0 and extras:
             _, key, victim = heapq.heappop(extras)
@@ -441,12 +518,14 @@ class SlurmBaselinePolicy:
             fixed.pop(key, None)
             free += victim.gpus_per_worker
             reasons[key] = "slurm+elastic-backfill: gives extra GPUs back for a job Slurm starts"
-            if sizes[key] > victim.min_workers:
+            if sizes[key] > self._floor(victim):
                 heapq.heappush(extras, (_give_back_key(victim, sizes[key]), key, victim))
         for job in started:
             sizes[job.job_id] = targets[job.job_id]
         growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons] + list(started)
         before = dict(sizes)
+        if self.restore_requests:
+            free = _restore_requests(growers, sizes, free)
         distribute_spare(growers, sizes, max(free, 0), self.min_gain, self.grow_by_service)
         held = {job.job_id: job.workers for job in running}
         for key, size in sizes.items():
@@ -462,10 +541,62 @@ class SlurmBaselinePolicy:
         return fixed
 
 
-def _give_back_key(job: JobInfo, size: int) -> tuple[bool, float]:
+def request_credit(job: JobInfo) -> float:
+    """GPU-seconds a running job has held above what its requested size would have given it over its run so far
+    (negative: it is behind its request; 0 for a job that always ran at its request)."""
+    return job.attained_service - job.executed_time * max(job.requested_workers, job.min_workers) * job.gpus_per_worker
+
+
+def ahead_of_request(job: JobInfo) -> bool:
+    """Whether a running job is ahead of its request by more than ``AHEAD_MARGIN`` of what its request gave it."""
+    requested = max(job.requested_workers, job.min_workers) * job.gpus_per_worker
+    return request_credit(job) > job.executed_time * requested * AHEAD_MARGIN
+
+
+def admission_keeps(min_gain: float) -> Callable[[JobInfo], int]:
+    """The fewest workers a running job keeps when an elastic job is admitted at its request (``protect_requests``):
+    its minimum, except for a job that cannot use a worker above its request (the next one adds less than
+    ``min_gain``, :func:`marginal_efficiency`) and is not ahead of its request (:func:`ahead_of_request`). Such a
+    job never gains from elasticity, so time below its request is a pure loss against Slurm alone: it keeps its
+    request (or what it holds, when less)."""
+
+    def keep(job: JobInfo) -> int:
+        request = max(job.requested_workers, job.min_workers)
+        if not job.is_resizable or ahead_of_request(job):
+            return job.min_workers if job.is_resizable else job.workers
+        if request < job.max_workers and marginal_efficiency(job, request) >= min_gain:
+            return job.min_workers
+        return max(min(job.workers, request), job.min_workers)
+
+    return keep
+
+
+def _restore_requests(jobs: Sequence[JobInfo], sizes: dict[str, int], free: int) -> int:
+    """Give ``free`` GPUs to the jobs below their request and behind it, most behind first, up to their request
+    (``restore_requests``); returns the GPUs left. ``sizes`` is updated."""
+    behind = sorted(
+        (job for job in jobs if job.is_resizable and 0 < sizes[job.job_id] < job.requested_workers),
+        key=lambda job: (request_credit(job), job.job_id),
+    )
+    for job in behind:
+        if request_credit(job) >= 0:
+            break
+        grow = min(job.requested_workers - sizes[job.job_id], max(free, 0) // job.gpus_per_worker)
+        sizes[job.job_id] += grow
+        free -= grow * job.gpus_per_worker
+    return free
+
+
+def _keeps_minimum(job: JobInfo) -> int:
+    """The fewest workers a lender keeps when a job Slurm starts needs room: its minimum."""
+    return job.min_workers
+
+
+def _give_back_key(job: JobInfo, size: int) -> tuple[bool, bool, float]:
     """Which extra worker goes back first: those above the job's requested size (loans of idle GPUs) before those
-    below it, each the least useful first."""
-    return (size <= job.requested_workers, speedup_gain(job, size - 1))
+    below it, then those of jobs ahead of their request (:func:`ahead_of_request`), each the least useful first."""
+    below = size <= job.requested_workers
+    return (below, below and not ahead_of_request(job), speedup_gain(job, size - 1))
 
 
 def _compact(decision: Decision, job: JobInfo, node_gpus: int) -> Decision | None:
@@ -489,13 +620,15 @@ def _make_room(
     sizes: dict[str, int],
     fixed: dict[str, dict[str, int]],
     reasons: dict[str, str],
+    keep: Callable[[JobInfo], int] = _keeps_minimum,
 ) -> None:
     """Place a job Slurm starts on the fewest nodes, taking back the extras that run there (``compact_starts``).
 
     Nodes are tried by what they could offer (free GPUs plus extras above their jobs' minimum), best fit first
     when one node can hold the job, else the largest first. On each chosen node the free GPUs go first, then the
-    least useful extras. ``nodes`` (free GPUs per node), ``sizes`` and ``fixed`` (the placements chosen) are
-    updated; nothing changes when the job does not fit so (the caller's global rule then applies).
+    least useful extras. No lender goes below ``keep`` of it. ``nodes`` (free GPUs per node), ``sizes`` and
+    ``fixed`` (the placements chosen) are updated; nothing changes when the job does not fit so (the caller's global
+    rule then applies).
     """
     per = job.gpus_per_worker
     on: dict[str, list[JobInfo]] = {}
@@ -504,7 +637,7 @@ def _make_room(
             on.setdefault(name, []).append(lender)
 
     def spare(lender: JobInfo) -> int:
-        return sizes[lender.job_id] - lender.min_workers
+        return sizes[lender.job_id] - keep(lender)
 
     def offer(name: str, floor: Callable[[JobInfo], int]) -> int:
         lent = sum(
@@ -513,7 +646,7 @@ def _make_room(
         )
         return (nodes[name] + lent) // per
 
-    offers = {name: offer(name, lambda o: o.min_workers) for name in nodes}
+    offers = {name: offer(name, keep) for name in nodes}
     loans = {name: offer(name, lambda o: max(o.requested_workers, o.min_workers)) for name in nodes}
     whole = [name for name in offers if offers[name] >= workers]
     if whole:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -144,7 +146,8 @@ def test_grow_elastic_starts_elastic_jobs_at_their_minimum_and_grows_them_into_i
 
 
 def test_grow_elastic_gives_extras_back_for_a_job_slurm_starts() -> None:
-    elastic = job("e", 4, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
+    # e asked for 2 and holds 4: two loans, which Slurm may take for the rigid job.
+    elastic = job("e", 2, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
     rigid = job("r", 2, submit=10.0, time_limit=100.0)
     cluster = snapshot([4], [elastic, rigid])
     decisions = SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)
@@ -152,6 +155,22 @@ def test_grow_elastic_gives_extras_back_for_a_job_slurm_starts() -> None:
     check_decisions(cluster, decisions)
     # Slurm alone would make the rigid job wait for the elastic job's end.
     assert SlurmBaselinePolicy().decide(cluster, now=20.0) == []
+
+
+def test_slurm_takes_only_the_loans_above_an_elastic_jobs_request() -> None:
+    # e asked for 4 and holds 4: its workers above its minimum lie below its request.
+    elastic = job("e", 4, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
+    rigid = job("r", 2, submit=10.0, time_limit=100.0)
+    cluster = snapshot([4], [elastic, rigid])
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    assert admit.decide(cluster, now=20.0) == []
+    # The rule before (and the plain daemon's): Slurm took them and left e at half its request.
+    loose = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, slurm_takes_loans_only=False)
+    assert sizes(loose.decide(cluster, now=20.0)) == {"e": 2, "r": 2}
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)) == {"e": 2, "r": 2}
+    # The daemon's own admission at request may still take them (an elastic job admitted at its request).
+    arrival = job("p", 2, low=1, high=4, submit=10.0, time_limit=100.0)
+    assert sizes(admit.decide(snapshot([4], [elastic, arrival]), now=20.0)) == {"e": 2, "p": 2}
 
 
 def test_a_job_larger_than_the_cluster_is_skipped_and_the_rest_still_start() -> None:
@@ -262,3 +281,68 @@ def test_compact_growth_does_not_spread_a_job_over_more_nodes_than_its_size_need
     roomy = snapshot([5, 4], [grower, other, filler])
     (decision,) = SlurmBaselinePolicy(grow_elastic=True).decide(roomy, now=10.0)
     assert (decision.workers, decision.placement) == (3, {"n0": 3})
+
+
+def test_restore_requests_regrows_a_job_behind_its_request_before_younger_jobs_grow() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    # "old" was shrunk to 2 of its requested 4 for an hour (behind its request); "young" runs at its request.
+    old = job("old", 4, low=2, high=8, placement={"n0": 2}, throughput=linear, attained_service=7200.0 * 2)
+    old = dataclasses.replace(old, executed_time=7200.0)
+    young = job("young", 2, low=1, high=8, placement={"n1": 2}, throughput=linear, attained_service=1200.0)
+    young = dataclasses.replace(young, executed_time=600.0)
+    cluster = snapshot([4, 4], [old, young])
+    # By least attained service alone the young job takes every idle GPU, far above its request.
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True, restore_requests=False).decide(cluster, now=10.0)) == {
+        "young": 6
+    }
+    # Restored first: old back to its request on its own node, young grows into what is left.
+    restore = SlurmBaselinePolicy(grow_elastic=True, restore_requests=True)
+    assert sizes(restore.decide(cluster, now=10.0)) == {"old": 4, "young": 4}
+
+
+def test_a_job_ahead_of_its_request_gives_back_before_one_behind_it() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    # Both run at their request of 4; "late" held 6 on average so far (ahead), "early" exactly 4. By name and
+    # speed gain alone "early" would go first.
+    late = job("late", 4, low=2, high=8, placement={"n1": 4}, throughput=linear, attained_service=6 * 3600.0)
+    early = job("early", 4, low=2, high=8, placement={"n0": 4}, throughput=linear, attained_service=4 * 3600.0)
+    late, early = (dataclasses.replace(one, executed_time=3600.0, time_limit=100_000.0) for one in (late, early))
+    arrival = job("p", 2, low=1, high=4, submit=5.0, time_limit=100.0)
+    # Without compact starts (node choice first), the give-back order alone decides.
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, compact_starts=False)
+    decisions = admit.decide(snapshot([4, 4], [early, late, arrival]), now=10.0)
+    assert sizes(decisions) == {"late": 2, "p": 2}
+    even = dataclasses.replace(late, attained_service=4 * 3600.0)
+    assert sizes(admit.decide(snapshot([4, 4], [early, even, arrival]), now=10.0)) == {"early": 2, "p": 2}
+
+
+def test_protect_requests_keeps_a_job_that_cannot_grow_at_its_request_for_an_admission() -> None:
+    # "flat" gains nothing above 4 workers (as yolov3 here) and never grew: an admission may not take it below 4.
+    flat = job("flat", 4, low=2, high=8, placement={"n0": 4}, throughput={2: 2.0, 3: 3.0, 4: 4.0, 5: 4.0, 6: 4.0})
+    flat = dataclasses.replace(flat, attained_service=4 * 3600.0, executed_time=3600.0, time_limit=100_000.0)
+    arrival = job("p", 2, low=1, high=4, submit=5.0, time_limit=1000.0)
+    cluster = snapshot([4], [flat, arrival])
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)) == {
+        "flat": 2,
+        "p": 2,
+    }
+    protect = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, protect_requests=True)
+    assert protect.decide(cluster, now=10.0) == []
+    # A job that scales past its request may still lend below it.
+    linear = dataclasses.replace(flat, throughput={size: float(size) for size in range(1, 9)})
+    assert sizes(protect.decide(snapshot([4], [linear, arrival]), now=10.0)) == {"flat": 2, "p": 2}
+
+
+def test_submit_at_request_starts_elastic_jobs_at_their_request_and_lends_only_above_it() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    pending = job("p", 4, low=2, high=8, submit=0.0, throughput=linear, time_limit=1000.0)
+    submit = SlurmBaselinePolicy(grow_elastic=True, submit_at_request=True)
+    # 3 GPUs free: the plain daemon starts p at its minimum and grows it; submitted at its request it waits.
+    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(snapshot([3], [pending]), now=10.0)) == {"p": 3}
+    assert submit.decide(snapshot([3], [pending]), now=10.0) == []
+    # Running at 6 of its requested 4: a rigid job may take the 2 loans, never the workers up to the request.
+    running = job("e", 4, low=2, high=8, placement={"n0": 6}, throughput=linear, time_limit=10_000.0)
+    small = job("r", 2, submit=5.0, time_limit=100.0)
+    assert sizes(submit.decide(snapshot([6], [running, small]), now=10.0)) == {"e": 4, "r": 2}
+    large = job("q", 3, submit=5.0, time_limit=100.0)
+    assert submit.decide(snapshot([6], [running, large]), now=10.0) == []

@@ -81,3 +81,20 @@ def test_jobs_without_a_time_limit_get_the_modelled_user_estimate() -> None:
 def test_a_time_limit_factor_below_one_is_refused() -> None:
     with pytest.raises(SimError, match="time_limit_factor=0.5 must be at least 1"):
         SimConfig(time_limit_factor=0.5)
+
+
+def test_a_job_shrunk_below_its_request_for_an_admission_gets_it_back_before_a_younger_job_grows() -> None:
+    config = SimConfig(nodes=2, gpus_per_node=4, restart_cost=0.0, resize_cost=0.0, grow_lag=0.0)
+    jobs = [
+        JobSpec("L", 0, 4, duration=20000, min_workers=2, max_workers=4, time_limit=60000),
+        JobSpec("Y", 3000, 4, duration=40000, min_workers=2, max_workers=8, time_limit=90000),
+        # Admitted at its request out of L's workers below L's request (the cluster is full).
+        JobSpec("S", 5000, 2, duration=1200, min_workers=1, max_workers=2, time_limit=3000),
+    ]
+    knobs = {"grow_elastic": True, "admit_at_request": True}
+    restored = _records(jobs, config, **knobs, restore_requests=True)
+    left = _records(jobs, config, **knobs)
+    assert restored["S"].first_start == left["S"].first_start == 5040.0
+    # When S ends, Y has the least attained service and would take the 2 GPUs; L gets them back first instead.
+    assert restored["L"].completion is not None and left["L"].completion is not None
+    assert restored["L"].completion < 21000 < 25000 < left["L"].completion

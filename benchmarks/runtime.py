@@ -337,6 +337,10 @@ PHASES = (
     ("broadcast", "state broadcast"),
     ("synced", "state loaded"),
     ("saved", "auto-commit"),
+    ("batch", "first batch in hand"),
+    ("sent", "own state send done"),
+    ("reduced", "gradients reduced"),
+    ("settled", "commit copy done"),
     ("first_step", "first step"),
 )
 
@@ -369,6 +373,9 @@ JOINER_MARKS = (
     ("broadcast", "state received"),
     ("synced", "state loaded"),
     ("saved", "auto-commit started"),
+    ("batch", "first batch in hand"),
+    ("reduced", "gradients reduced"),
+    ("settled", "commit copy done"),
     ("first_step", "first step ended"),
 )
 

@@ -328,8 +328,14 @@ class WorkerRuntime:
 
     def before_last_micro_batch(self) -> None:
         """Called by the loader before a step's last micro-batch: reduce gradient buckets as backward fills them."""
+        self._mark("batch")
         if self._grad is not None and self.generation:
             self._grad.arm(self._control_word())
+
+    def _mark(self, name: str) -> None:
+        """Note when the first step after a switch reached ``name`` (see switch_marks); nothing otherwise."""
+        if self._marks and "first_step" not in self._marks:
+            self._marks.setdefault(name, time.perf_counter())
 
     def apply_step(self, state: TorchState) -> None:
         """Reduce gradients (+ control word), step the optimizer, zero gradients, advance the sampler.
@@ -340,6 +346,7 @@ class WorkerRuntime:
         """
         self.reduce_gradients()
         state.settle()  # a commit still being copied (the switch's) must not see this step's update
+        self._mark("settled")
         state.optimizer.step()
         self.end_step(state)
 
@@ -354,10 +361,12 @@ class WorkerRuntime:
         if grad is None or self.generation == 0:
             raise RuntimeConfigError(f"{self.prefix} state.step() was called outside slurm_amoeba.runtime.run()")
         self._finish_send()
+        self._mark("sent")
         try:
             self._agreed_now = grad.finish(self._control_word()) > 0
         except RuntimeError as exc:
             raise self._failure("gradient all-reduce", exc) from None
+        self._mark("reduced")
 
     def end_step(self, state: TorchState) -> None:
         """Zero the gradients, advance the sampler, time the step (the second half of :meth:`apply_step`)."""
@@ -648,6 +657,10 @@ class WorkerRuntime:
         # A product large enough to run in parallel starts the intra-op thread pool, which a 16 x 16 one does not.
         probe = torch.ones(256, 256, device=self.device, requires_grad=True)
         torch.autograd.grad((probe @ probe).relu().sum(), probe)
+        # A process's first batch through a DataLoader costs ~2 ms more than later ones (first calls on torch's fetch
+        # and collate path): pay it here on two synthetic samples, without touching the user's dataset or RNG.
+        samples = torch.utils.data.TensorDataset(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long))
+        next(iter(torch.utils.data.DataLoader(samples, batch_size=2)))
         _warm_optimizer(state.optimizer, self.prefix)
         if state.warm_up is not None:
             rehearse(state, self.device)

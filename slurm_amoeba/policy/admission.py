@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 # The free-GPU profile of the baseline's backfill, the same step function (one of it in the code base; policy/ owns
 # slurm_baseline.py, whose private name this borrows until it is made public there).
-from slurm_amoeba.policy.slurm_baseline import _Profile as Profile
+from slurm_amoeba.policy.slurm_baseline import Profile
 
 #: Slurm's default ``bf_window`` (one day): reservations lie at most this far ahead.
 DEFAULT_WINDOW_S = 24 * 3600.0

@@ -91,7 +91,7 @@ class SlurmPartition:
             )
 
 
-class _Profile:
+class Profile:
     """Free GPUs over time, a step function: ``free[i]`` GPUs from ``times[i]`` until ``times[i + 1]``."""
 
     def __init__(self, now: float, free: int) -> None:
@@ -130,9 +130,9 @@ class _Profile:
                 return at
         return None
 
-    def copy(self) -> _Profile:
+    def copy(self) -> Profile:
         """An independent copy."""
-        other = _Profile(self.times[0], 0)
+        other = Profile(self.times[0], 0)
         other.times = list(self.times)
         other.free = list(self.free)
         return other
@@ -425,10 +425,10 @@ class SlurmBaselinePolicy:
 
     def _profile(
         self, snapshot: Snapshot, running: Sequence[JobInfo], now: float, held: Callable[[JobInfo], int]
-    ) -> _Profile:
+    ) -> Profile:
         """Free GPUs over time when each running job holds ``held(job)`` GPUs until its time limit (and its other
         GPUs count as free now)."""
-        profile = _Profile(now, snapshot.free_gpus + sum(job.gpus - min(held(job), job.gpus) for job in running))
+        profile = Profile(now, snapshot.free_gpus + sum(job.gpus - min(held(job), job.gpus) for job in running))
         for job in running:
             profile.add(now + self._limit(job), math.inf, min(held(job), job.gpus))
         return profile
@@ -440,7 +440,7 @@ class SlurmBaselinePolicy:
         duration: float,
         running: Sequence[JobInfo],
         victims: set[str],
-        profile: _Profile,
+        profile: Profile,
         now: float,
         reasons: dict[str, str],
     ) -> float | None:

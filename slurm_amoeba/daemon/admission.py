@@ -100,9 +100,8 @@ def _is_held(record: JobRecord) -> bool:
     return record.priority == 0 or record.state_reason.startswith("JobHeld")
 
 
-def _request_gpus(record: JobRecord, gpus: int, max_workers: int, total: int) -> int:
+def _request_gpus(mark: tuple[int, int] | None, gpus: int, max_workers: int, total: int) -> int:
     """The requested size in GPUs of a pending elastic job (its mark's MAX, capped) or its own GPUs otherwise."""
-    mark = parse_elastic_comment(record.comment)
     if mark is None or gpus <= 0:
         return gpus
     low, high = mark
@@ -162,7 +161,8 @@ def admission_input(
         if held and mark is None:
             continue  # its owner's or an admin's hold: Slurm will not start it, and it is not the daemon's to lift
         gpus = sum(r.gpus_requested for r in group)
-        elastic = parse_elastic_comment(leader.comment) is not None and (not users or leader.user in users)
+        range_mark = parse_elastic_comment(leader.comment)
+        elastic = range_mark is not None and (not users or leader.user in users)
         if held and mark is not None:
             standing, priority, since = Standing.HELD, mark.priority, float(mark.since)
             marks[job_id] = mark
@@ -171,7 +171,7 @@ def admission_input(
                 Standing.ADMITTED if job_id in admitted else Standing.NEW if elastic and gpus > 0 else Standing.REGULAR
             )
             priority, since = leader.priority, 0.0
-        request = _request_gpus(leader, gpus, max_workers, total) if standing is not Standing.REGULAR else gpus
+        request = _request_gpus(range_mark, gpus, max_workers, total) if standing is not Standing.REGULAR else gpus
         limit_s = float(leader.time_limit_s) if leader.time_limit_s is not None else None
         queue.append(
             Waiting(job_id, gpus, request, limit_s, priority, float(leader.submit_time), standing, since or None)

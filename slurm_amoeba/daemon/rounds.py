@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import os
 import pwd
@@ -276,7 +277,7 @@ class RoundLoop:
         if self.queue is None or (self._queue_run is not None and not self._queue_run.done()):
             return
         self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
-        self._queue_run.add_done_callback(_log_queue_failure)
+        self._queue_run.add_done_callback(functools.partial(_log_failure, "queue ordering"))
 
     def admit(self, view: ClusterView, now: float, lenders: frozenset[str]) -> None:
         """Admission's round (docs/admin.md 8c), on the queue ordering's thread (one ``scontrol`` at a time);
@@ -287,7 +288,7 @@ class RoundLoop:
         if self.admission is None or (self._admission_run is not None and not self._admission_run.done()):
             return
         self._admission_run = self._queue_pool.submit(self.admission.apply, view, now, lenders)
-        self._admission_run.add_done_callback(_log_admission_failure)
+        self._admission_run.add_done_callback(functools.partial(_log_failure, "admission"))
 
     @property
     def last_queue_round(self) -> QueueRound | None:
@@ -380,14 +381,10 @@ class _Observing:
         return self._view
 
 
-def _log_queue_failure(run: concurrent.futures.Future[QueueRound]) -> None:
+def _log_failure(what: str, run: concurrent.futures.Future[QueueRound | AdmissionRound]) -> None:
+    """A done-callback of the queue thread's work (bound to ``what`` with ``functools.partial``)."""
     if not run.cancelled() and run.exception() is not None:
-        logger.error("[daemon/queue] queue ordering failed this round: %r; the next round tries again", run.exception())
-
-
-def _log_admission_failure(run: concurrent.futures.Future[AdmissionRound]) -> None:
-    if not run.cancelled() and run.exception() is not None:
-        logger.error("[daemon/admission] admission failed this round: %r; the next round tries again", run.exception())
+        logger.error("[daemon] %s failed this round: %r; the next round tries again", what, run.exception())
 
 
 def _user_name(uid: int) -> str:

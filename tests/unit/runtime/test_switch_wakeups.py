@@ -150,3 +150,29 @@ def test_a_failing_rehearsal_is_the_users_error_and_still_puts_the_model_back() 
     with pytest.raises(ValueError, match="user's warm-up"):
         rehearse(state, torch.device("cpu"))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_commit_copied_in_the_background_is_the_state_at_save_time() -> None:
+    """The switch's auto-commit: buffers are copied before save() returns (a forward moves batch-norm statistics in
+    place while the copy runs); parameters and optimizer state in the thread, which settle() waits for before the
+    optimizer steps; a restore then puts back exactly what a foreground commit would have."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = TorchState(model, optimizer, ElasticSampler(32, 8, seed=1))
+    model(torch.randn(8, 6)).sum().backward()
+    optimizer.step()  # momentum buffers exist
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    state.save(background=True)
+    model.zero_grad()
+    model(torch.randn(8, 6)).sum().backward()  # the next step's forward runs beside the copy
+    state.settle()
+    optimizer.step()
+    assert not torch.equal(expected["1.running_mean"], model.state_dict()["1.running_mean"])
+    state.restore()
+    assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
+    assert all(
+        torch.equal(m, optimizer.state[p]["momentum_buffer"]) for m, p in zip(momentum, model.parameters(), strict=True)
+    )
+    assert state.committed_step == 0

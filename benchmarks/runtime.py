@@ -29,6 +29,8 @@ On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.0
   holding ``slurm_amoeba/`` and ``benchmarks/``, e.g. the code before a change) and for this checkout, in
   alternating rounds with the load average beside each round: on a shared machine only an interleaved
   comparison says whether a change helped.
+* ``overhead`` (``--overhead-only``): only the steady-state overhead above, with its quartiles over block pairs and
+  the load average.
 
 Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition.
 """
@@ -49,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -608,8 +610,9 @@ def format_comparison(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run every measurement; returns the JSON report."""
+def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The steady-state overhead against plain DDP: ``reps`` jobs of interleaved blocks (see
+    :func:`interleaved_step_times`); the ratio of each runtime block to its DDP neighbour."""
     ratios: list[float] = []
     blocks: list[dict[str, list[float]]] = []
     for rep in range(reps):
@@ -619,6 +622,30 @@ def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], N
         times = interleaved_step_times(directory, steps, block=10)
         blocks.append(times)
         ratios.extend(a / d for a, d in zip(times["amoeba"], times["ddp"], strict=True))
+    return {
+        "overhead_ratio": _median(ratios) - 1.0,
+        "overhead_spread": {k: v - 1.0 if k != "n" else v for k, v in _spread(ratios).items()},
+        "ddp_step_s": _median([t for b in blocks for t in b["ddp"]]),
+        "amoeba_step_s": _median([t for b in blocks for t in b["amoeba"]]),
+        "block_ratios": ratios,
+        "load": os.getloadavg()[0],
+    }
+
+
+def format_overhead(overhead: Mapping[str, Any]) -> str:
+    """The steady-state overhead as two lines."""
+    spread = overhead["overhead_spread"]
+    return (
+        f"steady-state overhead vs plain DDP at 2 workers: {overhead['overhead_ratio'] * 100:+.2f} % (quartiles "
+        f"{spread['q1'] * 100:+.1f}..{spread['q3'] * 100:+.1f} %, {len(overhead['block_ratios'])} block pairs)\n"
+        f"  step {overhead['amoeba_step_s'] * 1000:.2f} ms vs DDP {overhead['ddp_step_s'] * 1000:.2f} ms, "
+        f"load {overhead['load']:.1f}"
+    )
+
+
+def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run every measurement; returns the JSON report."""
+    overhead = run_overhead(work, reps, steps, progress)
     events: dict[str, list[dict[str, float]]] = {"join": [], "leave": [], "kill": [], "stop": [], "torchrun": []}
     for rep in range(reps):
         for name, measure in (
@@ -633,17 +660,17 @@ def run_benchmark(work: Path, reps: int, steps: int, progress: Callable[[str], N
             directory.mkdir()
             events[name].append(measure(directory))
     report: dict[str, Any] = {
-        "overhead_ratio": _median(ratios) - 1.0,
-        "overhead_spread": {k: v - 1.0 if k != "n" else v for k, v in _spread(ratios).items()},
+        "overhead_ratio": overhead["overhead_ratio"],
+        "overhead_spread": overhead["overhead_spread"],
         "scale_out_pause_s": _median([e["stall_s"] for e in events["join"]]),
         "stop_resume_pause_s": _median([e["stall_s"] for e in events["stop"]]),
         "torchrun_restart_pause_s": _median([e["stall_s"] for e in events["torchrun"]]),
         "scale_in_pause_s": _median([e["stall_s"] for e in events["leave"]]),
         "failure_recovery_s": _median([e["recovery_s"] for e in events["kill"]]),
         "details": {
-            "ddp_step_s": _median([t for b in blocks for t in b["ddp"]]),
-            "amoeba_step_s": _median([t for b in blocks for t in b["amoeba"]]),
-            "block_ratios": ratios,
+            "ddp_step_s": overhead["ddp_step_s"],
+            "amoeba_step_s": overhead["amoeba_step_s"],
+            "block_ratios": overhead["block_ratios"],
             "events": events,
             "reps": reps,
             "steady_steps": steps,
@@ -716,6 +743,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=10, help="scale-out/scale-in pairs for the worker pause")
     parser.add_argument("--pause-only", action="store_true", help="measure only the worker pause")
     parser.add_argument(
+        "--overhead-only", action="store_true", help="measure only the steady-state overhead against plain DDP"
+    )
+    parser.add_argument(
         "--warm-up",
         action="store_true",
         help="the runtime's workers pass TorchState(warm_up=...): a joiner rehearses a forward and backward",
@@ -746,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline is not None:
         report: dict[str, Any] = {"comparison": compare_pauses(work, args.baseline, args.rounds, args.cycles, progress)}
         print(format_comparison(report["comparison"]))
+    elif args.overhead_only:
+        report = {"overhead": run_overhead(work, reps, steps, progress)}
+        print(format_overhead(report["overhead"]))
     elif args.pause_only:
         report = {"worker_pause": run_pauses(work, args.cycles, progress)}
     else:

@@ -55,6 +55,7 @@ from slurm_amoeba.runtime.gns import (
     workers_pair,
 )
 from slurm_amoeba.runtime.protocol import BATCH_KEY, MAX_POLICY_BATCH, PolicyBatch
+from slurm_amoeba.runtime.topology import idle_ranks
 
 if TYPE_CHECKING:
     from slurm_amoeba.runtime.state import TorchState
@@ -419,7 +420,8 @@ class AdaptiveBatch:
         if world < 1 or sampler.progress.cursor >= sampler.dataset_size:
             self.probe.prepare(0.0, step_time_s=None, want_pre=False, policy_batch=policy)
             return
-        plan = sampler.planner.plan(sampler.step_samples(sampler.progress.cursor), world)
+        idle = idle_ranks(driver, sampler.progress.step)
+        plan = sampler.planner.plan(sampler.step_samples(sampler.progress.cursor), world, idle)
         local = plan.local_size(rank)
         micro = plan.micro_batches[rank]
         self._step_samples = plan.step_samples

@@ -166,6 +166,8 @@ class ShardedState(TorchState):
         scaler: a ``torch.amp.GradScaler``, if any.
     """
 
+    joiners_may_idle = False  # every rank of the mesh takes part in each forward's all-gathers
+
     def __init__(
         self,
         build: Build,

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.sampler import ElasticSampler, StepAssignment
-from slurm_amoeba.runtime.topology import Topology
+from slurm_amoeba.runtime.topology import Topology, idle_ranks
 
 _PR_SET_PDEATHSIG = 1
 
@@ -99,9 +99,10 @@ class _LazyPlan:
     loader's steps both read this one plan, so they agree.
     """
 
-    def __init__(self, sampler: ElasticSampler, rank: int, world_size: int) -> None:
+    def __init__(self, sampler: ElasticSampler, topology: Topology) -> None:
+        rank, world_size = topology.rank, topology.world_size
         sampler.planner.check_world_size(world_size)
-        self._sampler, self._rank, self._world_size = sampler, rank, world_size
+        self._sampler, self._rank, self._world_size, self._topology = sampler, rank, world_size, topology
         self._where = dataclasses.replace(sampler.progress)
         self._steps: list[StepAssignment] = []
         self._complete = False
@@ -117,7 +118,8 @@ class _LazyPlan:
         if where.cursor >= sampler.dataset_size:
             self._complete = True
             return
-        assignment = sampler.assignment(self._rank, self._world_size, where)
+        idle = idle_ranks(self._topology, where.step)
+        assignment = sampler.assignment(self._rank, self._world_size, where, idle)
         self._steps.append(assignment)
         where.cursor += assignment.plan.step_samples
         where.step += 1
@@ -256,7 +258,7 @@ class ElasticDataLoader:
     def __iter__(self) -> Iterator[Step]:
         topology = self._current_topology()
         topology.check_boundary()
-        plan = _LazyPlan(self.sampler, topology.rank, topology.world_size)
+        plan = _LazyPlan(self.sampler, topology)
         self._batches.plan = plan
         if next(plan.micro_batches(), None) is None:
             # Every step left in the epoch is empty for this rank (possible only in a short last step).

@@ -512,12 +512,13 @@ class Membership:
             if rollback:
                 source = max(staying, key=lambda s: (s.report.committed_step, -staying.index(s)))  # type: ignore[union-attr]
                 start: int | None = source.report.committed_step  # type: ignore[union-attr]
-                differing = len({s.report.committed_step for s in staying}) > 1  # type: ignore[union-attr]
             else:
                 source = staying[0]
                 start = source.report.step  # type: ignore[union-attr]
-                differing = len({s.report.step for s in staying}) > 1  # type: ignore[union-attr]
-            sync = bool(joiners) or differing
+            # A member at another step than the source's holds no valid state either: it receives it like a joiner.
+            at = {s.worker_id: s.report.committed_step if rollback else s.report.step for s in staying}  # type: ignore[union-attr]
+            joiners = [c.worker_id for c in chosen if c not in staying or at[c.worker_id] != start]
+            sync = bool(joiners)
         else:
             source, start, sync = chosen[0], None, len(chosen) > 1
             joiners = [c.worker_id for c in chosen[1:]]

@@ -154,19 +154,22 @@ class GlobalBatchPlanner:
             return 1
         return -(-share // self.max_local_batch)
 
-    def plan(self, step_samples: int, world_size: int) -> StepPlan:
+    def plan(self, step_samples: int, world_size: int, idle: frozenset[int] = frozenset()) -> StepPlan:
         """Plan one step of ``step_samples`` samples (at most the global batch) over ``world_size`` workers.
 
         Args:
             step_samples: samples in this step; the global batch, or fewer for the last step of an epoch.
             world_size: number of workers.
+            idle: ranks that take no samples in this step (joiners still receiving the state in the first step of
+                a generation); the others split the step as a world of their own size would.
 
         Returns:
             The plan.
 
         Raises:
-            BatchPlanError: the world size cannot take a global batch (see :meth:`check_world_size`), or
-                ``step_samples`` is not between 1 and the global batch.
+            BatchPlanError: the world size (or the number of ranks not idle) cannot take a global batch (see
+                :meth:`check_world_size`), an idle rank is outside the world, or ``step_samples`` is not between 1
+                and the global batch.
         """
         self.check_world_size(world_size)
         if not 1 <= step_samples <= self.global_batch:
@@ -174,7 +177,15 @@ class GlobalBatchPlanner:
                 f"a step of {step_samples} samples is invalid: it must hold 1 to global_batch="
                 f"{self.global_batch} samples"
             )
-        shares = split_evenly(step_samples, world_size)
-        accumulation = self._accumulation(shares[0])
-        micro = tuple(tuple(s for s in split_evenly(share, accumulation) if s > 0) for share in shares)
+        if any(not 0 <= rank < world_size for rank in idle):
+            raise BatchPlanError(f"idle ranks {sorted(idle)} are not all ranks of a world of {world_size} workers")
+        working = world_size - len(idle)
+        if idle:
+            self.check_world_size(working)
+        shares = iter(split_evenly(step_samples, working))
+        accumulation = self._accumulation(-(-step_samples // working))
+        micro = tuple(
+            () if rank in idle else tuple(s for s in split_evenly(next(shares), accumulation) if s > 0)
+            for rank in range(world_size)
+        )
         return StepPlan(step_samples=step_samples, world_size=world_size, micro_batches=micro)

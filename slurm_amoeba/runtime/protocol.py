@@ -174,10 +174,11 @@ class GenerationPlan:
         generation: its number (1 for the first).
         members: worker ids in rank order.
         hosts: each member's host, in rank order (for ``LOCAL_RANK``).
-        source: the member whose state every other member receives when ``sync`` is set.
-        joiners: members that hold no valid state and must receive it.
+        source: the member whose state the joiners receive when ``sync`` is set.
+        joiners: members that hold no valid state and must receive it (new workers, and members whose step is not
+            the source's).
         rollback: the previous generation failed; survivors restore their last commit first.
-        sync: the source broadcasts its state at the start of the generation.
+        sync: the source sends its state to the joiners at the start of the generation.
         start_step: the global step the generation starts at, when known (not for the first generation).
         reason: why the generation was formed, for logs and history.
     """

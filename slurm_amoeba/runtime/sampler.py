@@ -219,13 +219,16 @@ class ElasticSampler:
         """Samples in the step that starts at ``cursor``."""
         return min(self.global_batch, self.dataset_size - cursor)
 
-    def assignment(self, rank: int, world_size: int, progress: Progress | None = None) -> StepAssignment:
+    def assignment(
+        self, rank: int, world_size: int, progress: Progress | None = None, idle: frozenset[int] = frozenset()
+    ) -> StepAssignment:
         """The step at ``progress`` (default: the current one) as seen by ``rank`` of ``world_size``.
 
         Args:
             rank: the rank.
             world_size: the number of workers.
             progress: the position; the sampler's own by default.
+            idle: ranks without samples in this step (see :meth:`GlobalBatchPlanner.plan`).
 
         Returns:
             The assignment.
@@ -236,7 +239,7 @@ class ElasticSampler:
         where = progress if progress is not None else self.progress
         if not 0 <= rank < world_size:
             raise BatchPlanError(f"rank {rank} is outside a world of {world_size} workers")
-        plan = self.planner.plan(self.step_samples(where.cursor), world_size)
+        plan = self.planner.plan(self.step_samples(where.cursor), world_size, idle)
         perm = self.permutation(where.epoch)
         start = where.cursor + plan.local_offset(rank)
         micro: list[tuple[int, ...]] = []

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -252,6 +252,10 @@ class TorchState:
         StateError: an extra cannot be sent.
         RuntimeConfigError: the model is wrapped in ``DistributedDataParallel`` (pass ``model.module``).
     """
+
+    #: Joiners may spend their first step receiving the state, without samples (the members split that step as
+    #: before the switch); a model that needs every rank in each forward (FSDP) turns it off.
+    joiners_may_idle: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -601,6 +605,12 @@ class TorchState:
             scheduler.load_state_dict(clone_tree(scheduler_state))
         if self.scaler is not None and tree["scaler"] is not None:
             self.scaler.load_state_dict(dict(tree["scaler"]))
+            # A joiner takes no samples in its first step (runtime/topology.py, idle_ranks), so it may call
+            # unscale_() before any scale() in this process: give the scaler its scale tensor now, from the loaded
+            # value (scale() makes it on first use; the product is thrown away).
+            parameter = next(self.model.parameters(), None)
+            if self.scaler.is_enabled() and parameter is not None:
+                self.scaler.scale(torch.zeros((), device=parameter.device))
         if self.adaptive is not None:
             self.adaptive.load_state_dict(tree.get("adaptive"))
 

@@ -60,6 +60,14 @@ class Topology(Protocol):
         """Raise :class:`~slurm_amoeba.runtime.errors.MembershipChanged` when the members agreed to switch here."""
 
 
+def idle_ranks(topology: Topology, step: int) -> frozenset[int]:
+    """Ranks of ``topology`` that take no samples in step ``step``: the joiners of a scale-out in the generation's
+    first step, while they receive the state (the members split that step as before). A topology without an
+    ``idle_ranks(step)`` method (a test's or a tool's) has none."""
+    method = getattr(topology, "idle_ranks", None)
+    return frozenset() if method is None else frozenset(method(step))
+
+
 class GradientReducer(Protocol):
     """What reduces a state's gradients in one generation, with the control word (see ``gradients``)."""
 

@@ -1,15 +1,16 @@
-"""Sending the training state to the joiners of a new generation: a JSON manifest, a check, one broadcast per dtype.
+"""Sending the training state to the joiners of a new generation: a JSON manifest, a check, one message per dtype.
 
 Worker side of a switch (DESIGN.md, layer ``runtime/``), right after the process group formed: the plan's source
 publishes its state's manifest (structure, dtypes, shapes, model entries) in the store; every other member checks
 it against its own model *before* anything is sent, the members agree on the verdict with one tiny all-reduce, and
-the source broadcasts the tensors, one flat buffer per dtype. Nothing is pickled. Every wait has the collective
-deadline and gives up at once when the coordinator aborts the generation.
+the source sends the tensors to each joiner, one flat buffer per dtype (point to point: the other members hold the
+same state already and take no part in it). Nothing is pickled. Every wait has the collective deadline and gives up
+at once when the coordinator aborts the generation.
 
-The source does not wait for its broadcast: it goes on to its first step of the new generation (forward and
-backward need nothing from the joiners) while the joiners receive, and waits for the send (:class:`PendingSend`)
-only before its first gradient all-reduce, which the joiners enter once they hold the state anyway. A scale-out
-thus costs the members the joiners' receive *minus* their own step's computation, not the sum of the two.
+The source does not wait for its sends: it goes on to its first step of the new generation while the joiners
+receive, and waits for them (:class:`PendingSend`) only before its first gradient all-reduce. The joiners take no
+samples in that step (:func:`slurm_amoeba.runtime.topology.idle_ranks`): the members split it as before the switch,
+so a scale-out costs the members the joiners' receive and load *minus* a step's computation, not their sum.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def sync_state(
         pending = PendingSend(_send(plan, settings, manifest["tensors"], tensors))
         marks["broadcast"] = time.perf_counter()
         return pending
+    if settings.worker_id not in plan.joiners:
+        return None  # a member that holds the state already (checked above like the joiners, for the verdict)
     received = _receive(plan, settings, manifest["tensors"])
     marks["broadcast"] = time.perf_counter()
     state.load_tree(decode_tree(manifest["skeleton"], received))
@@ -139,31 +142,33 @@ def _by_dtype(specs: list[Any]) -> list[tuple[str, list[int]]]:
 def _send(
     plan: GenerationPlan, settings: GroupSettings, specs: list[Any], tensors: list[torch.Tensor]
 ) -> list[tuple[dist.Work, torch.Tensor]]:
-    """The source's broadcasts, one flat copy per dtype, started and not waited for."""
+    """The source's sends to every joiner, one flat copy per dtype (tagged by its place), started, not waited for."""
     works: list[tuple[dist.Work, torch.Tensor]] = []
-    for _dtype_name, indices in _by_dtype(specs):
+    joiners = [plan.rank_of(j) for j in plan.joiners if j != plan.source]
+    for tag, (_dtype_name, indices) in enumerate(_by_dtype(specs)):
         flat = torch.cat([tensors[i].reshape(-1).to(settings.device) for i in indices])
-        try:
-            work = dist.broadcast(flat, src=plan.rank_of(plan.source), async_op=True)
-        except RuntimeError as exc:
-            raise _failed(plan, "state broadcast", exc) from None
-        if work is None:  # pragma: no cover - torch returns a work for async_op=True
-            raise _failed(plan, "state broadcast", RuntimeError("torch returned no work for an async broadcast"))
-        works.append((work, flat))
+        for rank in joiners:
+            try:
+                work = dist.isend(flat, dst=rank, tag=tag)
+            except RuntimeError as exc:
+                raise _failed(plan, "state send", exc) from None
+            if work is None:  # pragma: no cover - torch returns a work for isend
+                raise _failed(plan, "state send", RuntimeError("torch returned no work for an isend"))
+            works.append((work, flat))
     return works
 
 
 def _receive(plan: GenerationPlan, settings: GroupSettings, specs: list[Any]) -> list[torch.Tensor]:
-    """The receivers' side of :func:`_send`: the tensors in manifest order, views of one buffer per dtype."""
+    """A joiner's side of :func:`_send`: the tensors in manifest order, views of one buffer per dtype."""
     received: list[torch.Tensor | None] = [None] * len(specs)
     device = settings.device
-    for dtype_name, indices in _by_dtype(specs):
+    for tag, (dtype_name, indices) in enumerate(_by_dtype(specs)):
         sizes = [_numel(specs[i][1]) for i in indices]
         flat = torch.empty(sum(sizes), dtype=_dtype(dtype_name), device=device)
         try:
-            dist.broadcast(flat, src=plan.rank_of(plan.source))
+            dist.recv(flat, src=plan.rank_of(plan.source), tag=tag)
         except RuntimeError as exc:
-            raise _failed(plan, "state broadcast", exc) from None
+            raise _failed(plan, "state receive", exc) from None
         for index, part in zip(indices, torch.split(flat, sizes), strict=True):
             target = device if specs[index][2] == "cuda" else torch.device("cpu")
             received[index] = part.reshape(specs[index][1]).to(target)  # views of one buffer, no copy

@@ -48,6 +48,7 @@ from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobAuth, JobKey, join_job
 from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
+    BatchPlanError,
     JobLostError,
     MembershipChanged,
     RuntimeConfigError,
@@ -189,7 +190,9 @@ class WorkerRuntime:
         self._progress: dict[str, Any] = {}
         self._timeline: list[GenerationTiming] = []
         self._checkpoints: Checkpointer | None = None
-        self._sending: PendingSend | None = None  # the source's state broadcast at a switch, until its first reduce
+        self._sending: PendingSend | None = None  # the source's state sends at a switch, until its first reduce
+        self._idle: frozenset[int] = frozenset()  # the joiners' ranks, without samples in step _idle_step
+        self._idle_step = -1
         # Where each switch's time went, as perf_counter marks (see switch_marks).
         self._marks: dict[str, float] = {}
         self.switch_marks: list[dict[str, float]] = []
@@ -301,6 +304,11 @@ class WorkerRuntime:
         """Members of the current generation (0 outside one)."""
         current = self.current
         return 0 if current is None else current.world_size
+
+    def idle_ranks(self, step: int) -> frozenset[int]:
+        """Ranks without samples in step ``step``: the joiners in the first step of the generation they joined, which
+        they spend receiving the state (see :func:`~slurm_amoeba.runtime.topology.idle_ranks`)."""
+        return self._idle if step == self._idle_step else frozenset()
 
     def check_boundary(self) -> None:
         """At a step boundary: raise :class:`MembershipChanged` when the members agreed to switch.
@@ -497,6 +505,7 @@ class WorkerRuntime:
                 self._sending = sync_state(self.store, plan, self._settings(), state, self._marks)
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
+        self._idle, self._idle_step = _idle_joiners(plan, state), state.step_index
         self._marks.update(generation=float(plan.generation), world_size=float(plan.world_size))
         self._marks["synced"] = time.perf_counter()
         state.save(background=True)
@@ -673,6 +682,23 @@ class WorkerRuntime:
             self._thread.join(timeout=5)
         teardown_group()
         drain_released_groups()
+
+
+def _idle_joiners(plan: GenerationPlan, state: TorchState) -> frozenset[int]:
+    """The ranks of ``plan``'s joiners when they may spend the generation's first step receiving the state: the
+    members then split that step among themselves as before the switch. Not in a job's first generation (no step
+    at an old pace to keep), when the model needs every rank in each forward (``state.joiners_may_idle``: FSDP), or
+    when the members alone cannot take the step (their count breaks ``even`` or ``max_accumulation``)."""
+    if not plan.sync or not plan.joiners or plan.start_step is None or not state.joiners_may_idle:
+        return frozenset()
+    idle = frozenset(plan.rank_of(joiner) for joiner in plan.joiners)
+    if len(idle) >= plan.world_size:
+        return frozenset()
+    try:
+        state.sampler.planner.check_world_size(plan.world_size - len(idle))
+    except BatchPlanError:
+        return frozenset()
+    return idle
 
 
 def pick_device(env: WorkerEnv, prefix: str) -> torch.device:

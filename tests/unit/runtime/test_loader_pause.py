@@ -23,9 +23,11 @@ def _counting(sampler: ElasticSampler, monkeypatch: pytest.MonkeyPatch) -> list[
     calls: list[int] = []
     original = sampler.assignment
 
-    def counted(rank: int, world_size: int, progress: Progress | None = None) -> StepAssignment:
+    def counted(
+        rank: int, world_size: int, progress: Progress | None = None, idle: frozenset[int] = frozenset()
+    ) -> StepAssignment:
         calls.append(1)
-        return original(rank, world_size, progress)
+        return original(rank, world_size, progress, idle)
 
     monkeypatch.setattr(sampler, "assignment", counted)
     return calls

@@ -384,3 +384,16 @@ def test_a_worker_asked_to_leave_before_it_registered_leaves_when_ready_instead_
     assert job.m.workers["w1"].status is WorkerStatus.LEFT
     assert any(a.worker == "w1" and a.assignment.action is AssignAction.LEAVE for a in sent)
     assert job.plan.members == ("w0",) and job.want == 0, "the members are not asked to switch for it"
+
+
+def test_a_member_at_another_step_than_the_source_receives_the_state_like_a_joiner() -> None:
+    job = SimJob(initial=3)
+    job.apply_assignments()
+    job.train(5)
+    job.workers["w2"].step = 4  # its report says another step than the source's (w0 at 5)
+    job.m.request_leave("w1")
+    job.tick()
+    job.boundary()
+    job.tick()
+    assert job.plan.members == ("w0", "w2") and job.plan.source == "w0" and job.plan.start_step == 5
+    assert job.plan.joiners == ("w2",) and job.plan.sync

@@ -238,3 +238,23 @@ def test_random_resizes_and_rollbacks_apply_every_sample_once_per_epoch_with_the
     complete = sampler.progress.step // steps_per_epoch
     for epoch in range(complete):
         assert sorted(per_epoch[epoch]) == list(range(dataset)) and set(per_epoch[epoch].values()) == {1}
+
+
+def test_idle_ranks_take_no_samples_and_the_others_split_the_step_as_a_world_of_their_size() -> None:
+    planner = GlobalBatchPlanner(global_batch=12, max_local_batch=4)
+    plan = planner.plan(12, 4, idle=frozenset({1, 3}))
+    assert plan.micro_batches == ((3, 3), (), (3, 3), ())
+    assert [plan.local_offset(r) for r in range(4)] == [0, 6, 6, 12]
+    assert plan.micro_batches[0] == planner.plan(12, 2).micro_batches[0]
+    with pytest.raises(BatchPlanError, match="not all ranks"):
+        planner.plan(12, 2, idle=frozenset({2}))
+    with pytest.raises(BatchPlanError, match="evenly"):
+        GlobalBatchPlanner(global_batch=12, even=True).plan(12, 6, idle=frozenset({0}))  # 5 workers left
+
+
+def test_a_step_with_idle_ranks_still_covers_every_sample_once() -> None:
+    sampler = ElasticSampler(30, 7, seed=4)
+    idle = frozenset({0, 2})
+    seen = [i for rank in range(4) for i in sampler.assignment(rank, 4, idle=idle).indices]
+    assert sorted(seen) == sorted(sampler.permutation(0)[:7])
+    assert sampler.assignment(0, 4, idle=idle).indices == [] and sampler.assignment(2, 4, idle=idle).indices == []

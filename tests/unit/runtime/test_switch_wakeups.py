@@ -1,5 +1,6 @@
 """What keeps polling off a switch's path: the coordinator's event pump, the workers' blocking waits, the abort's
-wake-up of members waiting for each other, and the optimizer warm-up of a joiner (docs/runtime.md, section 2).
+wake-up of members waiting for each other, the optimizer warm-up of a joiner, and which joiners spend their first
+step receiving the state (docs/runtime.md, section 2).
 
 Each test checks behaviour (who wakes, in which order, what is left untouched), not speed: the speed is
 ``scripts/bench-runtime --pause-only``'s.
@@ -20,7 +21,7 @@ from slurm_amoeba.runtime.group import FormationFailed, GroupSettings, await_key
 from slurm_amoeba.runtime.protocol import EVENTS_KEY, GenerationPlan, abort_key, arrival_key
 from slurm_amoeba.runtime.sampler import ElasticSampler
 from slurm_amoeba.runtime.state import TorchState
-from slurm_amoeba.runtime.worker import _warm_optimizer, rehearse
+from slurm_amoeba.runtime.worker import _idle_joiners, _warm_optimizer, rehearse
 
 
 @pytest.fixture
@@ -176,3 +177,23 @@ def test_a_commit_copied_in_the_background_is_the_state_at_save_time() -> None:
         torch.equal(m, optimizer.state[p]["momentum_buffer"]) for m, p in zip(momentum, model.parameters(), strict=True)
     )
     assert state.committed_step == 0
+
+
+def test_joiners_idle_in_their_first_step_only_where_the_members_keep_an_old_pace() -> None:
+    def state(**sampler: object) -> TorchState:
+        model = torch.nn.Linear(2, 1)
+        return TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), ElasticSampler(64, 12, **sampler))  # type: ignore[arg-type]
+
+    members = ("w0", "w5", "w1", "w6")
+    out = GenerationPlan(5, members, ("h",) * 4, source="w0", joiners=("w5", "w6"), sync=True, start_step=9)
+    assert _idle_joiners(out, state()) == frozenset({1, 3})
+    fresh = GenerationPlan(1, members, ("h",) * 4, source="w0", joiners=members[1:], sync=True)
+    assert _idle_joiners(fresh, state()) == frozenset(), "a job's first generation has no old pace to keep"
+    assert _idle_joiners(out, state(even=True)) == frozenset({1, 3})  # 12 over the 2 members
+    six = ("w0", "w1", "w2", "w3", "w4", "w9")
+    plan = GenerationPlan(5, six, ("h",) * 6, source="w0", joiners=("w9",), sync=True, start_step=9)
+    assert _idle_joiners(plan, state()) == frozenset({5})
+    assert _idle_joiners(plan, state(even=True)) == frozenset(), "12 samples cannot go evenly over the 5 members"
+    sharded = state()
+    sharded.joiners_may_idle = False  # type: ignore[misc]
+    assert _idle_joiners(out, sharded) == frozenset()

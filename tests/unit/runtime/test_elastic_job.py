@@ -15,9 +15,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurm_amoeba.runtime.membership import GenerationRecord
 from tests.unit.runtime.conftest import ReferenceRun
 from tests.unit.runtime.jobs import (
     NEVER,
+    LedgerEntry,
     ToyJob,
     applied_ledger,
     epoch_counts,
@@ -112,12 +114,31 @@ def test_resized_job_with_leave_and_kill_matches_fixed_size_run_exactly_once(
     assert_exactly_once(out, result.view.history)
 
     assert_same_params(fixed_run, final_params(out), expected_workers=2)
+    assert_joiners_idle_first(applied, result.view.history)
     endings = {p.stem.removeprefix("result-"): json.loads(p.read_text()) for p in out.glob("result-*.json")}
     finishers = [w for w, e in endings.items() if e["status"] == "finished"]
     assert sorted(endings[w]["rank"] for w in finishers) == [0, 1]
     for worker, ending in endings.items():
         if ending["status"] == "left":  # a leaver holds no rank: a ported `if rank == 0: save()` does not run
             assert (ending["rank"], ending["RANK"], ending["now"]) == (None, None, -1), worker
+
+
+def assert_joiners_idle_first(entries: list[LedgerEntry], history: tuple[GenerationRecord, ...]) -> None:
+    """In the first step of a generation that members and joiners formed, the joiners took no samples and the
+    members split the step among themselves (runtime/topology.py, idle_ranks)."""
+    checked = 0
+    for record in history:
+        plan = record.plan
+        if not plan.joiners or plan.start_step is None or plan.rollback:
+            continue
+        first = [e for e in entries if e.generation == plan.generation and e.step == plan.start_step]
+        assert {e.worker for e in first} == set(plan.members), (plan, first)
+        members = [e for e in first if e.worker not in plan.joiners]
+        assert all(not e.indices for e in first if e.worker in plan.joiners), first
+        assert sum(len(e.indices) for e in members) == first[0].step_samples
+        assert max(len(e.indices) for e in members) == -(-first[0].step_samples // len(members))
+        checked += 1
+    assert checked >= 2, "the run had two scale-outs"
 
 
 def assert_same_params(

@@ -506,6 +506,10 @@ class WorkerRuntime:
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
         self._idle, self._idle_step = _idle_joiners(plan, state), state.step_index
+        if self._idle:
+            log.info(
+                "%s ranks %s take no samples in step %s (joiners)", self.prefix, sorted(self._idle), self._idle_step
+            )
         self._marks.update(generation=float(plan.generation), world_size=float(plan.world_size))
         self._marks["synced"] = time.perf_counter()
         state.save(background=True)

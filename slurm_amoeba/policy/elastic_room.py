@@ -52,9 +52,9 @@ def elastic_layer(
             keep: Callable[[JobInfo], int] = policy.slurm_floor
             if policy.gated(job):
                 keep = admission_keeps(policy.min_gain) if policy.protect_requests else policy.daemon_floor
-            moves = _Moves(policy.daemon_floor, _node_gpus(snapshot)) if policy.whole_node_starts else None
-            if policy.gated(job):
-                moves = None
+            moves = None
+            if policy.whole_node_starts and policy.admit_at_request and not policy.gated(job):
+                moves = _Moves(policy.daemon_floor, _node_gpus(snapshot))
             _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep, moves)
     free = snapshot.free_gpus + sum(job.gpus for job in running if job.job_id in victims)
     free -= sum(targets[job.job_id] * job.gpus_per_worker for job in started)
@@ -188,9 +188,6 @@ def _make_room(
         for name in lender.placement:
             on.setdefault(name, []).append(lender)
 
-    def spare(lender: JobInfo) -> int:
-        return sizes[lender.job_id] - keep(lender)
-
     def offer(name: str, floor: Callable[[JobInfo], int]) -> int:
         lent = sum(
             min(fixed.get(o.job_id, o.placement).get(name, 0), max(sizes[o.job_id] - floor(o), 0)) * o.gpus_per_worker
@@ -220,23 +217,39 @@ def _make_room(
     left = workers
     for name in chosen:
         take = min(left, offers[name])
-        while nodes[name] < take * per:
-            givers = [o for o in on.get(name, []) if spare(o) > 0 and fixed.get(o.job_id, o.placement).get(name, 0) > 0]
-            if not givers:
-                break
-            giver = min(givers, key=lambda o: (_give_back_key(o, sizes[o.job_id]), o.job_id))
-            current = dict(fixed.get(giver.job_id, giver.placement))
-            current[name] -= 1
-            fixed[giver.job_id] = {key: count for key, count in current.items() if count > 0}
-            sizes[giver.job_id] -= 1
-            nodes[name] += giver.gpus_per_worker
-            reasons[giver.job_id] = f"slurm+elastic-backfill: gives extra GPUs back for job {job.job_id} on {name}"
+        _give_back_on(job, name, take * per, nodes, on.get(name, []), sizes, fixed, reasons, keep)
         take = min(take, nodes[name] // per)
         nodes[name] -= take * per
         placement[name] = take
         left -= take
     if left == 0:
         fixed[job.job_id] = placement
+
+
+def _give_back_on(
+    job: JobInfo,
+    name: str,
+    need: int,
+    nodes: dict[str, int],
+    lenders: Sequence[JobInfo],
+    sizes: dict[str, int],
+    fixed: dict[str, dict[str, int]],
+    reasons: dict[str, str],
+    keep: Callable[[JobInfo], int],
+) -> None:
+    """Take back lenders' extras on node ``name`` (above ``keep``; the least useful first, :func:`_give_back_key`)
+    until it has ``need`` GPUs free for ``job`` or none is left."""
+    while nodes[name] < need:
+        givers = [o for o in lenders if sizes[o.job_id] > keep(o) and fixed.get(o.job_id, o.placement).get(name, 0) > 0]
+        if not givers:
+            return
+        giver = min(givers, key=lambda o: (_give_back_key(o, sizes[o.job_id]), o.job_id))
+        current = dict(fixed.get(giver.job_id, giver.placement))
+        current[name] -= 1
+        fixed[giver.job_id] = {key: count for key, count in current.items() if count > 0}
+        sizes[giver.job_id] -= 1
+        nodes[name] += giver.gpus_per_worker
+        reasons[giver.job_id] = f"slurm+elastic-backfill: gives extra GPUs back for job {job.job_id} on {name}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -355,11 +355,11 @@ def test_whole_node_starts_move_an_elastic_jobs_workers_so_a_rigid_job_starts_on
     other = job("x", 1, placement={"n1": 1}, time_limit=10_000.0)
     rigid = job("r", 4, submit=5.0, time_limit=100.0)
     cluster = snapshot([4, 4], [elastic, other, rigid])
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
-    # Slurm may not take e below its request: r starts spread over both nodes (2 + 2).
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=False)
+    # Slurm may not take e below its request: without the rule r starts spread over both nodes (2 + 2).
     assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
-    # With whole_node_starts e keeps its size and moves its 2 workers off n0, where r then starts whole.
-    whole = dataclasses.replace(admit, whole_node_starts=True)
+    # With whole_node_starts (the default) e keeps its size and moves its 2 workers off n0, where r starts whole.
+    whole = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
     decisions = {d.job_id: d for d in whole.decide(cluster, now=10.0)}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (3, {"n1": 3})

@@ -267,9 +267,11 @@ def _half_elastic(path: Path, knobs: tuple[tuple[str, object], ...], fraction: f
     return summary["avg_jct_s"], summary["p99_jct_s"], sum(waits) / len(waits)
 
 
-def default_policy(processes: int | None, with_philly: bool = True) -> str:
+def default_policy(processes: int | None, with_philly: bool = True, with_pollux: bool = True) -> str:
     """Markdown: the daemon's default on top of the ``slurm`` baseline, per workload family and load (``with_philly``:
-    the two Philly families too, about half an hour on this machine)."""
+    the two Philly families too, about half an hour on this machine; ``with_pollux``: the Pollux families)."""
+    if not with_pollux:
+        return _philly_families(DEFAULT_ROWS, processes) if with_philly else ""
     lines = [
         "| workloads | row | avg JCT h (vs slurm) | p99 JCT h (vs slurm) | worse avg JCT (per workload, %) "
         "| worse p99 JCT (per workload, %) |",
@@ -286,60 +288,60 @@ def default_policy(processes: int | None, with_philly: bool = True) -> str:
             lines.append(f"| Pollux {load}x, every job elastic | {label} | {_versus(runs, base)} |")
     lines.append("")
     lines += _rigid_waits(rows)
-    if not with_philly:
-        return "\n".join(lines)
-    trace = data_dir() / "pollux" / "traces" / "philly.csv"
-    # The rigid trace has no elastic job: every row but the LAS order's equals the baseline by construction.
-    shown = [row for row in rows if row[0] in PHILLY_ROWS]
-    ordered = [(label, knobs) for label, _, knobs in shown if ("las_queue_s", 16 * 3600.0) in knobs]
-    philly = [
-        RunSpec("slurm", trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=k)
-        for k in [(), *(knobs for _, knobs in ordered)]
-    ]
-    base_run, *others = run_many(philly, processes)
-    cells = ", ".join(
-        f"{label} {run.summary['avg_jct_s'] / 3600:.3f} h (p99 {run.summary['p99_jct_s'] / 3600:.2f} h)"
-        for (label, _), run in zip(ordered, others, strict=True)
-    )
-    lines.append(
-        f"Philly, first {PHILLY_RIGID} jobs (rigid) on 64 x 8 GPUs: avg JCT "
-        f"{base_run.summary['avg_jct_s'] / 3600:.3f} h under the baseline (p99 "
-        f"{base_run.summary['p99_jct_s'] / 3600:.2f} h), and so under every row without the LAS order (no elastic "
-        f"job: nothing else changes); {cells}."
-    )
-    lines.append(_philly_half_elastic(shown, processes))
+    if with_philly:
+        lines.append(_philly_families(rows, processes))
     return "\n".join(lines)
 
 
-def _philly_half_elastic(
-    rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]], processes: int | None = None
-) -> str:
-    """A line: the first Philly jobs with half of them elastic under the measured scaling model, per row (the rows
-    run in ``processes`` processes)."""
-    count = min(processes or len(os.sched_getaffinity(0)), len(rows))
+def _philly_families(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]], processes: int | None) -> str:
+    """Lines: the rigid Philly family and the half-elastic one, for the rows named in ``PHILLY_ROWS`` (all runs in
+    ``processes`` processes). The rigid trace has no elastic job: every row but one with the LAS order equals the
+    baseline by construction, so only those run."""
+    shown = [row for row in rows if row[0] in PHILLY_ROWS]
+    ordered = [(label, knobs) for label, _, knobs in shown if dict(knobs).get("las_queue_s")]
+    tasks: list[tuple[str, float, tuple[tuple[str, object], ...]]] = [("rigid", 0.0, ())]
+    tasks += [("rigid", 0.0, knobs) for _, knobs in ordered] + [("half", f, k) for _, f, k in shown]
+    count = min(processes or len(os.sched_getaffinity(0)), len(tasks))
     if count > 1:
         with multiprocessing.get_context("fork").Pool(count) as pool:
-            runs = pool.map(_philly_half_run, rows)
+            runs = pool.map(_philly_run, tasks)
     else:
-        runs = [_philly_half_run(row) for row in rows]
-    cells = []
-    base = runs[0]
-    for (label, _, _), figures in zip(rows, runs, strict=True):
-        cells.append(
+        runs = [_philly_run(task) for task in tasks]
+    rigid, half = runs[: 1 + len(ordered)], runs[1 + len(ordered) :]
+    cells = ", ".join(
+        f"{label} {run['avg'] / 3600:.3f} h (p99 {run['p99'] / 3600:.2f} h)"
+        for (label, _), run in zip(ordered, rigid[1:], strict=True)
+    )
+    lines = [
+        f"Philly, first {PHILLY_RIGID} jobs (rigid) on 64 x 8 GPUs: avg JCT {rigid[0]['avg'] / 3600:.3f} h under the "
+        f"baseline (p99 {rigid[0]['p99'] / 3600:.2f} h), and so under every row without the LAS order (no elastic "
+        f"job: nothing else changes)" + (f"; {cells}." if cells else ".")
+    ]
+    cells_half = []
+    for (label, _, _), figures in zip(shown, half, strict=True):
+        base = half[0]
+        cells_half.append(
             f"{label}: avg {figures['avg'] / 3600:.3f} h ({100 * (figures['avg'] / base['avg'] - 1):+.1f}%), p99 "
             f"{figures['p99'] / 3600:.2f} h ({100 * (figures['p99'] / base['p99'] - 1):+.1f}%), rigid jobs' wait "
             f"{figures['wait'] / 60:.1f} min ({(figures['wait'] - base['wait']) / 60:+.1f})"
         )
-    return (
+    lines.append(
         f"Philly, first {PHILLY_ELASTIC} jobs, half of them elastic (range requested/2..2x, speed (GPUs/requested)^"
-        f"{DEFAULT_SCALING_EXPONENT:g}), {PHILLY_ELASTIC_NODES} x 8 GPUs: " + "; ".join(cells) + "."
+        f"{DEFAULT_SCALING_EXPONENT:g}), {PHILLY_ELASTIC_NODES} x 8 GPUs: " + "; ".join(cells_half) + "."
     )
+    return "\n".join(lines)
 
 
-def _philly_half_run(row: tuple[str, float, tuple[tuple[str, object], ...]]) -> dict[str, float]:
-    """One row of the half-elastic Philly family: average and p99 JCT, the rigid jobs' average wait (s)."""
-    _, fraction, knobs = row
+def _philly_run(task: tuple[str, float, tuple[tuple[str, object], ...]]) -> dict[str, float]:
+    """One run of a Philly family (``rigid``: the first ``PHILLY_RIGID`` jobs on 64 x 8 GPUs; ``half``: the first
+    ``PHILLY_ELASTIC`` with half of them elastic when the fraction is not 0): average and p99 JCT, and the rigid
+    jobs' average wait (s) in the half-elastic family."""
+    family, fraction, knobs = task
     trace = data_dir() / "pollux" / "traces" / "philly.csv"
+    if family == "rigid":
+        spec = RunSpec("slurm", trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=knobs)
+        (outcome,) = run_many([spec], 1)
+        return {"avg": outcome.summary["avg_jct_s"], "p99": outcome.summary["p99_jct_s"], "wait": math.nan}
     config = SimConfig(nodes=PHILLY_ELASTIC_NODES, gpus_per_node=8)
     jobs = load_philly(trace, PHILLY_ELASTIC)
     elastic = make_elastic(jobs, {}, 0.5, 2.0, config.total_gpus, duration_jobs=True)
@@ -615,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the document's tables as Markdown; write the plot.
 
     Args:
-        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|goodput|speed]``.
+        argv: ``[--plot PNG] [--processes N] [--no-philly] [--philly-only]
+            [--only fidelity|claims|default|goodput|speed]``.
 
     Returns:
         0.
@@ -626,12 +629,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-philly", action="store_true", help="skip the Philly speed run and the default section's Philly families"
     )
+    parser.add_argument(
+        "--philly-only", action="store_true", help="the default section's Philly families only (no Pollux family)"
+    )
     parser.add_argument("--only", choices=("fidelity", "claims", "default", "goodput", "speed"), default=None)
     args = parser.parse_args(argv)
     sections: dict[str, Callable[[], str]] = {
         "fidelity": lambda: fidelity(args.processes),
         "claims": lambda: claims(args.processes, args.plot),
-        "default": lambda: default_policy(args.processes, not args.no_philly),
+        "default": lambda: default_policy(args.processes, not args.no_philly, not args.philly_only),
         "goodput": lambda: goodput_study(args.processes),
         "speed": lambda: speed(args.processes, not args.no_philly),
     }

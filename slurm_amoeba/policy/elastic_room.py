@@ -42,6 +42,7 @@ def elastic_layer(
         job for job in running if job.job_id in sizes and job.is_resizable and job.workers > policy.daemon_floor(job)
     ]
     fixed: dict[str, dict[str, int]] = {}
+    compacted: set[str] = set()
     if policy.compact_starts:
         nodes = dict(snapshot.free_by_node())
         for job in running:
@@ -55,7 +56,11 @@ def elastic_layer(
             moves = None
             if policy.whole_node_starts and policy.admit_at_request and not policy.gated(job):
                 moves = _Moves(policy.daemon_floor, _node_gpus(snapshot))
-            _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep, moves)
+            fit = (job.min_workers, _node_gpus(snapshot)) if policy.gated(job) and policy.compact_admissions else None
+            placed = _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep, moves, fit)
+            if placed is not None and placed != targets[job.job_id]:
+                targets[job.job_id] = placed
+                compacted.add(job.job_id)
     free = snapshot.free_gpus + sum(job.gpus for job in running if job.job_id in victims)
     free -= sum(targets[job.job_id] * job.gpus_per_worker for job in started)
     free += sum((job.workers - sizes[job.job_id]) * job.gpus_per_worker for job in lenders)
@@ -72,7 +77,8 @@ def elastic_layer(
             heapq.heappush(extras, (_give_back_key(victim, sizes[key]), key, victim))
     for job in started:
         sizes[job.job_id] = targets[job.job_id]
-    growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons] + list(started)
+    growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons]
+    growers += [job for job in started if job.job_id not in compacted]
     before = dict(sizes)
     if policy.restore_requests:
         free = _restore_requests(growers, sizes, free)
@@ -172,7 +178,8 @@ def _make_room(
     reasons: dict[str, str],
     keep: Callable[[JobInfo], int] = _keeps_minimum,
     moves: _Moves | None = None,
-) -> None:
+    fit: tuple[int, int] | None = None,
+) -> int | None:
     """Place a job Slurm starts on the fewest nodes, taking back the extras that run there (``compact_starts``).
 
     Nodes are tried by what they could offer (free GPUs plus extras above their jobs' minimum), best fit first
@@ -181,6 +188,11 @@ def _make_room(
     ``fixed`` (the placements chosen) are updated; nothing changes when the job does not fit so (the caller's global
     rule then applies). With ``moves`` (``whole_node_starts``), a job that fits on one node but finds none whole so
     is placed on one node by moving lenders' workers off it (:func:`_move_for_whole_node`) before it is spread.
+    With ``fit`` (fewest workers, GPUs per node: ``compact_admissions``), a job that fits on one node but finds none
+    whole starts with what the roomiest node offers, if that is at least the fewest workers, instead of spread.
+
+    Returns:
+        The size it was placed at (``workers``, or less with ``fit``), or ``None`` when no placement was chosen.
     """
     per = job.gpus_per_worker
     on: dict[str, list[JobInfo]] = {}
@@ -203,16 +215,21 @@ def _make_room(
         chosen = [min(whole, key=lambda n: (nodes[n] < workers * per, loans[n] < workers, offers[n], n))]
     else:
         if moves is not None and _move_for_whole_node(job, workers, nodes, on, sizes, fixed, reasons, keep, moves):
-            return
-        chosen = []
-        total = 0
-        for name in sorted(offers, key=lambda name: (-offers[name], -nodes[name], name)):
-            if total >= workers:
-                break
-            chosen.append(name)
-            total += offers[name]
-        if total < workers:
-            return
+            return workers
+        best = max(offers, key=lambda n: (offers[n], nodes[n], n))
+        if fit is not None and workers * per <= fit[1] and fit[0] <= offers[best]:
+            workers = offers[best]  # ``compact_admissions``: smaller, on one node
+            chosen = [best]
+        else:
+            chosen = []
+            total = 0
+            for name in sorted(offers, key=lambda name: (-offers[name], -nodes[name], name)):
+                if total >= workers:
+                    break
+                chosen.append(name)
+                total += offers[name]
+            if total < workers:
+                return None
     placement: dict[str, int] = {}
     left = workers
     for name in chosen:
@@ -224,6 +241,8 @@ def _make_room(
         left -= take
     if left == 0:
         fixed[job.job_id] = placement
+        return workers
+    return None
 
 
 def _give_back_on(

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import random
 import statistics
@@ -218,6 +219,8 @@ ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_a
 LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
 #: Admission with the what-if of regrowing jobs below and behind their request first.
 RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
+#: Admission with rigid starts spread over nodes when no node is whole (the rule before ``whole_node_starts``).
+SPREAD_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("whole_node_starts", False))
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
 SUBMIT_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("submit_at_request", True))
 
@@ -232,6 +235,7 @@ DEFAULT_ROWS: tuple[tuple[str, float, tuple[tuple[str, object], ...]], ...] = (
     ("plain daemon", 1.0, DEFAULT_KNOBS),
     ("plain daemon, submitted at request", 1.0, SUBMIT_KNOBS),
     ("+ admission at request", 1.0, ADMIT_KNOBS),
+    ("+ admission, rigid starts spread (before)", 1.0, SPREAD_KNOBS),
     ("+ admission, restore_requests (what-if)", 1.0, RESTORE_KNOBS),
     ("+ admission + LAS order", 1.0, LAS_KNOBS),
 )
@@ -263,9 +267,11 @@ def _half_elastic(path: Path, knobs: tuple[tuple[str, object], ...], fraction: f
     return summary["avg_jct_s"], summary["p99_jct_s"], sum(waits) / len(waits)
 
 
-def default_policy(processes: int | None, with_philly: bool = True) -> str:
+def default_policy(processes: int | None, with_philly: bool = True, with_pollux: bool = True) -> str:
     """Markdown: the daemon's default on top of the ``slurm`` baseline, per workload family and load (``with_philly``:
-    the two Philly families too, about half an hour on this machine)."""
+    the two Philly families too, about half an hour on this machine; ``with_pollux``: the Pollux families)."""
+    if not with_pollux:
+        return _philly_families(DEFAULT_ROWS, processes) if with_philly else ""
     lines = [
         "| workloads | row | avg JCT h (vs slurm) | p99 JCT h (vs slurm) | worse avg JCT (per workload, %) "
         "| worse p99 JCT (per workload, %) |",
@@ -282,52 +288,69 @@ def default_policy(processes: int | None, with_philly: bool = True) -> str:
             lines.append(f"| Pollux {load}x, every job elastic | {label} | {_versus(runs, base)} |")
     lines.append("")
     lines += _rigid_waits(rows)
-    if not with_philly:
-        return "\n".join(lines)
-    trace = data_dir() / "pollux" / "traces" / "philly.csv"
-    philly = [
-        RunSpec("slurm", trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=k)
-        for _, _, k in rows
-    ]
-    base_run, *others = run_many(philly, processes)
-    cells = ", ".join(
-        f"{label} {run.summary['avg_jct_s'] / 3600:.3f} h (p99 {run.summary['p99_jct_s'] / 3600:.2f} h)"
-        for (label, _, _), run in zip(rows[1:], others, strict=True)
-    )
-    lines.append(
-        f"Philly, first {PHILLY_RIGID} jobs (rigid) on 64 x 8 GPUs: avg JCT "
-        f"{base_run.summary['avg_jct_s'] / 3600:.3f} h under the baseline (p99 "
-        f"{base_run.summary['p99_jct_s'] / 3600:.2f} h); {cells}."
-    )
-    lines.append(_philly_half_elastic(rows))
+    if with_philly:
+        lines.append(_philly_families(rows, processes))
     return "\n".join(lines)
 
 
-def _philly_half_elastic(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]]) -> str:
-    """A line: the first Philly jobs with half of them elastic under the measured scaling model, per row."""
+def _philly_families(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]], processes: int | None) -> str:
+    """Lines: the rigid Philly family and the half-elastic one, for the rows named in ``PHILLY_ROWS`` (all runs in
+    ``processes`` processes). The rigid trace has no elastic job: every row but one with the LAS order equals the
+    baseline by construction, so only those run."""
+    shown = [row for row in rows if row[0] in PHILLY_ROWS]
+    ordered = [(label, knobs) for label, _, knobs in shown if dict(knobs).get("las_queue_s")]
+    tasks: list[tuple[str, float, tuple[tuple[str, object], ...]]] = [("rigid", 0.0, ())]
+    tasks += [("rigid", 0.0, knobs) for _, knobs in ordered] + [("half", f, k) for _, f, k in shown]
+    count = min(processes or len(os.sched_getaffinity(0)), len(tasks))
+    if count > 1:
+        with multiprocessing.get_context("fork").Pool(count) as pool:
+            runs = pool.map(_philly_run, tasks)
+    else:
+        runs = [_philly_run(task) for task in tasks]
+    rigid, half = runs[: 1 + len(ordered)], runs[1 + len(ordered) :]
+    cells = ", ".join(
+        f"{label} {run['avg'] / 3600:.3f} h (p99 {run['p99'] / 3600:.2f} h)"
+        for (label, _), run in zip(ordered, rigid[1:], strict=True)
+    )
+    lines = [
+        f"Philly, first {PHILLY_RIGID} jobs (rigid) on 64 x 8 GPUs: avg JCT {rigid[0]['avg'] / 3600:.3f} h under the "
+        f"baseline (p99 {rigid[0]['p99'] / 3600:.2f} h), and so under every row without the LAS order (no elastic "
+        f"job: nothing else changes)" + (f"; {cells}." if cells else ".")
+    ]
+    cells_half = []
+    for (label, _, _), figures in zip(shown, half, strict=True):
+        base = half[0]
+        cells_half.append(
+            f"{label}: avg {figures['avg'] / 3600:.3f} h ({100 * (figures['avg'] / base['avg'] - 1):+.1f}%), p99 "
+            f"{figures['p99'] / 3600:.2f} h ({100 * (figures['p99'] / base['p99'] - 1):+.1f}%), rigid jobs' wait "
+            f"{figures['wait'] / 60:.1f} min ({(figures['wait'] - base['wait']) / 60:+.1f})"
+        )
+    lines.append(
+        f"Philly, first {PHILLY_ELASTIC} jobs, half of them elastic (range requested/2..2x, speed (GPUs/requested)^"
+        f"{DEFAULT_SCALING_EXPONENT:g}), {PHILLY_ELASTIC_NODES} x 8 GPUs: " + "; ".join(cells_half) + "."
+    )
+    return "\n".join(lines)
+
+
+def _philly_run(task: tuple[str, float, tuple[tuple[str, object], ...]]) -> dict[str, float]:
+    """One run of a Philly family (``rigid``: the first ``PHILLY_RIGID`` jobs on 64 x 8 GPUs; ``half``: the first
+    ``PHILLY_ELASTIC`` with half of them elastic when the fraction is not 0): average and p99 JCT, and the rigid
+    jobs' average wait (s) in the half-elastic family."""
+    family, fraction, knobs = task
     trace = data_dir() / "pollux" / "traces" / "philly.csv"
+    if family == "rigid":
+        spec = RunSpec("slurm", trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=knobs)
+        (outcome,) = run_many([spec], 1)
+        return {"avg": outcome.summary["avg_jct_s"], "p99": outcome.summary["p99_jct_s"], "wait": math.nan}
     config = SimConfig(nodes=PHILLY_ELASTIC_NODES, gpus_per_node=8)
     jobs = load_philly(trace, PHILLY_ELASTIC)
     elastic = make_elastic(jobs, {}, 0.5, 2.0, config.total_gpus, duration_jobs=True)
     rigid = {job.name for job in elastic if job.min_workers == job.max_workers}
     models = trace_models({}, config.gpus_per_node, DEFAULT_SCALING_EXPONENT)
-    cells = []
-    base: dict[str, float] = {}
-    for label, fraction, knobs in rows:
-        result = Simulator(elastic if fraction else jobs, make_policy("slurm", **dict(knobs)), config, models).run()
-        summary = result.summary()
-        waits = [r.first_start - r.submit_time for r in result.jobs if r.name in rigid and r.first_start is not None]
-        figures = {"avg": summary["avg_jct_s"], "p99": summary["p99_jct_s"], "wait": sum(waits) / len(waits)}
-        base = base or figures
-        cells.append(
-            f"{label}: avg {figures['avg'] / 3600:.3f} h ({100 * (figures['avg'] / base['avg'] - 1):+.1f}%), p99 "
-            f"{figures['p99'] / 3600:.2f} h ({100 * (figures['p99'] / base['p99'] - 1):+.1f}%), rigid jobs' wait "
-            f"{figures['wait'] / 60:.1f} min ({(figures['wait'] - base['wait']) / 60:+.1f})"
-        )
-    return (
-        f"Philly, first {PHILLY_ELASTIC} jobs, half of them elastic (range requested/2..2x, speed (GPUs/requested)^"
-        f"{DEFAULT_SCALING_EXPONENT:g}), {PHILLY_ELASTIC_NODES} x 8 GPUs: " + "; ".join(cells) + "."
-    )
+    result = Simulator(elastic if fraction else jobs, make_policy("slurm", **dict(knobs)), config, models).run()
+    summary = result.summary()
+    waits = [r.first_start - r.submit_time for r in result.jobs if r.name in rigid and r.first_start is not None]
+    return {"avg": summary["avg_jct_s"], "p99": summary["p99_jct_s"], "wait": sum(waits) / len(waits)}
 
 
 def _rigid_waits(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]]) -> list[str]:
@@ -363,6 +386,15 @@ def _rigid_waits(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]
             )
     return lines
 
+
+#: The default section's rows run on the Philly families (each Philly run takes minutes).
+PHILLY_ROWS = (
+    "slurm (baseline)",
+    "plain daemon",
+    "+ admission at request",
+    "+ admission, rigid starts spread (before)",
+    "+ admission + LAS order",
+)
 
 #: Jobs of philly.csv in the rigid family's run.
 PHILLY_RIGID = 2000
@@ -585,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the document's tables as Markdown; write the plot.
 
     Args:
-        argv: ``[--plot PNG] [--processes N] [--no-philly] [--only fidelity|claims|default|goodput|speed]``.
+        argv: ``[--plot PNG] [--processes N] [--no-philly] [--philly-only]
+            [--only fidelity|claims|default|goodput|speed]``.
 
     Returns:
         0.
@@ -596,12 +629,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-philly", action="store_true", help="skip the Philly speed run and the default section's Philly families"
     )
+    parser.add_argument(
+        "--philly-only", action="store_true", help="the default section's Philly families only (no Pollux family)"
+    )
     parser.add_argument("--only", choices=("fidelity", "claims", "default", "goodput", "speed"), default=None)
     args = parser.parse_args(argv)
     sections: dict[str, Callable[[], str]] = {
         "fidelity": lambda: fidelity(args.processes),
         "claims": lambda: claims(args.processes, args.plot),
-        "default": lambda: default_policy(args.processes, not args.no_philly),
+        "default": lambda: default_policy(args.processes, not args.no_philly, not args.philly_only),
         "goodput": lambda: goodput_study(args.processes),
         "speed": lambda: speed(args.processes, not args.no_philly),
     }

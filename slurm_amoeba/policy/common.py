@@ -360,11 +360,19 @@ def _place_fixed(
     for job_id, placement in fixed.items():
         job = jobs[job_id]
         target = targets.get(job_id, job.workers)
-        if target <= job.workers or job.shared_with is not None or sum(placement.values()) != target:
+        if target < job.workers or job.shared_with is not None or sum(placement.values()) != target:
+            continue
+        moved = target == job.workers
+        if moved and (job.state is not JobPhase.RUNNING or placement == job.placement):
             continue
         added = {name: count - job.placement.get(name, 0) for name, count in placement.items()}
-        if any(count < 0 or free.free.get(name, 0) < count * job.gpus_per_worker for name, count in added.items()):
+        if any(
+            (count < 0 and not moved) or free.free.get(name, 0) < count * job.gpus_per_worker
+            for name, count in added.items()
+        ):
             continue
+        if moved:  # a running job's workers move: the nodes it leaves free up
+            added.update({name: -count for name, count in job.placement.items() if name not in placement})
         for name, count in added.items():
             if count:
                 free.change(name, -count * job.gpus_per_worker)

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from slurm_amoeba.policy.common import base_size, distribute_spare, marginal_efficiency, realize, speedup_gain
+from slurm_amoeba.policy.common import base_size, realize
+from slurm_amoeba.policy.elastic_room import admission_keeps, compact_growth, elastic_layer
 from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Slurm's default ``PriorityMaxAge`` (7 days).
@@ -53,10 +53,6 @@ DEFAULT_BF_MAX_JOB_TEST = 500
 
 #: The time limit assumed for a job that has none (Slurm's ``UNLIMITED``, as a year).
 UNLIMITED_S = 365 * 86400.0
-
-#: How far above its request's GPU-seconds a job must be to count as ahead of it (1%: a job that held exactly its
-#: request is not ahead, whatever the rounding of the caller's clocks).
-AHEAD_MARGIN = 0.01
 
 #: Partition ``PreemptMode`` values the model knows (``suspend`` and ``gang`` are not modelled).
 PREEMPT_MODES = ("off", "requeue", "cancel")
@@ -193,6 +189,16 @@ class SlurmBaselinePolicy:
         compact_growth: with ``grow_elastic``, a job grows only onto as few nodes as its new size needs (or no more
             nodes than it spans already): a worker count's measured speed assumes a compact placement, and a job
             regrown across nodes after a shrink can train slower than before its growth.
+        whole_node_starts: with ``admit_at_request`` and ``compact_starts``, a job Slurm starts that fits on one node
+            but finds no node whole with free GPUs and loans is put on one node by moving elastic jobs' workers above
+            their minimum off it to free GPUs elsewhere (same size, one move each; live, a satellite given back and
+            one lent on another node): spread over nodes it trains up to 2.6x slower (measured placements). Measured
+            over the study's families it changed no average for the worse and removed p99 misses
+            (docs/simulator.md); ``False``: spread as before.
+        compact_admissions: with ``admit_at_request`` and ``compact_starts``, an elastic job admitted at its request
+            that fits on one node but finds none whole starts smaller on the node with the most room (at least its
+            minimum) instead of spread. A measured what-if, off: p99 misses 6 -> 5 of 64, but single workloads swing
+            both ways (docs/simulator.md).
         las_queue_s: when positive, the pending jobs of a partition tier are tested in 2D-LAS order instead of by
             multifactor priority: those below this many attained GPU-seconds first, each group by submit time. A
             what-if: the order a daemon with operator rights would set through job priorities (Tiresias's queue
@@ -223,6 +229,8 @@ class SlurmBaselinePolicy:
     slurm_takes_loans_only: bool = True
     compact_starts: bool = True
     compact_growth: bool = True
+    whole_node_starts: bool = True
+    compact_admissions: bool = False
     name: str = dataclasses.field(default="slurm", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
 
@@ -326,27 +334,27 @@ class SlurmBaselinePolicy:
     def _held(self, job: JobInfo) -> int:
         """GPUs of a running job that Slurm counts as taken (an elastic job's extras are free under the daemon)."""
         if self.grow_elastic and job.is_resizable:
-            return min(self._slurm_floor(job), job.workers) * job.gpus_per_worker
+            return min(self.slurm_floor(job), job.workers) * job.gpus_per_worker
         return job.gpus
 
-    def _slurm_floor(self, job: JobInfo) -> int:
+    def slurm_floor(self, job: JobInfo) -> int:
         """The workers of a running elastic job that a job Slurm starts cannot take: its request with
         ``slurm_takes_loans_only`` (under ``admit_at_request``) or ``submit_at_request``, else its minimum."""
         if (self.slurm_takes_loans_only and self.admit_at_request) or self.submit_at_request:
             return max(job.requested_workers, job.min_workers)
         return job.min_workers
 
-    def _floor(self, job: JobInfo) -> int:
+    def daemon_floor(self, job: JobInfo) -> int:
         """The fewest workers the daemon leaves a running elastic job: its minimum, or with ``submit_at_request``
         its requested size (Slurm allocated that much; only the loans above it are the daemon's)."""
         return max(job.requested_workers, job.min_workers) if self.submit_at_request else job.min_workers
 
-    def _gated(self, job: JobInfo) -> bool:
+    def gated(self, job: JobInfo) -> bool:
         """Whether the daemon holds this job until its requested size is available (``admit_at_request``)."""
         return self.grow_elastic and self.admit_at_request and job.is_elastic
 
     def _start_size(self, job: JobInfo) -> int:
-        if not self.grow_elastic or self._gated(job) or self.submit_at_request:
+        if not self.grow_elastic or self.gated(job) or self.submit_at_request:
             return job.requested_workers
         return base_size(job)
 
@@ -365,7 +373,7 @@ class SlurmBaselinePolicy:
         admissions = profile
         loans_only = self.grow_elastic and self.admit_at_request and self.slurm_takes_loans_only
         if loans_only and not self.submit_at_request:
-            admissions = self._profile(snapshot, running, now, lambda job: self._floor(job) * job.gpus_per_worker)
+            admissions = self._profile(snapshot, running, now, lambda job: self.daemon_floor(job) * job.gpus_per_worker)
         targets: dict[str, int] = {}
         reasons: dict[str, str] = {}
         victims: set[str] = set()
@@ -377,8 +385,8 @@ class SlurmBaselinePolicy:
             if need > snapshot.total_gpus:
                 continue
             duration = self._limit(job)
-            at = (admissions if self._gated(job) else profile).earliest(need, duration, now + self.bf_window_s)
-            if at is not None and self._gated(job) and need > lendable:
+            at = (admissions if self.gated(job) else profile).earliest(need, duration, now + self.bf_window_s)
+            if at is not None and self.gated(job) and need > lendable:
                 at = None
             if at is None or at > now:
                 preempted = self._preempt_for(job, need, duration, running, victims, profile, now, reasons)
@@ -393,7 +401,7 @@ class SlurmBaselinePolicy:
                 started.append(job)
             elif (
                 at is not None
-                and not self._gated(job)
+                and not self.gated(job)
                 and (self.bf_reservations == 0 or reserved < self.bf_reservations)
             ):
                 profile.add(at, at + duration, -need)
@@ -402,14 +410,17 @@ class SlurmBaselinePolicy:
                 reserved += 1
         for key in victims:
             targets[key] = 0
-        fixed = self._elastic(snapshot, running, started, victims, targets, reasons) if self.grow_elastic else {}
+        fixed = elastic_layer(self, snapshot, running, started, victims, targets, reasons) if self.grow_elastic else {}
         by_id = {job.job_id: job for job in snapshot.jobs}
         changed = {key: size for key, size in targets.items() if size != by_id[key].workers}
+        for key, placement in fixed.items():
+            if key not in changed and by_id[key].state is JobPhase.RUNNING and placement != by_id[key].placement:
+                changed[key] = by_id[key].workers  # a move (``whole_node_starts``)
         order = [job for job in running if job.job_id in changed] + started
         decisions = realize(snapshot, changed, order, reasons, fixed)
         if self.grow_elastic and self.compact_growth:
             node_gpus = max((node.gpus_total for node in snapshot.nodes), default=1)
-            kept = (_compact(decision, by_id[decision.job_id], node_gpus) for decision in decisions)
+            kept = (compact_growth(decision, by_id[decision.job_id], node_gpus) for decision in decisions)
             decisions = [decision for decision in kept if decision is not None]
         return decisions
 
@@ -475,211 +486,3 @@ class SlurmBaselinePolicy:
                     reasons[victim_job.job_id] = f"slurm: preempted for job {job.job_id} of a higher PriorityTier"
                 return at
         return None
-
-    def _elastic(
-        self,
-        snapshot: Snapshot,
-        running: Sequence[JobInfo],
-        started: Sequence[JobInfo],
-        victims: set[str],
-        targets: dict[str, int],
-        reasons: dict[str, str],
-    ) -> dict[str, dict[str, int]]:
-        """The daemon's elastic backfill on top: give extras back for the starts, grow into what stays idle.
-
-        Returns:
-            job id -> placement, for the jobs whose nodes were chosen here (compact starts and the shrinks for them).
-        """
-        sizes = {job.job_id: job.workers for job in running if job.job_id not in victims}
-        lenders = [
-            job for job in running if job.job_id in sizes and job.is_resizable and job.workers > self._floor(job)
-        ]
-        fixed: dict[str, dict[str, int]] = {}
-        if self.compact_starts:
-            nodes = dict(snapshot.free_by_node())
-            for job in running:
-                if job.job_id in victims:
-                    for name, count in job.placement.items():
-                        nodes[name] = nodes.get(name, 0) + count * job.gpus_per_worker
-            for job in started:
-                keep: Callable[[JobInfo], int] = self._slurm_floor
-                if self._gated(job):
-                    keep = admission_keeps(self.min_gain) if self.protect_requests else self._floor
-                _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep)
-        free = snapshot.free_gpus + sum(job.gpus for job in running if job.job_id in victims)
-        free -= sum(targets[job.job_id] * job.gpus_per_worker for job in started)
-        free += sum((job.workers - sizes[job.job_id]) * job.gpus_per_worker for job in lenders)
-        extras = [(_give_back_key(job, sizes[job.job_id]), job.job_id, job) for job in lenders]
-        extras = [entry for entry in extras if sizes[entry[1]] > self._floor(entry[2])]
-        heapq.heapify(extras)
-        while free < 0 and extras:
-            _, key, victim = heapq.heappop(extras)
-            sizes[key] -= 1
-            fixed.pop(key, None)
-            free += victim.gpus_per_worker
-            reasons[key] = "slurm+elastic-backfill: gives extra GPUs back for a job Slurm starts"
-            if sizes[key] > self._floor(victim):
-                heapq.heappush(extras, (_give_back_key(victim, sizes[key]), key, victim))
-        for job in started:
-            sizes[job.job_id] = targets[job.job_id]
-        growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons] + list(started)
-        before = dict(sizes)
-        if self.restore_requests:
-            free = _restore_requests(growers, sizes, free)
-        distribute_spare(growers, sizes, max(free, 0), self.min_gain, self.grow_by_service)
-        held = {job.job_id: job.workers for job in running}
-        for key, size in sizes.items():
-            if size != before[key]:
-                fixed.pop(key, None)
-                reasons[key] = (
-                    "slurm+elastic-backfill: idle GPUs, least attained service first"
-                    if self.grow_by_service
-                    else "slurm+elastic-backfill: idle GPUs, largest speedup gain"
-                )
-            if key in targets or size != held.get(key, 0):
-                targets[key] = size
-        return fixed
-
-
-def request_credit(job: JobInfo) -> float:
-    """GPU-seconds a running job has held above what its requested size would have given it over its run so far
-    (negative: it is behind its request; 0 for a job that always ran at its request)."""
-    return job.attained_service - job.executed_time * max(job.requested_workers, job.min_workers) * job.gpus_per_worker
-
-
-def ahead_of_request(job: JobInfo) -> bool:
-    """Whether a running job is ahead of its request by more than ``AHEAD_MARGIN`` of what its request gave it."""
-    requested = max(job.requested_workers, job.min_workers) * job.gpus_per_worker
-    return request_credit(job) > job.executed_time * requested * AHEAD_MARGIN
-
-
-def admission_keeps(min_gain: float) -> Callable[[JobInfo], int]:
-    """The fewest workers a running job keeps when an elastic job is admitted at its request (``protect_requests``):
-    its minimum, except for a job that cannot use a worker above its request (the next one adds less than
-    ``min_gain``, :func:`marginal_efficiency`) and is not ahead of its request (:func:`ahead_of_request`). Such a
-    job never gains from elasticity, so time below its request is a pure loss against Slurm alone: it keeps its
-    request (or what it holds, when less)."""
-
-    def keep(job: JobInfo) -> int:
-        request = max(job.requested_workers, job.min_workers)
-        if not job.is_resizable or ahead_of_request(job):
-            return job.min_workers if job.is_resizable else job.workers
-        if request < job.max_workers and marginal_efficiency(job, request) >= min_gain:
-            return job.min_workers
-        return max(min(job.workers, request), job.min_workers)
-
-    return keep
-
-
-def _restore_requests(jobs: Sequence[JobInfo], sizes: dict[str, int], free: int) -> int:
-    """Give ``free`` GPUs to the jobs below their request and behind it, most behind first, up to their request
-    (``restore_requests``); returns the GPUs left. ``sizes`` is updated."""
-    behind = sorted(
-        (job for job in jobs if job.is_resizable and 0 < sizes[job.job_id] < job.requested_workers),
-        key=lambda job: (request_credit(job), job.job_id),
-    )
-    for job in behind:
-        if request_credit(job) >= 0:
-            break
-        grow = min(job.requested_workers - sizes[job.job_id], max(free, 0) // job.gpus_per_worker)
-        sizes[job.job_id] += grow
-        free -= grow * job.gpus_per_worker
-    return free
-
-
-def _keeps_minimum(job: JobInfo) -> int:
-    """The fewest workers a lender keeps when a job Slurm starts needs room: its minimum."""
-    return job.min_workers
-
-
-def _give_back_key(job: JobInfo, size: int) -> tuple[bool, bool, float]:
-    """Which extra worker goes back first: those above the job's requested size (loans of idle GPUs) before those
-    below it, then those of jobs ahead of their request (:func:`ahead_of_request`), each the least useful first."""
-    below = size <= job.requested_workers
-    return (below, below and not ahead_of_request(job), speedup_gain(job, size - 1))
-
-
-def _compact(decision: Decision, job: JobInfo, node_gpus: int) -> Decision | None:
-    """A growth kept on as few nodes as the job's new size needs (or no more nodes than it spans now); otherwise
-    only its part on the job's own nodes (``None`` when that adds nothing)."""
-    if job.state is not JobPhase.RUNNING or decision.workers <= job.workers or not decision.placement:
-        return decision
-    fewest = -(-decision.workers * job.gpus_per_worker // max(node_gpus, 1))
-    if len(decision.placement) <= max(fewest, len(job.placement)):
-        return decision
-    own = {name: count for name, count in decision.placement.items() if name in job.placement}
-    workers = sum(own.values())
-    return dataclasses.replace(decision, workers=workers, placement=own) if workers > job.workers else None
-
-
-def _make_room(
-    job: JobInfo,
-    workers: int,
-    nodes: dict[str, int],
-    lenders: Sequence[JobInfo],
-    sizes: dict[str, int],
-    fixed: dict[str, dict[str, int]],
-    reasons: dict[str, str],
-    keep: Callable[[JobInfo], int] = _keeps_minimum,
-) -> None:
-    """Place a job Slurm starts on the fewest nodes, taking back the extras that run there (``compact_starts``).
-
-    Nodes are tried by what they could offer (free GPUs plus extras above their jobs' minimum), best fit first
-    when one node can hold the job, else the largest first. On each chosen node the free GPUs go first, then the
-    least useful extras. No lender goes below ``keep`` of it. ``nodes`` (free GPUs per node), ``sizes`` and
-    ``fixed`` (the placements chosen) are updated; nothing changes when the job does not fit so (the caller's global
-    rule then applies).
-    """
-    per = job.gpus_per_worker
-    on: dict[str, list[JobInfo]] = {}
-    for lender in lenders:
-        for name in lender.placement:
-            on.setdefault(name, []).append(lender)
-
-    def spare(lender: JobInfo) -> int:
-        return sizes[lender.job_id] - keep(lender)
-
-    def offer(name: str, floor: Callable[[JobInfo], int]) -> int:
-        lent = sum(
-            min(fixed.get(o.job_id, o.placement).get(name, 0), max(sizes[o.job_id] - floor(o), 0)) * o.gpus_per_worker
-            for o in on.get(name, [])
-        )
-        return (nodes[name] + lent) // per
-
-    offers = {name: offer(name, keep) for name in nodes}
-    loans = {name: offer(name, lambda o: max(o.requested_workers, o.min_workers)) for name in nodes}
-    whole = [name for name in offers if offers[name] >= workers]
-    if whole:
-        # Best fit: a node with room free first, then one whose room is lent GPUs above requests, the smallest.
-        chosen = [min(whole, key=lambda n: (nodes[n] < workers * per, loans[n] < workers, offers[n], n))]
-    else:
-        chosen = []
-        total = 0
-        for name in sorted(offers, key=lambda name: (-offers[name], -nodes[name], name)):
-            if total >= workers:
-                break
-            chosen.append(name)
-            total += offers[name]
-        if total < workers:
-            return
-    placement: dict[str, int] = {}
-    left = workers
-    for name in chosen:
-        take = min(left, offers[name])
-        while nodes[name] < take * per:
-            givers = [o for o in on.get(name, []) if spare(o) > 0 and fixed.get(o.job_id, o.placement).get(name, 0) > 0]
-            if not givers:
-                break
-            giver = min(givers, key=lambda o: (_give_back_key(o, sizes[o.job_id]), o.job_id))
-            current = dict(fixed.get(giver.job_id, giver.placement))
-            current[name] -= 1
-            fixed[giver.job_id] = {key: count for key, count in current.items() if count > 0}
-            sizes[giver.job_id] -= 1
-            nodes[name] += giver.gpus_per_worker
-            reasons[giver.job_id] = f"slurm+elastic-backfill: gives extra GPUs back for job {job.job_id} on {name}"
-        take = min(take, nodes[name] // per)
-        nodes[name] -= take * per
-        placement[name] = take
-        left -= take
-    if left == 0:
-        fixed[job.job_id] = placement

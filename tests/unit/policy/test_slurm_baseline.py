@@ -346,3 +346,48 @@ def test_submit_at_request_starts_elastic_jobs_at_their_request_and_lends_only_a
     assert sizes(submit.decide(snapshot([6], [running, small]), now=10.0)) == {"e": 4, "r": 2}
     large = job("q", 3, submit=5.0, time_limit=100.0)
     assert submit.decide(snapshot([6], [running, large]), now=10.0) == []
+
+
+def test_whole_node_starts_move_an_elastic_jobs_workers_so_a_rigid_job_starts_on_one_node() -> None:
+    linear = {size: float(size) for size in range(1, 5)}
+    # Two nodes of 4 GPUs, 2 free on each: e runs at its request of 3 (2 on n0, 1 on n1), x holds 1 GPU of n1.
+    elastic = job("e", 3, low=1, high=4, placement={"n0": 2, "n1": 1}, throughput=linear, time_limit=10_000.0)
+    other = job("x", 1, placement={"n1": 1}, time_limit=10_000.0)
+    rigid = job("r", 4, submit=5.0, time_limit=100.0)
+    cluster = snapshot([4, 4], [elastic, other, rigid])
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=False)
+    # Slurm may not take e below its request: without the rule r starts spread over both nodes (2 + 2).
+    assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
+    # With whole_node_starts (the default) e keeps its size and moves its 2 workers off n0, where r starts whole.
+    whole = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    decisions = {d.job_id: d for d in whole.decide(cluster, now=10.0)}
+    assert decisions["r"].placement == {"n0": 4}
+    assert (decisions["e"].workers, dict(decisions["e"].placement)) == (3, {"n1": 3})
+    check_decisions(cluster, list(decisions.values()))
+    # A job larger than a node is spread as before (x gone: 5 GPUs free, 2 on n0 and 3 on n1).
+    large = snapshot([4, 4], [elastic, job("r", 5, submit=5.0, time_limit=100.0)])
+    spread = admit.decide(large, now=10.0)
+    assert sizes(spread)["r"] == 5 and whole.decide(large, now=10.0) == spread
+
+
+def test_compact_admissions_start_an_elastic_job_smaller_on_one_node_instead_of_spread() -> None:
+    linear = {size: float(size) for size in range(2, 9)}
+    # Two nodes of 4 GPUs: 3 free on n0, 1 on n1; p (requested 4, range 2..8) fits the cluster but no node whole.
+    cluster = snapshot(
+        [4, 4],
+        [
+            job("x", 1, placement={"n0": 1}, time_limit=10_000.0),
+            job("y", 3, placement={"n1": 3}, time_limit=10_000.0),
+            job("p", 4, low=2, high=8, submit=5.0, throughput=linear, time_limit=1000.0),
+        ],
+    )
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    (spread,) = admit.decide(cluster, now=10.0)
+    assert (spread.workers, len(spread.placement)) == (4, 2)
+    (compact,) = dataclasses.replace(admit, compact_admissions=True).decide(cluster, now=10.0)
+    assert (compact.workers, dict(compact.placement)) == (3, {"n0": 3})
+    # No node with room for its minimum (one GPU free on each of four nodes): spread at its request, as before.
+    held = [job(f"x{i}", 3, placement={f"n{i}": 3}, time_limit=10_000.0) for i in range(4)]
+    tight = snapshot([4, 4, 4, 4], [*held, cluster.jobs[2]])
+    assert dataclasses.replace(admit, compact_admissions=True).decide(tight, now=10.0) == admit.decide(tight, 10.0)
+    assert sizes(admit.decide(tight, now=10.0)) == {"p": 4}

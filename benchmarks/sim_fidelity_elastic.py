@@ -15,7 +15,7 @@ the shared one):
    requested size (4 workers) is free or lendable.
 
 amoebad runs as its own unprivileged user (:data:`DAEMON_USER`, whose uid the jobs' agents are told to trust), as a
-site runs it; for admission that user gets ``AdminLevel=Operator`` in the private cluster's accounting.
+site runs it; for admission that user gets ``AdminLevel=Administrator`` in the private cluster's accounting.
 
 From each live run it measures what the simulator must be told (none of it is invented): a rigid job's launch
 overhead (its run time minus its sleep), an elastic job's start latency (Slurm start -> first step) and exit
@@ -210,7 +210,7 @@ class Live:
             "state_file": str(state / "state.json"),
         }
         if self.mode.admission:
-            grant_operator(self.env)
+            grant_admin(self.env)
             config["admission"] = {"enabled": True}
         (self.workdir / "amoebad.yaml").write_text(yaml.safe_dump(config))
         python, site_packages = daemon_python()
@@ -311,18 +311,18 @@ def daemon_python() -> tuple[str, str]:
     return found, sysconfig.get_paths()["purelib"]
 
 
-def grant_operator(env: Mapping[str, str]) -> None:
-    """Give :data:`DAEMON_USER` ``AdminLevel=Operator`` in the private cluster's accounting (what admission needs;
-    docs/admin.md, section 8c): added under the ``root`` account if it is not a user there yet."""
+def grant_admin(env: Mapping[str, str]) -> None:
+    """Give :data:`DAEMON_USER` ``AdminLevel=Administrator`` in the private cluster's accounting, what admission needs
+    (docs/admin.md, section 8c: Slurm lets only administrators write the ``AdminComment`` that keeps its hold marks);
+    added under the ``root`` account if it is not a user there yet."""
     show = ["sacctmgr", "-n", "-P", "show", "user", DAEMON_USER, "format=User,AdminLevel"]
     shown = run_command(show, env=env, timeout=60).stdout.strip()
     if not shown:
-        add = ["sacctmgr", "-i", "add", "user", DAEMON_USER, "account=root", "adminlevel=Operator"]
+        add = ["sacctmgr", "-i", "add", "user", DAEMON_USER, "account=root", "adminlevel=Administrator"]
         run_command(add, env=env, timeout=60)
-    elif not shown.endswith("|Operator"):
-        run_command(
-            ["sacctmgr", "-i", "modify", "user", DAEMON_USER, "set", "adminlevel=Operator"], env=env, timeout=60
-        )
+    elif not shown.endswith("|Administrator"):
+        modify = ["sacctmgr", "-i", "modify", "user", DAEMON_USER, "set", "adminlevel=Administrator"]
+        run_command(modify, env=env, timeout=60)
 
 
 def _stamp(text: str) -> float:

@@ -40,11 +40,6 @@ from slurm_amoeba.slurm.marks import HoldMark, parse_elastic_comment, parse_hold
 
 logger = logging.getLogger(__name__)
 
-#: How long the GPUs of a job admitted or released at its requested size are kept for it (until its agent
-#: registers; :func:`~slurm_amoeba.daemon.snapshot.admitted_room`): the submission delay, Slurm's start and the
-#: registration took up to about a minute in the elastic replay on the loaded 2-core machine.
-GRANT_KEPT_S = 120.0
-
 
 @runtime_checkable
 class AdmissionControl(QueueControl, Protocol):
@@ -222,9 +217,6 @@ class Admitter:
         marks: job id -> the hold mark of every job the daemon holds (as of its last round).
         admitted: jobs released or admitted while still pending (never held again).
         waiting: the held jobs as ``status`` shows them.
-        granted: job id -> (GPUs of its requested size, when) for the jobs released or admitted at that size in the
-            last :data:`GRANT_KEPT_S` seconds (the snapshot keeps those GPUs for them: :meth:`granted_gpus`).
-            Replaced, never changed in place: the round thread reads it while this one runs.
     """
 
     def __init__(
@@ -246,13 +238,7 @@ class Admitter:
         self.marks: dict[str, HoldMark] = {}
         self.admitted: set[str] = set()
         self.waiting: tuple[HeldJob, ...] = ()
-        self.granted: dict[str, tuple[int, float]] = {}
         self._first = True
-
-    def granted_gpus(self, now: float) -> dict[str, int]:
-        """Job id -> GPUs of its requested size, for the jobs admitted or released at it in the last
-        :data:`GRANT_KEPT_S` seconds (:func:`~slurm_amoeba.daemon.snapshot.admitted_room` keeps them free)."""
-        return {job_id: gpus for job_id, (gpus, since) in self.granted.items() if now - since < GRANT_KEPT_S}
 
     def apply(self, view: ClusterView, now: float, lenders: Collection[str] | None = None) -> AdmissionRound:
         """One round: read, decide, hold and release (disabled: release a previous life's holds, first round only).
@@ -302,7 +288,6 @@ class Admitter:
             return True
         if verdict.action is Action.ADMIT:
             self.admitted.add(job_id)
-            self._grant(job_id, verdict.wanted, now)
             logger.info("[daemon/admission] job %s (user %s) admitted: %s", job_id, record.user, verdict.reason)
             return True
         if verdict.action is Action.HOLD:
@@ -318,8 +303,6 @@ class Admitter:
         if held is None or not self._release(job_id, held, verdict.action.value):
             return False
         self.admitted.add(job_id)
-        if verdict.action is Action.RELEASE:
-            self._grant(job_id, verdict.wanted, now)
         logger.info(
             "[daemon/admission] job %s (user %s) released after %.0f s: %s",
             job_id,
@@ -328,10 +311,6 @@ class Admitter:
             verdict.reason,
         )
         return True
-
-    def _grant(self, job_id: str, gpus: int, now: float) -> None:
-        kept = {key: grant for key, grant in self.granted.items() if now - grant[1] < GRANT_KEPT_S}
-        self.granted = {**kept, job_id: (gpus, now)}
 
     def _release(self, job_id: str, mark: HoldMark, action: str) -> bool:
         """Release, clear the mark, give the priority back; True when the release itself went through."""

@@ -319,7 +319,6 @@ class RoundLoop:
             stale_after_s=self.config.agents.stale_after_s,
             now=now,
             make_room_after_s=self.config.make_room_after_s,
-            granted=self.admission.granted_gpus(now) if self.admission is not None else None,
         )
 
     def act(self, plan: Plan) -> None:

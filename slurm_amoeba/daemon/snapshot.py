@@ -18,8 +18,7 @@ is a pure function made of named steps, each pure and tested on its own:
 - :func:`unmanaged_job`: every other job that holds GPUs is a fixed-size running job; every job that waits for GPUs
   in a regular partition is a pending fixed-size job (the ones elastic extras make room for);
 - :func:`show_released` and :func:`cap_young_pending`: the near future rather than the last second (see
-  :func:`build_snapshot`);
-- :func:`admitted_room`: the GPUs admission granted an elastic job that its agent cannot ask for yet, kept for it.
+  :func:`build_snapshot`).
 
 Counting: a worker of a managed job holds ``gpus_per_worker`` GPUs; other jobs are counted in GPUs (one "worker"
 per GPU), which is all the policies need of them.
@@ -119,7 +118,6 @@ def build_snapshot(
     stale_after_s: float,
     now: float,
     make_room_after_s: float = 0.0,
-    granted: Mapping[str, int] | None = None,
 ) -> Observation:
     """Turn Slurm's view and the agents' records into the policy's snapshot (see the module docstring).
 
@@ -133,8 +131,7 @@ def build_snapshot(
       or a preemption) are shown free, so that nobody else is shrunk for GPUs that are about to be free anyway;
     - :func:`cap_young_pending`: a pending regular job younger than ``make_room_after_s`` asks only for what is
       free now: Slurm starts it or preempts elastic extras for it by itself at once, and the agents report that
-      within seconds; the daemon makes room for it (shrinks elastic jobs) only if it is still waiting after that;
-    - :func:`admitted_room`: the GPUs a job admission granted (``granted``) still lacks are kept for it.
+      within seconds; the daemon makes room for it (shrinks elastic jobs) only if it is still waiting after that.
 
     Args:
         view: Slurm's jobs and nodes.
@@ -145,8 +142,6 @@ def build_snapshot(
         stale_after_s: a managed job whose agent has not reported for this long is left alone.
         now: the daemon's clock (Unix seconds).
         make_room_after_s: see above; 0 makes room for every pending job at once.
-        granted: job id -> GPUs of the requested size admission admitted or released it at
-            (:meth:`~slurm_amoeba.daemon.admission.Admitter.granted_gpus`); None or empty: none.
 
     Returns:
         The observation.
@@ -177,9 +172,8 @@ def build_snapshot(
     nodes = show_released(placeable, releasing)
     others = [info for info in jobs if info.job_id not in managed]
     free_now = sum(node_info.gpus_free for node_info in nodes)
-    rooms = _rooms(granted or {}, split.groups, jobs, managed)
     return Observation(
-        snapshot=Snapshot(nodes=nodes, jobs=(*cap_young_pending(jobs, free_now, now, make_room_after_s), *rooms)),
+        snapshot=Snapshot(nodes=nodes, jobs=cap_young_pending(jobs, free_now, now, make_room_after_s)),
         managed=managed,
         orphans=split.orphans,
         unclaimed=split.unclaimed,
@@ -308,68 +302,6 @@ def unmanaged_job(
     if wanted <= 0 or not waits_for_gpus:
         return None
     return fixed(state=JobPhase.PENDING, requested_workers=wanted, min_workers=wanted, max_workers=wanted)
-
-
-#: The id of the pending job :func:`admitted_room` puts in the snapshot for an admitted job: ``<job id>+room``.
-ROOM_SUFFIX = "+room"
-
-
-def admitted_room(
-    key: str, gpus: int, records: Sequence[JobRecord], seen: JobInfo | None, managed: bool
-) -> JobInfo | None:
-    """The GPUs of its requested size an admitted elastic job does not hold yet, as a pending fixed-size job (id
-    ``<key>+room``, the job's own priority and submit time), which the policy makes room for and lends to nobody.
-
-    Admission released (or admitted) the job because its requested size was free or lendable. Until its agent
-    registers, the policy cannot grow it, nor see it at all while it waits for its ``BeginTime`` (the submission
-    delay) or was just released: it lent those GPUs to other jobs' satellites, Slurm preempted the fresh satellites
-    when the job started, and the job then found nothing idle to grow into (the elastic replay's admission run,
-    seed 1: 6 of 8 admitted jobs never above their minimum; one job's three grows each lost their satellite to
-    Slurm's preemption 12-18 s after it started). Kept as a pending job, the GPUs stay free (or the loans on them
-    are given back) until the agent registers; then the job, with the least attained service, is the first to
-    grow into them.
-
-    Args:
-        key: the job's id.
-        gpus: GPUs of its requested size.
-        records: its active records (empty: it has ended).
-        seen: the job as the snapshot shows it otherwise (a pending job asking for its minimum, or a running job at
-            its minimum whose agent has not registered), or None when the snapshot leaves it out (held, BeginTime).
-        managed: its agent has registered (the policy grows it now).
-    """
-    if managed or not records:
-        return None
-    held = sum(_gpus_by_node(records).values())
-    asked = seen.requested_workers * seen.gpus_per_worker if seen is not None and seen.state is JobPhase.PENDING else 0
-    need = gpus - held - asked
-    if need <= 0:
-        return None
-    first = min(records, key=lambda r: r.het_job_offset)
-    return JobInfo(
-        job_id=f"{key}{ROOM_SUFFIX}",
-        state=JobPhase.PENDING,
-        submit_time=float(first.submit_time),
-        requested_workers=need,
-        min_workers=need,
-        max_workers=need,
-        priority=max(r.priority for r in records),
-        owner=first.user,
-        partition=first.partition,
-    )
-
-
-def _rooms(
-    granted: Mapping[str, int],
-    groups: Mapping[str, Sequence[JobRecord]],
-    jobs: Sequence[JobInfo],
-    managed: Mapping[str, JobInfo],
-) -> tuple[JobInfo, ...]:
-    """:func:`admitted_room` for every granted job."""
-    visible = {info.job_id: info for info in jobs}
-    rooms = (
-        admitted_room(key, gpus, groups.get(key, []), visible.get(key), key in managed) for key, gpus in granted.items()
-    )
-    return tuple(room for room in rooms if room is not None)
 
 
 def show_released(nodes: Sequence[NodeInfo], releasing: Mapping[str, int]) -> tuple[NodeInfo, ...]:

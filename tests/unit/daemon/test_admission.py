@@ -15,7 +15,7 @@ from slurm_amoeba.cli import amoebad
 from slurm_amoeba.cli.amoebactl import _format_status
 from slurm_amoeba.daemon import rounds
 from slurm_amoeba.daemon.actuator import operator_rights
-from slurm_amoeba.daemon.admission import GRANT_KEPT_S, Admitter, admission_input, make_admitter
+from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitter
 from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
@@ -126,23 +126,6 @@ def test_loans_count_as_available_and_a_job_with_room_is_never_held() -> None:
     assert slurm.calls == []
     # Satellites of a job the daemon does not manage are not its to take back.
     assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"4"}).held == ("7",)
-
-
-def test_the_requested_size_of_a_released_or_admitted_job_is_granted_for_a_while_and_a_starved_job_gets_none() -> None:
-    slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12))
-    daemon = admitter(slurm, max_hold_s=30.0)
-    daemon.apply(slurm.view(), 2_000.0)  # both held: 4 GPUs free, 8 wanted each
-    assert daemon.granted_gpus(2_000.0) == {}
-    slurm.nodes = cluster(used=8)
-    assert daemon.apply(slurm.view(), 2_010.0).released == ("7",)  # 8 free: 7 first in Slurm's order
-    assert daemon.granted_gpus(2_010.0) == {"7": 8}
-    assert daemon.apply(slurm.view(), 2_030.0).starved == ("8",)
-    assert daemon.granted_gpus(2_030.0) == {"7": 8}  # the bound releases 8 at its minimum: nothing kept for it
-    assert daemon.granted_gpus(2_010.0 + GRANT_KEPT_S) == {}
-    fresh = MemorySlurm({9: elastic_job(9)}, cluster(used=0))
-    unheld = admitter(fresh)
-    unheld.apply(fresh.view(), 2_000.0)  # admitted without a hold: 16 free
-    assert unheld.granted_gpus(2_001.0) == {"9": 8}
 
 
 def test_the_starvation_bound_releases_a_job_held_too_long() -> None:

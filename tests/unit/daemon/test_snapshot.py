@@ -1,5 +1,4 @@
-"""Each step of the snapshot on its own: satellites, nodes, unmanaged jobs, GPUs given back, young pending jobs,
-the room kept for admitted jobs."""
+"""Each step of the snapshot on its own: satellites, nodes, unmanaged jobs, GPUs given back, young pending jobs."""
 
 from __future__ import annotations
 
@@ -7,11 +6,7 @@ import dataclasses
 
 import pytest
 
-from slurm_amoeba.daemon.agents import AgentRecord
-from slurm_amoeba.daemon.observer import ClusterView, Observation
 from slurm_amoeba.daemon.snapshot import (
-    ROOM_SUFFIX,
-    build_snapshot,
     cap_young_pending,
     managed_job,
     placeable_nodes,
@@ -20,8 +15,7 @@ from slurm_amoeba.daemon.snapshot import (
     unmanaged_job,
 )
 from slurm_amoeba.policy import JobPhase, NodeInfo
-from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
-from slurm_amoeba.slurm import JobRecord, NodeRecord
+from slurm_amoeba.slurm import JobRecord
 from slurm_amoeba.slurm import JobState as SlurmState
 from tests.unit.daemon.fakes import OTHER_UID, job, node, satellite
 from tests.unit.daemon.test_observer import NOW, agent, elastic_job
@@ -130,56 +124,3 @@ def test_cap_young_pending_asks_only_for_what_is_free_and_drops_a_young_job_that
     ]
     assert [j.job_id for j in cap_young_pending(jobs, 0, NOW, 5.0)] == ["old", "run"]
     assert list(cap_young_pending(jobs, 0, NOW, 0.0)) == jobs
-
-
-def test_the_gpus_admission_granted_a_job_its_agent_cannot_ask_for_yet_are_kept_free_and_given_back() -> None:
-    # Job 100 runs at 4 of 2..8 workers (2 of them a satellite's); 2 GPUs are idle. Job 300 (elastic, 1 GPU per
-    # worker) waits for its BeginTime, which hides it from the policy, and admission admitted it at 4 GPUs.
-    running = [*elastic_job(100, gpus={"n1": 2}), satellite(200, 100, gpus={"n1": 2})]
-    waiting = [
-        job(300, state=SlurmState.PENDING, het_job_id=300, het_job_offset=0, reason="BeginTime", gpus_per_node=0),
-        job(301, state=SlurmState.PENDING, het_job_id=300, het_job_offset=1, reason="BeginTime", gpus_per_node=1),
-    ]
-    nodes = [node("n1", used=4), node("n2", used=2)]
-    agents = {"100": agent("100", size=4)}
-    policy = ElasticBackfillPolicy(start_pending=False)
-
-    def decided(obs: Observation) -> dict[str, int]:
-        return {d.job_id: d.workers for d in policy.decide(obs.snapshot, NOW)}
-
-    plain = build(running + waiting, nodes, agents, granted=None)
-    assert [info.job_id for info in plain.snapshot.jobs] == ["100"]
-    assert decided(plain)["100"] > 4  # without the grant the idle GPUs are lent to job 100
-    kept = build(running + waiting, nodes, agents, granted={"300": 4})
-    room = next(info for info in kept.snapshot.jobs if info.job_id == "300" + ROOM_SUFFIX)
-    assert room.state is JobPhase.PENDING and room.requested_workers == 4 and room.priority == 100
-    assert decided(kept) == {"100": 2}  # 2 idle GPUs kept and 2 of job 100's extras given back for job 300
-    assert kept.regular_pending == 0  # not a job of Slurm's
-    # Started at its minimum (1 GPU), agent not registered: the 3 GPUs it lacks. Registered: nothing kept.
-    started = [
-        job(300, het_job_id=300, het_job_offset=0, gpus={}),
-        job(301, het_job_id=300, het_job_offset=1, gpus={"n2": 1}),
-    ]
-    nodes = [node("n1", used=4), node("n2", used=3)]
-    lacking = build(running + started, nodes, agents, granted={"300": 4})
-    assert [i.requested_workers for i in lacking.snapshot.jobs if i.job_id.endswith(ROOM_SUFFIX)] == [3]
-    both = {**agents, "300": agent("300", low=1, high=4, size=1)}
-    registered = build(running + started, nodes, both, granted={"300": 4})
-    assert not any(info.job_id.endswith(ROOM_SUFFIX) for info in registered.snapshot.jobs)
-    assert build(running, [node("n1", used=4), node("n2")], agents, granted={"300": 4}).snapshot.jobs[1:] == ()
-
-
-def build(
-    jobs: list[JobRecord], nodes: list[NodeRecord], agents: dict[str, AgentRecord], granted: dict[str, int] | None
-) -> Observation:
-    view = ClusterView(tuple(jobs), tuple(nodes), NOW)
-    return build_snapshot(
-        view,
-        agents,
-        pinned=(),
-        regular_partitions=["batch"],
-        elastic_partition="elastic",
-        stale_after_s=10.0,
-        now=NOW,
-        granted=granted,
-    )

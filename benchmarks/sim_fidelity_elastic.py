@@ -3,13 +3,19 @@
 ``scripts/bench-sim-fidelity --elastic`` runs :func:`main`. It draws a workload of rigid sleep jobs (1-4 GPUs, like
 :mod:`benchmarks.sim_fidelity`) and elastic jobs of known work (:mod:`benchmarks.replay_worker`: ``steps`` steps of
 ``t1 / n ** alpha`` seconds at ``n`` workers, 1..4 workers of one GPU, submitted with ``amoeba-sbatch``), and runs
-it twice on a PRIVATE local cluster (:data:`PRIVATE_CLUSTER`: ``scripts/slurm-cluster`` with its own directory,
-subnet, bridge, namespaces and ports, so that nobody else's jobs share it and its ``down`` never touches the shared
-one):
+it two or three times on a PRIVATE local cluster (:data:`PRIVATE_CLUSTER`: ``scripts/slurm-cluster`` with its own
+directory, subnet, bridge, namespaces and ports, so that nobody else's jobs share it and its ``down`` never touches
+the shared one):
 
 1. ``rigid``: no daemon; every elastic job runs at its minimum (the cluster as it is today);
 2. ``elastic``: amoebad with its default policy (``elastic-backfill``) and default settings (interval 5 s), on the
-   cluster's own GraceTime.
+   cluster's own GraceTime;
+3. ``admission`` (with ``--admission``): the same daemon with ``admission.enabled`` (docs/admin.md, section 8c):
+   elastic jobs are submitted with ``AMOEBA_ADMISSION_DELAY_S`` (:data:`ADMISSION_DELAY_S`) and held until their
+   requested size (4 workers) is free or lendable.
+
+amoebad runs as its own unprivileged user (:data:`DAEMON_USER`, whose uid the jobs' agents are told to trust), as a
+site runs it; for admission that user gets ``AdminLevel=Administrator`` in the private cluster's accounting.
 
 From each live run it measures what the simulator must be told (none of it is invented): a rigid job's launch
 overhead (its run time minus its sleep), an elastic job's start latency (Slurm start -> first step) and exit
@@ -17,8 +23,10 @@ latency (last step -> Slurm end), the agent's registration with the daemon, the 
 directive -> first step at the new size) and the switch pause (the step gap at a resize beyond the old step time);
 their medians go into that run's simulation (:func:`costs_from`). Then it simulates both runs with the ``slurm``
 policy (the cluster's slurm.conf, 1 s interval: its ``bf_interval``), the second with ``grow_elastic`` (the
-daemon's elastic backfill on top), and compares per job: JCT and start error, pairwise start order, resizes, and
-the gain of the elastic run over the rigid one, live and simulated. Prints a table, writes JSON and a PNG.
+daemon's elastic backfill on top), the third with ``grow_elastic`` and ``admit_at_request`` (the simulator's
+admission, elastic jobs requesting their maximum), and compares per job: JCT and start error, pairwise start order,
+resizes, mean/p50/p99 JCT and queueing, and the gain of each run over the rigid one, live and simulated. Prints a
+table, writes JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -30,11 +38,14 @@ import itertools
 import json
 import math
 import os
+import pwd
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,6 +75,30 @@ PRIVATE_CLUSTER = {
 }
 #: Where the private cluster's nodes reach the daemon.
 DAEMON_ENDPOINT = "tcp://10.78.0.1:6840"
+#: The unprivileged user amoebad runs as (created as a system user when missing, as the e2e tests create theirs).
+DAEMON_USER = "amoeba-replayd"
+#: ``AMOEBA_ADMISSION_DELAY_S`` of the admission run: docs/admin.md's example, the daemon's 5 s interval plus a
+#: squeue call with room for a slow round on the loaded machine.
+ADMISSION_DELAY_S = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One kind of live run.
+
+    Attributes:
+        label: its name in the tables and in ``live.json``.
+        daemon: amoebad runs (elastic jobs ask for 1..4 workers; else 1..1).
+        admission: with ``admission.enabled`` (and the submission delay).
+    """
+
+    label: str
+    daemon: bool
+    admission: bool = False
+
+
+#: The runs, in the order they are recorded.
+MODES = {mode.label: mode for mode in (Mode("rigid", False), Mode("elastic", True), Mode("admission", True, True))}
 #: The step time of every elastic job on one worker (s).
 T1 = 1.0
 MAX_WORKERS = 4
@@ -128,24 +163,28 @@ class LiveJob:
 class Live:
     """One live run of the workload on the private cluster."""
 
-    def __init__(self, workload: Sequence[ReplayJob], workdir: Path, with_daemon: bool) -> None:
+    def __init__(self, workload: Sequence[ReplayJob], workdir: Path, mode: Mode) -> None:
         self.workload = workload
         self.workdir = workdir
-        self.with_daemon = with_daemon
+        self.mode = mode
         conf = Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(conf), "TZ": "UTC"}
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env["PYTHONPATH"] = f"{REPO}{os.pathsep}{self.env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-        self.env.pop("AMOEBA_DAEMON_ENDPOINT", None)
-        if with_daemon:
+        for name in ("AMOEBA_DAEMON_ENDPOINT", "AMOEBA_DAEMON_UID", "AMOEBA_ADMISSION_DELAY_S"):
+            self.env.pop(name, None)
+        if mode.daemon:
             self.env["AMOEBA_DAEMON_ENDPOINT"] = DAEMON_ENDPOINT
+            self.env["AMOEBA_DAEMON_UID"] = str(daemon_uid())  # the agents trust the daemon's own user only
+        if mode.admission:
+            self.env["AMOEBA_ADMISSION_DELAY_S"] = str(ADMISSION_DELAY_S)
         self.conf = conf
         self.ids: dict[str, str] = {}
 
     def run(self) -> dict[str, LiveJob]:
         """Submit every job at its time, wait for the cluster to empty, read what happened."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        daemon = self._start_daemon() if self.with_daemon else None
+        daemon = self._start_daemon() if self.mode.daemon else None
         try:
             self._submit_all()
             self._wait_empty(timeout_s=max(job.offset for job in self.workload) + 900)
@@ -157,20 +196,29 @@ class Live:
         return self._read()
 
     def _start_daemon(self) -> subprocess.Popen[bytes]:
-        config = {
+        """amoebad as :data:`DAEMON_USER` (its state in a directory of its own), with admission when the mode says."""
+        uid = daemon_uid()
+        state = self.workdir / "amoebad-state"
+        state.mkdir(exist_ok=True)
+        os.chown(state, uid, -1)
+        self.workdir.chmod(0o755)  # the daemon reads its configuration here
+        config: dict[str, Any] = {
             "listen": DAEMON_ENDPOINT,
             "metrics": {"port": 0},
             "partitions": {"regular": ["batch"], "elastic": "elastic"},
             "slurm": {"conf": str(self.conf)},
-            "state_file": str(self.workdir / "amoebad-state.json"),
+            "state_file": str(state / "state.json"),
         }
+        if self.mode.admission:
+            grant_admin(self.env)
+            config["admission"] = {"enabled": True}
         (self.workdir / "amoebad.yaml").write_text(yaml.safe_dump(config))
+        python, site_packages = daemon_python()
+        env = {**self.env, "PYTHONPATH": f"{REPO}{os.pathsep}{site_packages}"}
+        daemon = [python, "-m", "slurm_amoeba.cli.amoebad", "--config", str(self.workdir / "amoebad.yaml")]
         with (self.workdir / "amoebad.log").open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "slurm_amoeba.cli.amoebad", "--config", str(self.workdir / "amoebad.yaml")],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
+                ["runuser", "-u", DAEMON_USER, "--", *daemon], stdout=log, stderr=subprocess.STDOUT, env=env
             )
         deadline = time.monotonic() + 30
         while "listening on" not in (self.workdir / "amoebad.log").read_text(errors="replace"):
@@ -186,7 +234,7 @@ class Live:
             return ["sbatch", "--parsable", *common, f"--gres=gpu:{job.gpus}", "--wrap", f"sleep {job.sleep_s}"]
         worker = [sys.executable, str(REPO / "benchmarks" / "replay_worker.py")]
         run = " ".join([*worker, "--steps", str(job.steps), "--t1", str(T1), "--alpha", str(job.alpha)])
-        top = MAX_WORKERS if self.with_daemon else 1
+        top = MAX_WORKERS if self.mode.daemon else 1
         return ["amoeba-sbatch", "--elastic", f"1:{top}", *common, f"--wrap=exec amoeba-run {run}"]
 
     def _submit_all(self) -> None:
@@ -232,6 +280,51 @@ class Live:
         return result
 
 
+def daemon_uid() -> int:
+    """The uid of :data:`DAEMON_USER`, created as a system user without a home or a login shell when missing."""
+    try:
+        return pwd.getpwnam(DAEMON_USER).pw_uid
+    except KeyError:
+        pass
+    made = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", DAEMON_USER],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if made.returncode not in (0, 9):  # 9: it exists already
+        raise RuntimeError(f"cannot create the daemon's user {DAEMON_USER}: {made.stderr.strip()}")
+    return pwd.getpwnam(DAEMON_USER).pw_uid
+
+
+def daemon_python() -> tuple[str, str]:
+    """An interpreter :data:`DAEMON_USER` may run, of this one's version, and this environment's site-packages.
+
+    A virtual environment's interpreter often lives under ``/root`` (pyenv), which no other user may enter; the
+    system's ``pythonX.Y`` of the same version runs the same compiled packages, read from the venv.
+    """
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
+    if found is None:
+        raise RuntimeError(f"no {name} outside the virtual environment for the daemon's user {DAEMON_USER}")
+    return found, sysconfig.get_paths()["purelib"]
+
+
+def grant_admin(env: Mapping[str, str]) -> None:
+    """Give :data:`DAEMON_USER` ``AdminLevel=Administrator`` in the private cluster's accounting, what admission needs
+    (docs/admin.md, section 8c: Slurm lets only administrators write the ``AdminComment`` that keeps its hold marks);
+    added under the ``root`` account if it is not a user there yet."""
+    show = ["sacctmgr", "-n", "-P", "show", "user", DAEMON_USER, "format=User,AdminLevel"]
+    shown = run_command(show, env=env, timeout=60).stdout.strip()
+    if not shown:
+        add = ["sacctmgr", "-i", "add", "user", DAEMON_USER, "account=root", "adminlevel=Administrator"]
+        run_command(add, env=env, timeout=60)
+    elif not shown.endswith("|Administrator"):
+        modify = ["sacctmgr", "-i", "modify", "user", DAEMON_USER, "set", "adminlevel=Administrator"]
+        run_command(modify, env=env, timeout=60)
+
+
 def _stamp(text: str) -> float:
     """A sacct time (UTC, the harness sets TZ) as Unix seconds; NaN for Unknown/None."""
     try:
@@ -250,6 +343,25 @@ def daemon_decisions(log: Path) -> list[tuple[float, str, str, int, int]]:
             stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
             when = stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
             found.append((when, match.group(2), match.group(3), int(match.group(4)), int(match.group(5))))
+    return found
+
+
+def admission_events(log: Path) -> list[tuple[float, str, str]]:
+    """(Unix time, job id, held/released/starved/admitted) of every admission decision in amoebad's log."""
+    found = []
+    pattern = re.compile(
+        r"^(\S+ \S+) INFO +\[daemon/admission\] job ([0-9]+) \(user \S+\) "
+        r"(held|released after [0-9]+ s|admitted): (.*)$"
+    )
+    for line in log.read_text(errors="replace").splitlines():
+        match = pattern.match(line)
+        if match:
+            stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            when = stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+            action = match.group(3).split()[0]
+            if action == "released" and "admission.max_hold_s" in match.group(4):
+                action = "starved"
+            found.append((when, match.group(2), action))
     return found
 
 
@@ -284,7 +396,7 @@ def measure(
     """The costs the simulator must be told, measured on the live run (one value per job or event)."""
     by_name = {job.name: job for job in workload}
     out: dict[str, list[float]] = {"rigid_overhead_s": [], "start_latency_s": [], "exit_latency_s": []}
-    out.update({"grow_lag_s": [], "switch_pause_s": [], "size_changes": [], "registration_s": []})
+    out.update({"grow_lag_s": [], "switch_pause_s": [], "size_changes": [], "registration_s": [], "time_to_max_s": []})
     names = {record.job_id: name for name, record in live.items()}
     for job_id, when in registrations.items():
         if job_id in names:
@@ -298,6 +410,9 @@ def measure(
             out["start_latency_s"].append(record.steps_at[0][0] - record.start)
         if not math.isnan(record.done_at):
             out["exit_latency_s"].append(record.end - record.done_at)
+        at_max = [when for when, size in record.steps_at if size >= MAX_WORKERS]
+        if at_max:
+            out["time_to_max_s"].append(at_max[0] - record.start)
         changes = [(a, b) for a, b in itertools.pairwise(record.steps_at) if a[1] != b[1]]
         out["size_changes"].append(float(len(changes)))
         for before, after in changes:
@@ -334,6 +449,7 @@ def simulate(
     costs: Mapping[str, float],
     conf: Path,
     elastic: bool,
+    admission: Mapping[str, object] | None = None,
 ) -> SimResult:
     """The workload through the ``slurm`` policy (with the daemon's elastic backfill on top when ``elastic``).
 
@@ -343,18 +459,25 @@ def simulate(
         costs: the measured costs (:func:`costs_from`).
         conf: the cluster's slurm.conf.
         elastic: elastic jobs get 1..4 workers and the policy grows them (``grow_elastic``); else they keep one.
+        admission: with ``elastic``, the simulator's admission: these knobs on top (:data:`ADMISSION_KNOBS`), elastic
+            jobs request their maximum (what the live daemon admits them at) and become eligible
+            :data:`ADMISSION_DELAY_S` after their submission (``--begin``; :func:`compare` counts their JCT from the
+            submission).
     """
     site = read_slurm_conf(conf)
     specs = []
     for job in sorted(workload, key=lambda job: submits[job.name]):
         top = MAX_WORKERS if elastic and job.elastic else job.gpus
+        request = top if admission is not None else job.gpus
+        delay = ADMISSION_DELAY_S if admission is not None and job.elastic else 0.0
         duration = job.steps * T1 if job.elastic else job.sleep_s + costs["rigid_overhead_s"]
         specs.append(
             JobSpec(
                 job.name,
-                submits[job.name],
-                job.gpus,
+                submits[job.name] + delay,
+                request,
                 duration=duration,
+                min_workers=job.gpus,
                 max_workers=top,
                 time_limit=job.limit_min * 60.0,
                 partition="batch",
@@ -377,8 +500,15 @@ def simulate(
         start_grow_lag=costs["start_grow_lag_s"],
         grace_time=site.grace_time,
     )
-    policy = make_policy("slurm", **{**site.knobs, "grow_elastic": elastic})
+    policy = make_policy("slurm", **{**site.knobs, "grow_elastic": elastic, **(admission or {})})
     return Simulator(specs, policy, config, models).run()
+
+
+#: The simulator's counterpart of ``admission.enabled`` (benchmarks/sim_study.py's ``ADMIT_KNOBS``).
+ADMISSION_KNOBS: Mapping[str, object] = {"admit_at_request": True}
+#: The same as the live daemon lends: a job Slurm starts may take any satellite, not only the loans above requests
+#: (live, every satellite runs in the preemptible partition; ``slurm_takes_loans_only`` is not built live).
+ADMISSION_KNOBS_AS_LIVE: Mapping[str, object] = {**ADMISSION_KNOBS, "slurm_takes_loans_only": False}
 
 
 #: amoebad's default round interval (s): a grow is ordered on average half of it after GPUs fall idle, which the
@@ -411,8 +541,29 @@ def costs_from(measured: Mapping[str, Sequence[float]]) -> dict[str, float]:
     }
 
 
-def compare(workload: Sequence[ReplayJob], live: Mapping[str, LiveJob], result: SimResult) -> dict[str, Any]:
-    """Per-job JCT and start errors, pairwise start order and means of one live run against its simulation."""
+def run_stats(rows: Sequence[Mapping[str, Any]], side: str) -> dict[str, float]:
+    """Mean, p50 and p99 JCT, mean queueing (submission to Slurm's start), and the rigid jobs' mean queueing of one
+    side (``live`` or ``sim``) of :func:`compare`'s per-job rows."""
+    jcts = [row[f"{side}_jct_s"] for row in rows]
+    waits = [row[f"{side}_start_s"] - row["submit_s"] for row in rows]
+    rigid = [wait for wait, row in zip(waits, rows, strict=True) if not row["elastic"]]
+    return {
+        "mean_jct_s": statistics.fmean(jcts),
+        "p50_jct_s": percentile(jcts, 0.5),
+        "p99_jct_s": percentile(jcts, 0.99),
+        "mean_queue_s": statistics.fmean(waits),
+        "rigid_mean_wait_s": statistics.fmean(rigid) if rigid else math.nan,
+    }
+
+
+def compare(
+    workload: Sequence[ReplayJob], live: Mapping[str, LiveJob], result: SimResult, elastic_delay_s: float = 0.0
+) -> dict[str, Any]:
+    """Per-job JCT and start errors, pairwise start order and means of one live run against its simulation.
+
+    ``elastic_delay_s``: the simulated elastic jobs were submitted this much later (:func:`simulate`'s admission
+    delay); their JCT and queueing count from the live submission, as the live ones do.
+    """
     origin = min(record.submit for record in live.values())
     simulated = {record.name: record for record in result.jobs}
     rows = []
@@ -421,13 +572,19 @@ def compare(workload: Sequence[ReplayJob], live: Mapping[str, LiveJob], result: 
         if sim.jct is None or sim.first_start is None or math.isnan(rec.end):
             continue
         live_start, sim_start = rec.start - origin, sim.first_start
-        rows.append((job.name, rec.end - rec.submit, sim.jct, live_start, sim_start, job.elastic))
+        sim_jct = sim.jct + (elastic_delay_s if job.elastic else 0.0)
+        rows.append((job.name, rec.end - rec.submit, sim_jct, live_start, sim_start, job.elastic, rec.submit - origin))
     pairs = list(itertools.combinations(rows, 2))
     agree = sum(1 for a, b in pairs if (a[3] - b[3]) * (a[4] - b[4]) > 0 or (a[3] == b[3] and a[4] == b[4]))
     jct_rel = [abs(sim / rec - 1) for _, rec, sim, *_ in rows]
-    start_abs = [abs(s - r) for *_, r, s, _ in rows]
+    start_abs = [abs(s - r) for *_, r, s, _, _ in rows]
     live_mean = statistics.fmean(r[1] for r in rows)
     sim_mean = statistics.fmean(r[2] for r in rows)
+    per_job = [
+        {"name": n, "elastic": e, "live_jct_s": lj, "sim_jct_s": sj, "live_start_s": ls, "sim_start_s": ss}
+        | {"submit_s": sub}
+        for n, lj, sj, ls, ss, e, sub in rows
+    ]
     return {
         "jobs": len(rows),
         "live_mean_jct_s": live_mean,
@@ -442,10 +599,9 @@ def compare(workload: Sequence[ReplayJob], live: Mapping[str, LiveJob], result: 
         "pairs": len(pairs),
         "pairs_agreeing": agree / len(pairs) if pairs else 1.0,
         "sim_resizes": sum(record.resizes for record in result.jobs),
-        "per_job": [
-            {"name": n, "elastic": e, "live_jct_s": lj, "sim_jct_s": sj, "live_start_s": ls, "sim_start_s": ss}
-            for n, lj, sj, ls, ss, e in rows
-        ],
+        "live": run_stats(per_job, "live"),
+        "sim": run_stats(per_job, "sim"),
+        "per_job": per_job,
     }
 
 
@@ -498,58 +654,124 @@ def ensure_private_cluster() -> Path:
     return Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
 
 
-def record_runs(args: argparse.Namespace, workload: Sequence[ReplayJob]) -> dict[str, Any]:
-    """Both live runs (rigid, then elastic), saved to ``WORKDIR/live.json`` as they end."""
-    saved: dict[str, Any] = {"workload": [dataclasses.asdict(job) for job in workload], "load": {}}
-    for label, with_daemon in (("rigid", False), ("elastic", True)):
+def record_runs(args: argparse.Namespace, labels: Sequence[str], saved: dict[str, Any]) -> dict[str, Any]:
+    """The live runs of ``labels`` not in ``saved`` yet, in that order, saved to ``WORKDIR/live.json`` as they end."""
+    workload = [ReplayJob(**job) for job in saved["workload"]]
+    saved.setdefault("load", {})
+    for label in labels:
+        if label in saved:
+            continue
         saved["load"][f"{label}_before"] = os.getloadavg()
         print(f"[replay] {label} run: {len(workload)} jobs, load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-        live = Live(workload, args.workdir / label, with_daemon).run()
+        live = Live(workload, args.workdir / label, MODES[label]).run()
         saved[label] = _live_to_json(live)
         saved["load"][f"{label}_after"] = os.getloadavg()
         (args.workdir / "live.json").write_text(json.dumps(saved, indent=1) + "\n")
     return saved
 
 
-def evaluate(saved: Mapping[str, Any], workdir: Path, conf: Path) -> dict[str, Any]:
-    """Measure the costs on the elastic run, simulate both runs, compare."""
-    workload = [ReplayJob(**job) for job in saved["workload"]]
-    runs = {label: _live_from_json(saved[label]) for label in ("rigid", "elastic")}
-    decisions = daemon_decisions(workdir / "elastic" / "amoebad.log")
-    registered = daemon_registrations(workdir / "elastic" / "amoebad.log")
-    measured = {
-        "rigid": measure(workload, runs["rigid"], [], {}),
-        "elastic": measure(workload, runs["elastic"], decisions, registered),
+def admission_summary(
+    workload: Sequence[ReplayJob], live: Mapping[str, LiveJob], events: Sequence[tuple[float, str, str]]
+) -> dict[str, Any]:
+    """What admission did live: how many elastic jobs it held, released (their requested size free or lendable),
+    released by the bound, admitted without a hold, how long the holds lasted, holds never released, and whether the
+    released and admitted jobs then grew to their requested size (growth after release) and how soon after their
+    Slurm start."""
+    held: dict[str, float] = {}
+    ended: dict[str, tuple[float, str]] = {}
+    admitted: set[str] = set()
+    for when, job_id, action in events:
+        if action == "held":
+            held.setdefault(job_id, when)
+        elif action in ("released", "starved"):
+            ended.setdefault(job_id, (when, action))
+        else:
+            admitted.add(job_id)
+    elastic = {live[job.name].job_id: live[job.name] for job in workload if job.elastic}
+    let_go = [job_id for job_id in elastic if job_id in admitted or ended.get(job_id, (0.0, ""))[1] == "released"]
+    to_max = {}
+    for job_id in let_go:
+        at_max = [when for when, size in elastic[job_id].steps_at if size >= MAX_WORKERS]
+        if at_max:
+            to_max[job_id] = at_max[0] - elastic[job_id].start
+    return {
+        "elastic_jobs": len(elastic),
+        "held": len(held),
+        "released": sum(1 for _, action in ended.values() if action == "released"),
+        "starved": sum(1 for _, action in ended.values() if action == "starved"),
+        "admitted_unheld": len(admitted - set(held)),
+        "never_released": sorted(set(held) - set(ended)),
+        "hold_s": _spread([ended[job_id][0] - since for job_id, since in held.items() if job_id in ended]),
+        "let_go": len(let_go),
+        "grown_to_request": len(to_max),
+        "not_grown": sorted(set(let_go) - set(to_max)),
+        "start_to_request_s": _spread(list(to_max.values())),
     }
+
+
+def _simulated(
+    workload: Sequence[ReplayJob],
+    live: Mapping[str, LiveJob],
+    mode: Mode,
+    costs: Mapping[str, Mapping[str, float]],
+    conf: Path,
+) -> tuple[dict[str, Any], float]:
+    """One live run against its simulation (with its own costs), and the simulated mean JCT with the elastic run's
+    costs (the simulator's claim when it is told one set of costs for every run)."""
+    origin = min(record.submit for record in live.values())
+    submits = {name: record.submit - origin for name, record in live.items()}
+    knobs = ADMISSION_KNOBS if mode.admission else None
+    delay = float(ADMISSION_DELAY_S) if mode.admission else 0.0
+    result = simulate(workload, submits, costs[mode.label], conf, elastic=mode.daemon, admission=knobs)
+    figures = compare(workload, live, result, delay)
+    if mode.admission:
+        as_live = simulate(workload, submits, costs[mode.label], conf, elastic=True, admission=ADMISSION_KNOBS_AS_LIVE)
+        figures["sim_as_live"] = compare(workload, live, as_live, delay)["sim"]
+    shared = simulate(workload, submits, costs.get("elastic", costs[mode.label]), conf, mode.daemon, knobs)
+    return figures, statistics.fmean((record.jct or math.nan) for record in shared.jobs)
+
+
+def evaluate(saved: Mapping[str, Any], workdir: Path, conf: Path) -> dict[str, Any]:
+    """Measure each run's costs on itself, simulate every run, compare."""
+    workload = [ReplayJob(**job) for job in saved["workload"]]
+    runs = {label: _live_from_json(saved[label]) for label in MODES if label in saved}
+    measured, directives, admissions = {}, {}, {}
+    for label, live in runs.items():
+        log = workdir / label / "amoebad.log"
+        daemon = MODES[label].daemon and log.exists()
+        decisions = daemon_decisions(log) if daemon else []
+        measured[label] = measure(workload, live, decisions, daemon_registrations(log) if daemon else {})
+        grows = sum(1 for decision in decisions if decision[2] == "grow")
+        directives[label] = {"grow": grows, "shrink": len(decisions) - grows}
+        if MODES[label].admission and daemon:
+            admissions[label] = admission_summary(workload, live, admission_events(log))
     costs = {label: costs_from(values) for label, values in measured.items()}
     figures: dict[str, Any] = {}
     same_costs: dict[str, float] = {}
     for label, live in runs.items():
-        origin = min(record.submit for record in live.values())
-        submits = {name: record.submit - origin for name, record in live.items()}
-        result = simulate(workload, submits, costs[label], conf, elastic=label == "elastic")
-        figures[label] = compare(workload, live, result)
-        # The same run simulated with the other run's start and exit latencies: the simulator's claim when it is
-        # told one set of costs for both (those of the elastic run, its grow lag included).
-        shared = simulate(workload, submits, costs["elastic"], conf, elastic=label == "elastic")
-        same_costs[label] = statistics.fmean(record.jct or math.nan for record in shared.jobs)
-    grows = sum(1 for d in decisions if d[2] == "grow")
-    gain_live = figures["elastic"]["live_mean_jct_s"] / figures["rigid"]["live_mean_jct_s"] - 1
-    gain_sim = figures["elastic"]["sim_mean_jct_s"] / figures["rigid"]["sim_mean_jct_s"] - 1
+        figures[label], same_costs[label] = _simulated(workload, live, MODES[label], costs, conf)
+    gains: dict[str, dict[str, float]] = {}
+    for label in runs:
+        for base in ("rigid", "elastic"):
+            if base in runs and list(MODES).index(base) < list(MODES).index(label):
+                gains[f"{label} vs {base}"] = {
+                    "live": figures[label]["live_mean_jct_s"] / figures[base]["live_mean_jct_s"] - 1,
+                    "sim": figures[label]["sim_mean_jct_s"] / figures[base]["sim_mean_jct_s"] - 1,
+                    "sim_elastic_costs": same_costs[label] / same_costs[base] - 1,
+                }
     summary = {
         "jobs": len(workload),
         "elastic_jobs": sum(1 for job in workload if job.elastic),
         "costs": costs,
         "measured": {label: {key: _spread(values) for key, values in m.items()} for label, m in measured.items()},
-        "live_directives": {"grow": grows, "shrink": len(decisions) - grows},
-        "live_size_changes": int(sum(measured["elastic"]["size_changes"])),
+        "live_directives": directives,
+        "live_size_changes": {label: int(sum(m["size_changes"])) for label, m in measured.items()},
         "het_start_failures": {
             label: het_start_failures([record.job_id for record in live.values()]) for label, live in runs.items()
         },
-        "sim_resizes": figures["elastic"]["sim_resizes"],
-        "gain_live": gain_live,
-        "gain_sim": gain_sim,
-        "gain_sim_elastic_costs_for_both": same_costs["elastic"] / same_costs["rigid"] - 1,
+        "sim_resizes": {label: run["sim_resizes"] for label, run in figures.items()},
+        "admission": admissions,
+        "gains": gains,
         "load": saved.get("load", {}),
     }
     return {"summary": summary, "runs": figures}
@@ -567,72 +789,125 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+#: The fidelity rows of :func:`table`: label, key of :func:`compare`'s figures, format.
+FIDELITY_ROWS = (
+    ("mean JCT error", "mean_jct_error", "{:+.1%}"),
+    ("per-job |JCT error| median", "jct_abs_error_median", "{:.1%}"),
+    ("per-job |JCT error| p90", "jct_abs_error_p90", "{:.1%}"),
+    ("per-job |JCT error| max", "jct_abs_error_max", "{:.1%}"),
+    ("|start error| median (s)", "start_abs_error_median_s", "{:.1f}"),
+    ("|start error| p90 (s)", "start_abs_error_p90_s", "{:.1f}"),
+    ("|start error| max (s)", "start_abs_error_max_s", "{:.1f}"),
+    ("pairs agreeing", "pairs_agreeing", "{:.1%}"),
+)
+#: The outcome rows of :func:`table` (live / simulated): label, key of :func:`run_stats`.
+OUTCOME_ROWS = (
+    ("mean JCT (s)", "mean_jct_s"),
+    ("p50 JCT (s)", "p50_jct_s"),
+    ("p99 JCT (s)", "p99_jct_s"),
+    ("mean queueing (s)", "mean_queue_s"),
+    ("rigid jobs' mean wait (s)", "rigid_mean_wait_s"),
+)
+
+
 def table(report: Mapping[str, Any]) -> str:
-    """The figures as a text table."""
+    """The figures as a text table: a column per run."""
     runs, summary = report["runs"], report["summary"]
-    keys = (
-        ("mean JCT live (s)", "live_mean_jct_s", "{:.1f}"),
-        ("mean JCT simulated (s)", "sim_mean_jct_s", "{:.1f}"),
-        ("mean JCT error", "mean_jct_error", "{:+.1%}"),
-        ("per-job |JCT error| median", "jct_abs_error_median", "{:.1%}"),
-        ("per-job |JCT error| p90", "jct_abs_error_p90", "{:.1%}"),
-        ("per-job |JCT error| max", "jct_abs_error_max", "{:.1%}"),
-        ("|start error| median (s)", "start_abs_error_median_s", "{:.1f}"),
-        ("|start error| p90 (s)", "start_abs_error_p90_s", "{:.1f}"),
-        ("|start error| max (s)", "start_abs_error_max_s", "{:.1f}"),
-        ("pairs agreeing", "pairs_agreeing", "{:.1%}"),
-    )
-    lines = [f"{'':<30} {'rigid run':>12} {'elastic run':>12}"]
-    for label, key, form in keys:
-        lines.append(f"{label:<30} {form.format(runs['rigid'][key]):>12} {form.format(runs['elastic'][key]):>12}")
-    live_dirs = summary["live_directives"]
-    lines.append(
-        f"resizes: live {live_dirs['grow']} grow + {live_dirs['shrink']} shrink directives "
-        f"({summary['live_size_changes']} size changes seen by the jobs), simulated {summary['sim_resizes']}"
-    )
+    lines = [f"{'live / simulated':<30}" + "".join(f" {label + ' run':>17}" for label in runs)]
+    for label, key in OUTCOME_ROWS:
+        cells = [f"{run['live'][key]:.1f} / {run['sim'][key]:.1f}" for run in runs.values()]
+        lines.append(f"{label:<30}" + "".join(f" {cell:>17}" for cell in cells))
+    for label, key, form in FIDELITY_ROWS:
+        lines.append(f"{label:<30}" + "".join(f" {form.format(run[key]):>17}" for run in runs.values()))
+    for label, run in runs.items():
+        if "sim_as_live" in run:
+            as_live = run["sim_as_live"]
+            lines.append(
+                f"{label} run simulated with slurm_takes_loans_only off (as amoebad lends): mean JCT "
+                f"{as_live['mean_jct_s']:.1f} s, p99 {as_live['p99_jct_s']:.1f} s, queueing "
+                f"{as_live['mean_queue_s']:.1f} s, rigid wait {as_live['rigid_mean_wait_s']:.1f} s"
+            )
+    for label, dirs in summary["live_directives"].items():
+        if MODES[label].daemon:
+            lines.append(
+                f"{label} run resizes: live {dirs['grow']} grow + {dirs['shrink']} shrink directives "
+                f"({summary['live_size_changes'][label]} size changes seen by the jobs), "
+                f"simulated {summary['sim_resizes'][label]}"
+            )
+    for label, adm in summary["admission"].items():
+        lines.append(
+            f"{label} run: of {adm['elastic_jobs']} elastic jobs {adm['held']} held, {adm['released']} released at "
+            f"their request, {adm['starved']} by the bound, {adm['admitted_unheld']} admitted unheld; holds "
+            f"{_median_text(adm['hold_s'])}; never released {adm['never_released'] or 'none'}; grown to "
+            f"{MAX_WORKERS} workers after admission: {adm['grown_to_request']} of {adm['let_go']} (start -> 4 workers "
+            f"{_median_text(adm['start_to_request_s'])}; not grown {adm['not_grown'] or 'none'})"
+        )
     failures = summary["het_start_failures"]
     lines.append(
-        f"heterogeneous jobs whose start failed and were requeued by Slurm (not simulated): rigid run "
-        f"{failures['rigid']}, elastic run {failures['elastic']}"
+        "heterogeneous jobs whose start failed and were requeued by Slurm (not simulated): "
+        + ", ".join(f"{label} run {count}" for label, count in failures.items())
     )
-    lines.append(
-        f"avg-JCT gain of the elastic run over the rigid one: live {summary['gain_live']:+.1%}, "
-        f"simulated {summary['gain_sim']:+.1%} (each run with its own measured costs; "
-        f"{summary['gain_sim_elastic_costs_for_both']:+.1%} with the elastic run's costs for both)"
-    )
+    for name, gain in summary["gains"].items():
+        lines.append(
+            f"avg-JCT gain, {name}: live {gain['live']:+.1%}, simulated {gain['sim']:+.1%} (each run with its own "
+            f"measured costs; {gain['sim_elastic_costs']:+.1%} with the elastic run's costs for all)"
+        )
     for label, costs in summary["costs"].items():
         lines.append(
             f"costs measured on the {label} run (medians): "
             + ", ".join(f"{key} {value:.2f}" for key, value in costs.items())
         )
+    load = summary["load"]
+    lines.append(
+        "load average (1 min) before -> after: "
+        + ", ".join(
+            f"{label} {load[label + '_before'][0]:.1f} -> {load[label + '_after'][0]:.1f}"
+            for label in runs
+            if label + "_before" in load
+        )
+    )
     return "\n".join(lines)
 
 
+def _median_text(spread: Mapping[str, float]) -> str:
+    if not spread.get("n"):
+        return "n/a"
+    return f"median {spread['median']:.0f} s (range {spread['min']:.0f}-{spread['max']:.0f} s, n={spread['n']:.0f})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run both live replays (or, with ``--from DIR``, reuse them), simulate, print and write the figures.
+    """Run the live replays (or, with ``--from DIR``, reuse them and record only those missing), simulate, print and
+    write the figures.
 
     Returns:
-        0 when both runs meet the goals (mean JCT within 10%, pairs agreeing >= 90%), 1 otherwise.
+        0 when every run meets the goals (mean JCT within 10%, pairs agreeing >= 90%), 1 otherwise.
     """
     parser = argparse.ArgumentParser(prog="bench-sim-fidelity --elastic", description=__doc__.splitlines()[0])
     parser.add_argument("--rigid", type=int, default=20, help="rigid sleep jobs")
     parser.add_argument("--elastic-jobs", type=int, default=10, help="elastic jobs")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--spread-s", type=float, default=180.0, help="arrivals spread over this many seconds")
+    parser.add_argument("--admission", action="store_true", help="a third run: amoebad with admission.enabled")
     parser.add_argument("--workdir", type=Path, default=None, help="where jobs write (default: a new /tmp dir)")
-    parser.add_argument("--from", dest="source", type=Path, default=None, help="reuse the live runs of this workdir")
+    parser.add_argument(
+        "--from", dest="source", type=Path, default=None, help="reuse the live runs of this workdir (records the rest)"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench-sim-fidelity-elastic.json"))
     parser.add_argument("--png", type=Path, default=None, help="the per-job JCT plot (default: beside --json)")
     args = parser.parse_args(argv)
+    labels = ["rigid", "elastic", "admission"] if args.admission else ["rigid", "elastic"]
+    conf = Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
     if args.source is not None:
         args.workdir = args.source
         saved = json.loads((args.source / "live.json").read_text())
-        conf = Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
     else:
         args.workdir = args.workdir or Path(f"/tmp/amoeba-replay-{os.getpid()}")
-        conf = ensure_private_cluster()
+        args.workdir.mkdir(parents=True, exist_ok=True)
         workload = draw_workload(args.rigid, args.elastic_jobs, args.seed, args.spread_s)
-        saved = record_runs(args, workload)
+        saved = {"workload": [dataclasses.asdict(job) for job in workload], "load": {}}
+    if any(label not in saved for label in labels):
+        conf = ensure_private_cluster()
+        saved = record_runs(args, labels, saved)
     report = evaluate(saved, args.workdir, conf)
     print(table(report))
     args.json.write_text(json.dumps({"workdir": str(args.workdir), **report}, indent=2) + "\n")

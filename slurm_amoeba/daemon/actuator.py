@@ -178,9 +178,24 @@ SEED_MOST = 5000
 VANISHED = ("Invalid job id", "already finished", "no longer pending", "Job is pending execution")
 
 
-def operator_rights(control: QueueControl, uid: int, user: str, switch: str = "queue_order.enabled") -> tuple[str, str]:
-    """Whether the daemon's user may set job priorities (and hold jobs): root, Slurm's ``SlurmUser``, or AdminLevel
-    Operator/Admin; ``switch`` is the setting the refusal tells the admin to turn off instead.
+#: The AdminLevels that may set job priorities, hold and release jobs (queue ordering).
+OPERATOR_LEVELS = ("Operator", "Administrator")
+#: The AdminLevel that may also set a job's ``AdminComment`` (admission's hold marks): Slurm refuses an Operator
+#: (``Access/permission denied``; measured on the replay cluster, and scontrol(1): "Can only be set by a Slurm
+#: administrator").
+ADMIN_LEVELS = ("Administrator",)
+
+
+def operator_rights(
+    control: QueueControl,
+    uid: int,
+    user: str,
+    switch: str = "queue_order.enabled",
+    levels: Collection[str] = OPERATOR_LEVELS,
+) -> tuple[str, str]:
+    """Whether the daemon's user may set job priorities and hold jobs: root, Slurm's ``SlurmUser``, or one of
+    ``levels`` (AdminLevel Operator/Administrator; :data:`ADMIN_LEVELS` where it must also write ``AdminComment``);
+    ``switch`` is the setting the refusal tells the admin to turn off instead.
 
     Returns:
         (why it may, "") or ("", why not: a sentence for the admin).
@@ -194,16 +209,20 @@ def operator_rights(control: QueueControl, uid: int, user: str, switch: str = "q
         level = control.admin_level(user)
     except SlurmCommandError as exc:
         return "", f"could not read {user}'s AdminLevel from Slurm's accounting ({exc})"
-    if level in ("Operator", "Administrator"):
+    if level in levels:
         return f"AdminLevel {level}", ""
+    wanted = min(levels, key=OPERATOR_LEVELS.index)
+    why = "" if wanted == "Operator" else " (Slurm lets only administrators set the AdminComment of a job)"
     return "", (
         f"amoebad runs as {user} (uid {uid}), which is not root, not SlurmUser ({slurm_user or '?'}), and has "
-        f"AdminLevel {level}; give it operator rights with `sacctmgr modify user {user} set adminlevel=Operator` "
-        f"or set {switch}: false"
+        f"AdminLevel {level}; give it {wanted.lower()} rights with `sacctmgr modify user {user} set "
+        f"adminlevel={wanted}`{why} or set {switch}: false"
     )
 
 
-def checked_rights(control: QueueControl, uid: int, user: str, switch: str) -> tuple[str, str]:
+def checked_rights(
+    control: QueueControl, uid: int, user: str, switch: str, levels: Collection[str] = OPERATOR_LEVELS
+) -> tuple[str, str]:
     """The daemon's operator rights for the feature ``switch`` turns on, and Slurm's ``PriorityType``.
 
     Returns:
@@ -212,7 +231,7 @@ def checked_rights(control: QueueControl, uid: int, user: str, switch: str) -> t
     Raises:
         ConfigError: it may not (the sentence names the fix), or Slurm's configuration cannot be read.
     """
-    why, refusal = operator_rights(control, uid, user, switch)
+    why, refusal = operator_rights(control, uid, user, switch, levels)
     if refusal:
         raise ConfigError(f"{switch} refused: {refusal}")
     try:

@@ -1,8 +1,8 @@
 """Admission at the requested size, live: the daemon holds pending elastic jobs and releases each when its requested
 size is free or lendable (docs/admin.md, section 8c; the pure decisions are :mod:`slurm_amoeba.policy.admission`).
 
-Off by default; with ``admission.enabled`` and Slurm operator rights (the same check as queue ordering), each round,
-on the daemon's Slurm thread:
+Off by default; with ``admission.enabled`` and Slurm administrator rights (root, ``SlurmUser`` or AdminLevel
+Administrator: Slurm refuses an Operator the ``AdminComment``), each round, on the daemon's Slurm thread:
 
 1. :func:`admission_input` reads the round's view: idle GPUs of the admitted partitions, the GPUs satellites hold
    (the daemon lends them and takes them back), running jobs with their latest ends (start plus time limit), and
@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, runtime_checkable
 
-from slurm_amoeba.daemon.actuator import VANISHED, QueueControl, checked_rights
+from slurm_amoeba.daemon.actuator import ADMIN_LEVELS, VANISHED, QueueControl, checked_rights
 from slurm_amoeba.daemon.config import Admission, ConfigError
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, satellite_parent
@@ -383,7 +383,7 @@ def make_admitter(
         return None
     restore = True
     if settings.enabled:
-        why, priority_type = checked_rights(source, uid, user, "admission.enabled")
+        why, priority_type = checked_rights(source, uid, user, "admission.enabled", ADMIN_LEVELS)
         restore = priority_type == "priority/basic"
         logger.info(
             "[daemon/admission] admitting elastic jobs at their requested size in %s (rights: %s; %s; max_hold_s %g)",

@@ -108,8 +108,8 @@ class QueueOrder:
 
 @dataclasses.dataclass(frozen=True)
 class Admission:
-    """Admitting elastic jobs at their requested size (docs/admin.md, section 8c; needs Slurm operator rights, off by
-    default).
+    """Admitting elastic jobs at their requested size (docs/admin.md, section 8c; needs Slurm administrator rights,
+    off by default).
 
     Attributes:
         enabled: whether the daemon holds pending elastic jobs until their requested size is free or lendable.

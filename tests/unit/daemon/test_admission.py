@@ -14,6 +14,7 @@ import pytest
 from slurm_amoeba.cli import amoebad
 from slurm_amoeba.cli.amoebactl import _format_status
 from slurm_amoeba.daemon import rounds
+from slurm_amoeba.daemon.actuator import operator_rights
 from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitter
 from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
 from slurm_amoeba.daemon.metrics import DaemonMetrics
@@ -38,6 +39,7 @@ class MemorySlurm:
         default_factory=lambda: {"SlurmUser": "slurm(64030)", "PriorityType": "priority/basic"}
     )
     lowest: int = 10
+    level: str = "None"  # the daemon's user's AdminLevel
 
     def _get(self, argv: str, job_id: int) -> JobRecord:
         if self.refuse:
@@ -69,7 +71,7 @@ class MemorySlurm:
         return dict(self.config)
 
     def admin_level(self, user: str) -> str:
-        return "None"
+        return self.level
 
     def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
         return {}
@@ -244,6 +246,22 @@ def test_enabling_without_rights_is_refused_and_the_config_is_read() -> None:
     assert shipped.admission == Admission()
 
 
+def test_admission_needs_an_administrator_because_slurm_refuses_an_operator_the_admin_comment() -> None:
+    # Live on the replay cluster an Operator's every hold failed: `scontrol update JobId=N AdminComment=...` ->
+    # "Access/permission denied" (hold, release and Priority= went through), so no job was ever held.
+    slurm = MemorySlurm({}, [], level="Operator")
+    with pytest.raises(ConfigError) as refused:
+        make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=1003, user="amoebad")
+    text = str(refused.value)
+    assert "AdminLevel Operator" in text and "sacctmgr modify user amoebad set adminlevel=Administrator" in text
+    assert "only administrators set the AdminComment" in text and text.endswith("or set admission.enabled: false")
+    slurm.level = "Administrator"
+    made = make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=1003, user="amoebad")
+    assert made is not None
+    slurm.level = "Operator"  # queue ordering only sets priorities: an Operator still may
+    assert operator_rights(slurm, 1003, "amoebad") == ("AdminLevel Operator", "")
+
+
 def test_amoebad_refuses_to_start_with_admission_and_no_rights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -256,4 +274,4 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
     assert amoebad.main(["--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "admission.enabled refused: amoebad runs as amoeba (uid 1003)" in err
-    assert "sacctmgr modify user amoeba set adminlevel=Operator" in err
+    assert "sacctmgr modify user amoeba set adminlevel=Administrator" in err

@@ -505,6 +505,14 @@ class WorkerRuntime:
                 self._sending = sync_state(self.store, plan, self._settings(), state, self._marks)
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
+        if plan.start_step is not None and state.step_index != plan.start_step:
+            log.warning(
+                "%s generation %s starts at step %s but this worker's state is at step %s",
+                self.prefix,
+                plan.generation,
+                plan.start_step,
+                state.step_index,
+            )
         self._idle, self._idle_step = _idle_joiners(plan, state), state.step_index
         if self._idle:
             log.info(

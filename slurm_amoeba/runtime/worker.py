@@ -513,7 +513,9 @@ class WorkerRuntime:
                 plan.start_step,
                 state.step_index,
             )
-        self._idle, self._idle_step = _idle_joiners(plan, state), state.step_index
+        # From the plan alone (the same on every member): which ranks idle, and in which step.
+        self._idle = _idle_joiners(plan, state)
+        self._idle_step = -1 if plan.start_step is None else plan.start_step
         if self._idle:
             log.info(
                 "%s ranks %s take no samples in step %s (joiners)", self.prefix, sorted(self._idle), self._idle_step

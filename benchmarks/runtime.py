@@ -29,8 +29,8 @@ On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.0
   holding ``slurm_amoeba/`` and ``benchmarks/``, e.g. the code before a change) and for this checkout, in
   alternating rounds with the load average beside each round: on a shared machine only an interleaved
   comparison says whether a change helped.
-* ``overhead`` (``--overhead-only``): only the steady-state overhead above, with its quartiles over block pairs and
-  the load average.
+* ``overhead`` (``--overhead-only``): only the steady-state overhead above, with the 95 % bootstrap interval of
+  its median, its quartiles over block pairs and the load average.
 
 Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition.
 """
@@ -43,6 +43,7 @@ import itertools
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -536,6 +537,13 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def median_interval(values: list[float], draws: int = 4000, seed: int = 1) -> tuple[float, float]:
+    """The 95 % bootstrap interval of the median of ``values`` (seeded: the same data gives the same interval)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
 def run_pauses(work: Path, cycles: int, progress: Callable[[str], None]) -> dict[str, Any]:
     """The worker's pause over ``cycles`` repeated scale-outs and scale-ins (:func:`repeated_resizes`)."""
     progress(f"worker pause: {cycles} scale-outs and {cycles} scale-ins of one job")
@@ -622,9 +630,11 @@ def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], No
         times = interleaved_step_times(directory, steps, block=10)
         blocks.append(times)
         ratios.extend(a / d for a, d in zip(times["amoeba"], times["ddp"], strict=True))
+    low, high = median_interval(ratios)
     return {
         "overhead_ratio": _median(ratios) - 1.0,
         "overhead_spread": {k: v - 1.0 if k != "n" else v for k, v in _spread(ratios).items()},
+        "overhead_interval": [low - 1.0, high - 1.0],
         "ddp_step_s": _median([t for b in blocks for t in b["ddp"]]),
         "amoeba_step_s": _median([t for b in blocks for t in b["amoeba"]]),
         "block_ratios": ratios,
@@ -635,9 +645,11 @@ def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], No
 def format_overhead(overhead: Mapping[str, Any]) -> str:
     """The steady-state overhead as two lines."""
     spread = overhead["overhead_spread"]
+    low, high = overhead["overhead_interval"]
     return (
-        f"steady-state overhead vs plain DDP at 2 workers: {overhead['overhead_ratio'] * 100:+.2f} % (quartiles "
-        f"{spread['q1'] * 100:+.1f}..{spread['q3'] * 100:+.1f} %, {len(overhead['block_ratios'])} block pairs)\n"
+        f"steady-state overhead vs plain DDP at 2 workers: {overhead['overhead_ratio'] * 100:+.2f} % (95 % interval "
+        f"of the median {low * 100:+.2f}..{high * 100:+.2f} %; quartiles {spread['q1'] * 100:+.1f}.."
+        f"{spread['q3'] * 100:+.1f} %, {len(overhead['block_ratios'])} block pairs)\n"
         f"  step {overhead['amoeba_step_s'] * 1000:.2f} ms vs DDP {overhead['ddp_step_s'] * 1000:.2f} ms, "
         f"load {overhead['load']:.1f}"
     )

@@ -701,9 +701,11 @@ class WorkerRuntime:
 def _idle_joiners(plan: GenerationPlan, state: TorchState) -> frozenset[int]:
     """The ranks of ``plan``'s joiners when they may spend the generation's first step receiving the state: the
     members then split that step among themselves as before the switch. Not in a job's first generation (no step
-    at an old pace to keep), when the model needs every rank in each forward (``state.joiners_may_idle``: FSDP), or
-    when the members alone cannot take the step (their count breaks ``even`` or ``max_accumulation``)."""
-    if not plan.sync or not plan.joiners or plan.start_step is None or not state.joiners_may_idle:
+    at an old pace to keep), not after a failure (``plan.rollback``: the one chaos run that broke exactly-once with
+    idle joiners was such a generation, cause unknown; docs/runtime.md section 6), when the model needs every rank
+    in each forward (``state.joiners_may_idle``: FSDP), or when the members alone cannot take the step (their count
+    breaks ``even`` or ``max_accumulation``)."""
+    if not plan.sync or not plan.joiners or plan.start_step is None or plan.rollback or not state.joiners_may_idle:
         return frozenset()
     idle = frozenset(plan.rank_of(joiner) for joiner in plan.joiners)
     if len(idle) >= plan.world_size:

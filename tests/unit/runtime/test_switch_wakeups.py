@@ -189,6 +189,8 @@ def test_joiners_idle_in_their_first_step_only_where_the_members_keep_an_old_pac
     assert _idle_joiners(out, state()) == frozenset({1, 3})
     fresh = GenerationPlan(1, members, ("h",) * 4, source="w0", joiners=members[1:], sync=True)
     assert _idle_joiners(fresh, state()) == frozenset(), "a job's first generation has no old pace to keep"
+    after_failure = GenerationPlan(5, members, ("h",) * 4, "w0", ("w5", "w6"), rollback=True, sync=True, start_step=9)
+    assert _idle_joiners(after_failure, state()) == frozenset(), "not in a rollback generation"
     assert _idle_joiners(out, state(even=True)) == frozenset({1, 3})  # 12 over the 2 members
     six = ("w0", "w1", "w2", "w3", "w4", "w9")
     plan = GenerationPlan(5, six, ("h",) * 6, source="w0", joiners=("w9",), sync=True, start_step=9)

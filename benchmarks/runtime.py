@@ -239,6 +239,33 @@ def amoeba_event(out: Path, event: str) -> dict[str, float]:
     return result
 
 
+#: The pause is also counted over the first few steps after a switch: a wait moved from the first new step into
+#: the next (a joiner that steps late) shows there.
+OVER_STEPS = 3
+
+
+def switch_pauses(records: list[list[float]], by_size: dict[int, float], steps: int) -> dict[str, list[float]]:
+    """Per switch, what the worker lost over the first ``steps`` steps of the new generation: the time from its
+    last old step end to its ``steps``-th new step end, minus ``steps`` ordinary steps of the new size.
+
+    Args:
+        records: the worker's step ends, ``[time, step, world size, generation]``, in order.
+        by_size: the median ordinary step per world size (:func:`steps_by_size`).
+        steps: how many new steps to count; a switch followed by fewer steps of its generation is left out.
+    """
+    pauses: dict[str, list[float]] = {"out": [], "in": []}
+    for index in range(1, len(records)):
+        before, first = records[index - 1], records[index]
+        if first[3] == before[3]:
+            continue
+        last = index + steps - 1
+        if last >= len(records) or any(r[3] != first[3] for r in records[index : last + 1]):
+            continue
+        kind = "out" if first[2] > before[2] else "in"
+        pauses[kind].append(records[last][0] - before[0] - steps * by_size[int(first[2])])
+    return pauses
+
+
 def steps_by_size(records: list[list[float]]) -> dict[int, float]:
     """The median ordinary step per world size: gaps between consecutive step ends of one generation (a switch's
     gap spans two generations and is left out)."""
@@ -301,11 +328,8 @@ def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[s
     records = [r for r in _records(out, f"steps-amoeba-{keeper}.jsonl") if r[1] >= 0]
     step_s = _median_step(records, skip=5)
     by_size = steps_by_size(records)
-    pauses: dict[str, list[float]] = {"out": [], "in": []}
-    for before_r, after_r in itertools.pairwise(records):
-        if after_r[3] != before_r[3]:
-            kind = "out" if after_r[2] > before_r[2] else "in"
-            pauses[kind].append(after_r[0] - before_r[0] - by_size[int(after_r[2])])
+    pauses = switch_pauses(records, by_size, 1)
+    over = switch_pauses(records, by_size, OVER_STEPS)
     timeline = json.loads((out / f"timeline-{keeper}.json").read_text())[1:]
     split = {
         kind: {
@@ -320,6 +344,9 @@ def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[s
         "pauses": pauses,
         "scale_out": _spread(pauses["out"]),
         "scale_in": _spread(pauses["in"]),
+        "pauses_over": over,
+        "scale_out_over": _spread(over["out"]),
+        "scale_in_over": _spread(over["in"]),
         "split": split,
         "phases": switch_phases(json.loads((out / f"marks-{keeper}.json").read_text())),
         "joiner": joiner_phases(out, keeper),
@@ -567,6 +594,7 @@ def compare_pauses(
             f"`git archive <commit> slurm_amoeba benchmarks | tar -x -C {baseline}`"
         )
     pauses: dict[str, dict[str, list[float]]] = {"old": {"out": [], "in": []}, "new": {"out": [], "in": []}}
+    over: dict[str, dict[str, list[float]]] = {"old": {"out": [], "in": []}, "new": {"out": [], "in": []}}
     rows: list[dict[str, Any]] = []
     for index in range(rounds):
         order = [("old", baseline), ("new", None)]
@@ -578,6 +606,7 @@ def compare_pauses(
             result = repeated_resizes(directory, cycles, tree)
             for kind in ("out", "in"):
                 pauses[label][kind].extend(result["pauses"][kind])
+                over[label][kind].extend(result["pauses_over"][kind])
             rows.append(
                 {
                     "round": index,
@@ -586,12 +615,23 @@ def compare_pauses(
                     "step_s_by_size": result["step_s_by_size"],
                     "scale_out": result["scale_out"],
                     "scale_in": result["scale_in"],
+                    "scale_out_over": result["scale_out_over"],
+                    "scale_in_over": result["scale_in_over"],
                     "phases": result["phases"],
                     "joiner": result.get("joiner", {}),
                 }
             )
     summary = {label: {kind: _spread(values) for kind, values in by.items()} for label, by in pauses.items()}
-    return {"rounds": rows, "pauses": pauses, "summary": summary, "baseline": str(baseline)}
+    summary_over = {label: {kind: _spread(values) for kind, values in by.items()} for label, by in over.items()}
+    return {
+        "rounds": rows,
+        "pauses": pauses,
+        "summary": summary,
+        "pauses_over": over,
+        "summary_over": summary_over,
+        "over_steps": OVER_STEPS,
+        "baseline": str(baseline),
+    }
 
 
 def _ms(spread: dict[str, float]) -> str:
@@ -615,6 +655,13 @@ def format_comparison(report: dict[str, Any]) -> str:
     for label in ("old", "new"):
         summary = report["summary"][label]
         lines.append(f"  all rounds {label:<3}  scale-out {_ms(summary['out'])}  scale-in {_ms(summary['in'])}")
+    if "summary_over" in report:
+        lines.append(
+            f"the same over the first {report['over_steps']} steps of the new generation (beyond as many steps)"
+        )
+        for label in ("old", "new"):
+            summary = report["summary_over"][label]
+            lines.append(f"  all rounds {label:<3}  scale-out {_ms(summary['out'])}  scale-in {_ms(summary['in'])}")
     return "\n".join(lines)
 
 
@@ -732,6 +779,8 @@ def format_pauses(pauses: dict[str, Any]) -> str:
     lines = [f"worker pause beyond one ordinary step of the new world size (median step: {sizes})"]
     for kind, name in (("out", "scale-out 1 -> 2"), ("in", "scale-in 2 -> 1")):
         lines.append(f"  {name:<17} {_ms(pauses['scale_' + kind])}")
+        if "scale_" + kind + "_over" in pauses:
+            lines.append(f"    {'over ' + str(OVER_STEPS) + ' steps':<15} {_ms(pauses['scale_' + kind + '_over'])}")
         for key in ("group_s", "state_s"):
             lines.append(f"    {key:<15} {_ms(pauses['split'][kind][key])}")
         for name, label in PHASES:

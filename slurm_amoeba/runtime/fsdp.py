@@ -205,6 +205,11 @@ class ShardedState(TorchState):
         self._full = self._gather()
         super().commit()
 
+    def unchanging_storage(self) -> frozenset[int]:
+        """None: the state sent is the last gather's full state dicts, not the (sharded) parameters; it is copied
+        like everything else (see :meth:`TorchState.unchanging_storage`)."""
+        return frozenset()
+
     def as_tree(self) -> dict[str, Any]:
         """The state with the full model and optimizer state dicts of the last gather (not copied)."""
         tree = super().as_tree()

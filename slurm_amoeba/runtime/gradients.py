@@ -11,6 +11,11 @@ all-reduced asynchronously as soon as backward has produced all of its gradients
 the rest of backward. Buckets are always launched in the same fixed order on every rank, whatever order their
 gradients arrive in, so the collectives match across ranks; :meth:`GradientBuckets.finish` launches what is left
 and waits.
+
+In the first step of a generation whose joiners take no samples while they receive the state (runtime/topology.py,
+``idle_ranks``), :meth:`GradientBuckets.reduce_without` sums the members' gradients point to point at one member and
+sends the sum to everyone: the members do not wait in a collective for joiners that are still receiving; the
+joiners pick up the summed gradient when they are ready, and step their optimizer with it like everyone.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from slurm_amoeba.runtime.gns import NormProbe
 
 FIRST_BUCKET_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20
+#: Tags of the gradient buffers' point-to-point messages (:meth:`GradientBuckets.reduce_without`), above the state
+#: transfer's (one per dtype, from 0).
+GRADIENT_TAG = 1 << 12
+
+#: Sends still in flight with the buffers they read (referenced until done).
+Sends = list[tuple[Any, torch.Tensor]]
 
 
 @dataclasses.dataclass
@@ -215,6 +226,79 @@ class GradientBuckets:
             self.probe.after_reduce(self.flats, self._tail)
         return float(self.control.item())
 
+    def reduce_without(
+        self, rank: int, root: int, members: list[int], idle: list[int], control: float
+    ) -> tuple[float, Sends]:
+        """Reduce a step in which the ``idle`` ranks take no part: point to point, no collective.
+
+        The members' gradients (and control words) are summed at ``root`` in rank order; ``root`` sends the sum to
+        the other members, who wait for it, and to the idle ranks, without waiting: they receive it when they come
+        to their own step (a joiner still receiving the state). An idle rank's own gradients are ignored (it has no
+        samples in the step).
+
+        Args:
+            rank: this worker's rank.
+            root: the member that sums (the plan's source).
+            members: every rank that takes samples in the step (``root`` among them).
+            idle: the other ranks.
+            control: this rank's control word.
+
+        Returns:
+            The control word summed over the members, and ``root``'s sends to the idle ranks still in flight (they
+            read a copy of the sum: wait for them before the next collective that needs those ranks).
+
+        Raises:
+            RuntimeError: a send or receive failed (a peer died or the group was torn down).
+        """
+        self._armed = False
+        for bucket in self.buckets:
+            self._capture(bucket.params)
+        self.control.fill_(control)
+        pending: Sends = []
+        try:
+            if rank == root:
+                pending = self._sum_and_send(root, members, idle)
+            elif rank in members:
+                sends = [dist.isend(flat, dst=root, tag=GRADIENT_TAG + i) for i, flat in enumerate(self.flats)]
+                _wait_all(sends)
+                self._receive_sum(root)
+            else:
+                self._receive_sum(root)
+        except RuntimeError:
+            self.abandon()
+            raise
+        return float(self.control.item()), pending
+
+    def _sum_and_send(self, root: int, members: list[int], idle: list[int]) -> Sends:
+        others = sorted(m for m in members if m != root)
+        incoming = [[torch.empty_like(flat) for flat in self.flats] for _ in others]
+        _wait_all(
+            [
+                dist.irecv(buffer, src=peer, tag=GRADIENT_TAG + i)
+                for peer, buffers in zip(others, incoming, strict=True)
+                for i, buffer in enumerate(buffers)
+            ]
+        )
+        with torch.no_grad():
+            for buffers in incoming:
+                for flat, buffer in zip(self.flats, buffers, strict=True):
+                    flat.add_(buffer)
+        sends = [
+            dist.isend(flat, dst=peer, tag=GRADIENT_TAG + i) for peer in others for i, flat in enumerate(self.flats)
+        ]
+        pending: Sends = []
+        if idle:
+            copies = [flat.clone() for flat in self.flats]  # the gradients are zeroed before the idle ranks read them
+            for peer in idle:
+                pending.extend(
+                    (dist.isend(copy, dst=peer, tag=GRADIENT_TAG + i), copy) for i, copy in enumerate(copies)
+                )
+        _wait_all(sends)
+        return pending
+
+    def _receive_sum(self, root: int) -> None:
+        _wait_all([dist.irecv(flat, src=root, tag=GRADIENT_TAG + i) for i, flat in enumerate(self.flats)])
+
     def abandon(self) -> None:
         """Forget every pending reduction after a failure.
 
@@ -231,3 +315,10 @@ class GradientBuckets:
         for flat in self.flats:
             flat.zero_()
         self._armed = False
+
+
+def _wait_all(works: list[Any]) -> None:
+    for work in works:
+        if work is None:  # pragma: no cover - torch returns a work for isend/irecv
+            raise RuntimeError("torch returned no work for a point-to-point operation")
+        work.wait()

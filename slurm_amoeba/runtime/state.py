@@ -421,6 +421,16 @@ class TorchState:
         copied: dict[str, Any] = clone_tree(tree)
         return copied
 
+    def unchanging_storage(self) -> frozenset[int]:
+        """Where the tensors live that change only in the optimizer's step: the data pointers of the parameters and
+        of the optimizer's state. A switch's source sends those as they are, without a copy, and waits for the sends
+        before its next optimizer step (runtime/transfer.py); the model's buffers (batch-norm statistics, which a
+        forward changes) and the rest are copied first."""
+        pointers = {p.data_ptr() for p in self.model.parameters()}
+        for per_param in self.optimizer.state.values():
+            pointers.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
+        return frozenset(pointers)
+
     def save(self, *, background: bool = False) -> None:
         """Commit without the collective check (the runtime calls it where all members are known to agree).
 

@@ -1,16 +1,20 @@
-"""Sending the training state to the joiners of a new generation: a JSON manifest, a check, one message per dtype.
+"""Sending the training state to the joiners of a new generation: a JSON manifest, a check, then the tensors.
 
 Worker side of a switch (DESIGN.md, layer ``runtime/``), right after the process group formed: the plan's source
 publishes its state's manifest (structure, dtypes, shapes, model entries) in the store; every other member checks
 it against its own model *before* anything is sent, the members agree on the verdict with one tiny all-reduce, and
-the source sends the tensors to each joiner, one flat buffer per dtype (point to point: the other members hold the
-same state already and take no part in it). Nothing is pickled. Every wait has the collective deadline and gives up
-at once when the coordinator aborts the generation.
+the source sends the tensors to each joiner, point to point (the other members hold the same state already and take
+no part in it): the large parameter and optimizer-state tensors as they are, everything else (the model's buffers,
+which a forward may change, and small tensors) as one flat copy per dtype. Nothing is pickled. Every wait has the
+collective deadline and gives up at once when the coordinator aborts the generation.
 
 The source does not wait for its sends: it goes on to its first step of the new generation while the joiners
-receive, and waits for them (:class:`PendingSend`) only before its first gradient all-reduce. The joiners take no
-samples in that step (:func:`slurm_amoeba.runtime.topology.idle_ranks`): the members split it as before the switch,
-so a scale-out costs the members the joiners' receive and load *minus* a step's computation, not their sum.
+receive, and waits for them (:class:`PendingSend`) before its optimizer next changes what they read, which is after
+its first gradient reduce. The joiners take no samples in that step (:func:`slurm_amoeba.runtime.topology.idle_ranks`):
+the members split it as before the switch and, on gloo, sum its gradients among themselves, point to point, and send
+the sum to the joiners (:meth:`slurm_amoeba.runtime.gradients.GradientBuckets.reduce_without`), so that no member
+waits for a joiner in that step; the first collective with the joiners in it is the next step's all-reduce. A
+scale-out costs the members the joiners' receive and load *minus* a step's computation, not their sum.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ from slurm_amoeba.runtime.protocol import GenerationPlan, manifest_key
 from slurm_amoeba.runtime.state import TorchState, decode_tree
 
 log = logging.getLogger(__name__)
+
+#: Tensors of at least this size that only the optimizer's step changes are sent as they are, without a copy.
+DIRECT_BYTES = 1 << 16
+#: Tags of those tensors' messages: this plus the tensor's index (the copied messages are tagged 0, 1, ... by dtype).
+DIRECT_TAG = 1 << 16
 
 
 class PendingSend:
@@ -98,7 +107,7 @@ def sync_state(
 
     Returns:
         On the source, its broadcasts in flight: it must :meth:`~PendingSend.wait` before its next collective
-        whose result depends on the receivers (the first gradient all-reduce). ``None`` on the receivers.
+        whose result depends on the receivers (the first all-reduce with the joiners). ``None`` on the receivers.
 
     Raises:
         StateError: this worker's model or optimizer does not fit the source's (this worker must leave).
@@ -110,6 +119,7 @@ def sync_state(
     problem: str | None = None
     if source:
         manifest, tensors = state.encode()
+        manifest["direct"] = _direct(tensors, state.unchanging_storage(), settings.device)
         key = manifest_key(plan.generation, settings.auth.token(plan.generation))
         settings.auth.put(store, key, json.dumps(manifest))
     else:
@@ -120,12 +130,12 @@ def sync_state(
     _agree(plan, settings, problem)
     marks["agreed"] = time.perf_counter()
     if source:
-        pending = PendingSend(_send(plan, settings, manifest["tensors"], tensors))
+        pending = PendingSend(_send(plan, settings, manifest, tensors))
         marks["broadcast"] = time.perf_counter()
         return pending
     if settings.worker_id not in plan.joiners:
         return None  # a member that holds the state already (checked above like the joiners, for the verdict)
-    received = _receive(plan, settings, manifest["tensors"])
+    received = _receive(plan, settings, manifest)
     marks["broadcast"] = time.perf_counter()
     state.load_tree(decode_tree(manifest["skeleton"], received))
     return None
@@ -139,37 +149,73 @@ def _by_dtype(specs: list[Any]) -> list[tuple[str, list[int]]]:
     return sorted(groups.items())
 
 
+def _direct(tensors: list[torch.Tensor], unchanging: frozenset[int], device: torch.device) -> list[int]:
+    """The tensors sent as they are (see :func:`_send`): large, contiguous, on the device, and changed only by the
+    optimizer's step (``TorchState.unchanging_storage``)."""
+    return [
+        index
+        for index, t in enumerate(tensors)
+        if t.data_ptr() in unchanging
+        and t.is_contiguous()
+        and t.device == device
+        and t.numel() * t.element_size() >= DIRECT_BYTES
+    ]
+
+
+def _layout(manifest: dict[str, Any]) -> list[tuple[str, list[int], list[int]]]:
+    """Per dtype, in the order every member sends them: the tensors copied into one message, and those sent alone."""
+    direct = set(manifest.get("direct", []))
+    return [
+        (dtype, [i for i in indices if i not in direct], [i for i in indices if i in direct])
+        for dtype, indices in _by_dtype(manifest["tensors"])
+    ]
+
+
 def _send(
-    plan: GenerationPlan, settings: GroupSettings, specs: list[Any], tensors: list[torch.Tensor]
+    plan: GenerationPlan, settings: GroupSettings, manifest: dict[str, Any], tensors: list[torch.Tensor]
 ) -> list[tuple[dist.Work, torch.Tensor]]:
-    """The source's sends to every joiner, one flat copy per dtype (tagged by its place), started, not waited for."""
+    """The source's sends to every joiner, started, not waited for: per dtype, one flat copy of the small tensors
+    and the model's buffers (tagged by the dtype's place), and each large parameter or optimizer-state tensor as it
+    is (tagged by its index): those change only in the optimizer's step, before which the source waits for them."""
     works: list[tuple[dist.Work, torch.Tensor]] = []
     joiners = [plan.rank_of(j) for j in plan.joiners if j != plan.source]
-    for tag, (_dtype_name, indices) in enumerate(_by_dtype(specs)):
-        flat = torch.cat([tensors[i].reshape(-1).to(settings.device) for i in indices])
-        for rank in joiners:
-            try:
-                work = dist.isend(flat, dst=rank, tag=tag)
-            except RuntimeError as exc:
-                raise _failed(plan, "state send", exc) from None
-            if work is None:  # pragma: no cover - torch returns a work for isend
-                raise _failed(plan, "state send", RuntimeError("torch returned no work for an isend"))
-            works.append((work, flat))
+    for tag, (_dtype_name, copied, direct) in enumerate(_layout(manifest)):
+        messages = [(tensors[i].reshape(-1), DIRECT_TAG + i) for i in direct]
+        if copied:
+            messages.insert(0, (torch.cat([tensors[i].reshape(-1).to(settings.device) for i in copied]), tag))
+        for buffer, message_tag in messages:
+            for rank in joiners:
+                try:
+                    work = dist.isend(buffer, dst=rank, tag=message_tag)
+                except RuntimeError as exc:
+                    raise _failed(plan, "state send", exc) from None
+                if work is None:  # pragma: no cover - torch returns a work for isend
+                    raise _failed(plan, "state send", RuntimeError("torch returned no work for an isend"))
+                works.append((work, buffer))
     return works
 
 
-def _receive(plan: GenerationPlan, settings: GroupSettings, specs: list[Any]) -> list[torch.Tensor]:
+def _receive(plan: GenerationPlan, settings: GroupSettings, manifest: dict[str, Any]) -> list[torch.Tensor]:
     """A joiner's side of :func:`_send`: the tensors in manifest order, views of one buffer per dtype."""
+    specs: list[Any] = manifest["tensors"]
     received: list[torch.Tensor | None] = [None] * len(specs)
-    device = settings.device
-    for tag, (dtype_name, indices) in enumerate(_by_dtype(specs)):
-        sizes = [_numel(specs[i][1]) for i in indices]
+    device, source = settings.device, plan.rank_of(plan.source)
+    for tag, (dtype_name, copied, direct) in enumerate(_layout(manifest)):
+        order = copied + direct
+        sizes = [_numel(specs[i][1]) for i in order]
         flat = torch.empty(sum(sizes), dtype=_dtype(dtype_name), device=device)
+        parts = torch.split(flat, sizes)
+        messages = [(parts[len(copied) + k], DIRECT_TAG + i) for k, i in enumerate(direct)]
+        if copied:
+            messages.insert(0, (flat[: sum(sizes[: len(copied)])], tag))
         try:
-            dist.recv(flat, src=plan.rank_of(plan.source), tag=tag)
+            works = [dist.irecv(buffer, src=source, tag=message_tag) for buffer, message_tag in messages]
+            for work in works:
+                if work is not None:
+                    work.wait()
         except RuntimeError as exc:
             raise _failed(plan, "state receive", exc) from None
-        for index, part in zip(indices, torch.split(flat, sizes), strict=True):
+        for index, part in zip(order, parts, strict=True):
             target = device if specs[index][2] == "cuda" else torch.device("cpu")
             received[index] = part.reshape(specs[index][1]).to(target)  # views of one buffer, no copy
     return [t for t in received if t is not None]

@@ -57,6 +57,7 @@ from slurm_amoeba.runtime.errors import (
     WorkerFailure,
 )
 from slurm_amoeba.runtime.failures import error_fields
+from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.group import (
     FormationFailed,
     GroupSettings,
@@ -193,6 +194,7 @@ class WorkerRuntime:
         self._sending: PendingSend | None = None  # the source's state sends at a switch, until its first reduce
         self._idle: frozenset[int] = frozenset()  # the joiners' ranks, without samples in step _idle_step
         self._idle_step = -1
+        self._state: TorchState | None = None  # the state of the current generation (its step picks the reduce)
         # Where each switch's time went, as perf_counter marks (see switch_marks).
         self._marks: dict[str, float] = {}
         self.switch_marks: list[dict[str, float]] = []
@@ -337,7 +339,7 @@ class WorkerRuntime:
     def before_last_micro_batch(self) -> None:
         """Called by the loader before a step's last micro-batch: reduce gradient buckets as backward fills them."""
         self._mark("batch")
-        if self._grad is not None and self.generation:
+        if self._grad is not None and self.generation and self._idle_reducer() is None:
             self._grad.arm(self._control_word())
 
     def _mark(self, name: str) -> None:
@@ -368,12 +370,55 @@ class WorkerRuntime:
         grad = self._grad
         if grad is None or self.generation == 0:
             raise RuntimeConfigError(f"{self.prefix} state.step() was called outside slurm_amoeba.runtime.run()")
+        buckets = self._idle_reducer()
+        if buckets is not None:
+            self._reduce_without_idle(buckets)
+            return
         self._finish_send()
         self._mark("sent")
         try:
             self._agreed_now = grad.finish(self._control_word()) > 0
         except RuntimeError as exc:
             raise self._failure("gradient all-reduce", exc) from None
+        self._mark("reduced")
+
+    def _idle_reducer(self) -> GradientBuckets | None:
+        """The flat buckets, when this step's reduce leaves the idle joiners out (``reduce_without``), else None.
+
+        In the first step of a generation whose joiners take no samples, the members sum their gradients point to
+        point and send the sum to the joiners, without waiting for them in a collective (the same decision on every
+        member: the step, the idle set, the backend and the reducer's kind are the same everywhere). Not with the
+        adaptive batch's norm probe, whose slots need every rank's part; and on gloo only: with NCCL the state
+        arrives over the GPUs' links in well under a step, and each new pair of ranks in point-to-point messages
+        would cost NCCL a communicator of its own in every generation.
+        """
+        grad, state = self._grad, self._state
+        if not self._idle or self.backend != "gloo" or state is None or state.step_index != self._idle_step:
+            return None
+        if not isinstance(grad, GradientBuckets) or grad.probe is not None:
+            return None
+        return grad
+
+    def _reduce_without_idle(self, buckets: GradientBuckets) -> None:
+        plan, current = self.plan, self.current
+        if plan is None or current is None:  # pragma: no cover - only called inside a generation
+            raise RuntimeConfigError(f"{self.prefix} a gradient reduce outside a generation")
+        idle = sorted(self._idle)
+        members = [rank for rank in range(plan.world_size) if rank not in self._idle]
+        self._mark("sent")
+        try:
+            word, sends = buckets.reduce_without(
+                current.rank, plan.rank_of(plan.source), members, idle, self._control_word()
+            )
+        except RuntimeError as exc:
+            raise self._failure("gradient reduce", exc) from None
+        self._agreed_now = word > 0
+        # The state's sends read the parameters and the optimizer's state as they are: done before the optimizer
+        # steps (the joiners have received it by now, as a rule). The summed gradient went to them as a copy: it is
+        # waited for before the next collective, which they are in.
+        self._finish_send()
+        if sends:
+            self._sending = PendingSend(sends)
         self._mark("reduced")
 
     def end_step(self, state: TorchState) -> None:
@@ -492,6 +537,7 @@ class WorkerRuntime:
         self.plan = plan
         self.generation = plan.generation
         self.current = None
+        self._state = state
         self._switch_agreed = False
         state.sampler.planner.check_world_size(plan.world_size)
         started = time.perf_counter()
@@ -558,6 +604,7 @@ class WorkerRuntime:
             self._timeline.append(self._enter(plan, state))
             value = train(state)
         except MembershipChanged:
+            self._complete_sends()  # a joiner still receiving the summed gradient of its first step needs it
             self._report(state, failed=False)
         except StateRefused as exc:
             log.info("%s %s", self.prefix, exc)
@@ -568,13 +615,17 @@ class WorkerRuntime:
         except WorkerFailure:
             self._report(state, failed=True)
         else:
-            try:  # train() may return before any step of a generation that a joiner is still receiving
-                self._finish_send()
-            except WorkerFailure as exc:
-                log.warning("%s %s", self.prefix, exc)
+            self._complete_sends()  # train() may return before any step of a generation a joiner still receives
             self._push(EventKind.DONE)
             return self._result(RunStatus.FINISHED, value)
         return None
+
+    def _complete_sends(self) -> None:
+        """Wait for sends still in flight at the end of a generation that ends well (a failed one is reported)."""
+        try:
+            self._finish_send()
+        except WorkerFailure as exc:
+            log.warning("%s %s", self.prefix, exc)
 
     def _result(self, status: RunStatus, value: T | None = None) -> RunResult[T]:
         finished = status is RunStatus.FINISHED and self.current is not None

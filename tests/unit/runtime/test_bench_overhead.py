@@ -1,10 +1,12 @@
-"""The steady-state overhead's interval in ``scripts/bench-runtime --overhead-only`` (benchmarks/runtime.py)."""
+"""bench-runtime (benchmarks/runtime.py): the steady-state overhead's interval, the switch pause's arithmetic."""
 
 from __future__ import annotations
 
 import random
 
-from benchmarks.runtime import format_overhead, median_interval
+import pytest
+
+from benchmarks.runtime import format_overhead, median_interval, steps_by_size, switch_pauses
 
 
 def test_the_median_interval_holds_the_median_narrows_with_more_pairs_and_repeats() -> None:
@@ -29,3 +31,18 @@ def test_the_overhead_line_says_the_interval() -> None:
         "load": 2.5,
     }
     assert "95 % interval of the median -3.50..+0.70 %" in format_overhead(overhead)
+
+
+def test_a_switch_pause_counts_the_first_steps_of_the_new_generation() -> None:
+    # [time, step, world size, generation]: 1 worker steps 10 ms, 2 workers 20 ms; a scale-out whose first new step
+    # ends 25 ms after the last old one and whose second new step is 12 ms late; then a scale-in.
+    records = [[0.01 * i, i, 1, 1] for i in range(6)]
+    records += [[0.075, 6, 2, 2], [0.107, 7, 2, 2], [0.127, 8, 2, 2], [0.147, 9, 2, 2], [0.167, 10, 2, 2]]
+    records += [[0.180, 11, 1, 3], [0.190, 12, 1, 3]]
+    by_size = steps_by_size(records)
+    assert by_size == {1: pytest.approx(0.01), 2: pytest.approx(0.02)}
+    first = switch_pauses(records, by_size, 1)
+    over = switch_pauses(records, by_size, 3)
+    assert first["out"] == [pytest.approx(0.005)] and over["out"] == [pytest.approx(0.017)]
+    assert first["in"] == [pytest.approx(0.003)]
+    assert over["in"] == [], "a switch followed by fewer steps of its generation is left out"

@@ -167,6 +167,7 @@ class ShardedState(TorchState):
     """
 
     joiners_may_idle = False  # every rank of the mesh takes part in each forward's all-gathers
+    received_is_commit = False  # the received full state is kept for the next build (load_tree), not committed
 
     def __init__(
         self,
@@ -216,6 +217,10 @@ class ShardedState(TorchState):
         tree["model"] = self._full["model"]
         tree["optimizer"] = self._full["optimizer"]
         return tree
+
+    def load_received(self, tree: Mapping[str, Any]) -> None:
+        """Like :meth:`load_tree` (the runtime commits afterwards: :attr:`received_is_commit` is off)."""
+        self.load_tree(tree)
 
     def load_tree(self, tree: Mapping[str, Any]) -> None:
         """Keep the full state for the next build; put the rest (sampler, RNG, extras, schedulers) in place.

@@ -256,6 +256,8 @@ class TorchState:
     #: Joiners may spend their first step receiving the state, without samples (the members split that step as
     #: before the switch); a model that needs every rank in each forward (FSDP) turns it off.
     joiners_may_idle: ClassVar[bool] = True
+    #: :meth:`load_received` makes the received state the commit (the runtime then makes no commit of its own).
+    received_is_commit: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -609,6 +611,20 @@ class TorchState:
             torch.cuda.set_rng_state(tree["rng"]["cuda"].cpu())
         self.extras.replace_all(tree["extras"])
         self._load_parts(tree)
+
+    def load_received(self, tree: Mapping[str, Any]) -> None:
+        """Put a state received from a switch's source in place; with :attr:`received_is_commit`, it is also the
+        commit.
+
+        The received tensors belong to this worker alone, so they become the commit as they are, and the live
+        state takes the copies (the model's load copies into the parameters; the rest is cloned): less copying than
+        a commit made afterwards, and nothing left for the first optimizer step to wait for (:meth:`settle`).
+
+        Raises:
+            StateError: the tree does not fit the model or optimizer.
+        """
+        self.load_tree({key: value if key == "model" else clone_tree(value) for key, value in tree.items()})
+        self._committed = dict(tree)
 
     def _load_parts(self, tree: Mapping[str, Any]) -> None:
         for scheduler, scheduler_state in zip(self.schedulers, tree["schedulers"], strict=True):

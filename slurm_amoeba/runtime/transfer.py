@@ -137,7 +137,7 @@ def sync_state(
         return None  # a member that holds the state already (checked above like the joiners, for the verdict)
     received = _receive(plan, settings, manifest)
     marks["broadcast"] = time.perf_counter()
-    state.load_tree(decode_tree(manifest["skeleton"], received))
+    state.load_received(decode_tree(manifest["skeleton"], received))
     return None
 
 

@@ -568,7 +568,8 @@ class WorkerRuntime:
             )
         self._marks.update(generation=float(plan.generation), world_size=float(plan.world_size))
         self._marks["synced"] = time.perf_counter()
-        state.save(background=True)
+        if not (plan.sync and self.worker_id in plan.joiners and state.received_is_commit):
+            state.save(background=True)  # a joiner's received state is its commit already
         self._marks["saved"] = time.perf_counter()
         self._grad = state.gradient_reducer(self._grad)
         self._last_step_end = 0.0

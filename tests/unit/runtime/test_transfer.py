@@ -1,6 +1,6 @@
 """The state transfer of a switch (runtime/transfer.py) between two processes: large parameter and optimizer-state
-tensors go as they are, the model's buffers as a copy taken when the sends start, and the joiner ends with exactly
-the source's state.
+tensors go as they are, the model's buffers as a copy taken when the sends start, the joiner ends with exactly the
+source's state, and what it received is its commit.
 """
 
 from __future__ import annotations
@@ -60,6 +60,13 @@ def _member(port: int, secret: str, worker: str, out: str) -> None:
         momenta = [state.optimizer.state[p]["momentum_buffer"] for p in state.model.parameters()]
         torch.save(momenta, Path(out) / "got-momenta.pt")
         (Path(out) / "got-step").write_text(str(state.step_index))
+        # The received state is the joiner's commit, apart from its live state: a step, then a restore, gives it back.
+        state.model(torch.randn(16, 64)).square().sum().backward()
+        state.optimizer.step()
+        state.restore()
+        torch.save(dict(state.model.state_dict()), Path(out) / "restored-model.pt")
+        momenta = [state.optimizer.state[p]["momentum_buffer"] for p in state.model.parameters()]
+        torch.save(momenta, Path(out) / "restored-momenta.pt")
     teardown_group()
 
 
@@ -88,10 +95,12 @@ def test_the_joiner_gets_the_sources_state_with_large_tensors_sent_as_they_are(t
         if proc.is_alive():
             proc.kill()
         assert proc.exitcode == 0
-    sent, got = torch.load(tmp_path / "sent-model.pt"), torch.load(tmp_path / "got-model.pt")
-    assert sent.keys() == got.keys()
-    for name in sent:
-        assert torch.equal(sent[name], got[name]), name
-    for a, b in zip(torch.load(tmp_path / "sent-momenta.pt"), torch.load(tmp_path / "got-momenta.pt"), strict=True):
-        assert torch.equal(a, b)
+    sent = torch.load(tmp_path / "sent-model.pt")
+    for got in ("got", "restored"):
+        model = torch.load(tmp_path / f"{got}-model.pt")
+        assert sent.keys() == model.keys()
+        for name in sent:
+            assert torch.equal(sent[name], model[name]), (got, name)
+        pairs = zip(torch.load(tmp_path / "sent-momenta.pt"), torch.load(tmp_path / f"{got}-momenta.pt"), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs), got
     assert (tmp_path / "got-step").read_text() == "1"

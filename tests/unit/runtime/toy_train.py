@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-local-batch", type=int, default=4)
     parser.add_argument("--commit-every", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--loader-workers", type=int, default=0)
     parser.add_argument("--hold", action="store_true", help="obey test/release holds")
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = runtime.worker_id
     device = runtime.device
     model = build_model(args.hidden).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     dataset = build_dataset(args.dataset_size)
     sampler = amoeba.ElasticSampler(len(dataset), args.global_batch, seed=7, max_local_batch=args.max_local_batch)
     loader_kwargs: dict[str, Any] = {}

@@ -328,9 +328,9 @@ def realize(
             new = dict(fixed[job_id])
         else:
             new = shrink_placement(job.placement, job.workers - target)
-        if job.shared_with is None:
-            for name, count in job.placement.items():
-                free.change(name, (count - new.get(name, 0)) * job.gpus_per_worker)
+        if job.shared_with is None:  # a fixed shrink may also move workers to nodes the job was not on
+            for name in {**job.placement, **new}:
+                free.change(name, (job.placement.get(name, 0) - new.get(name, 0)) * job.gpus_per_worker)
         decisions.append(Decision(job_id, target, new, reason.get(job_id, "")))
     pinned = _place_fixed(free, by_id, releases, fixed or {}, reason, decisions)
     for job in order:

@@ -50,12 +50,12 @@ def elastic_layer(
                 for name, count in job.placement.items():
                     nodes[name] = nodes.get(name, 0) + count * job.gpus_per_worker
         for job in started:
-            keep: Callable[[JobInfo], int] = policy.slurm_floor
-            if policy.gated(job):
-                keep = admission_keeps(policy.min_gain) if policy.protect_requests else policy.daemon_floor
+            keep = _start_keeps(policy, job, targets[job.job_id], nodes, lenders, sizes)
             moves = None
             if policy.whole_node_starts and policy.admit_at_request and not policy.gated(job):
-                moves = _Moves(policy.daemon_floor, _node_gpus(snapshot))
+                movers = [o for o in running if o.job_id in sizes and o.is_resizable]
+                floor = (lambda _: 0) if policy.whole_node_moves_minimum else policy.daemon_floor
+                moves = _Moves(floor, _node_gpus(snapshot), movers if policy.whole_node_moves_minimum else None)
             fit = (job.min_workers, _node_gpus(snapshot)) if policy.gated(job) and policy.compact_admissions else None
             placed = _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep, moves, fit)
             if placed is not None and placed != targets[job.job_id]:
@@ -97,6 +97,27 @@ def elastic_layer(
     return fixed
 
 
+def _start_keeps(
+    policy: SlurmBaselinePolicy,
+    job: JobInfo,
+    workers: int,
+    nodes: dict[str, int],
+    lenders: Sequence[JobInfo],
+    sizes: dict[str, int],
+) -> Callable[[JobInfo], int]:
+    """The fewest workers each lender keeps when ``job`` starts at ``workers``: its Slurm floor for a job Slurm
+    starts; for an admission its minimum (:func:`admission_keeps` with ``protect_requests``; :func:`spares` with
+    ``spare_longer_jobs`` when the free GPUs and the extras above it hold the job, else its minimum)."""
+    if not policy.gated(job):
+        return policy.slurm_floor
+    if policy.spare_longer_jobs:
+        spared = spares(policy.min_gain, policy.time_left, policy.time_left(job))
+        room = sum(nodes.values()) + sum(max(sizes[o.job_id] - spared(o), 0) * o.gpus_per_worker for o in lenders)
+        if room >= workers * job.gpus_per_worker:
+            return spared
+    return admission_keeps(policy.min_gain) if policy.protect_requests else policy.daemon_floor
+
+
 def request_credit(job: JobInfo) -> float:
     """GPU-seconds a running job has held above what its requested size would have given it over its run so far
     (negative: it is behind its request; 0 for a job that always ran at its request)."""
@@ -123,6 +144,21 @@ def admission_keeps(min_gain: float) -> Callable[[JobInfo], int]:
         if request < job.max_workers and marginal_efficiency(job, request) >= min_gain:
             return job.min_workers
         return max(min(job.workers, request), job.min_workers)
+
+    return keep
+
+
+def spares(min_gain: float, time_left: Callable[[JobInfo], float], limit: float) -> Callable[[JobInfo], int]:
+    """The fewest workers a running job keeps when an elastic job with time limit ``limit`` is admitted at its
+    request (``spare_longer_jobs``): :func:`admission_keeps` for a job with more time left than ``limit`` (the
+    arrival, ending first, loses less by starting smaller than such a job, perhaps the workload's tail, by running
+    below its request), else its minimum (a rigid job: what it holds)."""
+    protected = admission_keeps(min_gain)
+
+    def keep(job: JobInfo) -> int:
+        if job.is_resizable and time_left(job) > limit:
+            return protected(job)
+        return job.min_workers if job.is_resizable else job.workers
 
     return keep
 
@@ -214,7 +250,9 @@ def _make_room(
         # Best fit: a node with room free first, then one whose room is lent GPUs above requests, the smallest.
         chosen = [min(whole, key=lambda n: (nodes[n] < workers * per, loans[n] < workers, offers[n], n))]
     else:
-        if moves is not None and _move_for_whole_node(job, workers, nodes, on, sizes, fixed, reasons, keep, moves):
+        if moves is not None and _move_for_whole_node(
+            job, workers, nodes, moves.on(on, fixed), sizes, fixed, reasons, keep, moves
+        ):
             return workers
         best = max(offers, key=lambda n: (offers[n], nodes[n], n))
         if fit is not None and workers * per <= fit[1] and fit[0] <= offers[best]:
@@ -273,11 +311,24 @@ def _give_back_on(
 
 @dataclasses.dataclass(frozen=True)
 class _Moves:
-    """What :func:`_move_for_whole_node` may do: move a lender's workers above ``floor(lender)`` (its satellites) to
-    other nodes; a job fits on one node when it needs at most ``node_gpus``."""
+    """What :func:`_move_for_whole_node` may do: move a lender's workers above ``floor(lender)`` (its satellites; with
+    ``movers``, those jobs' workers whatever their size) to other nodes; a job fits on one node when it needs at most
+    ``node_gpus``."""
 
     floor: Callable[[JobInfo], int]
     node_gpus: int
+    movers: Sequence[JobInfo] | None = None
+
+    def on(self, lenders: dict[str, list[JobInfo]], fixed: dict[str, dict[str, int]]) -> dict[str, list[JobInfo]]:
+        """Node -> the jobs whose workers may move off it: ``lenders``, or every job in ``movers`` when given
+        (``whole_node_moves_minimum``)."""
+        if self.movers is None:
+            return lenders
+        movers: dict[str, list[JobInfo]] = {}
+        for mover in self.movers:
+            for name in fixed.get(mover.job_id, mover.placement):
+                movers.setdefault(name, []).append(mover)
+        return movers
 
 
 def _node_gpus(snapshot: Snapshot) -> int:

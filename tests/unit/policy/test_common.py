@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError
-from slurm_amoeba.policy.common import FreeGpus, place_most_free, shrink_placement
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError, check_decisions
+from slurm_amoeba.policy.common import FreeGpus, place_most_free, realize, shrink_placement
 
-from .helpers import job
+from .helpers import job, snapshot
 
 
 def test_place_most_free_fills_the_freest_node_first_and_breaks_ties_by_order() -> None:
@@ -70,3 +70,13 @@ def test_free_gpus_grows_on_own_nodes_first_and_takes_nothing_when_it_cannot() -
     assert index.free == {"a": 3, "b": 0, "c": 1}
     assert index.grow({"c": 1}, 9) is None
     assert index.free == {"a": 3, "b": 0, "c": 1}
+
+
+def test_realize_counts_the_nodes_a_fixed_shrink_moves_workers_to() -> None:
+    # e shrinks from 4 workers on n0 to 2 moved to n1 (whole_node_starts): n1's 2 free GPUs are then taken.
+    elastic = job("e", 4, low=1, high=4, placement={"n0": 4})
+    cluster = snapshot([4, 4], [elastic, job("x", 2, placement={"n1": 2}), job("p", 6)])
+    decisions = realize(cluster, {"e": 2, "p": 6}, cluster.jobs, {}, {"e": {"n1": 2}})
+    check_decisions(cluster, decisions)
+    # Only n0's 4 GPUs are free after the move: p (6 workers) does not start.
+    assert [(d.job_id, d.workers, dict(d.placement)) for d in decisions] == [("e", 2, {"n1": 2})]

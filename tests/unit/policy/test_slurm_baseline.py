@@ -391,3 +391,45 @@ def test_compact_admissions_start_an_elastic_job_smaller_on_one_node_instead_of_
     tight = snapshot([4, 4, 4, 4], [*held, cluster.jobs[2]])
     assert dataclasses.replace(admit, compact_admissions=True).decide(tight, now=10.0) == admit.decide(tight, 10.0)
     assert sizes(admit.decide(tight, now=10.0)) == {"p": 4}
+
+
+def test_whole_node_moves_minimum_moves_an_elastic_job_at_its_minimum_so_a_rigid_job_starts_on_one_node() -> None:
+    linear = {size: float(size) for size in range(1, 5)}
+    # Two nodes of 4 GPUs, 2 free on each: e runs at its minimum (2 on n0, range 2..4), x holds 2 GPUs of n1.
+    elastic = job("e", 2, low=2, high=4, placement={"n0": 2}, throughput=linear, time_limit=10_000.0)
+    cluster = snapshot(
+        [4, 4], [elastic, job("x", 2, placement={"n1": 2}, time_limit=10_000.0), job("r", 4, submit=5.0)]
+    )
+    # Without the rule whole_node_starts moves only workers above a job's minimum: none here, so r is spread 2 + 2.
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_moves_minimum=False)
+    assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
+    # With the rule (the default) e moves whole to n1 (same size, one move) and r gets n0.
+    moves = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    decisions = {d.job_id: d for d in moves.decide(cluster, now=10.0)}
+    assert decisions["r"].placement == {"n0": 4}
+    assert (decisions["e"].workers, dict(decisions["e"].placement)) == (2, {"n1": 2})
+    check_decisions(cluster, list(decisions.values()))
+    # A rigid job is never moved: with x on n0 instead of e, r is spread as before.
+    rigid_only = snapshot([4, 4], [job("y", 2, placement={"n0": 2}), job("x", 2, placement={"n1": 2}), job("r", 4)])
+    assert moves.decide(rigid_only, now=10.0) == admit.decide(rigid_only, now=10.0)
+
+
+def test_spare_longer_jobs_starts_a_shorter_arrival_smaller_instead_of_taking_a_flat_job_below_its_request() -> None:
+    # "flat" gains nothing above 4 workers and never grew; 2 GPUs are free; p asks for 4 and may run on 2.
+    flat = job("flat", 4, low=2, high=8, placement={"n0": 4}, throughput={2: 2.0, 3: 3.0, 4: 4.0, 5: 4.0, 6: 4.0})
+    flat = dataclasses.replace(flat, attained_service=4 * 3600.0, executed_time=3600.0, time_limit=100_000.0)
+    arrival = job("p", 4, low=2, high=8, submit=5.0, time_limit=1000.0)
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    spare = dataclasses.replace(admit, spare_longer_jobs=True)
+    cluster = snapshot([6], [flat, arrival])
+    # Without the rule p starts at its request and flat goes down to 2; with it p starts at 2 beside flat.
+    assert sizes(admit.decide(cluster, now=10.0)) == {"flat": 2, "p": 4}
+    decisions = spare.decide(cluster, now=10.0)
+    assert sizes(decisions) == {"p": 2}
+    check_decisions(cluster, list(decisions))
+    # An arrival with more time than flat has left is admitted as without the rule.
+    long = dataclasses.replace(arrival, time_limit=200_000.0)
+    assert spare.decide(snapshot([6], [flat, long]), now=10.0) == admit.decide(snapshot([6], [flat, long]), 10.0)
+    # So is one whose minimum does not fit beside flat (it would otherwise wait for hours).
+    wide = dataclasses.replace(arrival, min_workers=3)
+    assert sizes(spare.decide(snapshot([6], [flat, wide]), now=10.0)) == {"flat": 2, "p": 4}

@@ -57,6 +57,7 @@ class Directive:
         ordered_at: when the daemon decided it (its clock).
         token: anything the caller wants back with the outcome (a deferred ``amoebactl`` request).
         batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
+        vacate: a node whose satellites the job moves elsewhere, the size kept (:mod:`.moves`), or "".
     """
 
     job_id: str
@@ -67,6 +68,7 @@ class Directive:
     ordered_at: float
     token: Any = None
     batch: int | None = None
+    vacate: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,8 @@ class Actuator:
         order: dict[str, Any] = {"job_id": directive.job_id, "target": directive.target, "reason": directive.reason}
         if directive.batch is not None:
             order["batch"] = directive.batch
+        if directive.vacate:
+            order["vacate"] = directive.vacate
         message = Message("resize", order)
         try:
             reply = request(

@@ -148,7 +148,8 @@ class DaemonConfig:
         orphan_grace_s: a satellite whose parent is gone is reported after this long.
         whole_node_starts: a pending job that fits on one node but finds no node with enough free GPUs, while
             satellites hold the rest of one, makes those satellites move to free GPUs on other nodes (the
-            elastic jobs keep their size; :mod:`slurm_amoeba.daemon.moves`).
+            elastic jobs keep their size; :mod:`slurm_amoeba.daemon.moves`). Off by default: measured live, Slurm's
+            own preemption of those satellites and the daemon's regrow did as well (docs/admin.md, section 8d).
         queue_order: ordering Slurm's queue by attained service.
         admission: admitting elastic jobs at their requested size.
         slurm_timeout_s: deadline of one Slurm command.
@@ -174,7 +175,7 @@ class DaemonConfig:
     resize_timeout_s: float = 120.0
     make_room_after_s: float = 5.0
     orphan_grace_s: float = 30.0
-    whole_node_starts: bool = True
+    whole_node_starts: bool = False
     queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
     admission: Admission = dataclasses.field(default_factory=Admission)
     slurm_timeout_s: float = 30.0

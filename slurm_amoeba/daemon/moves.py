@@ -2,13 +2,15 @@
 ``whole_node_starts``, :mod:`slurm_amoeba.policy.elastic_room`).
 
 A job that fits on one node (``--gres=gpu:N``: Slurm places it on one node) may find no node with N free GPUs while
-satellites hold the rest of one. Slurm then starts it only by preempting those satellites after the elastic
-partition's GraceTime (measured on the replay cluster: 13.6 s with GraceTime 10 s), and the elastic job loses
-their workers. :func:`whole_node_moves` picks, each round, the node where the fewest satellite GPUs must go and
-whose satellites' workers fit in free GPUs on other nodes; the daemon orders each of those jobs a move
-(``vacate``: its satellites on the node leave at a step boundary, and the job grows the same workers back in
-satellites that exclude the node, :mod:`slurm_amoeba.agent.plan`). The elastic jobs keep their size; the pending
-job starts when Slurm sees the node free.
+satellites hold the rest of one. Slurm then starts it by preempting those satellites (a job that ignores the
+SIGTERM keeps its GPUs until the elastic partition's GraceTime; an agent's satellite leaves within seconds), and
+the elastic job loses their workers until the daemon grows it again. With ``whole_node_starts`` (off by default:
+measured, no gain over that on the test cluster, docs/admin.md section 8d), :func:`whole_node_moves` picks, each
+round, the node where the fewest satellite GPUs must go and whose satellites' workers fit in free GPUs on other
+nodes; the daemon orders each of those jobs a move (``vacate``: its satellites on the node leave at a step
+boundary, and the job grows the same workers back in satellites that exclude the node,
+:mod:`slurm_amoeba.agent.plan`). The elastic jobs keep their target; the pending job starts when Slurm sees the
+node free.
 
 What it does not do: move for a job while the free GPUs of the whole cluster are fewer than it needs (the policy
 gives elastic extras back for it then, and Slurm preempts), move a job the policy resizes this round, or split a

@@ -501,7 +501,7 @@ def moving_cluster() -> FakeSlurm:
 def test_a_rigid_job_that_finds_no_whole_node_makes_a_satellite_move_and_the_job_keeps_its_size(
     tmp_path: Path, agent: FakeAgent
 ) -> None:
-    d = make_daemon(tmp_path, moving_cluster())
+    d = make_daemon(tmp_path, moving_cluster(), whole_node_starts=True)
     try:
         assert ask(d, "register", register_body("100", agent.endpoint)).body["ok"]
         assert ask(d, "report", report_body("100", 4, satellites=["200"])).body["ok"]
@@ -515,12 +515,12 @@ def test_a_rigid_job_that_finds_no_whole_node_makes_a_satellite_move_and_the_job
         assert len(agent.directives) == 1, "not ordered again while the node is being vacated"
     finally:
         d.close()
-    off = make_daemon(tmp_path / "off", moving_cluster(), whole_node_starts=False)
+    off = make_daemon(tmp_path / "off", moving_cluster())  # the default: off
     try:
         assert ask(off, "register", register_body("100", agent.endpoint)).body["ok"]
         assert ask(off, "report", report_body("100", 4, satellites=["200"])).body["ok"]
         off.run_round()
         time.sleep(0.3)
-        assert len(agent.directives) == 1, "whole_node_starts: false orders no move"
+        assert len(agent.directives) == 1, "whole_node_starts off (the default) orders no move"
     finally:
         off.close()

@@ -38,7 +38,6 @@ import itertools
 import json
 import math
 import os
-import pwd
 import random
 import re
 import shutil
@@ -53,6 +52,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.system_users import system_user
 from slurm_amoeba.policy import make_policy
 from slurm_amoeba.sim.engine import SimConfig, Simulator, WorkModel
 from slurm_amoeba.sim.metrics import SimResult, percentile
@@ -175,7 +175,7 @@ class Live:
             self.env.pop(name, None)
         if mode.daemon:
             self.env["AMOEBA_DAEMON_ENDPOINT"] = DAEMON_ENDPOINT
-            self.env["AMOEBA_DAEMON_UID"] = str(daemon_uid())  # the agents trust the daemon's own user only
+            self.env["AMOEBA_DAEMON_UID"] = str(system_user(DAEMON_USER))  # the agents trust the daemon's own user only
         if mode.admission:
             self.env["AMOEBA_ADMISSION_DELAY_S"] = str(ADMISSION_DELAY_S)
         self.conf = conf
@@ -197,7 +197,7 @@ class Live:
 
     def _start_daemon(self) -> subprocess.Popen[bytes]:
         """amoebad as :data:`DAEMON_USER` (its state in a directory of its own), with admission when the mode says."""
-        uid = daemon_uid()
+        uid = system_user(DAEMON_USER)
         state = self.workdir / "amoebad-state"
         state.mkdir(exist_ok=True)
         os.chown(state, uid, -1)
@@ -278,24 +278,6 @@ class Live:
             live.steps_at.sort()
             result[name] = live
         return result
-
-
-def daemon_uid() -> int:
-    """The uid of :data:`DAEMON_USER`, created as a system user without a home or a login shell when missing."""
-    try:
-        return pwd.getpwnam(DAEMON_USER).pw_uid
-    except KeyError:
-        pass
-    made = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", DAEMON_USER],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if made.returncode not in (0, 9):  # 9: it exists already
-        raise RuntimeError(f"cannot create the daemon's user {DAEMON_USER}: {made.stderr.strip()}")
-    return pwd.getpwnam(DAEMON_USER).pw_uid
 
 
 def daemon_python() -> tuple[str, str]:

@@ -184,6 +184,7 @@ class Agent:
         self._start_step = step_starter
         self._stop_reason = ""
         self._requeue_reason = ""
+        self.vacate = ""  # a node the daemon asked the job's satellites to move off (:func:`order_move`)
         self._requeues = 0  # times the job requeued itself before this run (its history says)
         self.restarts = 0  # restarts from a disk checkpoint in this allocation
         self.before_requeue = before_requeue
@@ -385,6 +386,7 @@ class Agent:
         return Observation(
             now=now,
             target=self.target,
+            vacate=take_move(self),
             groups=self.groups,
             coordinator=CoordinatorSeen.of(view),
             satellites=satellites,
@@ -563,6 +565,21 @@ def stop_step(step: RunningStep | None, grace_s: float, *, told: bool = False) -
     return step.wait()
 
 
+def order_move(agent: Agent, node: str, reason: str) -> None:
+    """The daemon's move (a directive's ``vacate``): the job's running satellites on ``node`` leave at a step
+    boundary and as many workers grow back in satellites that exclude it, the size kept (the next round does it,
+    :func:`~slurm_amoeba.agent.plan.plan`; the daemon asks again if it still wants it later)."""
+    log.info("%s moving its satellites off %s (%s)", agent.prefix, node, reason or "no reason given")
+    agent.journal.event("move_requested", node=node, target=agent.target, reason=reason)
+    agent.vacate = node
+
+
+def take_move(agent: Agent) -> str:
+    """The node of the move ordered since the last round, or ""; the order is taken (one round's)."""
+    node, agent.vacate = agent.vacate, ""
+    return node
+
+
 def hand_batch(agent: Agent, batch: int, workers: int) -> None:
     """Hand the policy's global batch for ``workers`` workers to the coordinator at once (an adaptive job's workers
     apply it once they are ``workers``, docs/runtime.md section 12; a fixed-batch job ignores it).
@@ -659,4 +676,6 @@ def handle_directive(agent: Agent, channel: ChannelServer, req: Request) -> None
     except SpecError as exc:
         channel.answer(req, msg.reply(ok=False, error=str(exc)))
         return
+    if msg.body.get("vacate"):
+        order_move(agent, str(msg.body["vacate"]), str(msg.body["reason"]))
     channel.answer(req, msg.reply(data={"size": agent.coordinator.view().world_size, "target": target}))

@@ -21,7 +21,9 @@ What a round decides, in this order (DESIGN.md, control flow: the agent's part o
 5. **reconcile**, never once training is over: grow toward the target by submitting satellites of at most a
    node's worth of workers each (a preemption takes one node's satellite, not every worker the job gained), or
    shrink by asking chosen workers to leave (:func:`~slurm_amoeba.agent.groups.choose_leavers`; a satellite that
-   has not started yet is released instead, and a smaller one replaces it when only part of it had to go).
+   has not started yet is released instead, and a smaller one replaces it when only part of it had to go). A
+   move the daemon asked for (``vacate``: a rigid job is to start whole on that node) asks every running
+   satellite on the node to leave and grows the same workers back in satellites that exclude the node.
 
 Workers lost without a shrink lower the target to what the job still has, never below its minimum, when Slurm took
 them back (preemption) or their own code failed: the job does not fight Slurm for them, nor burn GPUs on a bug; the
@@ -128,6 +130,7 @@ class Observation:
         checkpoint_step: the step of the newest complete disk checkpoint, when the agent looked (it looks once the
             job is lost or its main group ended), else None.
         restarts_left: how many more times the job may restart from a disk checkpoint in this allocation.
+        vacate: a node the daemon asked the job's running satellites to leave this round, the size kept, or "".
     """
 
     now: float
@@ -141,6 +144,7 @@ class Observation:
     requeue_reason: str = ""
     checkpoint_step: int | None = None
     restarts_left: int = 0
+    vacate: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,17 +541,27 @@ class _Round:
                     self.follow_losses(failure)
 
     def reconcile(self) -> None:
+        avoid = self.vacate(self.seen.vacate) if self.seen.vacate else ()
         if self.target < planned_size(self.groups):
             self.shrink(planned_size(self.groups) - self.target)
         # A shrink by part of a pending satellite releases all of it: a smaller one replaces it.
         if self.target > planned_size(self.groups):
-            self.grow(self.target - planned_size(self.groups))
+            self.grow(self.target - planned_size(self.groups), avoid)
 
-    def grow(self, count: int) -> None:
+    def vacate(self, node: str) -> tuple[str, ...]:
+        """A move: every running satellite on ``node`` is asked to leave (whole, so that Slurm gets the node's GPUs
+        back); the grow that follows replaces its workers elsewhere. Returns the nodes new satellites avoid."""
+        moving = [g for g in self.live_satellites() if g.state is GroupState.RUNNING and node in g.nodes]
+        for group in moving:
+            if group.active_workers:
+                self.emit(AskToLeave(group.name, tuple(group.active_workers)))
+        return (node,) if moving else ()
+
+    def grow(self, count: int, avoid: tuple[str, ...] = ()) -> None:
         while count > 0:
             chunk = min(count, self.limits.workers_per_satellite)
             name = f"g{len(self.groups)}"
-            exclude = tuple(node_failures(self.groups))
+            exclude = tuple(sorted({*node_failures(self.groups), *avoid}))
             self.emit(SubmitSatellite(name, chunk, self.seen.now, planned_size(self.groups), exclude))
             count -= chunk
 

@@ -18,7 +18,8 @@ kind                sender           body
                                      job's statistics: :data:`ADAPTIVE_FIELDS`)
 ``resize``          daemon/ctl ->    ``job_id``, ``target``, ``reason``; to an agent it is a directive, to the
                                      daemon a user's request; optional ``batch`` (the global batch the policy
-                                     chose for ``target`` workers, 1 to :data:`MAX_BATCH`)
+                                     chose for ``target`` workers, 1 to :data:`MAX_BATCH`) and ``vacate`` (a node
+                                     name, :data:`NODE_NAME`: move the job's satellites off it, keeping the size)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
 ``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
 ``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
@@ -35,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -55,6 +57,8 @@ MAX_HISTORY_EVENTS = 64  # events in one report
 MAX_EVENT_BYTES = 2048  # one history event, encoded
 MAX_THROUGHPUT_ENTRIES = 1024  # sizes in one report's throughput table
 MAX_BATCH = (1 << 24) - 1  # a global batch in a report or a directive (the runtime's policy batch: three bytes)
+#: A node name in a directive (``vacate``): what Slurm accepts in a hostlist, one node, at most 64 characters.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_STEP_TIMES = 32  # entries of an adaptive report's step-time table
 MAX_LABEL = 16  # characters of a short word in a report (an adaptive job's batch source)
 MAX_NOISE_SCALE = 1e15  # samples: a gradient noise scale in a report (larger is as good as infinite)
@@ -98,7 +102,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {"offset": (int,), "limit": (int,)},
     "report": {"adaptive": (dict,)},
-    "resize": {"batch": (int,)},
+    "resize": {"batch": (int,), "vacate": (str,)},
 }
 _NONE = type(None)
 #: A report's ``adaptive`` object: field -> (accepted types, required). Values are checked for type, finiteness and
@@ -262,6 +266,8 @@ def _check_body(kind: str, body: Any) -> dict[str, Any]:
         _check_report(body)
     if kind == "resize" and "batch" in body and not 1 <= body["batch"] <= MAX_BATCH:
         raise ProtocolError(f"resize: batch {quote(body['batch'])} is not a global batch of 1 to {MAX_BATCH}")
+    if kind == "resize" and "vacate" in body and NODE_NAME.fullmatch(body["vacate"]) is None:
+        raise ProtocolError(f"resize: vacate {quote(body['vacate'])} is not a node name")
     return body
 
 

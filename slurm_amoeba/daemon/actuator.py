@@ -10,7 +10,8 @@ sockets are used by one thread each: the pool's sockets never meet the loop's).
 site enables it and the daemon has Slurm operator rights (:func:`operator_rights`), each round it sets the
 priorities of pending jobs (``scontrol update JobId=N Priority=P``, as the daemon's own user) so that Slurm tests
 them in 2D-LAS order (:mod:`slurm_amoeba.policy.queue_order`), changes only what differs, at most a bound per round,
-and gives the jobs it changed their own priority back when the daemon stops.
+and gives the jobs it changed their own priority back when the daemon stops. An update Slurm refuses backs
+off per job (:mod:`.refusals`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon.config import ConfigError, QueueOrder
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, queued_jobs, run_samples
+from slurm_amoeba.daemon.refusals import Refusals
 from slurm_amoeba.policy.common import las_queue
 from slurm_amoeba.policy.queue_order import (
     JobService,
@@ -55,6 +57,7 @@ class Directive:
         ordered_at: when the daemon decided it (its clock).
         token: anything the caller wants back with the outcome (a deferred ``amoebactl`` request).
         batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
+        vacate: a node whose satellites the job moves elsewhere, the size kept (:mod:`.moves`), or "".
     """
 
     job_id: str
@@ -65,6 +68,7 @@ class Directive:
     ordered_at: float
     token: Any = None
     batch: int | None = None
+    vacate: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +113,8 @@ class Actuator:
         order: dict[str, Any] = {"job_id": directive.job_id, "target": directive.target, "reason": directive.reason}
         if directive.batch is not None:
             order["batch"] = directive.batch
+        if directive.vacate:
+            order["vacate"] = directive.vacate
         message = Message("resize", order)
         try:
             reply = request(
@@ -211,12 +217,20 @@ def operator_rights(
         return "", f"could not read {user}'s AdminLevel from Slurm's accounting ({exc})"
     if level in levels:
         return f"AdminLevel {level}", ""
-    wanted = min(levels, key=OPERATOR_LEVELS.index)
-    why = "" if wanted == "Operator" else " (Slurm lets only administrators set the AdminComment of a job)"
     return "", (
         f"amoebad runs as {user} (uid {uid}), which is not root, not SlurmUser ({slurm_user or '?'}), and has "
-        f"AdminLevel {level}; give it {wanted.lower()} rights with `sacctmgr modify user {user} set "
-        f"adminlevel={wanted}`{why} or set {switch}: false"
+        f"AdminLevel {level}; {grant_fix('it', user, levels, switch)}"
+    )
+
+
+def grant_fix(who: str, user: str, levels: Collection[str], switch: str) -> str:
+    """The sentence that tells the admin to give ``user`` (called ``who``) the lowest of ``levels``, or to turn
+    ``switch`` off."""
+    wanted = min(levels, key=OPERATOR_LEVELS.index)
+    why = "" if wanted == "Operator" else " (Slurm lets only administrators set the AdminComment of a job)"
+    return (
+        f"give {who} {wanted.lower()} rights with `sacctmgr modify user {user} set adminlevel={wanted}`{why} "
+        f"or set {switch}: false"
     )
 
 
@@ -267,7 +281,9 @@ def make_queue_orderer(
         priority_type,
         ", ".join(f"{t:g}" for t in settings.thresholds_gpu_s),
     )
-    return QueueOrderer(settings, partitions, source, metrics, release_to_restore=priority_type != "priority/basic")
+    return QueueOrderer(
+        settings, partitions, source, metrics, release_to_restore=priority_type != "priority/basic", user=user
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +296,7 @@ class QueueRound:
         deferred: changes left for later rounds (the bound).
         vanished: jobs that finished, started or left before their update.
         failed: jobs Slurm refused to update for another reason.
+        backing_off: jobs whose change waits because Slurm refused an earlier one (:mod:`.refusals`).
     """
 
     pending: int
@@ -287,6 +304,7 @@ class QueueRound:
     deferred: int
     vanished: tuple[str, ...]
     failed: tuple[str, ...]
+    backing_off: tuple[str, ...] = ()
 
 
 class QueueOrderer:
@@ -300,10 +318,12 @@ class QueueOrderer:
         release_to_restore: give a job its own priority back by holding and releasing it (``priority/multifactor``
             computes it again); False: set the priority Slurm had given it (``priority/basic``, whose release would
             put the job at the end of the queue: measured).
+        user: the daemon's user (named in the fix of a refused update).
 
     Attributes:
         book: job -> the service it attained (its runs Slurm shows, banked runs of requeued jobs and satellites).
         touched: job id -> the priority Slurm had given it before the daemon's first change (pending jobs only).
+        refusals: the per-job backoff of updates Slurm refused (one warning per job, then debug).
     """
 
     def __init__(
@@ -314,6 +334,7 @@ class QueueOrderer:
         metrics: DaemonMetrics,
         *,
         release_to_restore: bool = False,
+        user: str = "amoebad",
     ) -> None:
         self.settings = settings
         self.partitions = tuple(partitions)
@@ -323,6 +344,7 @@ class QueueOrderer:
         self.book: dict[str, JobService] = {}
         self.touched: dict[str, int] = {}
         self.seeded = False
+        self.refusals = Refusals("[daemon/queue]", grant_fix(user, user, OPERATOR_LEVELS, "queue_order.enabled"))
 
     def apply(self, view: ClusterView, now: float) -> QueueRound:
         """Account the view's runs, order the pending jobs, and set the priorities that differ (at most the bound)."""
@@ -339,7 +361,13 @@ class QueueOrderer:
         wanted = las_priorities(
             [dataclasses.replace(j, priority=self.touched.get(j.job_id, j.priority)) for j in order]
         )
-        changes, deferred = priority_updates(order, wanted, self.settings.max_updates_per_round)
+        # Jobs Slurm refused lately wait out their backoff without taking the bound's places from the others.
+        self.refusals.keep(current)
+        everything, _ = priority_updates(order, wanted, len(order))
+        ready = [change for change in everything if self.refusals.ready(change[0], now)]
+        limit = self.settings.max_updates_per_round
+        changes, deferred = ready[:limit], max(0, len(ready) - limit)
+        backing_off = tuple(sorted({job_id for job_id, _ in everything} - {job_id for job_id, _ in ready}))
         queues: dict[str, int] = {}
         for job in order:
             key = str(las_queue(job.attained_gpu_s, self.settings.thresholds_gpu_s))
@@ -351,9 +379,10 @@ class QueueOrderer:
         attained = {job.job_id: job.attained_gpu_s for job in order}
         for job_id, priority in changes:
             outcome = self._call(
-                "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority)
+                "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority), now
             )
             if outcome == "ok":
+                self.refusals.succeeded(job_id)
                 self.touched.setdefault(job_id, current[job_id])
                 done.append((job_id, priority))
                 logger.info(
@@ -367,7 +396,7 @@ class QueueOrderer:
                 (vanished if outcome == "vanished" else failed).append(job_id)
         if deferred:
             self.metrics.queue_deferred.inc(deferred)
-        return QueueRound(len(order), tuple(done), deferred, tuple(vanished), tuple(failed))
+        return QueueRound(len(order), tuple(done), deferred, tuple(vanished), tuple(failed), backing_off)
 
     def _seed(self, view: ClusterView, queued: list[QueuedJob]) -> list[QueuedJob]:
         """On the first round: the service pending jobs attained before the daemon watched them (earlier runs of
@@ -409,13 +438,18 @@ class QueueOrderer:
         self.touched = {}
         return restored
 
-    def _call(self, action: str, job_id: str, call: Callable[[], None]) -> str:
+    def _call(self, action: str, job_id: str, call: Callable[[], None], now: float | None = None) -> str:
+        """Run one update; a refusal during a round (``now`` given) goes to :attr:`refusals`, one at the stop
+        (``now`` None) is a warning."""
         try:
             call()
         except SlurmCommandError as exc:
             outcome = "vanished" if any(text in exc.stderr for text in VANISHED) else "failed"
-            log = logger.debug if outcome == "vanished" else logger.warning
-            log("[daemon/queue] %s of job %s: %s", action, job_id, exc)
+            if outcome == "failed" and now is not None:
+                self.refusals.refused(job_id, action, exc, now)
+            else:
+                log = logger.debug if outcome == "vanished" else logger.warning
+                log("[daemon/queue] %s of job %s: %s", action, job_id, exc)
         else:
             outcome = "ok"
         self.metrics.queue_updates.inc(labels={"action": action, "outcome": outcome})

@@ -15,6 +15,8 @@ Administrator: Slurm refuses an Operator the ``AdminComment``), each round, on t
    the mark and, under ``priority/basic``, gives the job its priority back (a release would send it to the back of
    the queue). Mark first, hold second, release before clearing: a crash between two calls never leaves an
    unmarked hold behind.
+   A call Slurm refuses is not repeated every round: that job backs off (:mod:`.refusals`: one warning with the fix,
+   then debug-level).
 
 **No hold is left behind**: the daemon releases every job it holds when it stops; a daemon that crashed finds its
 holds again by their mark when it starts (with ``admission.enabled``: it keeps them, with their hold time; without:
@@ -30,10 +32,11 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, runtime_checkable
 
-from slurm_amoeba.daemon.actuator import ADMIN_LEVELS, VANISHED, QueueControl, checked_rights
+from slurm_amoeba.daemon.actuator import ADMIN_LEVELS, VANISHED, QueueControl, checked_rights, grant_fix
 from slurm_amoeba.daemon.config import Admission, ConfigError
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, satellite_parent
+from slurm_amoeba.daemon.refusals import Refusals
 from slurm_amoeba.policy.admission import Action, AdmissionSettings, Running, Standing, Verdict, Waiting, admit
 from slurm_amoeba.slurm import JobRecord, JobState, SlurmCommandError
 from slurm_amoeba.slurm.marks import HoldMark, parse_elastic_comment, parse_hold_mark
@@ -191,6 +194,7 @@ class AdmissionRound:
         starved: jobs released by the starvation bound.
         waiting: every job the daemon holds after the round.
         failed: jobs Slurm refused to hold or release.
+        backing_off: jobs not tried this round because Slurm refused them lately (:mod:`.refusals`).
     """
 
     held: tuple[str, ...]
@@ -198,6 +202,7 @@ class AdmissionRound:
     starved: tuple[str, ...]
     waiting: tuple[HeldJob, ...]
     failed: tuple[str, ...]
+    backing_off: tuple[str, ...] = ()
 
 
 class Admitter:
@@ -212,11 +217,13 @@ class Admitter:
         restore_priority: give a released job the priority it had before the hold (``priority/basic``, where a
             release puts a job at the back of the queue: measured); False under ``priority/multifactor``, which
             computes it again.
+        user: the daemon's user (named in the fix of a refused hold).
 
     Attributes:
         marks: job id -> the hold mark of every job the daemon holds (as of its last round).
         admitted: jobs released or admitted while still pending (never held again).
         waiting: the held jobs as ``status`` shows them.
+        refusals: the per-job backoff of holds, releases and marks Slurm refused (one warning per job, then debug).
     """
 
     def __init__(
@@ -228,6 +235,7 @@ class Admitter:
         metrics: DaemonMetrics,
         *,
         restore_priority: bool = True,
+        user: str = "amoebad",
     ) -> None:
         self.settings = settings
         self.partitions = tuple(partitions)
@@ -238,6 +246,7 @@ class Admitter:
         self.marks: dict[str, HoldMark] = {}
         self.admitted: set[str] = set()
         self.waiting: tuple[HeldJob, ...] = ()
+        self.refusals = Refusals("[daemon/admission]", grant_fix(user, user, ADMIN_LEVELS, "admission.enabled"))
         self._first = True
 
     def apply(self, view: ClusterView, now: float, lenders: Collection[str] | None = None) -> AdmissionRound:
@@ -249,8 +258,12 @@ class Admitter:
             return AdmissionRound((), (), (), (), ())
         seen = admission_input(view, self.partitions, self.settings.users, self.max_workers, self.admitted, lenders)
         first, self._first = self._first, False
+        self.refusals.keep({job.job_id for job in seen.queue})
         for job_id in seen.stale:
-            self._call("clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""))
+            if self.refusals.ready(job_id, now) and self._call(
+                "clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""), now=now
+            ):
+                self.refusals.succeeded(job_id)
         if not self.settings.enabled:
             if first and seen.marks:
                 self.marks = dict(seen.marks)
@@ -265,10 +278,16 @@ class Admitter:
         done: dict[Action, list[str]] = {action: [] for action in Action}
         failed: list[str] = []
         waiting: list[HeldJob] = []
+        backing_off: list[str] = []
         for verdict in verdicts:
             record = seen.records[verdict.job_id]
+            if verdict.action not in (Action.WAIT, Action.ADMIT) and not self.refusals.ready(verdict.job_id, now):
+                backing_off.append(verdict.job_id)
+                continue
             ok = self._act(verdict, record, now)
             (done[verdict.action] if ok else failed).append(verdict.job_id)
+            if ok:
+                self.refusals.succeeded(verdict.job_id)
             mark = self.marks.get(verdict.job_id)
             if ok and mark is not None and verdict.action in (Action.HOLD, Action.WAIT):
                 waiting.append(HeldJob(verdict.job_id, record.user, verdict.wanted, verdict.available, mark.since))
@@ -280,6 +299,7 @@ class Admitter:
             tuple(done[Action.STARVED]),
             self.waiting,
             tuple(failed),
+            tuple(backing_off),
         )
 
     def _act(self, verdict: Verdict, record: JobRecord, now: float) -> bool:
@@ -292,15 +312,17 @@ class Admitter:
             return True
         if verdict.action is Action.HOLD:
             mark = HoldMark(int(now), record.priority, verdict.wanted)
-            if self._call("hold", job_id, functools.partial(self.control.set_admin_comment, int(job_id), mark.text())):
-                if self._call("hold", job_id, functools.partial(self.control.hold, int(job_id)), count=True):
+            comment = functools.partial(self.control.set_admin_comment, int(job_id), mark.text())
+            if self._call("hold", job_id, comment, now=now):
+                if self._call("hold", job_id, functools.partial(self.control.hold, int(job_id)), count=True, now=now):
                     self.marks[job_id] = mark
                     logger.info("[daemon/admission] job %s (user %s) held: %s", job_id, record.user, verdict.reason)
                     return True
-                self._call("clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""))
+                clear = functools.partial(self.control.set_admin_comment, int(job_id), "")
+                self._call("clear", job_id, clear, now=now)
             return False
         held = self.marks.get(job_id)
-        if held is None or not self._release(job_id, held, verdict.action.value):
+        if held is None or not self._release(job_id, held, verdict.action.value, now):
             return False
         self.admitted.add(job_id)
         logger.info(
@@ -312,14 +334,17 @@ class Admitter:
         )
         return True
 
-    def _release(self, job_id: str, mark: HoldMark, action: str) -> bool:
-        """Release, clear the mark, give the priority back; True when the release itself went through."""
-        if not self._call(action, job_id, functools.partial(self.control.release, int(job_id)), count=True):
+    def _release(self, job_id: str, mark: HoldMark, action: str, now: float | None = None) -> bool:
+        """Release, clear the mark, give the priority back; True when the release itself went through.
+
+        ``now`` None (the stop): a refusal is a warning, not a backoff."""
+        if not self._call(action, job_id, functools.partial(self.control.release, int(job_id)), count=True, now=now):
             return False
         self.marks.pop(job_id, None)
-        self._call("clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""))
+        self._call("clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""), now=now)
         if self.restore_priority and mark.priority > 0:
-            self._call("priority", job_id, functools.partial(self.control.set_priority, int(job_id), mark.priority))
+            restore = functools.partial(self.control.set_priority, int(job_id), mark.priority)
+            self._call("priority", job_id, restore, now=now)
         return True
 
     def release_all(self, why: str = "the daemon stops") -> int:
@@ -344,14 +369,21 @@ class Admitter:
         self.metrics.admission_held.set(0)
         return released
 
-    def _call(self, action: str, job_id: str, call: Callable[[], None], *, count: bool = False) -> bool:
+    def _call(
+        self, action: str, job_id: str, call: Callable[[], None], *, count: bool = False, now: float | None = None
+    ) -> bool:
+        """Run one update; a refusal during a round (``now`` given) goes to :attr:`refusals`, one at the stop
+        (``now`` None) is a warning."""
         try:
             call()
         except SlurmCommandError as exc:
             outcome = "vanished" if any(text in exc.stderr for text in VANISHED) else "failed"
-            (logger.debug if outcome == "vanished" else logger.warning)(
-                "[daemon/admission] %s of job %s: %s", action, job_id, exc
-            )
+            if outcome == "failed" and now is not None:
+                self.refusals.refused(job_id, action, exc, now)
+            else:
+                (logger.debug if outcome == "vanished" else logger.warning)(
+                    "[daemon/admission] %s of job %s: %s", action, job_id, exc
+                )
         else:
             outcome = "ok"
         if count or outcome != "ok":
@@ -392,4 +424,4 @@ def make_admitter(
             priority_type,
             settings.max_hold_s,
         )
-    return Admitter(settings, partitions, max_workers, source, metrics, restore_priority=restore)
+    return Admitter(settings, partitions, max_workers, source, metrics, restore_priority=restore, user=user)

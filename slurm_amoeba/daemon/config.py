@@ -146,6 +146,10 @@ class DaemonConfig:
         make_room_after_s: a pending regular job younger than this is left to Slurm (which starts it, or preempts
             elastic extras for it, at once); after it the daemon shrinks elastic jobs for it.
         orphan_grace_s: a satellite whose parent is gone is reported after this long.
+        whole_node_starts: a pending job that fits on one node but finds no node with enough free GPUs, while
+            satellites hold the rest of one, makes those satellites move to free GPUs on other nodes (the
+            elastic jobs keep their size; :mod:`slurm_amoeba.daemon.moves`). Off by default: measured live, Slurm's
+            own preemption of those satellites and the daemon's regrow did as well (docs/admin.md, section 8d).
         queue_order: ordering Slurm's queue by attained service.
         admission: admitting elastic jobs at their requested size.
         slurm_timeout_s: deadline of one Slurm command.
@@ -171,6 +175,7 @@ class DaemonConfig:
     resize_timeout_s: float = 120.0
     make_room_after_s: float = 5.0
     orphan_grace_s: float = 30.0
+    whole_node_starts: bool = False
     queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
     admission: Admission = dataclasses.field(default_factory=Admission)
     slurm_timeout_s: float = 30.0
@@ -235,6 +240,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "resize_timeout_s": base.resize_timeout_s,
         "make_room_after_s": base.make_room_after_s,
         "orphan_grace_s": base.orphan_grace_s,
+        "whole_node_starts": base.whole_node_starts,
         "slurm": nested["slurm"],
         "queue_order": nested["queue_order"],
         "admission": nested["admission"],
@@ -568,6 +574,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         resize_timeout_s=top.number("resize_timeout_s", defaults.resize_timeout_s),
         make_room_after_s=top.number("make_room_after_s", defaults.make_room_after_s, positive=False, maximum=3600),
         orphan_grace_s=top.number("orphan_grace_s", defaults.orphan_grace_s, positive=False),
+        whole_node_starts=_flag(top, "whole_node_starts", defaults.whole_node_starts),
         queue_order=_queue_order(top),
         admission=_admission(top),
         slurm_timeout_s=slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600),

@@ -213,6 +213,7 @@ class Ledger:
         source: str,
         token: Any = None,
         batch: int | None = None,
+        vacate: str = "",
     ) -> Directive:
         """Record a resize as in flight and return the directive that carries it to the agent.
 
@@ -224,6 +225,7 @@ class Ledger:
             token: handed back with the outcome (a deferred ``amoebactl`` request).
             batch: the global batch the policy chose for ``target`` workers (an adaptive job), sent along; a
                 directive to the job's current size that carries only a new batch is counted as ``batch``.
+            vacate: a node the job's satellites move off, the size kept (counted as ``move``; :mod:`.moves`).
 
         Returns:
             The directive, for the actuator.
@@ -231,9 +233,10 @@ class Ledger:
         now = self.clock()
         size = agent.report.size if agent.report else 0
         kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
+        kind = "move" if vacate else kind
         agent.in_flight = InFlight(target, now, source, reason, batch=batch, batch_only=kind == "batch")
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
-        with_batch = "" if batch is None else f", global batch {batch}"
+        with_batch = ("" if batch is None else f", global batch {batch}") + (f", off {vacate}" if vacate else "")
         logger.info(
             "[daemon/actuator] job %s: %s %d -> %d workers%s (%s)", agent.job_id, kind, size, target, with_batch, reason
         )
@@ -246,6 +249,7 @@ class Ledger:
             ordered_at=now,
             token=token,
             batch=batch,
+            vacate=vacate,
         )
 
     def apply(self, outcome: Outcome) -> None:

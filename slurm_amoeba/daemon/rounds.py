@@ -35,6 +35,7 @@ from slurm_amoeba.daemon.batches import policy_batches
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.moves import satellites_on_nodes, whole_node_moves
 from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
@@ -183,6 +184,7 @@ class RoundLoop:
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
+        self._moved: dict[str, float] = {}  # job id -> when a move was ordered for it or to it (:meth:`move`)
         uid = os.getuid()
         self.queue: QueueOrderer | None = make_queue_orderer(
             config.queue_order,
@@ -264,10 +266,31 @@ class RoundLoop:
             logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
         self.act(plan)
+        self.move(obs, view, plan, now)
         self.order_queue(view, now)
         self.admit(view, now, frozenset(obs.managed))
         update_gauges(self.metrics, obs, self.ledger)
         return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
+
+    def move(self, obs: Observation, view: ClusterView, plan: Plan, now: float) -> None:
+        """Whole-node starts (``whole_node_starts``, :mod:`.moves`): order the moves that let a pending job start on
+        one node, to jobs the policy does not resize this round; neither that pending job nor a moved job is moved
+        for again within ``resize_timeout_s`` (the node is being vacated)."""
+        if not self.config.whole_node_starts or plan.source != "policy":
+            return
+        timeout = self.config.resize_timeout_s
+        self._moved = {job_id: at for job_id, at in self._moved.items() if now - at < timeout}
+        movable = [
+            job
+            for job_id, job in obs.managed.items()
+            if job.is_resizable and job_id not in plan.targets and job_id not in self._moved
+        ]
+        satellites = satellites_on_nodes(view, {job.job_id for job in movable})
+        for move in whole_node_moves(obs.snapshot, movable, satellites, skip=self._moved):
+            agent = self.ledger.agents[move.job_id]
+            target = agent.report.target if agent.report else obs.managed[move.job_id].workers
+            self.actuator.send(self.ledger.order(agent, target, move.reason, "policy", vacate=move.node))
+            self._moved[move.job_id] = self._moved[move.for_job] = now
 
     def order_queue(self, view: ClusterView, now: float) -> None:
         """Queue ordering's round (when enabled), on a thread of its own: ``scontrol`` may hang as ``squeue`` may.

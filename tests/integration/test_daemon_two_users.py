@@ -11,13 +11,13 @@ the fixture creates them once and leaves them for later runs (they own nothing, 
 from __future__ import annotations
 
 import json
-import pwd
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks.system_users import SystemUserError, system_user
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.slurm import CliSlurmClient, JobState
 from slurm_amoeba.transport.channel import ChannelServer
@@ -31,21 +31,11 @@ USER_B = "amoeba-test-b"
 
 
 def ensure_user(name: str) -> int:
-    """The uid of ``name``, created as a system user without a home or a login shell if it does not exist."""
+    """The uid of ``name``, created as a system user if it does not exist; skips the test when it cannot be."""
     try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        pass
-    made = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if made.returncode not in (0, 9):  # 9: made meanwhile by a test running beside this one
-        pytest.skip(f"cannot create the test user {name}: {made.stderr.strip()}")
-    return pwd.getpwnam(name).pw_uid
+        return system_user(name)
+    except SystemUserError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

@@ -170,3 +170,14 @@ def test_hostile_adaptive_statistics_are_refused(data: bytes, match: str) -> Non
 def test_a_directives_batch_is_a_global_batch_of_three_bytes(batch: object) -> None:
     with pytest.raises(ProtocolError, match="batch"):
         encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "batch": batch}))
+
+
+def test_a_directive_may_name_one_node_to_vacate() -> None:
+    back = decode(encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "vacate": "gpu-n01.rack2"})))
+    assert back.body["vacate"] == "gpu-n01.rack2"
+
+
+@pytest.mark.parametrize("node", ["", "n[1-2]", "n1,n2", "-n1", "n 1", "x" * 65, 3, None])
+def test_vacate_is_one_node_name(node: object) -> None:
+    with pytest.raises(ProtocolError, match="vacate"):
+        encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "vacate": node}))

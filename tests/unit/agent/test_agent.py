@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.agent.agent import Agent, report_to_daemon
+from slurm_amoeba.agent.agent import Agent, order_move, report_to_daemon
 from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.groups import GroupState
 from slurm_amoeba.agent.status import adaptive_fields
@@ -61,12 +61,15 @@ def rounds(agent: Agent, clock: FakeClock, count: int = 1) -> int | None:
     return None
 
 
-def grow_into_a_running_satellite(parts: Parts, target: int) -> None:
-    """Grow to ``target`` with one satellite (job 101, group g1) that Slurm starts and whose workers join."""
+def grow_into_a_running_satellite(parts: Parts, target: int, node: str = "") -> None:
+    """Grow to ``target`` with one satellite (job 101, group g1) that Slurm starts (on ``node``, when given) and whose
+    workers join."""
     agent, slurm, coordinator, _, clock = parts
     agent.resize(target)
     rounds(agent, clock)
     slurm.set_state(101, JobState.RUNNING)
+    if node:
+        slurm.records[101] = dataclasses.replace(slurm.records[101], nodes=(node,))
     coordinator.members(*(f"g1-{i}" for i in range(target - 2)))
     rounds(agent, clock)
 
@@ -156,11 +159,7 @@ def test_a_shrink_asks_workers_to_leave_then_releases_their_satellite(parts: Par
 
 def test_a_dead_worker_retires_its_group_and_the_job_regrows_without_its_node(parts: Parts) -> None:
     agent, slurm, coordinator, _, clock = parts
-    agent.resize(4)
-    rounds(agent, clock)
-    slurm.records[101] = dataclasses.replace(slurm.records[101], state=JobState.RUNNING, nodes=("n3",))
-    coordinator.members("g1-0", "g1-1")
-    rounds(agent, clock)
+    grow_into_a_running_satellite(parts, 4, "n3")
     coordinator.statuses["g1-0"] = WorkerStatus.DEAD
     rounds(agent, clock)
     # A worker that died without a word is an infrastructure failure: the target stays, a satellite replaces it.
@@ -290,3 +289,19 @@ def test_an_adaptive_jobs_report_carries_its_statistics_bounded(parts: Parts, mo
         {"adaptive": {**ADAPTIVE_PROGRESS, "noise_scale": float("nan"), "step_time_s": [[0, 1, 1.0, 1], [1, 2, -1, 1]]}}
     )
     assert odd is not None and odd["noise_scale"] is None and odd["step_time_s"] == []
+
+
+def test_a_move_directive_vacates_the_node_once_and_keeps_the_size(parts: Parts) -> None:
+    agent, slurm, coordinator, _, clock = parts
+    grow_into_a_running_satellite(parts, 4, "n3")
+    assert agent.groups[1].nodes == ("n3",)
+    reply = decode(encode(Message("resize", {"job_id": str(PARENT), "target": 4, "reason": "r", "vacate": "n3"})))
+    agent.resize(int(reply.body["target"]), str(reply.body["reason"]))
+    order_move(agent, str(reply.body["vacate"]), str(reply.body["reason"]))
+    rounds(agent, clock)
+    assert coordinator.leave_requests == ["g1-0", "g1-1"] and agent.target == 4
+    moved = slurm.submissions[-1].script
+    assert "#SBATCH --exclude=n3" in moved and "#SBATCH --ntasks=2" in moved
+    assert agent.planned_size() == 4 and events(agent).count("move_requested") == 1
+    rounds(agent, clock, 2)  # taken once: no second leave, no second satellite
+    assert coordinator.leave_requests == ["g1-0", "g1-1"] and len(slurm.submissions) == 2

@@ -388,3 +388,23 @@ def test_a_satellite_holds_one_nodes_worth_of_workers(
 def test_the_main_groups_end_carries_the_class_of_its_status(status: int, failure: FailureClass | None) -> None:
     (ended,) = plan(seen([G0], 2, main_status=status), LIMITS)
     assert isinstance(ended, MainGroupEnded) and ended.status == status and ended.failure is failure
+
+
+def test_a_move_asks_the_satellites_on_the_node_to_leave_and_grows_them_back_elsewhere() -> None:
+    g1, g2 = sat("g1", 3, nodes=("n1",)), sat("g2", 2, nodes=("n2",))
+    moved = Observation(**{**seen([main_group(), g1, g2], 7).__dict__, "vacate": "n1"})
+    assert plan(moved, LIMITS) == [
+        AskToLeave("g1", ("g1-0", "g1-1", "g1-2")),
+        SubmitSatellite("g3", 3, NOW, 4, ("n1",)),  # the size kept: 3 workers elsewhere, never on n1
+    ]
+    # Nodes that failed the job stay excluded beside the vacated one.
+    failed = sat("g3", 1, GroupState.ENDED, nodes=("n0",), failure=INFRA)
+    moved = Observation(**{**seen([main_group(), g1, g2, failed], 7).__dict__, "vacate": "n1"})
+    assert plan(moved, LIMITS)[-1] == SubmitSatellite("g4", 3, NOW, 4, ("n0", "n1"))
+
+
+def test_a_move_off_a_node_without_a_running_satellite_of_the_job_does_nothing() -> None:
+    pending = sat("g1", 2, GroupState.PENDING)
+    for groups in ([main_group(), sat("g1", 2, nodes=("n2",))], [main_group(), pending]):
+        moved = Observation(**{**seen(groups, 4).__dict__, "vacate": "n1"})
+        assert plan(moved, LIMITS) == []

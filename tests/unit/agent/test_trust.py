@@ -440,3 +440,11 @@ def test_a_munged_restart_is_logged_once_and_its_end_too(
     assert sum("munged does not sign" in line for line in lines) == 1, lines
     assert sum("munged signs again: the register reached the daemon" in line for line in lines) == 1, lines
     assert link.registered and link.endpoint == daemon_here.endpoint, "the link kept its daemon"
+
+
+def test_a_directives_vacate_reaches_the_agents_next_round(served: tuple[Agent, Client]) -> None:
+    agent, client = served
+    moved = Message("resize", {"job_id": str(PARENT), "target": 2, "reason": "move", "vacate": "n3"})
+    assert client.exchange(signed(moved)).body["ok"]
+    assert agent.observe().vacate == "n3" and agent.observe().vacate == ""  # one round's order
+    assert any(e["event"] == "move_requested" and e["node"] == "n3" for e in agent.journal.history)

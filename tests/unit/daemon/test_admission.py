@@ -19,6 +19,7 @@ from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitt
 from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.refusals import Refusals
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord, SlurmCommandError
 from slurm_amoeba.slurm.marks import HoldMark, parse_hold_mark
 from tests.unit.daemon.fakes import job, node, satellite
@@ -275,3 +276,82 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
     err = capsys.readouterr().err
     assert "admission.enabled refused: amoebad runs as amoeba (uid 1003)" in err
     assert "sacctmgr modify user amoeba set adminlevel=Administrator" in err
+
+
+def test_a_refused_hold_backs_off_per_job_with_one_warning_naming_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12), refuse=True)
+    daemon = Admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), user="amoeba-replayd")
+    caplog.set_level("DEBUG", logger="slurm_amoeba.daemon.refusals")
+    tried: list[float] = []
+    for now in range(2_000, 2_100):  # one round a second, Slurm refusing every call
+        before = len(slurm.calls)
+        done = daemon.apply(slurm.view(), float(now))
+        if len(slurm.calls) > before:
+            tried.append(now - 2_000)
+            assert done.failed == ("7", "8") and done.backing_off == ()
+        else:
+            assert done.backing_off == ("7", "8") and done.failed == ()
+    assert tried == [0, 10, 30, 70]  # waits of 10, 20, 40 s, then 80 s (past the end)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2  # one per job, then debug-level
+    assert "hold of job 7 refused by Slurm" in warnings[0] and "Access/permission denied" in warnings[0]
+    assert "`sacctmgr modify user amoeba-replayd set adminlevel=Administrator`" in warnings[0]
+    assert "admission.enabled: false" in warnings[0]
+    assert sum(r.levelname == "DEBUG" and "refused again" in r.getMessage() for r in caplog.records) == 6
+    # Granted the right: the next try holds the job and forgets its refusals; a new refusal warns again.
+    slurm.refuse = False
+    assert daemon.apply(slurm.view(), 2_170.0).held == ("7", "8")
+    assert daemon.refusals.refusals("7") == 0
+    slurm.nodes = cluster(used=0)
+    slurm.refuse = True
+    caplog.clear()
+    assert daemon.apply(slurm.view(), 2_171.0).failed == ("7", "8")  # the release is refused now
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.levelname == "WARNING"] == [
+        "[daemon/admission] release of job 7 refused by Slurm",
+        "[daemon/admission] release of job 8 refused by Slurm",
+    ]
+    assert daemon.apply(slurm.view(), 2_172.0).backing_off == ("7", "8")
+
+
+def test_a_job_that_leaves_is_forgotten_and_another_refusal_names_no_rights_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12), refuse=True)
+    daemon = admitter(slurm)
+    daemon.apply(slurm.view(), 2_000.0)
+    assert daemon.refusals.refusals("7") == 1
+    del slurm.records[7]
+    daemon.apply(slurm.view(), 2_001.0)
+    assert daemon.refusals.refusals("7") == 0 and daemon.refusals.waiting(2_001.0) == ()
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+
+    def busy(job_id: int, text: str) -> None:
+        raise SlurmCommandError(["scontrol", "update"], 1, "Slurm temporarily unable to accept job, sleeping")
+
+    slurm.set_admin_comment = busy  # type: ignore[method-assign]
+    caplog.clear()
+    assert admitter(slurm).apply(slurm.view(), 2_000.0).failed == ("7",)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "temporarily unable" in warning and "sacctmgr" not in warning
+
+
+def test_the_stop_tries_every_held_job_whatever_its_backoff() -> None:
+    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
+    daemon = admitter(slurm)
+    daemon.apply(slurm.view(), 2_000.0)
+    slurm.nodes = cluster(used=0)
+    slurm.refuse = True
+    daemon.apply(slurm.view(), 2_001.0)  # the release refused: job 7 backs off
+    assert not daemon.refusals.ready("7", 2_002.0)
+    slurm.refuse = False
+    assert daemon.release_all() == 1
+
+
+def test_the_backoff_doubles_up_to_its_cap_and_counts_one_step_a_round() -> None:
+    refusals = Refusals("[test]", "the fix", base_s=10.0, cap_s=60.0)
+    error = SlurmCommandError(["scontrol", "hold", "7"], 1, "Access/permission denied")
+    waits = [refusals.refused("7", "hold", error, now) for now in (0.0, 10.0, 30.0, 70.0, 130.0, 130.0, 190.0)]
+    assert waits == [10.0, 20.0, 40.0, 60.0, 60.0, 60.0, 60.0]
+    assert refusals.refusals("7") == 6 and refusals.waiting(200.0) == ("7",) and refusals.ready("7", 250.0)
+    with pytest.raises(ValueError):
+        Refusals("[test]", "", base_s=0.0)

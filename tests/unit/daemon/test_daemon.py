@@ -477,3 +477,50 @@ def test_a_satellite_the_agent_does_not_list_is_reported_once_in_status_and_log(
 
 def test_an_agent_outside_any_partition_may_still_register(daemon: Daemon, agent: FakeAgent) -> None:
     assert ask(daemon, "register", {**register_body("100", agent.endpoint), "partition": ""}).body["ok"]
+
+
+def moving_cluster() -> FakeSlurm:
+    """4 nodes of 4 GPUs: elastic job 100 (1:4) at 4 workers, 1 on n4 and a satellite of 3 on n1; rigid jobs on n2,
+    n3 and n4; rigid job 400 (4 GPUs, one node) pending: no node has 4 free, n1 would with its satellite gone."""
+    slurm = FakeSlurm(
+        job_list=[
+            job(100, het_job_id=100, het_job_offset=0),
+            job(101, het_job_id=100, het_job_offset=1, gpus={"n4": 1}),
+            satellite(200, 100, gpus={"n1": 3}),
+            job(300, gpus={"n2": 2}),
+            job(301, gpus={"n3": 1}),
+            job(302, gpus={"n4": 3}),
+            job(400, state=SlurmState.PENDING, gpus_per_node=4, reason="Resources", submit_time=int(time.time()) - 60),
+        ],
+        node_list=[node("n1"), node("n2"), node("n3"), node("n4")],
+    )
+    slurm.set_used()
+    return slurm
+
+
+def test_a_rigid_job_that_finds_no_whole_node_makes_a_satellite_move_and_the_job_keeps_its_size(
+    tmp_path: Path, agent: FakeAgent
+) -> None:
+    d = make_daemon(tmp_path, moving_cluster(), whole_node_starts=True)
+    try:
+        assert ask(d, "register", register_body("100", agent.endpoint)).body["ok"]
+        assert ask(d, "report", report_body("100", 4, satellites=["200"])).body["ok"]
+        assert d.run_round().ordered == {}  # no resize: the policy leaves the job at 4
+        wait_for("the agent to get the move", lambda: len(agent.directives) == 1)
+        body = agent.directives[0].body
+        assert (body["target"], body["vacate"]) == (4, "n1") and "job 400 starts on one node" in body["reason"]
+        assert d.metrics.decisions.value({"kind": "move", "source": "policy"}) == 1
+        settle(d, "100")
+        d.run_round()
+        assert len(agent.directives) == 1, "not ordered again while the node is being vacated"
+    finally:
+        d.close()
+    off = make_daemon(tmp_path / "off", moving_cluster())  # the default: off
+    try:
+        assert ask(off, "register", register_body("100", agent.endpoint)).body["ok"]
+        assert ask(off, "report", report_body("100", 4, satellites=["200"])).body["ok"]
+        off.run_round()
+        time.sleep(0.3)
+        assert len(agent.directives) == 1, "whole_node_starts off (the default) orders no move"
+    finally:
+        off.close()

@@ -335,3 +335,43 @@ def test_amoebad_refuses_to_start_with_queue_order_and_no_rights(
     assert "queue_order.enabled refused: amoebad runs as amoeba (uid 1003)" in capsys.readouterr().err
     assert amoebad.main(["--config", str(config), "--check"]) == 0
     assert "queue_order       on in batch (thresholds 57600 GPU-s" in capsys.readouterr().out
+
+
+def test_a_refused_update_backs_off_without_taking_the_bounds_places(caplog: pytest.LogCaptureFixture) -> None:
+    control = FakeControl()
+    refused = {1}
+    original = control.set_priority
+
+    def set_priority(job_id: int, priority: int) -> None:
+        if job_id in refused:
+            control.calls.append(("priority", job_id, priority))
+            # What Slurm 22.05 answers a user without AdminLevel (measured).
+            raise SlurmCommandError(["scontrol", "update"], 1, f"Invalid user id for job {job_id}")
+        original(job_id, priority)
+
+    control.set_priority = set_priority  # type: ignore[method-assign]
+    queue = QueueOrderer(
+        QueueOrder(enabled=True, thresholds_gpu_s=(100.0,), max_updates_per_round=1),
+        ("batch",),
+        control,
+        DaemonMetrics(),
+        user="amoebad",
+    )
+    records = [
+        job(1, state=PENDING, submit_time=1_000, priority=1),
+        job(2, state=PENDING, submit_time=1_010, priority=2),
+        job(3, state=PENDING, submit_time=1_020, priority=3),
+    ]
+    first = queue.apply(view(records, control), 2_000.0)
+    assert first.failed == ("1",) and first.changed == ()
+    second = queue.apply(view(records, control), 2_001.0)  # 1 waits: 3 gets the round's one place
+    assert second.backing_off == ("1",) and second.changed == (("3", 1),)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "priority of job 1 refused by Slurm" in warning
+    assert "`sacctmgr modify user amoebad set adminlevel=Operator`" in warning
+    assert "queue_order.enabled: false" in warning
+    refused.clear()
+    queue.apply(view(records, control), 2_005.0)
+    assert [c[1] for c in control.calls if c[1] == 1] == [1]  # not tried again before its 10 s
+    assert queue.apply(view(records, control), 2_010.0).changed == (("1", 3),)
+    assert queue.refusals.refusals("1") == 0 and control.priorities == {1: 3, 3: 1}

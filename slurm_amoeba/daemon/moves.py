@@ -1,0 +1,169 @@
+"""Whole-node starts, live: satellites move off a node so that a pending job starts whole on it (the simulator's
+``whole_node_starts``, :mod:`slurm_amoeba.policy.elastic_room`).
+
+A job that fits on one node (``--gres=gpu:N``: Slurm places it on one node) may find no node with N free GPUs while
+satellites hold the rest of one. Slurm then starts it by preempting those satellites (a job that ignores the
+SIGTERM keeps its GPUs until the elastic partition's GraceTime; an agent's satellite leaves within seconds), and
+the elastic job loses their workers until the daemon grows it again. With ``whole_node_starts`` (off by default:
+measured, no gain over that on the test cluster, docs/admin.md section 8d), :func:`whole_node_moves` picks, each
+round, the node where the fewest satellite GPUs must go and whose satellites' workers fit in free GPUs on other
+nodes; the daemon orders each of those jobs a move (``vacate``: its satellites on the node leave at a step
+boundary, and the job grows the same workers back in satellites that exclude the node,
+:mod:`slurm_amoeba.agent.plan`). The elastic jobs keep their target; the pending job starts when Slurm sees the
+node free.
+
+What it does not do: move for a job while the free GPUs of the whole cluster are fewer than it needs (the policy
+gives elastic extras back for it then, and Slurm preempts), move a job the policy resizes this round, or split a
+satellite (Slurm frees a satellite's GPUs only when all of it ends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from slurm_amoeba.daemon.observer import ClusterView, satellite_parent
+from slurm_amoeba.policy import JobInfo, Snapshot
+from slurm_amoeba.policy.common import base_size, priority_key
+from slurm_amoeba.slurm import JobState
+
+#: The most of one node's satellite owners tried together when choosing which jobs move (subsets of these).
+MAX_OWNERS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """One elastic job's satellites on ``node`` move elsewhere, for ``for_job``.
+
+    Attributes:
+        job_id: the elastic job that moves.
+        node: the node its satellites leave.
+        workers: its workers there (the same number grows back elsewhere).
+        for_job: the pending job that starts whole on ``node``.
+    """
+
+    job_id: str
+    node: str
+    workers: int
+    for_job: str
+
+    @property
+    def reason(self) -> str:
+        """The sentence sent to the agent."""
+        return f"amoebad: moves {self.workers} worker(s) off {self.node} so that job {self.for_job} starts on one node"
+
+
+def satellites_on_nodes(view: ClusterView, jobs: Collection[str]) -> dict[str, dict[str, int]]:
+    """Job id -> node -> GPUs its running satellites hold there, for ``jobs``."""
+    held: dict[str, dict[str, int]] = {}
+    for record in view.jobs:
+        parent = satellite_parent(record)
+        if parent is None or parent not in jobs or record.state is not JobState.RUNNING or len(record.nodes) != 1:
+            continue
+        gpus = record.gpus_held
+        if gpus > 0:
+            nodes = held.setdefault(parent, {})
+            nodes[record.nodes[0]] = nodes.get(record.nodes[0], 0) + gpus
+    return held
+
+
+def whole_node_moves(
+    snapshot: Snapshot,
+    movable: Sequence[JobInfo],
+    satellites: Mapping[str, Mapping[str, int]],
+    skip: Collection[str] = (),
+) -> list[Move]:
+    """The moves that let pending jobs start whole on one node (see the module docstring).
+
+    Pending jobs are taken in Slurm's priority order; one that a node can hold now takes that node's free GPUs (best
+    fit, as Slurm's placement would); one that none can hold, that fits on one node and whose need the free GPUs of
+    the cluster cover, gets the node needing the fewest satellite GPUs moved (ties: the lower name). A node is
+    vacated and a job moved at most once a round.
+
+    Args:
+        snapshot: the round's snapshot (nodes with free GPUs, pending jobs).
+        movable: the managed elastic jobs that may be ordered now.
+        satellites: job id -> node -> GPUs of its running satellites (:func:`satellites_on_nodes`).
+        skip: pending jobs not to move for (one was ordered for them lately: their node is being vacated).
+
+    Returns:
+        The moves, one per job.
+    """
+    free = dict(snapshot.free_by_node())
+    node_gpus = max((node.gpus_total for node in snapshot.nodes), default=0)
+    jobs = {job.job_id: job for job in movable}
+    moves: list[Move] = []
+    for pending in sorted(snapshot.pending(), key=priority_key):
+        need = base_size(pending) * pending.gpus_per_worker
+        if need <= 0 or need > node_gpus or pending.job_id in skip:
+            continue
+        whole = [name for name, gpus in free.items() if gpus >= need]
+        if whole:
+            free[min(whole, key=lambda name: (free[name], name))] -= need
+            continue
+        if sum(free.values()) < need:
+            continue
+        chosen = _best_node(need, node_gpus, free, jobs, satellites, {move.node for move in moves})
+        if chosen is None:
+            continue
+        node, owners, room = chosen
+        for job_id in owners:
+            workers = satellites[job_id][node] // jobs[job_id].gpus_per_worker
+            moves.append(Move(job_id, node, workers, pending.job_id))
+            del jobs[job_id]
+        free = room
+        free[node] += sum(satellites[job_id][node] for job_id in owners) - need
+    return moves
+
+
+def _best_node(
+    need: int,
+    node_gpus: int,
+    free: Mapping[str, int],
+    jobs: Mapping[str, JobInfo],
+    satellites: Mapping[str, Mapping[str, int]],
+    vacated: Collection[str],
+) -> tuple[str, tuple[str, ...], dict[str, int]] | None:
+    """(node, the jobs whose satellites leave it, free GPUs per node after their workers regrow elsewhere) of the
+    cheapest move that frees ``need`` GPUs on one node, or None."""
+    best: tuple[int, str, tuple[str, ...], dict[str, int]] | None = None
+    for node in sorted(free):
+        if node in vacated:
+            continue
+        owners = sorted(job_id for job_id in jobs if satellites.get(job_id, {}).get(node, 0) > 0)[:MAX_OWNERS]
+        for count in range(1, len(owners) + 1):
+            for group in itertools.combinations(owners, count):
+                moved = sum(satellites[job_id][node] for job_id in group)
+                if free[node] + moved < need or (best is not None and moved >= best[0]):
+                    continue
+                room = _regrow(node, group, node_gpus, free, jobs, satellites)
+                if room is not None:
+                    best = (moved, node, group, room)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def _regrow(
+    node: str,
+    owners: Iterable[str],
+    node_gpus: int,
+    free: Mapping[str, int],
+    jobs: Mapping[str, JobInfo],
+    satellites: Mapping[str, Mapping[str, int]],
+) -> dict[str, int] | None:
+    """Free GPUs per node once the owners' workers on ``node`` grew back elsewhere in satellites of at most a node's
+    worth each (as their agents submit them), each on the node that fits it best; None when one does not fit."""
+    room = dict(free)
+    for job_id in owners:
+        per = max(jobs[job_id].gpus_per_worker, 1)
+        chunk_most = max(1, node_gpus // per)  # the agent's workers_per_satellite
+        left = satellites[job_id][node] // per
+        while left > 0:
+            chunk = min(left, chunk_most)
+            fits = [name for name, gpus in room.items() if name != node and gpus >= chunk * per]
+            if not fits:
+                return None
+            target = min(fits, key=lambda name: (room[name], name))
+            room[target] -= chunk * per
+            left -= chunk
+    return room

@@ -383,7 +383,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench-backfill", description=__doc__.split("\n\n")[0] if __doc__ else None)
     default_conf = os.environ.get("SLURM_CONF", "/tmp/slurm-amoeba-cluster/etc/slurm.conf")
     parser.add_argument("--slurm-conf", type=Path, default=Path(default_conf), help="the cluster's slurm.conf")
-    parser.add_argument("--daemon-host", default="10.77.0.1", help="an address of this host the nodes reach")
+    parser.add_argument(
+        "--daemon-host",
+        default=os.environ.get("AMOEBA_CLUSTER_SUBNET", "10.77.0") + ".1",
+        help="an address of this host the nodes reach (default: the cluster bridge, AMOEBA_CLUSTER_SUBNET + .1)",
+    )
     parser.add_argument("--interval", type=float, default=2.0, help="the daemon's round interval (s)")
     parser.add_argument("--policy", default="elastic-backfill")
     parser.add_argument("--regular-partition", default="batch")

@@ -132,6 +132,27 @@ def clone_tree(obj: Any) -> Any:
     return obj
 
 
+def _model_problem(model: torch.nn.Module, entries: list[Any]) -> str | None:
+    """How a sender's model entries (``[name, dtype, shape]``) differ from ``model``'s, or ``None``."""
+    mine = model.state_dict()
+    theirs = {str(name): (dtype, list(shape)) for name, dtype, shape in entries}
+    missing = sorted(set(theirs) - set(mine))
+    extra = sorted(set(mine) - set(theirs))
+    if missing or extra:
+        return (
+            f"the model here has entries {extra[:3]} that the running workers lack and lacks {missing[:3]}; "
+            "build the same model in every worker"
+        )
+    for name, tensor in mine.items():
+        dtype, shape = theirs[name]
+        if list(tensor.shape) != shape or str(tensor.dtype) != dtype:
+            return (
+                f"model entry {name!r} has shape {list(tensor.shape)} and {tensor.dtype} here but {shape} and "
+                f"{dtype} on the running workers; build the same model in every worker"
+            )
+    return None
+
+
 class _CommitCopy:
     """The part of a commit that is copied in a thread of its own: the model's parameters and the optimizer's state.
 
@@ -424,10 +445,8 @@ class TorchState:
         return copied
 
     def unchanging_storage(self) -> frozenset[int]:
-        """Where the tensors live that change only in the optimizer's step: the data pointers of the parameters and
-        of the optimizer's state. A switch's source sends those as they are, without a copy, and waits for the sends
-        before its next optimizer step (runtime/transfer.py); the model's buffers (batch-norm statistics, which a
-        forward changes) and the rest are copied first."""
+        """Data pointers of what only the optimizer's step changes (parameters, optimizer state): a switch's source
+        sends those uncopied and waits for the sends before its next step (runtime/transfer.py)."""
         pointers = {p.data_ptr() for p in self.model.parameters()}
         for per_param in self.optimizer.state.values():
             pointers.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
@@ -540,22 +559,9 @@ class TorchState:
         parts = self._parts_problem(manifest)
         if parts is not None:
             return parts
-        mine = self.model.state_dict()
-        theirs = {str(name): (dtype, list(shape)) for name, dtype, shape in manifest["model"]}
-        missing = sorted(set(theirs) - set(mine))
-        extra = sorted(set(mine) - set(theirs))
-        if missing or extra:
-            return (
-                f"the model here has entries {extra[:3]} that the running workers lack and lacks {missing[:3]}; "
-                "build the same model in every worker"
-            )
-        for name, tensor in mine.items():
-            dtype, shape = theirs[name]
-            if list(tensor.shape) != shape or str(tensor.dtype) != dtype:
-                return (
-                    f"model entry {name!r} has shape {list(tensor.shape)} and {tensor.dtype} here but {shape} and "
-                    f"{dtype} on the running workers; build the same model in every worker"
-                )
+        model = _model_problem(self.model, manifest["model"])
+        if model is not None:
+            return model
         own_groups = [len(g["params"]) for g in self.optimizer.param_groups]
         if own_groups != list(manifest["param_groups"]):
             return (
@@ -613,16 +619,9 @@ class TorchState:
         self._load_parts(tree)
 
     def load_received(self, tree: Mapping[str, Any]) -> None:
-        """Put a state received from a switch's source in place; with :attr:`received_is_commit`, it is also the
-        commit.
-
-        The received tensors belong to this worker alone, so they become the commit as they are, and the live
-        state takes the copies (the model's load copies into the parameters; the rest is cloned): less copying than
-        a commit made afterwards, and nothing left for the first optimizer step to wait for (:meth:`settle`).
-
-        Raises:
-            StateError: the tree does not fit the model or optimizer.
-        """
+        """Put a state received at a switch in place, keeping the received tensors (this worker's alone) as the
+        commit: the live state takes the copies, so no commit copy is left to wait for (:attr:`received_is_commit`).
+        Raises :class:`StateError` when the tree does not fit the model or optimizer."""
         self.load_tree({key: value if key == "model" else clone_tree(value) for key, value in tree.items()})
         self._committed = dict(tree)
 

@@ -18,8 +18,9 @@ What a round decides, in this order (DESIGN.md, control flow: the agent's part o
 4. **workers**, from the coordinator's view: a satellite whose workers are all gone is released (a shrink done,
    training finished, or its workers lost); a worker that left on its own no longer counts toward the size, and
    one that died retires the rest of its group (its process may hang: releasing the satellite ends it);
-5. **reconcile**, never once training is over: grow toward the target by submitting satellites of at most a
-   node's worth of workers each (a preemption takes one node's satellite, not every worker the job gained), or
+5. **reconcile**, never once training is over or a worker has finished it: grow toward the target by submitting
+   satellites of at most a node's worth of workers each (a preemption takes one node's satellite, not every worker
+   the job gained), or
    shrink by asking chosen workers to leave (:func:`~slurm_amoeba.agent.groups.choose_leavers`; a satellite that
    has not started yet is released instead, and a smaller one replaces it when only part of it had to go). A
    move the daemon asked for (``vacate``: a rigid job is to start whole on that node) asks every running
@@ -431,7 +432,11 @@ def plan(seen: Observation, limits: Limits) -> list[Action]:
         round_.emit(StopMainStep(seen.coordinator.phase))
         return round_.actions
     round_.watch_workers()
-    if not over:  # nothing to grow into or shrink from once training has ended
+    # Nothing to grow into or shrink from once training has ended, nor once a worker has finished it: train()
+    # returns on every member at the same step, and the coordinator may see the last of them a round later (a
+    # satellite's workers finishing first made the job submit a satellite at its very end).
+    finishing = any(status is WorkerStatus.DONE for status in seen.coordinator.workers.values())
+    if not over and not finishing:
         round_.reconcile()
     return round_.actions
 

@@ -232,6 +232,8 @@ ROWS: list[tuple[str, Observation, Limits, list[Action]]] = [
     ("a satellite whose workers all finished is released as finished",
      seen([G0, G1], 4, {**members(G0), "g1-0": DONE, "g1-1": DONE}, phase=Phase.FINISHED, over_since=NOW), LIMITS,
      [release("g1", "training finished")]),
+    ("a satellite whose workers finished before the coordinator says so is released, and nothing regrows",
+     seen([G0, G1], 4, {**members(G0), "g1-0": DONE, "g1-1": DONE}), LIMITS, [release("g1", "training finished")]),
     ("a satellite whose workers left unasked is released and the target follows",
      seen([G0, G1], 4, {**members(G0), "g1-0": LEFT, "g1-1": FAILED}), LIMITS,
      [release("g1", "its workers left (preempted or failed)", failure=USER), LowerTarget(2, 4)]),

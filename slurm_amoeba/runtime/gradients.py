@@ -260,7 +260,7 @@ class GradientBuckets:
                 pending = self._sum_and_send(root, members, idle)
             elif rank in members:
                 sends = [dist.isend(flat, dst=root, tag=GRADIENT_TAG + i) for i, flat in enumerate(self.flats)]
-                _wait_all(sends)
+                wait_all(sends)
                 self._receive_sum(root)
             else:
                 self._receive_sum(root)
@@ -272,7 +272,7 @@ class GradientBuckets:
     def _sum_and_send(self, root: int, members: list[int], idle: list[int]) -> Sends:
         others = sorted(m for m in members if m != root)
         incoming = [[torch.empty_like(flat) for flat in self.flats] for _ in others]
-        _wait_all(
+        wait_all(
             [
                 dist.irecv(buffer, src=peer, tag=GRADIENT_TAG + i)
                 for peer, buffers in zip(others, incoming, strict=True)
@@ -293,11 +293,11 @@ class GradientBuckets:
                 pending.extend(
                     (dist.isend(copy, dst=peer, tag=GRADIENT_TAG + i), copy) for i, copy in enumerate(copies)
                 )
-        _wait_all(sends)
+        wait_all(sends)
         return pending
 
     def _receive_sum(self, root: int) -> None:
-        _wait_all([dist.irecv(flat, src=root, tag=GRADIENT_TAG + i) for i, flat in enumerate(self.flats)])
+        wait_all([dist.irecv(flat, src=root, tag=GRADIENT_TAG + i) for i, flat in enumerate(self.flats)])
 
     def abandon(self) -> None:
         """Forget every pending reduction after a failure.
@@ -317,7 +317,8 @@ class GradientBuckets:
         self._armed = False
 
 
-def _wait_all(works: list[Any]) -> None:
+def wait_all(works: list[Any]) -> None:
+    """Wait for point-to-point works in order (a failed one raises ``RuntimeError``; so does a missing one)."""
     for work in works:
         if work is None:  # pragma: no cover - torch returns a work for isend/irecv
             raise RuntimeError("torch returned no work for a point-to-point operation")

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from slurm_amoeba.runtime.errors import StateError, WorkerFailure
+from slurm_amoeba.runtime.gradients import Sends, wait_all
 from slurm_amoeba.runtime.group import GroupSettings, aborted, await_keys, teardown_group
 from slurm_amoeba.runtime.protocol import GenerationPlan, manifest_key
 from slurm_amoeba.runtime.state import TorchState, decode_tree
@@ -44,7 +45,7 @@ DIRECT_TAG = 1 << 16
 class PendingSend:
     """The source's broadcasts of a switch, still in flight (the buffers stay referenced until they are done)."""
 
-    def __init__(self, works: list[tuple[dist.Work, torch.Tensor]]) -> None:
+    def __init__(self, works: Sends) -> None:
         self._works = works
 
     def wait(self) -> None:
@@ -173,11 +174,11 @@ def _layout(manifest: dict[str, Any]) -> list[tuple[str, list[int], list[int]]]:
 
 def _send(
     plan: GenerationPlan, settings: GroupSettings, manifest: dict[str, Any], tensors: list[torch.Tensor]
-) -> list[tuple[dist.Work, torch.Tensor]]:
+) -> Sends:
     """The source's sends to every joiner, started, not waited for: per dtype, one flat copy of the small tensors
     and the model's buffers (tagged by the dtype's place), and each large parameter or optimizer-state tensor as it
     is (tagged by its index): those change only in the optimizer's step, before which the source waits for them."""
-    works: list[tuple[dist.Work, torch.Tensor]] = []
+    works: Sends = []
     joiners = [plan.rank_of(j) for j in plan.joiners if j != plan.source]
     for tag, (_dtype_name, copied, direct) in enumerate(_layout(manifest)):
         messages = [(tensors[i].reshape(-1), DIRECT_TAG + i) for i in direct]
@@ -209,10 +210,7 @@ def _receive(plan: GenerationPlan, settings: GroupSettings, manifest: dict[str, 
         if copied:
             messages.insert(0, (flat[: sum(sizes[: len(copied)])], tag))
         try:
-            works = [dist.irecv(buffer, src=source, tag=message_tag) for buffer, message_tag in messages]
-            for work in works:
-                if work is not None:
-                    work.wait()
+            wait_all([dist.irecv(buffer, src=source, tag=message_tag) for buffer, message_tag in messages])
         except RuntimeError as exc:
             raise _failed(plan, "state receive", exc) from None
         for index, part in zip(order, parts, strict=True):

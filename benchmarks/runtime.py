@@ -277,8 +277,11 @@ def steps_by_size(records: list[list[float]]) -> dict[int, float]:
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with)."""
+    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with); only
+    ``n`` (0) for an empty one (e.g. no switch was followed by three steps of its generation)."""
     ordered = sorted(values)
+    if not ordered:
+        return {"n": 0.0}
     quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else ordered * 3
     return {
         "median": statistics.median(ordered),
@@ -636,6 +639,8 @@ def compare_pauses(
 
 def _ms(spread: dict[str, float]) -> str:
     """A spread in milliseconds: median [quartiles] (range), count."""
+    if not spread["n"]:
+        return "     none, n=0"
     return (
         f"{spread['median'] * 1000:6.1f} ms [{spread['q1'] * 1000:.1f}..{spread['q3'] * 1000:.1f}] "
         f"({spread['min'] * 1000:.1f}..{spread['max'] * 1000:.1f}), n={spread['n']:.0f}"

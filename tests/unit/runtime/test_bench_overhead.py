@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from benchmarks.runtime import format_overhead, median_interval, steps_by_size, switch_pauses
+from benchmarks.runtime import _ms, _spread, format_overhead, median_interval, steps_by_size, switch_pauses
 
 
 def test_the_median_interval_holds_the_median_narrows_with_more_pairs_and_repeats() -> None:
@@ -46,3 +46,9 @@ def test_a_switch_pause_counts_the_first_steps_of_the_new_generation() -> None:
     assert first["out"] == [pytest.approx(0.005)] and over["out"] == [pytest.approx(0.017)]
     assert first["in"] == [pytest.approx(0.003)]
     assert over["in"] == [], "a switch followed by fewer steps of its generation is left out"
+
+
+def test_an_empty_sample_is_reported_as_none_instead_of_failing_the_run() -> None:
+    assert _spread([]) == {"n": 0.0}
+    assert _ms(_spread([])).strip() == "none, n=0"
+    assert _ms(_spread([0.002, 0.004])).startswith("   3.0 ms")

@@ -298,7 +298,12 @@ def _resized(generation: int, size: int) -> Callable[[CoordinatorView], bool]:
 
 
 def _stepped(since: CoordinatorView, steps: int) -> Callable[[CoordinatorView], bool]:
-    return lambda v: v.generation == since.generation and _progress_step(v) >= _progress_step(since) + steps
+    """``steps`` steps into ``since``'s generation, counted from the step it started at: the progress in ``since``
+    itself may still be the last report of the old generation (then the next resize came after only a few steps,
+    inside the first three steps that a switch's pause is counted over)."""
+    start = since.plan.start_step if since.plan is not None else None
+    first = _progress_step(since) if start is None else start
+    return lambda v: v.generation == since.generation and _progress_step(v) >= first + steps
 
 
 def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[str, Any]:

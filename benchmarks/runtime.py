@@ -170,29 +170,39 @@ def interleaved_step_times(out: Path, steps: int, block: int) -> dict[str, list[
     cancels the drift of a shared machine's load. The first block of each kind is warm-up and dropped.
 
     Returns:
-        ``{"amoeba": [...], "ddp": [...]}``: the median step time of each block, in order.
+        ``{"amoeba": [...], "ddp": [...], "amoeba_cpu": [...], "ddp_cpu": [...]}``: the median step time of each
+        block, in order, and the median CPU time of the first worker's process per step (all its threads).
     """
     with _amoeba_job(out, 2, ["--steps", str(steps), "--compare-ddp", str(block)]) as job:
         result = job.wait(DEADLINE_S)
     if result.phase.value != "finished":
         raise RuntimeError(f"bench-runtime: the runtime job ended {result.phase.value}; see {out}")
+    times: dict[str, list[float]] = {}
+    for column, suffix in ((0, ""), (4, "_cpu")):
+        amoeba, ddp = _block_medians(out, block, column)
+        times["amoeba" + suffix], times["ddp" + suffix] = amoeba, ddp
+    count = min(len(times["amoeba"]), len(times["ddp"]))
+    if count == 0:
+        raise RuntimeError(f"bench-runtime: too few blocks to compare step times; see {out}")
+    return {key: values[:count] for key, values in times.items()}
+
+
+def _block_medians(out: Path, block: int, column: int) -> tuple[list[float], list[float]]:
+    """Per block of the runtime's steps and of the DDP loop's, the median step of the records' ``column`` (0: wall
+    time, 4: the process's CPU time); the first block of each kind (warm-up) dropped."""
     amoeba_blocks: list[list[float]] = [[]]
-    records = _records(out, "steps-amoeba-w0.jsonl")
-    for before, after in itertools.pairwise(records):
+    for before, after in itertools.pairwise(_records(out, "steps-amoeba-w0.jsonl")):
         if after[1] < 0:  # the end of a DDP block: that gap is the DDP block, not a runtime step
             amoeba_blocks.append([])
         else:
-            amoeba_blocks[-1].append(after[0] - before[0])
+            amoeba_blocks[-1].append(after[column] - before[column])
     ddp_blocks: dict[float, list[float]] = {}
     for before, after in itertools.pairwise(_records(out, "steps-ddpblock-w0.jsonl")):
         if after[1] == before[1]:
-            ddp_blocks.setdefault(after[1], []).append(after[0] - before[0])
+            ddp_blocks.setdefault(after[1], []).append(after[column] - before[column])
     amoeba = [statistics.median(b) for b in amoeba_blocks if len(b) >= block // 2][1:]
     ddp = [statistics.median(b) for _, b in sorted(ddp_blocks.items())][1:]
-    count = min(len(amoeba), len(ddp))
-    if count == 0:
-        raise RuntimeError(f"bench-runtime: too few blocks to compare step times; see {out}")
-    return {"amoeba": amoeba[:count], "ddp": ddp[:count]}
+    return amoeba, ddp
 
 
 # --------------------------------------------------------------------------------------------------- events
@@ -679,6 +689,7 @@ def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], No
     """The steady-state overhead against plain DDP: ``reps`` jobs of interleaved blocks (see
     :func:`interleaved_step_times`); the ratio of each runtime block to its DDP neighbour."""
     ratios: list[float] = []
+    cpu_ratios: list[float] = []
     blocks: list[dict[str, list[float]]] = []
     for rep in range(reps):
         progress(f"steady state, repetition {rep + 1}/{reps}: runtime and plain DDP blocks at 2 workers")
@@ -687,7 +698,9 @@ def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], No
         times = interleaved_step_times(directory, steps, block=10)
         blocks.append(times)
         ratios.extend(a / d for a, d in zip(times["amoeba"], times["ddp"], strict=True))
+        cpu_ratios.extend(a / d for a, d in zip(times["amoeba_cpu"], times["ddp_cpu"], strict=True) if d > 0)
     low, high = median_interval(ratios)
+    cpu_low, cpu_high = median_interval(cpu_ratios)
     return {
         "overhead_ratio": _median(ratios) - 1.0,
         "overhead_spread": {k: v - 1.0 if k != "n" else v for k, v in _spread(ratios).items()},
@@ -695,6 +708,12 @@ def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], No
         "ddp_step_s": _median([t for b in blocks for t in b["ddp"]]),
         "amoeba_step_s": _median([t for b in blocks for t in b["amoeba"]]),
         "block_ratios": ratios,
+        # The same for the worker process's CPU time per step: the work the runtime adds, without the waits and
+        # the machine's scheduling (a runtime that overlapped less would show in the wall time only).
+        "overhead_cpu_ratio": _median(cpu_ratios) - 1.0,
+        "overhead_cpu_interval": [cpu_low - 1.0, cpu_high - 1.0],
+        "ddp_cpu_s": _median([t for b in blocks for t in b["ddp_cpu"]]),
+        "amoeba_cpu_s": _median([t for b in blocks for t in b["amoeba_cpu"]]),
         "load": os.getloadavg()[0],
     }
 
@@ -708,7 +727,19 @@ def format_overhead(overhead: Mapping[str, Any]) -> str:
         f"of the median {low * 100:+.2f}..{high * 100:+.2f} %; quartiles {spread['q1'] * 100:+.1f}.."
         f"{spread['q3'] * 100:+.1f} %, {len(overhead['block_ratios'])} block pairs)\n"
         f"  step {overhead['amoeba_step_s'] * 1000:.2f} ms vs DDP {overhead['ddp_step_s'] * 1000:.2f} ms, "
-        f"load {overhead['load']:.1f}"
+        f"load {overhead['load']:.1f}" + _cpu_line(overhead)
+    )
+
+
+def _cpu_line(overhead: Mapping[str, Any]) -> str:
+    """The CPU-time figure's line (absent from reports written before it)."""
+    if "overhead_cpu_ratio" not in overhead:
+        return ""
+    low, high = overhead["overhead_cpu_interval"]
+    return (
+        f"\n  CPU time of the worker process per step: {overhead['overhead_cpu_ratio'] * 100:+.2f} % (95 % interval "
+        f"{low * 100:+.2f}..{high * 100:+.2f} %), {overhead['amoeba_cpu_s'] * 1000:.2f} ms vs DDP "
+        f"{overhead['ddp_cpu_s'] * 1000:.2f} ms"
     )
 
 

@@ -56,7 +56,8 @@ def build_dataset() -> TensorDataset:
 
 
 class StepLog:
-    """Step end times, kept in memory (dumped at exit) or also written per step (``flush``)."""
+    """Step end times and the process's CPU time then, kept in memory (dumped at exit) or also written per step
+    (``flush``)."""
 
     def __init__(self, path: Path, flush: bool) -> None:
         self.path = path
@@ -64,7 +65,8 @@ class StepLog:
         self.stream: TextIO | None = open(path, "a") if flush else None  # noqa: SIM115 - closed in dump()
 
     def record(self, step: float, world_size: int, generation: int = 0) -> None:
-        entry = [time.time(), float(step), float(world_size), float(generation)]
+        # The process's CPU time last: what the step cost in work, whatever the machine's scheduling added to it.
+        entry = [time.time(), float(step), float(world_size), float(generation), time.process_time()]
         self.records.append(entry)
         if self.stream is not None:
             self.stream.write(json.dumps(entry) + "\n")

@@ -219,9 +219,9 @@ ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_a
 LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
 #: Admission with the what-if of regrowing jobs below and behind their request first.
 RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
-#: Admission with the last round's rules: only workers above an elastic job's minimum move for a rigid start on one
-#: node (the rule before ``whole_node_moves_minimum``).
-BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("whole_node_moves_minimum", False))
+#: Admission with the last round's rules: an admission may take any running elastic job down to its minimum (the
+#: rule before ``spare_tail_factor``).
+BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("spare_tail_factor", 0.0))
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
 SUBMIT_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("submit_at_request", True))
 
@@ -236,7 +236,7 @@ DEFAULT_ROWS: tuple[tuple[str, float, tuple[tuple[str, object], ...]], ...] = (
     ("plain daemon", 1.0, DEFAULT_KNOBS),
     ("plain daemon, submitted at request", 1.0, SUBMIT_KNOBS),
     ("+ admission at request", 1.0, ADMIT_KNOBS),
-    ("+ admission, satellites move only (before)", 1.0, BEFORE_KNOBS),
+    ("+ admission, long jobs not spared (before)", 1.0, BEFORE_KNOBS),
     ("+ admission, restore_requests (what-if)", 1.0, RESTORE_KNOBS),
     ("+ admission + LAS order", 1.0, LAS_KNOBS),
 )
@@ -411,7 +411,7 @@ PHILLY_ROWS = (
     "slurm (baseline)",
     "plain daemon",
     "+ admission at request",
-    "+ admission, satellites move only (before)",
+    "+ admission, long jobs not spared (before)",
     "+ admission + LAS order",
 )
 

@@ -458,3 +458,16 @@ def test_spare_tail_factor_starts_a_short_arrival_smaller_instead_of_taking_a_lo
     wide = dataclasses.replace(arrival, min_workers=3)
     wide_cluster = snapshot([8], [long, short, wide])
     assert sizes(tail.decide(wide_cluster, now=10.0)) == {"long": 2, "short": 2, "p": 4}
+
+
+def test_max_hold_s_releases_a_held_elastic_job_to_start_at_its_minimum_as_the_live_daemon_does() -> None:
+    # 4 GPUs, a rigid job holds 2 until its limit; p (range 2..4) asks for 4, submitted at 0.
+    cluster = snapshot([4], [job("r", 2, placement={"n0": 2}, time_limit=10_000.0), job("p", 4, low=2, high=4)])
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    # Without the bound p is held (its request is not free) at any age.
+    assert admit.decide(cluster, now=7200.0) == []
+    # With it, p held for an hour or more starts at its minimum as Slurm would; younger, it is still held.
+    bound = dataclasses.replace(admit, max_hold_s=3600.0)
+    assert sizes(bound.decide(cluster, now=7200.0)) == {"p": 2}
+    assert bound.decide(cluster, now=1800.0) == []
+    check_decisions(cluster, list(bound.decide(cluster, now=7200.0)))

@@ -25,6 +25,7 @@ AHEAD_MARGIN = 0.01
 def elastic_layer(
     policy: SlurmBaselinePolicy,
     snapshot: Snapshot,
+    now: float,
     running: Sequence[JobInfo],
     started: Sequence[JobInfo],
     victims: set[str],
@@ -50,13 +51,14 @@ def elastic_layer(
                 for name, count in job.placement.items():
                     nodes[name] = nodes.get(name, 0) + count * job.gpus_per_worker
         for job in started:
-            keep = _start_keeps(policy, job, targets[job.job_id], nodes, lenders, sizes)
+            gated = policy.gated(job, now)
+            keep = _start_keeps(policy, job, targets[job.job_id], nodes, lenders, sizes, snapshot, now)
             moves = None
-            if policy.whole_node_starts and policy.admit_at_request and not policy.gated(job):
+            if policy.whole_node_starts and policy.admit_at_request and not gated:
                 movers = [o for o in running if o.job_id in sizes and o.is_resizable]
                 floor = (lambda _: 0) if policy.whole_node_moves_minimum else policy.daemon_floor
                 moves = _Moves(floor, _node_gpus(snapshot), movers if policy.whole_node_moves_minimum else None)
-            fit = (job.min_workers, _node_gpus(snapshot)) if policy.gated(job) and policy.compact_admissions else None
+            fit = (job.min_workers, _node_gpus(snapshot)) if gated and policy.compact_admissions else None
             placed = _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep, moves, fit)
             if placed is not None and placed != targets[job.job_id]:
                 targets[job.job_id] = placed
@@ -104,18 +106,55 @@ def _start_keeps(
     nodes: dict[str, int],
     lenders: Sequence[JobInfo],
     sizes: dict[str, int],
+    snapshot: Snapshot,
+    now: float,
 ) -> Callable[[JobInfo], int]:
     """The fewest workers each lender keeps when ``job`` starts at ``workers``: its Slurm floor for a job Slurm
-    starts; for an admission its minimum (:func:`admission_keeps` with ``protect_requests``; :func:`spares` with
-    ``spare_longer_jobs`` when the free GPUs and the extras above it hold the job, else its minimum)."""
-    if not policy.gated(job):
+    starts; for an admission its minimum (:func:`admission_keeps` with ``protect_requests``; :func:`admission_spares`
+    when the free GPUs and the extras above it hold the job, else its minimum)."""
+    if not policy.gated(job, now):
         return policy.slurm_floor
-    if policy.spare_longer_jobs:
-        spared = spares(policy.min_gain, policy.time_left, policy.time_left(job))
+    spared = admission_spares(policy, job, snapshot, now)
+    if spared is not None:
         room = sum(nodes.values()) + sum(max(sizes[o.job_id] - spared(o), 0) * o.gpus_per_worker for o in lenders)
         if room >= workers * job.gpus_per_worker:
             return spared
     return admission_keeps(policy.min_gain) if policy.protect_requests else policy.daemon_floor
+
+
+def admission_spares(
+    policy: SlurmBaselinePolicy, job: JobInfo, snapshot: Snapshot, now: float
+) -> Callable[[JobInfo], int] | None:
+    """For an elastic job the daemon admits: the fewest workers each running job keeps for it when the free GPUs and
+    the others' extras hold it, or ``None`` (no such rule: every elastic job down to its minimum).
+
+    ``spare_tail_factor``: :func:`spares_tail`, while the other pending jobs ask for at most
+    ``spare_tail_queue_share`` of the cluster's GPUs; ``spare_longer_jobs``: :func:`spares`.
+    """
+    if not policy.gated(job, now):
+        return None
+    if policy.spare_tail_factor > 0:
+        queued = sum(o.requested_workers * o.gpus_per_worker for o in snapshot.pending() if o.job_id != job.job_id)
+        if queued <= policy.spare_tail_queue_share * snapshot.total_gpus:
+            return spares_tail(policy.time_left, policy.spare_tail_factor * policy.time_left(job))
+    if policy.spare_longer_jobs:
+        return spares(policy.min_gain, policy.time_left, policy.time_left(job))
+    return None
+
+
+def spared_size(
+    policy: SlurmBaselinePolicy, job: JobInfo, snapshot: Snapshot, running: Sequence[JobInfo], taken: int, now: float
+) -> int | None:
+    """The size an elastic job admitted at its request starts at under :func:`admission_spares` (``None`` when no
+    such rule applies): its request when the free GPUs (less ``taken`` this round) and the extras the running jobs
+    may give hold it, else what they hold if that is at least its minimum, else its request (taking from every job,
+    as without the rule: an admission held until such jobs end waited for hours, docs/simulator.md)."""
+    keep = admission_spares(policy, job, snapshot, now)
+    if keep is None:
+        return None
+    extras = sum(max(other.workers - keep(other), 0) * other.gpus_per_worker for other in running)
+    size = min(job.requested_workers, (snapshot.free_gpus + extras - taken) // job.gpus_per_worker)
+    return size if size >= job.min_workers else job.requested_workers
 
 
 def request_credit(job: JobInfo) -> float:
@@ -159,6 +198,21 @@ def spares(min_gain: float, time_left: Callable[[JobInfo], float], limit: float)
         if job.is_resizable and time_left(job) > limit:
             return protected(job)
         return job.min_workers if job.is_resizable else job.workers
+
+    return keep
+
+
+def spares_tail(time_left: Callable[[JobInfo], float], limit: float) -> Callable[[JobInfo], int]:
+    """The fewest workers a running job keeps when an elastic job is admitted (``spare_tail_factor``): its request
+    (or what it holds, when less) for a job with more than ``limit`` seconds left, else its minimum (a rigid job: what
+    it holds). Such a job may be the workload's tail: every hour it runs below its request moves its end later."""
+
+    def keep(job: JobInfo) -> int:
+        if not job.is_resizable:
+            return job.workers
+        if time_left(job) > limit:
+            return max(min(job.workers, job.requested_workers), job.min_workers)
+        return job.min_workers
 
     return keep
 

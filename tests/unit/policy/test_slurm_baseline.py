@@ -419,7 +419,7 @@ def test_spare_longer_jobs_starts_a_shorter_arrival_smaller_instead_of_taking_a_
     flat = job("flat", 4, low=2, high=8, placement={"n0": 4}, throughput={2: 2.0, 3: 3.0, 4: 4.0, 5: 4.0, 6: 4.0})
     flat = dataclasses.replace(flat, attained_service=4 * 3600.0, executed_time=3600.0, time_limit=100_000.0)
     arrival = job("p", 4, low=2, high=8, submit=5.0, time_limit=1000.0)
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, spare_tail_factor=0.0)
     spare = dataclasses.replace(admit, spare_longer_jobs=True)
     cluster = snapshot([6], [flat, arrival])
     # Without the rule p starts at its request and flat goes down to 2; with it p starts at 2 beside flat.
@@ -433,3 +433,41 @@ def test_spare_longer_jobs_starts_a_shorter_arrival_smaller_instead_of_taking_a_
     # So is one whose minimum does not fit beside flat (it would otherwise wait for hours).
     wide = dataclasses.replace(arrival, min_workers=3)
     assert sizes(spare.decide(snapshot([6], [flat, wide]), now=10.0)) == {"flat": 2, "p": 4}
+
+
+def test_spare_tail_factor_starts_a_short_arrival_smaller_instead_of_taking_a_long_job_below_its_request() -> None:
+    linear = {size: float(size) for size in range(1, 9)}
+    # One node of 8 GPUs, none free: "long" (10^5 s left) and "short" (2,000 s left) run at their request of 4; the
+    # arrival p asks for 4 (range 2..8, time limit 1,000 s). Both lenders gain alike from a worker.
+    long = job("long", 4, low=2, high=8, placement={"n0": 4}, throughput=linear, time_limit=100_000.0)
+    short = job("short", 4, low=2, high=8, placement={"n0": 4}, throughput=linear, time_limit=2_000.0)
+    arrival = job("p", 4, low=2, high=8, submit=5.0, throughput=linear, time_limit=1_000.0)
+    cluster = snapshot([8], [long, short, arrival])
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, spare_tail_factor=0.0)
+    # Without the rule p starts at its request and takes 2 workers from each.
+    assert sizes(admit.decide(cluster, now=10.0)) == {"long": 2, "short": 2, "p": 4}
+    # With it (the default, 5) long (more than 5 x 1,000 s left) keeps its request; p starts at 2, from short alone.
+    tail = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    decisions = tail.decide(cluster, now=10.0)
+    assert sizes(decisions) == {"short": 2, "p": 2}
+    check_decisions(cluster, list(decisions))
+    # With a queue behind p above spare_tail_queue_share of the cluster (3 of 8 GPUs > 0.25), as without the rule.
+    queued = snapshot([8], [long, short, arrival, job("q", 3, submit=6.0, time_limit=1_000.0)])
+    assert sizes(tail.decide(queued, now=10.0)) == sizes(admit.decide(queued, now=10.0))
+    # An arrival whose minimum does not fit beside long takes from both, as without the rule.
+    wide = dataclasses.replace(arrival, min_workers=3)
+    wide_cluster = snapshot([8], [long, short, wide])
+    assert sizes(tail.decide(wide_cluster, now=10.0)) == {"long": 2, "short": 2, "p": 4}
+
+
+def test_max_hold_s_releases_a_held_elastic_job_to_start_at_its_minimum_as_the_live_daemon_does() -> None:
+    # 4 GPUs, a rigid job holds 2 until its limit; p (range 2..4) asks for 4, submitted at 0.
+    cluster = snapshot([4], [job("r", 2, placement={"n0": 2}, time_limit=10_000.0), job("p", 4, low=2, high=4)])
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    # Without the bound p is held (its request is not free) at any age.
+    assert admit.decide(cluster, now=7200.0) == []
+    # With it, p held for an hour or more starts at its minimum as Slurm would; younger, it is still held.
+    bound = dataclasses.replace(admit, max_hold_s=3600.0)
+    assert sizes(bound.decide(cluster, now=7200.0)) == {"p": 2}
+    assert bound.decide(cluster, now=1800.0) == []
+    check_decisions(cluster, list(bound.decide(cluster, now=7200.0)))

@@ -119,7 +119,7 @@ class Admission:
     """
 
     enabled: bool = False
-    max_hold_s: float = 3600.0
+    max_hold_s: float = 8 * 3600.0
     partitions: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
 

@@ -124,7 +124,7 @@ class AdmissionSettings:
         max_jobs: the most pending jobs walked (Slurm's ``bf_max_job_test``); later ones are left as they are.
     """
 
-    max_hold_s: float = 3600.0
+    max_hold_s: float = 8 * 3600.0
     window_s: float = DEFAULT_WINDOW_S
     max_jobs: int = 500
 

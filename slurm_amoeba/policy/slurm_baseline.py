@@ -223,8 +223,9 @@ class SlurmBaselinePolicy:
             single averages up to +67% against the last default, docs/simulator.md).
         max_hold_s: with ``admit_at_request``, a pending elastic job submitted this many seconds ago or more is no
             longer held: Slurm starts it at its minimum with its own reservation, as the live daemon's
-            ``admission.max_hold_s`` (3600 s there) releases it. 0, the default, holds without bound (a what-if of
-            the live default's fidelity, docs/simulator.md).
+            ``admission.max_hold_s`` releases it. Default 8 h, the live default (at 1 h, the live default before
+            26 Nov, 7 of the 64 Pollux workload-loads were worse than the baseline on average; docs/simulator.md);
+            0 holds without bound.
         las_queue_s: when positive, the pending jobs of a partition tier are tested in 2D-LAS order instead of by
             multifactor priority: those below this many attained GPU-seconds first, each group by submit time. A
             what-if: the order a daemon with operator rights would set through job priorities (Tiresias's queue
@@ -261,7 +262,7 @@ class SlurmBaselinePolicy:
     spare_longer_jobs: bool = False
     spare_tail_factor: float = 5.0
     spare_tail_queue_share: float = 0.25
-    max_hold_s: float = 0.0
+    max_hold_s: float = 8 * 3600.0
     name: str = dataclasses.field(default="slurm", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
 

@@ -219,9 +219,9 @@ ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_a
 LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
 #: Admission with the what-if of regrowing jobs below and behind their request first.
 RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
-#: Admission with the last round's rules: an admission may take any running elastic job down to its minimum (the
-#: rule before ``spare_tail_factor``).
-BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("spare_tail_factor", 0.0))
+#: Admission with the rules before 26 Nov (fourth session): an admission may take any running elastic job down to
+#: its minimum (the rule before ``spare_tail_factor``) and a job is held without bound (before ``max_hold_s``).
+BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("spare_tail_factor", 0.0), ("max_hold_s", 0.0))
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
 SUBMIT_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("submit_at_request", True))
 

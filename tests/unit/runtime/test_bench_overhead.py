@@ -6,7 +6,10 @@ import random
 
 import pytest
 
-from benchmarks.runtime import _ms, _spread, format_overhead, median_interval, steps_by_size, switch_pauses
+from benchmarks.runtime import _ms, _spread, _stepped, format_overhead, median_interval, steps_by_size, switch_pauses
+from slurm_amoeba.runtime.coordinator import CoordinatorView
+from slurm_amoeba.runtime.membership import Phase
+from slurm_amoeba.runtime.protocol import GenerationPlan
 
 
 def test_the_median_interval_holds_the_median_narrows_with_more_pairs_and_repeats() -> None:
@@ -59,3 +62,20 @@ def test_an_empty_sample_is_reported_as_none_instead_of_failing_the_run() -> Non
     assert _spread([]) == {"n": 0.0}
     assert _ms(_spread([])).strip() == "none, n=0"
     assert _ms(_spread([0.002, 0.004])).startswith("   3.0 ms")
+
+
+def _view(generation: int, step: int, start: int | None) -> CoordinatorView:
+    plan = GenerationPlan(generation, ("w0", "w1"), ("h", "h"), source="w0", start_step=start)
+    return CoordinatorView(Phase.RUNNING, generation, plan, {}, (), {}, {"step": step}, "")
+
+
+def test_steps_after_a_switch_count_from_the_generations_start_not_from_a_stale_progress_report() -> None:
+    # The new size appeared while the coordinator still held the old generation's last report (step 90); the new
+    # generation starts at step 100. Thirty steps into it is step 130, not 120.
+    since = _view(4, 90, start=100)
+    reached = _stepped(since, 30)
+    assert not reached(_view(4, 120, start=100))
+    assert reached(_view(4, 130, start=100))
+    assert not reached(_view(5, 200, start=140)), "another generation"
+    # Without a start step (a first generation), from the view's own progress.
+    assert _stepped(_view(1, 10, start=None), 30)(_view(1, 40, start=None))

@@ -177,9 +177,11 @@ def interleaved_step_times(out: Path, steps: int, block: int) -> dict[str, list[
         result = job.wait(DEADLINE_S)
     if result.phase.value != "finished":
         raise RuntimeError(f"bench-runtime: the runtime job ended {result.phase.value}; see {out}")
+    amoeba_records = _records(out, "steps-amoeba-w0.jsonl")
+    ddp_records = _records(out, "steps-ddpblock-w0.jsonl")
     times: dict[str, list[float]] = {}
     for column, suffix in ((0, ""), (4, "_cpu")):
-        amoeba, ddp = _block_medians(out, block, column)
+        amoeba, ddp = _block_medians(amoeba_records, ddp_records, block, column)
         times["amoeba" + suffix], times["ddp" + suffix] = amoeba, ddp
     count = min(len(times["amoeba"]), len(times["ddp"]))
     if count == 0:
@@ -187,17 +189,19 @@ def interleaved_step_times(out: Path, steps: int, block: int) -> dict[str, list[
     return {key: values[:count] for key, values in times.items()}
 
 
-def _block_medians(out: Path, block: int, column: int) -> tuple[list[float], list[float]]:
+def _block_medians(
+    amoeba_records: list[list[float]], ddp_records: list[list[float]], block: int, column: int
+) -> tuple[list[float], list[float]]:
     """Per block of the runtime's steps and of the DDP loop's, the median step of the records' ``column`` (0: wall
     time, 4: the process's CPU time); the first block of each kind (warm-up) dropped."""
     amoeba_blocks: list[list[float]] = [[]]
-    for before, after in itertools.pairwise(_records(out, "steps-amoeba-w0.jsonl")):
+    for before, after in itertools.pairwise(amoeba_records):
         if after[1] < 0:  # the end of a DDP block: that gap is the DDP block, not a runtime step
             amoeba_blocks.append([])
         else:
             amoeba_blocks[-1].append(after[column] - before[column])
     ddp_blocks: dict[float, list[float]] = {}
-    for before, after in itertools.pairwise(_records(out, "steps-ddpblock-w0.jsonl")):
+    for before, after in itertools.pairwise(ddp_records):
         if after[1] == before[1]:
             ddp_blocks.setdefault(after[1], []).append(after[column] - before[column])
     amoeba = [statistics.median(b) for b in amoeba_blocks if len(b) >= block // 2][1:]
@@ -719,26 +723,18 @@ def run_overhead(work: Path, reps: int, steps: int, progress: Callable[[str], No
 
 
 def format_overhead(overhead: Mapping[str, Any]) -> str:
-    """The steady-state overhead as two lines."""
+    """The steady-state overhead as three lines: wall time, steps, CPU time."""
     spread = overhead["overhead_spread"]
     low, high = overhead["overhead_interval"]
+    cpu_low, cpu_high = overhead["overhead_cpu_interval"]
     return (
         f"steady-state overhead vs plain DDP at 2 workers: {overhead['overhead_ratio'] * 100:+.2f} % (95 % interval "
         f"of the median {low * 100:+.2f}..{high * 100:+.2f} %; quartiles {spread['q1'] * 100:+.1f}.."
         f"{spread['q3'] * 100:+.1f} %, {len(overhead['block_ratios'])} block pairs)\n"
         f"  step {overhead['amoeba_step_s'] * 1000:.2f} ms vs DDP {overhead['ddp_step_s'] * 1000:.2f} ms, "
-        f"load {overhead['load']:.1f}" + _cpu_line(overhead)
-    )
-
-
-def _cpu_line(overhead: Mapping[str, Any]) -> str:
-    """The CPU-time figure's line (absent from reports written before it)."""
-    if "overhead_cpu_ratio" not in overhead:
-        return ""
-    low, high = overhead["overhead_cpu_interval"]
-    return (
-        f"\n  CPU time of the worker process per step: {overhead['overhead_cpu_ratio'] * 100:+.2f} % (95 % interval "
-        f"{low * 100:+.2f}..{high * 100:+.2f} %), {overhead['amoeba_cpu_s'] * 1000:.2f} ms vs DDP "
+        f"load {overhead['load']:.1f}\n"
+        f"  CPU time of the worker process per step: {overhead['overhead_cpu_ratio'] * 100:+.2f} % (95 % interval "
+        f"{cpu_low * 100:+.2f}..{cpu_high * 100:+.2f} %), {overhead['amoeba_cpu_s'] * 1000:.2f} ms vs DDP "
         f"{overhead['ddp_cpu_s'] * 1000:.2f} ms"
     )
 

@@ -22,6 +22,7 @@ import yaml
 
 from slurm_amoeba.core.errors import AmoebaError, unknown_key_message
 from slurm_amoeba.policy import DEFAULT_POLICY, PolicyError, make_policy, policy_knobs, policy_names
+from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S
 
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -119,7 +120,7 @@ class Admission:
     """
 
     enabled: bool = False
-    max_hold_s: float = 8 * 3600.0
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
     partitions: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 # The free-GPU profile of the baseline's backfill, the same step function (one of it in the code base; policy/ owns
 # slurm_baseline.py, whose private name this borrows until it is made public there).
-from slurm_amoeba.policy.slurm_baseline import Profile
+from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S, Profile
 
 #: Slurm's default ``bf_window`` (one day): reservations lie at most this far ahead.
 DEFAULT_WINDOW_S = 24 * 3600.0
@@ -124,7 +124,7 @@ class AdmissionSettings:
         max_jobs: the most pending jobs walked (Slurm's ``bf_max_job_test``); later ones are left as they are.
     """
 
-    max_hold_s: float = 8 * 3600.0
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
     window_s: float = DEFAULT_WINDOW_S
     max_jobs: int = 500
 

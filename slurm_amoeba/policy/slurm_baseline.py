@@ -42,6 +42,9 @@ from slurm_amoeba.policy.common import base_size, realize
 from slurm_amoeba.policy.elastic_room import admission_keeps, compact_growth, elastic_layer, spared_size
 from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
 
+#: How long the daemon holds an elastic job for its requested size before it lets it start at its minimum: the live
+#: daemon's ``admission.max_hold_s`` and the simulated default's ``max_hold_s`` (docs/simulator.md, the default).
+DEFAULT_MAX_HOLD_S = 8 * 3600.0
 #: Slurm's default ``PriorityMaxAge`` (7 days).
 DEFAULT_MAX_AGE_S = 7 * 86400.0
 
@@ -263,7 +266,7 @@ class SlurmBaselinePolicy:
     spare_longer_jobs: bool = False
     spare_tail_factor: float = 5.0
     spare_tail_queue_share: float = 0.25
-    max_hold_s: float = 8 * 3600.0
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
     name: str = dataclasses.field(default="slurm", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
 

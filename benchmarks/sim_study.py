@@ -219,9 +219,14 @@ ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_a
 LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
 #: Admission with the what-if of regrowing jobs below and behind their request first.
 RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
-#: Admission with the rules before 26 Nov (fourth session): an admission may take any running elastic job down to
-#: its minimum (the rule before ``spare_tail_factor``) and a job is held without bound (before ``max_hold_s``).
-BEFORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("spare_tail_factor", 0.0), ("max_hold_s", 0.0))
+#: Admission with the simulator's what-ifs that the live daemon lacks (the default until 26 Nov, fifth session):
+#: whole-node starts that may move an elastic job at its minimum, and arrivals started smaller to spare long jobs.
+WHATIF_KNOBS: tuple[tuple[str, object], ...] = (
+    *ADMIT_KNOBS,
+    ("whole_node_starts", True),
+    ("whole_node_moves_minimum", True),
+    ("spare_tail_factor", 5.0),
+)
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
 SUBMIT_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("submit_at_request", True))
 
@@ -236,7 +241,7 @@ DEFAULT_ROWS: tuple[tuple[str, float, tuple[tuple[str, object], ...]], ...] = (
     ("plain daemon", 1.0, DEFAULT_KNOBS),
     ("plain daemon, submitted at request", 1.0, SUBMIT_KNOBS),
     ("+ admission at request", 1.0, ADMIT_KNOBS),
-    ("+ admission, long jobs not spared (before)", 1.0, BEFORE_KNOBS),
+    ("+ admission + simulator-only rules (what-if)", 1.0, WHATIF_KNOBS),
     ("+ admission, restore_requests (what-if)", 1.0, RESTORE_KNOBS),
     ("+ admission + LAS order", 1.0, LAS_KNOBS),
 )
@@ -411,7 +416,7 @@ PHILLY_ROWS = (
     "slurm (baseline)",
     "plain daemon",
     "+ admission at request",
-    "+ admission, long jobs not spared (before)",
+    "+ admission + simulator-only rules (what-if)",
     "+ admission + LAS order",
 )
 

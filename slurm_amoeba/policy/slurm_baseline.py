@@ -197,7 +197,8 @@ class SlurmBaselinePolicy:
             their minimum off it to free GPUs elsewhere (same size, one move each; live, a satellite given back and
             one lent on another node): spread over nodes it trains up to 2.6x slower (measured placements). Measured
             over the study's families it changed no average for the worse and removed p99 misses
-            (docs/simulator.md); ``False``: spread as before.
+            (docs/simulator.md). Default ``False``, as the live daemon's ``whole_node_starts`` (off there: no gain
+            on the test cluster, docs/admin.md 8d), so that the simulated default is the daemon a site runs.
         compact_admissions: with ``admit_at_request`` and ``compact_starts``, an elastic job admitted at its request
             that fits on one node but finds none whole starts smaller on the node with the most room (at least its
             minimum) instead of spread. A measured what-if, off: p99 misses 6 -> 5 of 64, but single workloads swing
@@ -207,7 +208,8 @@ class SlurmBaselinePolicy:
             keeps its size and pays one move): with every elastic job at its minimum, a rigid job was spread 2 + 2
             and trained at less than half speed. Measured over the study's families it changed no average or p99
             to worse than the baseline and removed two p99 misses (docs/simulator.md). Live this is a requeue of
-            the elastic job's own allocation, which the daemon does not do yet; ``False``: only satellites move.
+            the elastic job's own allocation, which the daemon does not do: a what-if, ``False`` by default (only
+            satellites move, as live).
         spare_longer_jobs: with ``admit_at_request``, an admission takes below its request no running job that
             cannot use a worker above it and is not ahead of it (:func:`admission_keeps`) and has more time left
             than the arrival's time limit (:func:`spares`): the arrival starts smaller instead (at least its
@@ -219,9 +221,10 @@ class SlurmBaselinePolicy:
             running job with more than this many times the arrival's time limit left (:func:`spares_tail`): the
             arrival starts smaller instead (at least its minimum), or, when even its minimum does not fit so, takes
             from every job as without the rule. Such a long job may be the workload's tail, which the baseline never
-            shrinks. Default 5 (0: off). Measured over the study's families, holding without bound: p99 misses
-            4 -> 1 of 64, no average worse than the baseline; 3 and 10 did worse; with the 8 h ``max_hold_s``:
-            5 -> 3 (docs/simulator.md).
+            shrinks. A what-if of the simulator, 0 (off) by default: the live admission does not start an arrival
+            smaller to spare such jobs. At 5, with ``whole_node_starts`` and ``whole_node_moves_minimum``, holding
+            without bound: p99 misses 4 -> 1 of 64, no average worse than the baseline (3 and 10 did worse); with
+            the 8 h ``max_hold_s``: 5 -> 3 (docs/simulator.md).
         spare_tail_queue_share: with ``spare_tail_factor``, the largest share of the cluster's GPUs the other pending
             jobs may ask for while the rule applies (without this bound, at factor 5: 3 p99 misses instead of 1 and
             single averages up to +67% against the last default, docs/simulator.md).
@@ -260,11 +263,11 @@ class SlurmBaselinePolicy:
     slurm_takes_loans_only: bool = True
     compact_starts: bool = True
     compact_growth: bool = True
-    whole_node_starts: bool = True
+    whole_node_starts: bool = False
     compact_admissions: bool = False
-    whole_node_moves_minimum: bool = True
+    whole_node_moves_minimum: bool = False
     spare_longer_jobs: bool = False
-    spare_tail_factor: float = 5.0
+    spare_tail_factor: float = 0.0
     spare_tail_queue_share: float = 0.25
     max_hold_s: float = DEFAULT_MAX_HOLD_S
     name: str = dataclasses.field(default="slurm", init=False)

@@ -358,8 +358,9 @@ def test_whole_node_starts_move_an_elastic_jobs_workers_so_a_rigid_job_starts_on
     admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=False)
     # Slurm may not take e below its request: without the rule r starts spread over both nodes (2 + 2).
     assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
-    # With whole_node_starts (the default) e keeps its size and moves its 2 workers off n0, where r starts whole.
-    whole = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    assert SlurmBaselinePolicy().whole_node_starts is False, "off by default, as the live daemon's"
+    # With whole_node_starts e keeps its size and moves its 2 workers off n0, where r starts whole.
+    whole = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=True)
     decisions = {d.job_id: d for d in whole.decide(cluster, now=10.0)}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (3, {"n1": 3})
@@ -401,10 +402,11 @@ def test_whole_node_moves_minimum_moves_an_elastic_job_at_its_minimum_so_a_rigid
         [4, 4], [elastic, job("x", 2, placement={"n1": 2}, time_limit=10_000.0), job("r", 4, submit=5.0)]
     )
     # Without the rule whole_node_starts moves only workers above a job's minimum: none here, so r is spread 2 + 2.
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_moves_minimum=False)
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=True)
+    assert admit.whole_node_moves_minimum is False, "a what-if: the live daemon moves only satellites"
     assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
-    # With the rule (the default) e moves whole to n1 (same size, one move) and r gets n0.
-    moves = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    # With the rule e moves whole to n1 (same size, one move) and r gets n0.
+    moves = dataclasses.replace(admit, whole_node_moves_minimum=True)
     decisions = {d.job_id: d for d in moves.decide(cluster, now=10.0)}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (2, {"n1": 2})
@@ -443,11 +445,12 @@ def test_spare_tail_factor_starts_a_short_arrival_smaller_instead_of_taking_a_lo
     short = job("short", 4, low=2, high=8, placement={"n0": 4}, throughput=linear, time_limit=2_000.0)
     arrival = job("p", 4, low=2, high=8, submit=5.0, throughput=linear, time_limit=1_000.0)
     cluster = snapshot([8], [long, short, arrival])
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, spare_tail_factor=0.0)
+    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    assert admit.spare_tail_factor == 0.0, "a what-if of the simulator: off by default, not built live"
     # Without the rule p starts at its request and takes 2 workers from each.
     assert sizes(admit.decide(cluster, now=10.0)) == {"long": 2, "short": 2, "p": 4}
-    # With it (the default, 5) long (more than 5 x 1,000 s left) keeps its request; p starts at 2, from short alone.
-    tail = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    # With it at 5, long (more than 5 x 1,000 s left) keeps its request; p starts at 2, from short alone.
+    tail = dataclasses.replace(admit, spare_tail_factor=5.0)
     decisions = tail.decide(cluster, now=10.0)
     assert sizes(decisions) == {"short": 2, "p": 2}
     check_decisions(cluster, list(decisions))

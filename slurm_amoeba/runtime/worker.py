@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import datetime
+import gc
 import json
 import logging
 import os
@@ -723,10 +724,16 @@ class WorkerRuntime:
         # Receiving the state, loading it and committing it allocate about three copies of it; a process that
         # just started gets those as fresh pages from the kernel (zeroed on first touch: tens of ms on a loaded
         # machine, which the members waiting in the first collective would see). Allocate and touch them now and
-        # keep the memory in the process after they are freed.
+        # keep the memory in the process after they are freed. On the CPU the state counted is the one the joiner
+        # will hold: its optimizer has no state yet (momentum, moments), so the warmed optimizer's own stands in for
+        # it. (A GPU's caching allocator keeps what it freed anyway: there the model alone, not a multiple of the
+        # optimizer's state on top.)
         _retain_freed_memory()
-        copies = [clone_tree(state.as_tree()) for _ in range(_WARM_COPIES)]
-        del copies
+        optimizer_state = _warm_optimizer(state.optimizer, self.prefix)
+        if self.device.type != "cpu":
+            optimizer_state = []
+        copies = [clone_tree([state.as_tree(), optimizer_state]) for _ in range(_WARM_COPIES)]
+        del copies, optimizer_state
         # The first matrix product and the first backward of a process initialise the BLAS library and the autograd
         # engine (tens of ms on a loaded machine): do it here, not in the first step that the members wait for.
         # A product large enough to run in parallel starts the intra-op thread pool, which a 16 x 16 one does not.
@@ -736,10 +743,13 @@ class WorkerRuntime:
         # and collate path): pay it here on two synthetic samples, without touching the user's dataset or RNG.
         samples = torch.utils.data.TensorDataset(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long))
         next(iter(torch.utils.data.DataLoader(samples, batch_size=2)))
-        _warm_optimizer(state.optimizer, self.prefix)
         if state.warm_up is not None:
             rehearse(state, self.device)
             self._grad.zero()
+        # The objects of the warm-up and of the imports it made survive in the younger generations of the garbage
+        # collector until a collection of those, which came in a joiner's first steps (~1 ms each, members waiting):
+        # collect them now.
+        gc.collect()
 
     def shutdown(self) -> None:
         """Stop the heartbeat thread and leave the process group (the store connection stays for the process)."""
@@ -786,8 +796,9 @@ def pick_device(env: WorkerEnv, prefix: str) -> torch.device:
     return torch.device("cuda", index % max(torch.cuda.device_count(), 1))
 
 
-#: Copies of the state the warm-up allocates and frees (receive buffer, loaded optimizer state, commit; the
-#: optimizer's own state usually doubles the parameters' size, hence more copies than three of the model alone).
+#: Copies of the state, its optimizer part as it will be, that the warm-up allocates and frees (the received state,
+#: the loaded copy of its optimizer part, a step's gradients and temporaries). Sized by the model alone (the
+#: optimizer holds no state yet in a joiner) they left the joiner's first backward ~700 fresh pages short here.
 _WARM_COPIES = 4
 #: glibc's mallopt parameters: free memory above this much at the heap's top goes back to the kernel, and
 #: allocations from this size up are mapped (and unmapped when freed) on their own.
@@ -814,11 +825,16 @@ def rehearse(state: TorchState, device: torch.device) -> None:
             torch.cuda.set_rng_state(cuda_rng, device)
 
 
-def _warm_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> None:
+def _warm_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> list[Any]:
     """Run one step of a copy of ``optimizer`` (its own copies of the parameters, zero gradients), so that the first
     real step at the switch does not pay the optimizer's first-call costs (tens of ms on a loaded machine). The
     real parameters and optimizer state are not touched; an optimizer that cannot be copied or stepped so (one that
-    needs a closure, a wrapped ``step``) is left cold."""
+    needs a closure, a wrapped ``step``) is left cold.
+
+    Returns:
+        The copy's per-parameter state after its step (tensors of the sizes the real optimizer's state will have:
+        the warm-up's memory is sized by it), or an empty list when the optimizer was left cold.
+    """
     try:
         twin = copy.deepcopy(optimizer)
         for group in twin.param_groups:
@@ -827,6 +843,8 @@ def _warm_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> None:
         type(twin).step(twin)  # the class's step: an instance's wrapper (an LR scheduler's) may call the original
     except Exception as exc:  # a warm-up only: whatever fails here, the real step will say too
         log.debug("%s optimizer warm-up skipped: %s", prefix, exc)
+        return []
+    return list(twin.state.values())
 
 
 def _retain_freed_memory() -> None:

@@ -103,17 +103,23 @@ def test_the_optimizer_warm_up_leaves_the_parameters_and_the_state_alone() -> No
     ):
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)  # wraps optimizer.step
         before = [p.detach().clone() for p in model.parameters()]
-        _warm_optimizer(optimizer, "[test]")
+        twin_state = _warm_optimizer(optimizer, "[test]")
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         assert not optimizer.state
         assert all(p.grad is None for p in model.parameters())
         assert scheduler.last_epoch == 0
+        # The copy hands back its state after its step, of the real optimizer's future sizes (the warm-up's memory
+        # is sized by it): momentum, or AdamW's moments, one per parameter.
+        assert len(twin_state) == len(list(model.parameters()))
+        for entry, param in zip(twin_state, model.parameters(), strict=True):
+            tensors = [t for t in entry.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
+            assert tensors and all(t.shape == param.shape for t in tensors)
 
 
 def test_an_optimizer_that_cannot_be_stepped_so_is_left_cold() -> None:
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.LBFGS(model.parameters())  # step() needs a closure
-    _warm_optimizer(optimizer, "[test]")
+    assert _warm_optimizer(optimizer, "[test]") == []
     assert not optimizer.state
 
 

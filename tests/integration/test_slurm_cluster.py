@@ -161,8 +161,9 @@ def test_a_regular_job_preempts_an_elastic_job_within_its_grace_time(
         ),
     )
     grace = slurm_cluster.grace_time_s
-    wait_until("a TERM handler of the elastic job", lambda: any(marks.iterdir()), timeout=grace + 15)
-    term_at = min(float(p.read_text()) for p in marks.iterdir())
+    # The shell's redirection creates a mark before `date` writes into it: wait for one with its time in it.
+    wait_until("a TERM handler of the elastic job", lambda: bool(_term_times(marks)), timeout=grace + 15)
+    term_at = min(_term_times(marks))
     regular_out = tmp_path / "regular.out"
     # slurmd creates the output file when the job starts, before its first line is written: wait for the line.
     wait_until(
@@ -177,6 +178,11 @@ def test_a_regular_job_preempts_an_elastic_job_within_its_grace_time(
     # Its steps left cleanly on TERM, so the batch script may end on its own (COMPLETED) before Slurm cancels it.
     assert client.accounting_state(elastic_id) in (JobState.PREEMPTED, JobState.CANCELLED, JobState.COMPLETED)
     wait_until("the regular job to complete", lambda: client.accounting_state(regular_id) is JobState.COMPLETED)
+
+
+def _term_times(marks: Path) -> list[float]:
+    """The times the TERM handlers wrote so far (a mark just created is still empty)."""
+    return [float(text) for text in (p.read_text().strip() for p in marks.iterdir()) if text]
 
 
 def _final(client: CliSlurmClient, job_id: int) -> bool:

@@ -22,9 +22,11 @@ On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.0
   ratio of the medians.
 
 * ``worker_pause`` (``--pause-only`` alone): repeated 1 -> 2 -> 1 resizes of one job; per switch, the first
-  worker's gap between its step ends around the switch minus its median ordinary step at the new world size, and
-  where the time went (the worker's ``switch_marks``: report, assignment, old group, meeting, group, manifest,
-  check, broadcast, load, auto-commit, first step).
+  worker's gap between its step ends around the switch minus its median ordinary step at the new world size (and
+  over the first three new steps); for a scale-out also minus each step's own ordinary pace (``*_own_pace``: the
+  joiners' idle first step counted as a step of the members alone, which on this machine is shorter than a step
+  of the new size); and where the time went (the worker's ``switch_marks``: report, assignment, old group,
+  meeting, group, manifest, check, broadcast, load, auto-commit, first step).
 * ``comparison`` (``--baseline DIR [--rounds N]``): the same worker pause for the workers of another tree (a copy
   holding ``slurm_amoeba/`` and ``benchmarks/``, e.g. the code before a change) and for this checkout, in
   alternating rounds with the load average beside each round: on a shared machine only an interleaved
@@ -258,14 +260,25 @@ def amoeba_event(out: Path, event: str) -> dict[str, float]:
 OVER_STEPS = 3
 
 
-def switch_pauses(records: list[list[float]], by_size: dict[int, float], steps: int) -> dict[str, list[float]]:
+def switch_pauses(
+    records: list[list[float]], by_size: dict[int, float], steps: int, *, own_pace: bool = False
+) -> dict[str, list[float]]:
     """Per switch, what the worker lost over the first ``steps`` steps of the new generation: the time from its
-    last old step end to its ``steps``-th new step end, minus ``steps`` ordinary steps of the new size.
+    last old step end to its ``steps``-th new step end, minus ``steps`` ordinary steps of the new size, or with
+    ``own_pace`` minus each step's own ordinary pace: a step in which joiners took no samples (a scale-out's first
+    step, split among the members as before the switch) counts as an ordinary step of the ranks that took samples.
+
+    Against the new size alone a scale-out's idle first step counts as a step of the new size: on this 2-core
+    machine a 1-worker step is shorter than a 2-worker one (a 2-worker step is mostly its all-reduce), so that
+    figure is lower than the switch's own cost by the difference; on GPUs, where a bigger world takes shorter
+    steps, it is the other way round. The benchmark reports both.
 
     Args:
-        records: the worker's step ends, ``[time, step, world size, generation]``, in order.
+        records: the worker's step ends, ``[time, step, world size, generation, CPU time, ranks with samples]``, in
+            order (the last two may be missing: records of an older tree; every rank then counts as working).
         by_size: the median ordinary step per world size (:func:`steps_by_size`).
         steps: how many new steps to count; a switch followed by fewer steps of its generation is left out.
+        own_pace: subtract each step's ordinary pace instead of the new size's.
     """
     pauses: dict[str, list[float]] = {"out": [], "in": []}
     for index in range(1, len(records)):
@@ -276,8 +289,17 @@ def switch_pauses(records: list[list[float]], by_size: dict[int, float], steps: 
         if last >= len(records) or any(r[3] != first[3] for r in records[index : last + 1]):
             continue
         kind = "out" if first[2] > before[2] else "in"
-        pauses[kind].append(records[last][0] - before[0] - steps * by_size[int(first[2])])
+        window = records[index : last + 1]
+        sizes = [_working(r) if own_pace else int(first[2]) for r in window]
+        if any(size not in by_size for size in sizes):
+            continue
+        pauses[kind].append(records[last][0] - before[0] - sum(by_size[size] for size in sizes))
     return pauses
+
+
+def _working(record: list[float]) -> int:
+    """The ranks that took samples in a recorded step (the world size in a record without that field)."""
+    return int(record[5] if len(record) > 5 else record[2])
 
 
 def steps_by_size(records: list[list[float]]) -> dict[int, float]:
@@ -352,6 +374,8 @@ def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[s
     by_size = steps_by_size(records)
     pauses = switch_pauses(records, by_size, 1)
     over = switch_pauses(records, by_size, OVER_STEPS)
+    own = switch_pauses(records, by_size, 1, own_pace=True)
+    own_over = switch_pauses(records, by_size, OVER_STEPS, own_pace=True)
     timeline = json.loads((out / f"timeline-{keeper}.json").read_text())[1:]
     split = {
         kind: {
@@ -369,6 +393,10 @@ def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[s
         "pauses_over": over,
         "scale_out_over": _spread(over["out"]),
         "scale_in_over": _spread(over["in"]),
+        "pauses_own_pace": own,
+        "pauses_over_own_pace": own_over,
+        "scale_out_own_pace": _spread(own["out"]),
+        "scale_out_over_own_pace": _spread(own_over["out"]),
         "split": split,
         "phases": switch_phases(json.loads((out / f"marks-{keeper}.json").read_text())),
         "joiner": joiner_phases(out, keeper),
@@ -617,6 +645,8 @@ def compare_pauses(
         )
     pauses: dict[str, dict[str, list[float]]] = {"old": {"out": [], "in": []}, "new": {"out": [], "in": []}}
     over: dict[str, dict[str, list[float]]] = {"old": {"out": [], "in": []}, "new": {"out": [], "in": []}}
+    # Scale-outs beyond each step's own pace (see switch_pauses): the first step and the first OVER_STEPS.
+    own: dict[str, dict[str, list[float]]] = {"old": {"first": [], "over": []}, "new": {"first": [], "over": []}}
     rows: list[dict[str, Any]] = []
     for index in range(rounds):
         order = [("old", baseline), ("new", None)]
@@ -629,6 +659,8 @@ def compare_pauses(
             for kind in ("out", "in"):
                 pauses[label][kind].extend(result["pauses"][kind])
                 over[label][kind].extend(result["pauses_over"][kind])
+            own[label]["first"].extend(result["pauses_own_pace"]["out"])
+            own[label]["over"].extend(result["pauses_over_own_pace"]["out"])
             rows.append(
                 {
                     "round": index,
@@ -639,6 +671,8 @@ def compare_pauses(
                     "scale_in": result["scale_in"],
                     "scale_out_over": result["scale_out_over"],
                     "scale_in_over": result["scale_in_over"],
+                    "scale_out_own_pace": result["scale_out_own_pace"],
+                    "scale_out_over_own_pace": result["scale_out_over_own_pace"],
                     "phases": result["phases"],
                     "joiner": result.get("joiner", {}),
                 }
@@ -651,6 +685,8 @@ def compare_pauses(
         "summary": summary,
         "pauses_over": over,
         "summary_over": summary_over,
+        "pauses_own_pace": own,
+        "summary_own_pace": {label: {kind: _spread(v) for kind, v in by.items()} for label, by in own.items()},
         "over_steps": OVER_STEPS,
         "baseline": str(baseline),
     }
@@ -686,6 +722,17 @@ def format_comparison(report: dict[str, Any]) -> str:
         for label in ("old", "new"):
             summary = report["summary_over"][label]
             lines.append(f"  all rounds {label:<3}  scale-out {_ms(summary['out'])}  scale-in {_ms(summary['in'])}")
+    if "summary_own_pace" in report:
+        lines.append(
+            "scale-out beyond each step's own pace (a joiners' idle first step as a step of the members alone; "
+            "scale-in: the same as above)"
+        )
+        for label in ("old", "new"):
+            summary = report["summary_own_pace"][label]
+            lines.append(
+                f"  all rounds {label:<3}  first step {_ms(summary['first'])}  "
+                f"over {report['over_steps']} steps {_ms(summary['over'])}"
+            )
     return "\n".join(lines)
 
 
@@ -818,6 +865,9 @@ def format_pauses(pauses: dict[str, Any]) -> str:
         lines.append(f"  {name:<17} {_ms(pauses['scale_' + kind])}")
         if "scale_" + kind + "_over" in pauses:
             lines.append(f"    {'over ' + str(OVER_STEPS) + ' steps':<15} {_ms(pauses['scale_' + kind + '_over'])}")
+        if "scale_" + kind + "_own_pace" in pauses:
+            lines.append(f"    {'own pace':<15} {_ms(pauses['scale_' + kind + '_own_pace'])}")
+            lines.append(f"    {'own pace, ' + str(OVER_STEPS):<15} {_ms(pauses['scale_' + kind + '_over_own_pace'])}")
         for key in ("group_s", "state_s"):
             lines.append(f"    {key:<15} {_ms(pauses['split'][kind][key])}")
         for name, label in PHASES:

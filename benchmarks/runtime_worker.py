@@ -64,9 +64,11 @@ class StepLog:
         self.records: list[list[float]] = []
         self.stream: TextIO | None = open(path, "a") if flush else None  # noqa: SIM115 - closed in dump()
 
-    def record(self, step: float, world_size: int, generation: int = 0) -> None:
-        # The process's CPU time last: what the step cost in work, whatever the machine's scheduling added to it.
+    def record(self, step: float, world_size: int, generation: int = 0, working: int | None = None) -> None:
+        # Then the process's CPU time: what the step cost in work, whatever the machine's scheduling added to it;
+        # last the ranks that took samples in the step (fewer than the world in a joiner's idle first step).
         entry = [time.time(), float(step), float(world_size), float(generation), time.process_time()]
+        entry.append(float(world_size if working is None else working))
         self.records.append(entry)
         if self.stream is not None:
             self.stream.write(json.dumps(entry) + "\n")
@@ -127,7 +129,8 @@ def run_amoeba(args: argparse.Namespace) -> None:
                 for (x, y), weight in step:
                     (loss_fn(model(x), y) * weight).backward()
                 state.step()
-                log.record(state.step_index, runtime.world_size, runtime.generation)
+                idle = runtime.idle_ranks(state.step_index - 1)  # the step just ended (the index has advanced)
+                log.record(state.step_index, runtime.world_size, runtime.generation, runtime.world_size - len(idle))
                 if block and state.step_index % block == 0:
                     ddp_block(block)
                     log.record(-1.0, runtime.world_size, runtime.generation)  # marks the end of a DDP block

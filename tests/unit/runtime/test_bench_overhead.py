@@ -58,6 +58,21 @@ def test_a_switch_pause_counts_the_first_steps_of_the_new_generation() -> None:
     assert over["in"] == [], "a switch followed by fewer steps of its generation is left out"
 
 
+def test_a_scale_outs_idle_first_step_counts_at_the_members_own_pace() -> None:
+    # 1 worker steps 10 ms, 2 workers 20 ms. At the scale-out the joiner takes no samples in the first step (the
+    # record's last field: 1 rank worked), which ends 25 ms after the last old step. Against the new size that is
+    # 5 ms lost; at the step's own pace (one worker's step) 15 ms. A scale-in has no idle step: both agree.
+    records = [[0.01 * i, i, 1, 1, 0.0, 1] for i in range(6)]
+    records += [[0.075, 6, 2, 2, 0.0, 1], [0.095, 7, 2, 2, 0.0, 2], [0.115, 8, 2, 2, 0.0, 2], [0.135, 9, 2, 2, 0.0, 2]]
+    records += [[0.148, 10, 1, 3, 0.0, 1], [0.158, 11, 1, 3, 0.0, 1], [0.168, 12, 1, 3, 0.0, 1]]
+    by_size = steps_by_size(records)
+    assert switch_pauses(records, by_size, 1)["out"] == [pytest.approx(0.005)]
+    own = switch_pauses(records, by_size, 1, own_pace=True)
+    assert own["out"] == [pytest.approx(0.015)]
+    assert switch_pauses(records, by_size, 3, own_pace=True)["out"] == [pytest.approx(0.015)]
+    assert own["in"] == switch_pauses(records, by_size, 1)["in"] == [pytest.approx(0.003)]
+
+
 def test_an_empty_sample_is_reported_as_none_instead_of_failing_the_run() -> None:
     assert _spread([]) == {"n": 0.0}
     assert _ms(_spread([])).strip() == "none, n=0"

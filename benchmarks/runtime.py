@@ -395,6 +395,8 @@ def repeated_resizes(out: Path, cycles: int, tree: Path | None = None) -> dict[s
         "scale_in_over": _spread(over["in"]),
         "pauses_own_pace": own,
         "pauses_over_own_pace": own_over,
+        # An older tree's worker does not record the ranks that took samples: its own pace is then the new size's.
+        "idle_steps_recorded": all(len(r) > 5 for r in records),
         "scale_out_own_pace": _spread(own["out"]),
         "scale_out_over_own_pace": _spread(own_over["out"]),
         "split": split,
@@ -647,6 +649,7 @@ def compare_pauses(
     over: dict[str, dict[str, list[float]]] = {"old": {"out": [], "in": []}, "new": {"out": [], "in": []}}
     # Scale-outs beyond each step's own pace (see switch_pauses): the first step and the first OVER_STEPS.
     own: dict[str, dict[str, list[float]]] = {"old": {"first": [], "over": []}, "new": {"first": [], "over": []}}
+    blind: set[str] = set()  # trees whose workers do not record the ranks that took samples
     rows: list[dict[str, Any]] = []
     for index in range(rounds):
         order = [("old", baseline), ("new", None)]
@@ -659,6 +662,8 @@ def compare_pauses(
             for kind in ("out", "in"):
                 pauses[label][kind].extend(result["pauses"][kind])
                 over[label][kind].extend(result["pauses_over"][kind])
+            if not result["idle_steps_recorded"]:
+                blind.add(label)
             own[label]["first"].extend(result["pauses_own_pace"]["out"])
             own[label]["over"].extend(result["pauses_over_own_pace"]["out"])
             rows.append(
@@ -687,6 +692,7 @@ def compare_pauses(
         "summary_over": summary_over,
         "pauses_own_pace": own,
         "summary_own_pace": {label: {kind: _spread(v) for kind, v in by.items()} for label, by in own.items()},
+        "own_pace_unknown": sorted(blind),
         "over_steps": OVER_STEPS,
         "baseline": str(baseline),
     }
@@ -732,6 +738,11 @@ def format_comparison(report: dict[str, Any]) -> str:
             lines.append(
                 f"  all rounds {label:<3}  first step {_ms(summary['first'])}  "
                 f"over {report['over_steps']} steps {_ms(summary['over'])}"
+            )
+        for label in report.get("own_pace_unknown", []):
+            lines.append(
+                f"  ({label}: its workers do not record which ranks took samples, so its idle steps count at the "
+                "new size: give that tree this checkout's benchmarks/ to compare at the own pace)"
             )
     return "\n".join(lines)
 

@@ -6,7 +6,16 @@ import random
 
 import pytest
 
-from benchmarks.runtime import _ms, _spread, _stepped, format_overhead, median_interval, steps_by_size, switch_pauses
+from benchmarks.runtime import (
+    _ms,
+    _spread,
+    _stepped,
+    format_comparison,
+    format_overhead,
+    median_interval,
+    steps_by_size,
+    switch_pauses,
+)
 from slurm_amoeba.runtime.coordinator import CoordinatorView
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import GenerationPlan
@@ -71,6 +80,25 @@ def test_a_scale_outs_idle_first_step_counts_at_the_members_own_pace() -> None:
     assert own["out"] == [pytest.approx(0.015)]
     assert switch_pauses(records, by_size, 3, own_pace=True)["out"] == [pytest.approx(0.015)]
     assert own["in"] == switch_pauses(records, by_size, 1)["in"] == [pytest.approx(0.003)]
+
+
+def test_a_comparison_says_when_a_trees_workers_do_not_record_their_idle_steps() -> None:
+    spread = _spread([0.01, 0.02])
+    pair = {"out": spread, "in": spread}
+    report = {
+        "rounds": [],
+        "summary": {"old": pair, "new": pair},
+        "summary_over": {"old": pair, "new": pair},
+        "summary_own_pace": {"old": {"first": spread, "over": spread}, "new": {"first": spread, "over": spread}},
+        "over_steps": 3,
+        "own_pace_unknown": ["old"],
+    }
+    text = format_comparison(report)
+    assert "first step   15.0 ms" in text
+    assert "(old: its workers do not record which ranks took samples" in text
+    assert "(new:" not in text
+    report["own_pace_unknown"] = []
+    assert "do not record" not in format_comparison(report)
 
 
 def test_an_empty_sample_is_reported_as_none_instead_of_failing_the_run() -> None:

@@ -2,7 +2,8 @@
 
 Worker side of a switch (DESIGN.md, layer ``runtime/``), right after the process group formed: the plan's source
 publishes its state's manifest (structure, dtypes, shapes, model entries) in the store; every other member checks
-it against its own model *before* anything is sent, the members agree on the verdict with one tiny all-reduce, and
+it against its own model, the members agree on the verdict with one tiny all-reduce (waited for before anything is
+sent, or, where the joiners idle in the first step, only before the members' first optimizer step), and
 the source sends the tensors to each joiner, point to point (the other members hold the same state already and take
 no part in it): the large parameter and optimizer-state tensors as they are, everything else (the model's buffers,
 which a forward may change, and small tensors) as one flat copy per dtype. Nothing is pickled. Every wait has the
@@ -43,10 +44,25 @@ DIRECT_TAG = 1 << 16
 
 
 class PendingSend:
-    """The source's broadcasts of a switch, still in flight (the buffers stay referenced until they are done)."""
+    """The source's broadcasts of a switch, still in flight (the buffers stay referenced until they are done), and
+    with a late verdict (see :func:`sync_state`) the members' and joiners' verdict on the state, still coming."""
 
-    def __init__(self, works: Sends) -> None:
+    def __init__(self, works: Sends, verdict: tuple[Any, torch.Tensor] | None = None) -> None:
         self._works = works
+        self._verdict = verdict
+
+    def refused(self) -> bool:
+        """Whether a member refused the state (waits for the verdict if it is still coming; False without one).
+
+        Raises:
+            RuntimeError: the verdict's all-reduce failed (a peer died); the caller tears the group down.
+        """
+        verdict, self._verdict = self._verdict, None
+        if verdict is None:
+            return False
+        work, value = verdict
+        work.wait()
+        return bool(value.item() < 1.0)
 
     def wait(self) -> None:
         """Block until every broadcast is done.
@@ -83,15 +99,25 @@ def _wait_manifest(store: Store, plan: GenerationPlan, settings: GroupSettings) 
     return manifest
 
 
-def _agree(plan: GenerationPlan, settings: GroupSettings, problem: str | None) -> None:
+def _launch_verdict(plan: GenerationPlan, settings: GroupSettings, problem: str | None) -> tuple[Any, torch.Tensor]:
+    """Start the all-reduce of every member's verdict on the manifest (1: it fits, 0: it does not)."""
     verdict = torch.tensor([0.0 if problem else 1.0], device=settings.device)
     try:
-        dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+        work = dist.all_reduce(verdict, op=dist.ReduceOp.MIN, async_op=True)
+    except RuntimeError as exc:
+        raise _failed(plan, "state check", exc) from None
+    return work, verdict
+
+
+def _agree(plan: GenerationPlan, pending: PendingSend, problem: str | None) -> None:
+    """Wait for the verdict; raise this worker's own problem, or :class:`StateRefused` if another member had one."""
+    try:
+        refused = pending.refused()
     except RuntimeError as exc:
         raise _failed(plan, "state check", exc) from None
     if problem is not None:
         raise StateError(problem)
-    if verdict.item() < 1.0:
+    if refused:
         raise StateRefused(f"a joiner of generation {plan.generation} refused the state")
 
 
@@ -101,18 +127,26 @@ def sync_state(
     settings: GroupSettings,
     state: TorchState,
     marks: dict[str, float] | None = None,
+    *,
+    late_verdict: bool = False,
 ) -> PendingSend | None:
     """The plan's source broadcasts its state; the others check it fits, then receive it.
 
-    A collective: every member of ``plan`` calls it, right after forming the group.
+    A collective: every member of ``plan`` calls it, right after forming the group. The verdict on the manifest is
+    one tiny all-reduce. Without ``late_verdict`` every member waits for it before anything is sent. With it (a
+    generation whose joiners take no samples in its first step) nobody waits: the source sends at once, a joiner
+    that fits receives while the verdict comes, one that does not fit drains the sends, and the members read the
+    verdict only before their first optimizer step (:meth:`PendingSend.refused`: they then restore their commit of
+    the generation's start and drop the generation, as after a refusal at once).
 
     Returns:
         On the source, its broadcasts in flight: it must :meth:`~PendingSend.wait` before its next collective
-        whose result depends on the receivers (the first all-reduce with the joiners). ``None`` on the receivers.
+        whose result depends on the receivers (the first all-reduce with the joiners). With ``late_verdict`` also
+        on the other members that hold the state, with the verdict to read. ``None`` on the receivers.
 
     Raises:
         StateError: this worker's model or optimizer does not fit the source's (this worker must leave).
-        StateRefused: another member refused the state (nothing was received).
+        StateRefused: another member refused the state (with ``late_verdict``, on a joiner: after it received).
         WorkerFailure: a wait or a collective failed, or the coordinator aborted the generation.
     """
     source = settings.worker_id == plan.source
@@ -128,16 +162,23 @@ def sync_state(
         problem = state.check_compatible(manifest)
     marks = {} if marks is None else marks
     marks["manifest"] = time.perf_counter()
-    _agree(plan, settings, problem)
+    verdict: tuple[Any, torch.Tensor] | None = _launch_verdict(plan, settings, problem)
+    joiner = settings.worker_id in plan.joiners
+    if not late_verdict or (problem is not None and not joiner):
+        _agree(plan, PendingSend([], verdict), problem)
+        verdict = None  # read
     marks["agreed"] = time.perf_counter()
     if source:
-        pending = PendingSend(_send(plan, settings, manifest, tensors))
+        pending = PendingSend(_send(plan, settings, manifest, tensors), verdict)
         marks["broadcast"] = time.perf_counter()
         return pending
-    if settings.worker_id not in plan.joiners:
-        return None  # a member that holds the state already (checked above like the joiners, for the verdict)
-    received = _receive(plan, settings, manifest)
+    if not joiner:
+        # A member that holds the state already (it checked the manifest too, for the verdict).
+        return None if verdict is None else PendingSend([], verdict)
+    received = _receive(plan, settings, manifest)  # with a late verdict and a problem: the sends drained
     marks["broadcast"] = time.perf_counter()
+    if verdict is not None:
+        _agree(plan, PendingSend([], verdict), problem)
     state.load_received(decode_tree(manifest["skeleton"], received))
     return None
 

@@ -25,6 +25,7 @@ The coordinator side (:mod:`slurm_amoeba.runtime.coordinator`) shares only the p
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import datetime
@@ -474,11 +475,29 @@ class WorkerRuntime:
             WorkerFailure: the broadcast failed (a receiver died).
         """
         sending, self._sending = self._sending, None
-        if sending is not None:
-            try:
+        if sending is None:
+            return
+        try:
+            refused = sending.refused()
+        except RuntimeError as exc:
+            raise self._failure("state check", exc) from None
+        if refused:
+            # A joiner refused the manifest (transfer.sync_state, late verdict) and drained the sends: this step's
+            # forward and backward changed no state but the RNG; go back to the generation's start exactly, and
+            # drop the generation.
+            with contextlib.suppress(RuntimeError):
                 sending.wait()
-            except RuntimeError as exc:
-                raise self._failure("state broadcast", exc) from None
+            if self._grad is not None:
+                self._grad.abandon()
+            if self._state is not None:
+                self._state.restore()
+            raise StateRefused(
+                f"a joiner of generation {self.generation} refused the state; back at the generation's start"
+            )
+        try:
+            sending.wait()
+        except RuntimeError as exc:
+            raise self._failure("state broadcast", exc) from None
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -547,9 +566,15 @@ class WorkerRuntime:
         formed = time.perf_counter()
         if plan.rollback and self.worker_id not in plan.joiners:
             state.restore()
+        # From the plan alone (the same on every member): which ranks idle, and in which step.
+        self._idle = _idle_joiners(plan, state)
+        self._idle_step = -1 if plan.start_step is None else plan.start_step
         if plan.sync:
+            # While the joiners idle in the first step and the members sum it among themselves (gloo, no norm probe:
+            # the same test as _idle_reducer's), nobody waits for the verdict on the manifest before the sends.
+            late = bool(self._idle) and self.backend == "gloo" and state.adaptive is None
             try:
-                self._sending = sync_state(self.store, plan, self._settings(), state, self._marks)
+                self._sending = sync_state(self.store, plan, self._settings(), state, self._marks, late_verdict=late)
             except StateError as exc:
                 raise StateError(f"{self.prefix} cannot join job {self.env.job_id!r}: {exc}") from None
         if plan.start_step is not None and state.step_index != plan.start_step:
@@ -560,9 +585,6 @@ class WorkerRuntime:
                 plan.start_step,
                 state.step_index,
             )
-        # From the plan alone (the same on every member): which ranks idle, and in which step.
-        self._idle = _idle_joiners(plan, state)
-        self._idle_step = -1 if plan.start_step is None else plan.start_step
         if self._idle:
             log.info(
                 "%s ranks %s take no samples in step %s (joiners)", self.prefix, sorted(self._idle), self._idle_step
@@ -626,7 +648,7 @@ class WorkerRuntime:
         """Wait for sends still in flight at the end of a generation that ends well (a failed one is reported)."""
         try:
             self._finish_send()
-        except WorkerFailure as exc:
+        except (WorkerFailure, StateRefused) as exc:
             log.warning("%s %s", self.prefix, exc)
 
     def _result(self, status: RunStatus, value: T | None = None) -> RunResult[T]:

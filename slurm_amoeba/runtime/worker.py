@@ -469,10 +469,12 @@ class WorkerRuntime:
             self._checkpoints.submit(CheckpointJob(snapshot, step, self.generation, self.rank, self.world_size))
 
     def _finish_send(self) -> None:
-        """Wait for this member's state broadcast of the switch, if it is still in flight (see runtime/transfer.py).
+        """Wait for this member's state broadcast of the switch, if it is still in flight, and read the joiners'
+        verdict on the state if it is still to be read (see runtime/transfer.py, ``late_verdict``).
 
         Raises:
-            WorkerFailure: the broadcast failed (a receiver died).
+            WorkerFailure: the broadcast or the verdict's all-reduce failed (a receiver died).
+            StateRefused: a joiner refused the state; this worker is back at the generation's start.
         """
         sending, self._sending = self._sending, None
         if sending is None:

@@ -43,26 +43,39 @@ DIRECT_BYTES = 1 << 16
 DIRECT_TAG = 1 << 16
 
 
+class Verdict:
+    """Every member's verdict on the manifest (1: it fits, 0: it does not), its all-reduce started, not waited for."""
+
+    def __init__(self, work: Any, value: torch.Tensor) -> None:
+        self._work = work
+        self._value = value
+
+    def refused(self) -> bool:
+        """Whether a member refused the state (waits for the all-reduce).
+
+        Raises:
+            RuntimeError: the all-reduce failed (a peer died); the caller tears the group down.
+        """
+        self._work.wait()
+        return bool(self._value.item() < 1.0)
+
+
 class PendingSend:
     """The source's broadcasts of a switch, still in flight (the buffers stay referenced until they are done), and
-    with a late verdict (see :func:`sync_state`) the members' and joiners' verdict on the state, still coming."""
+    with a late verdict (see :func:`sync_state`) the members' and joiners' verdict on the state, still to be read."""
 
-    def __init__(self, works: Sends, verdict: tuple[Any, torch.Tensor] | None = None) -> None:
+    def __init__(self, works: Sends, verdict: Verdict | None = None) -> None:
         self._works = works
         self._verdict = verdict
 
     def refused(self) -> bool:
-        """Whether a member refused the state (waits for the verdict if it is still coming; False without one).
+        """Whether a member refused the state (reads the verdict once; False without one, or once read).
 
         Raises:
             RuntimeError: the verdict's all-reduce failed (a peer died); the caller tears the group down.
         """
         verdict, self._verdict = self._verdict, None
-        if verdict is None:
-            return False
-        work, value = verdict
-        work.wait()
-        return bool(value.item() < 1.0)
+        return verdict is not None and verdict.refused()
 
     def wait(self) -> None:
         """Block until every broadcast is done.
@@ -99,20 +112,20 @@ def _wait_manifest(store: Store, plan: GenerationPlan, settings: GroupSettings) 
     return manifest
 
 
-def _launch_verdict(plan: GenerationPlan, settings: GroupSettings, problem: str | None) -> tuple[Any, torch.Tensor]:
-    """Start the all-reduce of every member's verdict on the manifest (1: it fits, 0: it does not)."""
-    verdict = torch.tensor([0.0 if problem else 1.0], device=settings.device)
+def _launch_verdict(plan: GenerationPlan, settings: GroupSettings, problem: str | None) -> Verdict:
+    """Start the all-reduce of every member's verdict on the manifest."""
+    value = torch.tensor([0.0 if problem else 1.0], device=settings.device)
     try:
-        work = dist.all_reduce(verdict, op=dist.ReduceOp.MIN, async_op=True)
+        work = dist.all_reduce(value, op=dist.ReduceOp.MIN, async_op=True)
     except RuntimeError as exc:
         raise _failed(plan, "state check", exc) from None
-    return work, verdict
+    return Verdict(work, value)
 
 
-def _agree(plan: GenerationPlan, pending: PendingSend, problem: str | None) -> None:
+def _agree(plan: GenerationPlan, verdict: Verdict, problem: str | None) -> None:
     """Wait for the verdict; raise this worker's own problem, or :class:`StateRefused` if another member had one."""
     try:
-        refused = pending.refused()
+        refused = verdict.refused()
     except RuntimeError as exc:
         raise _failed(plan, "state check", exc) from None
     if problem is not None:
@@ -162,11 +175,12 @@ def sync_state(
         problem = state.check_compatible(manifest)
     marks = {} if marks is None else marks
     marks["manifest"] = time.perf_counter()
-    verdict: tuple[Any, torch.Tensor] | None = _launch_verdict(plan, settings, problem)
+    launched = _launch_verdict(plan, settings, problem)
+    verdict: Verdict | None = launched  # until it is read
     joiner = settings.worker_id in plan.joiners
     if not late_verdict or (problem is not None and not joiner):
-        _agree(plan, PendingSend([], verdict), problem)
-        verdict = None  # read
+        _agree(plan, launched, problem)
+        verdict = None
     marks["agreed"] = time.perf_counter()
     if source:
         pending = PendingSend(_send(plan, settings, manifest, tensors), verdict)
@@ -178,7 +192,7 @@ def sync_state(
     received = _receive(plan, settings, manifest)  # with a late verdict and a problem: the sends drained
     marks["broadcast"] = time.perf_counter()
     if verdict is not None:
-        _agree(plan, PendingSend([], verdict), problem)
+        _agree(plan, verdict, problem)
     state.load_received(decode_tree(manifest["skeleton"], received))
     return None
 

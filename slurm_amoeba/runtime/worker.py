@@ -395,11 +395,14 @@ class WorkerRuntime:
         would cost NCCL a communicator of its own in every generation.
         """
         grad, state = self._grad, self._state
-        if not self._idle or self.backend != "gloo" or state is None or state.step_index != self._idle_step:
+        if state is None or state.step_index != self._idle_step or not self._members_sum_idle_step(state):
             return None
-        if not isinstance(grad, GradientBuckets) or grad.probe is not None:
-            return None
-        return grad
+        return grad if isinstance(grad, GradientBuckets) else None
+
+    def _members_sum_idle_step(self, state: TorchState) -> bool:
+        """Whether this generation's members sum the joiners' idle first step among themselves (see
+        :meth:`_idle_reducer`): joiners idle, gloo, and no adaptive batch (its norm probe rides the reduce)."""
+        return bool(self._idle) and self.backend == "gloo" and state.adaptive is None
 
     def _reduce_without_idle(self, buckets: GradientBuckets) -> None:
         plan, current = self.plan, self.current
@@ -572,9 +575,9 @@ class WorkerRuntime:
         self._idle = _idle_joiners(plan, state)
         self._idle_step = -1 if plan.start_step is None else plan.start_step
         if plan.sync:
-            # While the joiners idle in the first step and the members sum it among themselves (gloo, no norm probe:
-            # the same test as _idle_reducer's), nobody waits for the verdict on the manifest before the sends.
-            late = bool(self._idle) and self.backend == "gloo" and state.adaptive is None
+            # While the members sum the joiners' idle first step among themselves, nobody waits for the verdict on
+            # the manifest before the sends: the members read it before their first optimizer step.
+            late = self._members_sum_idle_step(state)
             try:
                 self._sending = sync_state(self.store, plan, self._settings(), state, self._marks, late_verdict=late)
             except StateError as exc:

@@ -474,15 +474,23 @@ class Membership:
             info.status, info.reason = WorkerStatus.LEFT, "leave requested"
             self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested", checkpoint=final))
         survivors = [m for m in survivors if m not in leavers]
-        if not any(m.report is not None and m.report.committed_step >= 0 for m in survivors):
+        holds = any(m.report is not None and m.report.committed_step >= 0 for m in survivors)
+        # A generation that started from the workers' initial state (no start step: the first one) and failed before
+        # any member committed (the runtime commits as it enters a generation) trained nothing: start it over.
+        fresh = not holds and self.plan.start_step is None and bool(survivors)
+        if not holds and not fresh:
             self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)
             return
+        if fresh:
+            rollback = False
         pool = self._ready_pool({m.worker_id for m in survivors})
         size = self._target_size(len(survivors) + len(pool))
         if size == 0:
             self._finish(now, f"no allowed world size fits {len(survivors)} workers", Phase.LOST)
             return
         reason = f"{handover.worker_id} hands the state over before it leaves" if handover else ""
+        if fresh:
+            reason = "first generation again: the last one failed before it trained"
         self._form((survivors + pool)[:size], survivors=survivors, now=now, reason=reason, rollback=rollback)
 
     def _handover(self, survivors: list[WorkerInfo]) -> WorkerInfo | None:

@@ -331,6 +331,29 @@ def test_generation_whose_only_reporters_never_held_the_state_loses_the_job() ->
     assert job.m.phase is Phase.LOST
 
 
+def test_a_first_generation_that_failed_while_forming_starts_over_with_the_survivors() -> None:
+    # Found by scripts/chaos-runtime (seed 6113): w1 killed while the first generation formed; w0 reported the failure
+    # without a commit (it never entered the generation), which used to lose the job although nothing was trained.
+    job = SimJob(initial=2)
+    assert job.plan.start_step is None
+    job.workers["w1"].alive = False
+    job.m.mark_dead("w1", "signal 9")
+    job.event("w0", EventKind.REPORT, generation=1, step=0, committed_step=-1, failed=True, missing=("w1",))
+    job.tick()
+    assert job.m.phase is Phase.RUNNING
+    assert job.plan.generation == 2 and job.plan.members == ("w0",) and job.plan.source == "w0"
+    assert not job.plan.rollback and job.plan.start_step is None and not job.plan.sync
+    assert job.plan.reason.startswith("first generation again")
+    job.add()  # a ready worker joins the fresh start like a first generation's: the source sends it the state
+    job.apply_assignments()
+    job.train(3)
+    job.tick()
+    job.boundary()
+    job.tick()
+    grown = job.m.plan
+    assert grown is not None and grown.members == ("w0", "w2") and grown.joiners == ("w2",) and grown.start_step == 3
+
+
 def test_job_finished_by_one_member_stays_finished_when_another_dies_at_the_end() -> None:
     job = SimJob(initial=2)
     job.apply_assignments()

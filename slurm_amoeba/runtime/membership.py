@@ -481,16 +481,15 @@ class Membership:
         if not holds and not fresh:
             self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)
             return
-        if fresh:
-            rollback = False
         pool = self._ready_pool({m.worker_id for m in survivors})
         size = self._target_size(len(survivors) + len(pool))
         if size == 0:
             self._finish(now, f"no allowed world size fits {len(survivors)} workers", Phase.LOST)
             return
-        reason = f"{handover.worker_id} hands the state over before it leaves" if handover else ""
-        if fresh:
-            reason = "first generation again: the last one failed before it trained"
+        if fresh:  # nothing to roll back to, and nobody to hand over: no survivor holds a commit
+            reason, rollback = "first generation again: the last one failed before it trained", False
+        else:
+            reason = f"{handover.worker_id} hands the state over before it leaves" if handover else ""
         self._form((survivors + pool)[:size], survivors=survivors, now=now, reason=reason, rollback=rollback)
 
     def _handover(self, survivors: list[WorkerInfo]) -> WorkerInfo | None:

@@ -82,7 +82,7 @@ def slurm_commands(source: str) -> list[tuple[int, str]]:
     """Where ``source`` builds a command of a Slurm program: (line, program) pairs, in order."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
-        candidates: list[ast.AST] = []
+        candidates: list[ast.expr] = []
         if isinstance(node, ast.List | ast.Tuple):
             candidates = list(node.elts)
         elif isinstance(node, ast.Call):

@@ -28,7 +28,7 @@ from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.parameters import parse_memory_mb
 from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
-from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
+from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, sbatch_argv
 from slurm_amoeba.slurm.options import (
     JOB_WIDE_OPTIONS,
     PLUGIN_OPTION_ENV_PREFIX,
@@ -40,7 +40,6 @@ from slurm_amoeba.slurm.options import (
     read_option,
     wrap_script,
 )
-from slurm_amoeba.slurm.runner import run_command
 
 # Our options: name -> whether it takes a value. Matched exactly, never abbreviated (sbatch has --mem and --gpus).
 _OURS = {
@@ -354,13 +353,11 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
     )
 
 
-def _show(shape: ElasticJobShape, script: str, script_args: Sequence[str]) -> list[str]:
-    """Print the sbatch command and the job's environment; returns the sbatch arguments after ``sbatch``."""
-    args = [*het_submit_args(shape.components()), script, *script_args]
+def _show(shape: ElasticJobShape, script: str, script_args: Sequence[str]) -> None:
+    """Print the sbatch command and the job's environment."""
     print("amoeba-sbatch: would submit:", file=sys.stderr)
     print("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shape.environment().items()), file=sys.stderr)
-    print("  " + shlex.join(["sbatch", *args]), file=sys.stderr)
-    return args
+    print("  " + shlex.join(sbatch_argv(shape.components(), script, script_args)), file=sys.stderr)
 
 
 def submission_env(base: Mapping[str, str], shape: ElasticJobShape) -> dict[str, str]:
@@ -370,22 +367,22 @@ def submission_env(base: Mapping[str, str], shape: ElasticJobShape) -> dict[str,
     return {**env, **shape.environment()}
 
 
-def _submit(prepared: Prepared, base: CliSlurmClient, script: Path) -> int:
+def _submit(prepared: Prepared, slurm: SlurmClient, script: Path) -> int:
     """Submit (or with --test-only/--dry-run, show) the job; print its id. Returns the exit status."""
     shape = prepared.shape
-    env = submission_env(base.env, shape)
+    env = submission_env(os.environ, shape)
     if prepared.restart:  # sbatch exports it; amoeba-run reads it (launcher/restart.py)
         env["AMOEBA_RESTART"] = "1"
     if prepared.note:
         print(prepared.note, file=sys.stderr)
     try:
         if prepared.test_only or prepared.dry_run:
-            sbatch_args = _show(shape, str(script), prepared.script_args)
+            _show(shape, str(script), prepared.script_args)
             if prepared.test_only:
-                answer = run_command(["sbatch", "--test-only", *sbatch_args], timeout=30, env=env)
-                print((answer.stderr or answer.stdout).strip(), file=sys.stderr)
+                answer = slurm.test_submit(script, shape.components(), prepared.script_args, env=env)
+                print(answer, file=sys.stderr)
             return 0
-        job = CliSlurmClient(env, timeout=30).submit(script, shape.components(), prepared.script_args)
+        job = slurm.submit(script, shape.components(), prepared.script_args, env=env)
     except (SlurmCommandError, ParseError, SpecError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 1
@@ -404,8 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in ([], ["-h"], ["--help"]):
         build_parser().print_help()
         return 0 if args else 2
-    base = CliSlurmClient(timeout=30)
     try:
+        base = CliSlurmClient.from_environment()
         prepared = prepare(args, base)
     except (SpecError, ParseError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ from slurm_amoeba.slurm.parsers import (
 )
 from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
 from slurm_amoeba.slurm.runner import CommandResult, SlurmCommandError, run_command
-from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args, render_batch_script
+from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args, render_batch_script, sbatch_argv
 
 __all__ = [
     "CliSlurmClient",
@@ -42,4 +42,5 @@ __all__ = [
     "parse_step_lines",
     "render_batch_script",
     "run_command",
+    "sbatch_argv",
 ]

@@ -151,6 +151,18 @@ def _gpus_per_node(tres_per_node: str, source: str) -> int:
     return total
 
 
+_GPUS_PER_TASK = re.compile(r"^(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](?P<count>[0-9]{1,6})$")
+
+
+def _gpus_per_task(tres: str) -> int:
+    """GPUs in Slurm's ``tres_per_task`` (``gres:gpu:2``, ``gres/gpu=2``, ``gres:gpu:a100:2``); 0 when none."""
+    for item in tres.split(","):
+        match = _GPUS_PER_TASK.match(item.strip())
+        if match:
+            return int(match["count"])
+    return 0
+
+
 def parse_squeue_json(text: str) -> list[JobRecord]:
     """Parse ``squeue --json`` (openapi v0.0.38, Slurm 22.05) into job records.
 
@@ -199,6 +211,8 @@ def parse_squeue_json(text: str) -> list[JobRecord]:
                 admin_comment=_field(rec, "admin_comment", str, where, ""),
                 time_limit_s=_time_limit_s(rec.get("time_limit"), where),
                 gpus_requested=_requested_gpus(_field(rec, "tres_req_str", str, where, ""), where),
+                tasks=_field(rec, "tasks", int, where, 0),
+                gpus_per_task=_gpus_per_task(_field(rec, "tres_per_task", str, where, "")),
             )
         )
     return jobs

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from slurm_amoeba.slurm.reasons import is_held
+
 
 class JobState(str, enum.Enum):
     """A Slurm job's base state (``job_state`` in ``squeue --json``).
@@ -90,6 +92,9 @@ class JobRecord:
         admin_comment: the job's ``AdminComment`` (set by operators only; amoebad marks the jobs it holds there).
         time_limit_s: its time limit in seconds; None when unlimited (or not given).
         gpus_requested: the GPUs it asked for (``gres/gpu`` of its requested TRES), pending or not.
+        tasks: the tasks it asked for at submission (``--ntasks``); 0 where the record does not say.
+        gpus_per_task: GPUs per task it asked for (``--gpus-per-task``, Slurm's ``tres_per_task``); 0 when not asked
+            per task.
     """
 
     job_id: int
@@ -118,6 +123,8 @@ class JobRecord:
     admin_comment: str = ""
     time_limit_s: int | None = None
     gpus_requested: int = 0
+    tasks: int = 0
+    gpus_per_task: int = 0
 
     @property
     def is_het_component(self) -> bool:
@@ -128,6 +135,11 @@ class JobRecord:
     def gpus_held(self) -> int:
         """GPUs the job holds now, over all its nodes."""
         return sum(len(ix) for ix in self.gpu_indices)
+
+    @property
+    def is_held(self) -> bool:
+        """Whether the job is held (its pending reason says so)."""
+        return is_held(self.state_reason)
 
     @property
     def was_preempted(self) -> bool:

@@ -28,6 +28,7 @@ from slurm_amoeba.slurm.parsers import (
     parse_step_lines,
 )
 from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
+from slurm_amoeba.slurm.release import SlurmRelease
 from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S, SlurmCommandError, run_command
 from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args
 
@@ -244,6 +245,20 @@ class CliSlurmClient(SlurmClient):
             if job.split("+", 1)[0] == str(job_id):
                 return JobState.parse(state)
         return JobState.UNKNOWN
+
+    _slurm_release: SlurmRelease | None = None  # set by slurm_release(), the first time it is asked
+
+    def slurm_release(self) -> SlurmRelease:
+        """The cluster's Slurm release (``sinfo --version``), asked once per client and remembered (``release``
+        is the release of a held job).
+
+        Raises:
+            SlurmCommandError: sinfo failed.
+            ParseError: its reply names no release.
+        """
+        if self._slurm_release is None:
+            self._slurm_release = SlurmRelease.parse(self._run(["sinfo", "--version"]))
+        return self._slurm_release
 
     def ping(self) -> bool:
         """Whether slurmctld answers (``scontrol ping``); False instead of an error when it does not."""

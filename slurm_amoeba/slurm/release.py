@@ -1,7 +1,7 @@
 """Which Slurm a cluster runs, as a typed value, and which JSON shape its commands print.
 
-Part of ``slurm/`` (DESIGN.md): the release is detected once per client (:meth:`CliSlurmClient.release
-<slurm_amoeba.slurm.client.CliSlurmClient.release>`, from ``sinfo --version``) and read again from the ``meta``
+Part of ``slurm/`` (DESIGN.md): the release is detected once per client (:meth:`CliSlurmClient.slurm_release
+<slurm_amoeba.slurm.client.CliSlurmClient.slurm_release>`, from ``sinfo --version``) and read again from the ``meta``
 block of every JSON reply, so that :mod:`~slurm_amoeba.slurm.parsers` can name the release in its errors and
 :mod:`~slurm_amoeba.slurm.options` can use the release's sbatch options. Nothing here runs a command.
 

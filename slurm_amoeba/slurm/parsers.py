@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.slurm.nodelist import expand_nodelist
@@ -26,6 +26,7 @@ from slurm_amoeba.slurm.release import JsonShape
 _GRES_ITEM = re.compile(r"^gpu(?::(?P<type>\(null\)|[^:(]*))?:(?P<count>[0-9]+)(?:\((?P<detail>[^)]*)\))?$")
 _DIGITS = re.compile(r"[0-9]+")
 _IDX = re.compile(r"IDX:(?P<idx>[0-9,\-]*|N/A)")
+T = TypeVar("T")
 
 
 class SlurmReportedError(ParseError):
@@ -156,6 +157,11 @@ def _job_state(states: Sequence[str]) -> JobState:
 _JOB_STATE_FLAGS = ("COMPLETING", "RESIZING", "REQUEUED")
 
 
+def _parse_list(text: str, key: str, source: str, build: Callable[[_Fields], T]) -> list[T]:
+    """Each record under ``key`` of the reply ``text``, built into a typed record."""
+    return [build(fields) for fields in _records(_load_document(text, source), key, source, text)]
+
+
 def _records(doc: Mapping[str, Any], key: str, source: str, text: str) -> list[_Fields]:
     """The records under ``key``, each with the reply's shape; raises when the list is absent or not of objects."""
     shape = JsonShape.of(doc)
@@ -257,9 +263,7 @@ def parse_squeue_json(text: str) -> list[JobRecord]:
         ParseError: the output is not JSON, Slurm reported errors, or a job record lacks a field or has one of
             the wrong type (the message names the field and the release).
     """
-    source = "squeue --json"
-    doc = _load_document(text, source)
-    return [_job(fields) for fields in _records(doc, "jobs", source, text)]
+    return _parse_list(text, "jobs", "squeue --json", _job)
 
 
 def _job(fields: _Fields) -> JobRecord:
@@ -324,9 +328,7 @@ def parse_nodes_json(text: str) -> list[NodeRecord]:
         ParseError: the output is not JSON, Slurm reported errors, or a node record is malformed (the message names
             the field and the release).
     """
-    source = "scontrol show nodes --json"
-    doc = _load_document(text, source)
-    return [_node(fields) for fields in _records(doc, "nodes", source, text)]
+    return _parse_list(text, "nodes", "scontrol show nodes --json", _node)
 
 
 def _node(fields: _Fields) -> NodeRecord:
@@ -407,9 +409,7 @@ def parse_sacct_json(text: str) -> list[AccountingRecord]:
         ParseError: the output is not JSON, Slurm reported errors, or a job lacks a field or has one of the wrong
             type (the message names the field and the release).
     """
-    source = "sacct --json"
-    doc = _load_document(text, source)
-    return [_accounting(fields) for fields in _records(doc, "jobs", source, text)]
+    return _parse_list(text, "jobs", "sacct --json", _accounting)
 
 
 def _accounting(fields: _Fields) -> AccountingRecord:

@@ -172,9 +172,8 @@ def test_a_site_history_reads_every_releases_sacct_export(series: str, name: str
 def test_a_missing_required_field_is_named_with_the_release(series: str) -> None:
     document = json.loads((RELEASES / series / "squeue.json").read_text())
     del document["jobs"][1]["job_state"]
-    with pytest.raises(
-        ParseError, match=rf"job 102 \(Slurm {series}\.[0-9]+, data_parser v0\.0\.[0-9]+\).*job_state"
-    ):
+    pattern = rf"job 102 \(Slurm {series}\.[0-9]+, data_parser v0\.0\.[0-9]+\).*job_state"
+    with pytest.raises(ParseError, match=pattern):
         parse_squeue_json(json.dumps(document))
     document = json.loads((RELEASES / series / "sacct.json").read_text())
     del document["jobs"][0]["time"]["submission"]

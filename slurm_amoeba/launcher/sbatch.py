@@ -40,6 +40,7 @@ from slurm_amoeba.slurm.options import (
     read_option,
     wrap_script,
 )
+from slurm_amoeba.slurm.release import SlurmRelease
 
 # Our options: name -> whether it takes a value. Matched exactly, never abbreviated (sbatch has --mem and --gpus).
 _OURS = {
@@ -173,8 +174,9 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def split_args(argv: Sequence[str], job: JobEnv) -> Request:
-    """Separate our options, sbatch's options, the script and its arguments; read the script's header.
+def split_args(argv: Sequence[str], job: JobEnv, release: SlurmRelease | None = None) -> Request:
+    """Separate our options, sbatch's options, the script and its arguments; read the script's header. sbatch's
+    options are read as ``release``'s sbatch reads them (None: any supported release's).
 
     Raises:
         SpecError: an sbatch option sbatch would refuse, no script (and no ``--wrap``), a script that does not
@@ -195,7 +197,7 @@ def split_args(argv: Sequence[str], job: JobEnv) -> Request:
             rest = list(argv[i + 1 :] if word == "--" else argv[i:])
             break
         else:
-            found, i = read_option(argv, i)
+            found, i = read_option(argv, i, release)
             options.extend(found)
     parsed = build_parser(job).parse_args(ours)
     wrap = last_value(options, "wrap")
@@ -211,7 +213,7 @@ def split_args(argv: Sequence[str], job: JobEnv) -> Request:
     script = Path(rest[0])
     if not script.is_file():
         raise SpecError(f"batch script {rest[0]!r} does not exist or is not a file")
-    directives = read_directives(script.read_text(errors="replace"))
+    directives = read_directives(script.read_text(errors="replace"), release)
     return Request(parsed, options, directives, script, rest[1:])
 
 
@@ -275,8 +277,9 @@ def _per_worker(flag: int | None, directive: str | None, what: str, default: int
     return flag if flag is not None else int(directive) if directive is not None else default
 
 
-def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
-    """Check everything and build the job's shape; nothing is submitted.
+def prepare(argv: Sequence[str], slurm: SlurmClient, release: SlurmRelease | None = None) -> Prepared:
+    """Check everything and build the job's shape; nothing is submitted. ``release``: the cluster's Slurm, whose
+    sbatch options are known (None: those of any supported release).
 
     Returns:
         The checked submission.
@@ -286,7 +289,7 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
             cannot pass on, a bad time limit, or a minimum the partition can never hold.
     """
     job = JobEnv.from_environ(os.environ)
-    request = split_args(argv, job)
+    request = split_args(argv, job, release)
     _check_options(request)
     ours = request.ours
     elastic = ours.elastic or last_value(request.directives, "elastic")
@@ -403,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     try:
         base = CliSlurmClient.from_environment()
-        prepared = prepare(args, base)
+        prepared = prepare(args, base, base.slurm_release())
     except (SpecError, ParseError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 2

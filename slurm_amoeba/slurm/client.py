@@ -33,6 +33,7 @@ from slurm_amoeba.slurm.parsers import (
     parse_step_lines,
 )
 from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
+from slurm_amoeba.slurm.release import SlurmRelease
 from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S, CommandResult, SlurmCommandError, run_command, timeout_from
 from slurm_amoeba.slurm.script import SubmitOptions, sbatch_argv
 
@@ -352,6 +353,20 @@ class CliSlurmClient(SlurmClient):
             if job.split("+", 1)[0] == str(job_id):
                 return JobState.parse(state)
         return JobState.UNKNOWN
+
+    _slurm_release: SlurmRelease | None = None  # set by slurm_release(), the first time it is asked
+
+    def slurm_release(self) -> SlurmRelease:
+        """The cluster's Slurm release (``sinfo --version``), asked once per client and remembered (``release``
+        is the release of a held job).
+
+        Raises:
+            SlurmCommandError: sinfo failed.
+            ParseError: its reply names no release.
+        """
+        if self._slurm_release is None:
+            self._slurm_release = SlurmRelease.parse(self._run(["sinfo", "--version"]))
+        return self._slurm_release
 
     def ping(self) -> bool:
         """See :meth:`SlurmClient.ping` (``scontrol ping``)."""

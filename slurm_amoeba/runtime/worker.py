@@ -159,7 +159,6 @@ def run(
     return get_runtime().run(train, state, checkpoint=checkpoint)
 
 
-# shape: one object per training process; setup, step hooks, commit check and generation loop share its fields
 class WorkerRuntime:
     """The elastic runtime of one worker process (see the module docstring); create it with :func:`init`.
 

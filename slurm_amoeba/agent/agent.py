@@ -84,10 +84,11 @@ from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
 from slurm_amoeba.runtime.auth import JOB_SECRET_FILE
 from slurm_amoeba.runtime.checkpoint import ENV_CHECKPOINT_DIR
-from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
+from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import PolicyBatch
+from slurm_amoeba.runtime.view import CoordinatorView
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
 from slurm_amoeba.transport.channel import ChannelServer, Request

@@ -30,7 +30,7 @@ from slurm_amoeba.core.messages import (
     quote,
 )
 from slurm_amoeba.core.spec import ElasticSpec
-from slurm_amoeba.runtime.coordinator import CoordinatorView
+from slurm_amoeba.runtime.view import CoordinatorView
 
 log = logging.getLogger(__name__)
 

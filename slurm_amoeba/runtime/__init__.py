@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from slurm_amoeba.runtime.adaptive import AdaptiveBatch
-    from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
+    from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
     from slurm_amoeba.runtime.errors import (
         BatchPlanError,
         JobLostError,
@@ -57,7 +57,7 @@ _WHERE = {
     "BatchPlanError": "errors",
     "Coordinator": "coordinator",
     "CoordinatorConfig": "coordinator",
-    "CoordinatorView": "coordinator",
+    "CoordinatorView": "view",
     "ElasticDataLoader": "loader",
     "ElasticSampler": "sampler",
     "Generation": "topology",
@@ -76,7 +76,7 @@ _WHERE = {
     "StepAssignment": "sampler",
     "StepDriver": "topology",
     "StepPlan": "planner",
-    "ThroughputStats": "coordinator",
+    "ThroughputStats": "view",
     "Topology": "topology",
     "TorchState": "state",
     "WorkerFailure": "errors",

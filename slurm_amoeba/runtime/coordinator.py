@@ -53,17 +53,12 @@ from slurm_amoeba.runtime.auth import (
     Opener,
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
-from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import (
     AbortGeneration,
     Action,
-    GenerationRecord,
     Membership,
     MembershipConfig,
-    Phase,
     SetWant,
-    WorkerInfo,
-    WorkerStatus,
 )
 from slurm_amoeba.runtime.protocol import (
     BATCH_KEY,
@@ -83,6 +78,7 @@ from slurm_amoeba.runtime.protocol import (
     heartbeat_key,
     join_answer_key,
 )
+from slurm_amoeba.runtime.view import CoordinatorView, ThroughputStats, WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -132,78 +128,6 @@ class CoordinatorConfig:
     poll_s: float = 0.05
     loop_interval_s: float = 0.005
     secret_file: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class ThroughputStats:
-    """Measured training speed at one world size, from rank 0's progress reports.
-
-    Attributes:
-        world_size: number of workers.
-        samples_per_s: the latest reported samples per second.
-        step_time_s: the latest reported mean step time.
-        reports: how many progress reports were seen at this size.
-    """
-
-    world_size: int
-    samples_per_s: float
-    step_time_s: float
-    reports: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerView:
-    """A read-only copy of what the coordinator knows about a worker."""
-
-    worker_id: str
-    status: WorkerStatus
-    pid: int
-    host: str
-    heartbeat_age_s: float
-    leave_requested: bool
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class CoordinatorView:
-    """A consistent read-only snapshot of the coordinator's state.
-
-    Attributes:
-        phase: the job's phase.
-        generation: the current generation number (0 before the first).
-        plan: the current generation's plan.
-        workers: every worker ever seen, by id.
-        history: formed generations in order.
-        throughput: measured speed per world size.
-        progress: rank 0's latest progress report (JSON object), if any.
-        lost_reason: why the job was lost, if it was.
-        refused: store values and events refused so far (not sealed with the job's secret, replayed, or from a
-            worker the coordinator did not issue or that may not change what it claimed to).
-        errors: every worker's error event, oldest first (runtime/failures.py).
-        failure: the class of the failure that ended the job (a user error on every member, or again after a
-            rollback), or None.
-    """
-
-    phase: Phase
-    generation: int
-    plan: GenerationPlan | None
-    workers: dict[str, WorkerView]
-    history: tuple[GenerationRecord, ...]
-    throughput: dict[int, ThroughputStats]
-    progress: dict[str, Any]
-    lost_reason: str
-    refused: int = 0
-    errors: tuple[ErrorReport, ...] = ()
-    failure: FailureClass | None = None
-
-    @property
-    def world_size(self) -> int:
-        """Members in the current generation (0 before the first)."""
-        return 0 if self.plan is None else self.plan.world_size
-
-    def ready_workers(self) -> list[str]:
-        """Warm workers waiting for admission."""
-        return [w for w, v in self.workers.items() if v.status is WorkerStatus.READY]
 
 
 class JoinDesk:
@@ -558,7 +482,7 @@ class Coordinator:
             phase=m.phase,
             generation=m.generation,
             plan=m.plan,
-            workers={w: _worker_view(i, now) for w, i in m.workers.items()},
+            workers={w: WorkerView.of(i, now) for w, i in m.workers.items()},
             history=tuple(m.history),
             throughput=dict(self._throughput),
             progress=dict(self._progress),
@@ -768,18 +692,6 @@ def mark_missing_arrivals(store: TCPStore, auth: JobAuth, plan: GenerationPlan) 
         key = arrival_key(plan.generation, token, member)
         if not store.check([key]):
             auth.put(store, key, "aborted")
-
-
-def _worker_view(info: WorkerInfo, now: float) -> WorkerView:
-    return WorkerView(
-        worker_id=info.worker_id,
-        status=info.status,
-        pid=info.pid,
-        host=info.host,
-        heartbeat_age_s=now - info.last_heartbeat,
-        leave_requested=info.leave_requested,
-        reason=info.reason,
-    )
 
 
 def store_bind_address(advertise_addr: str) -> str:

@@ -48,6 +48,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobAuth, JobKey, join_job
+from slurm_amoeba.runtime.caught import error_fields
 from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
     BatchPlanError,
@@ -58,7 +59,6 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
-from slurm_amoeba.runtime.failures import error_fields
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.group import (
     FormationFailed,

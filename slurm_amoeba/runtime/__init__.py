@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
     from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
     from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
-    from slurm_amoeba.runtime.state import TorchState
-    from slurm_amoeba.runtime.topology import Generation, StepDriver, Topology
+    from slurm_amoeba.runtime.state import StepDriver, TorchState
+    from slurm_amoeba.runtime.topology import Generation, Topology
     from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
 
 _WHERE = {
@@ -74,7 +74,7 @@ _WHERE = {
     "StateError": "errors",
     "Step": "loader",
     "StepAssignment": "sampler",
-    "StepDriver": "topology",
+    "StepDriver": "state",
     "StepPlan": "planner",
     "ThroughputStats": "view",
     "Topology": "topology",

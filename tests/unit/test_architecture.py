@@ -1,9 +1,10 @@
-"""The shape of the house: which layer may import which.
+"""The shape of the house: which layer may import which, and no import circle.
 
 The layer table is the one of docs/architecture.md; a new package must be added here and there together. Imports are
 read from the source (every ``import`` and ``from ... import`` anywhere in a module, function-level ones included),
-so a lazy import cannot hide an upward dependency. Sizes are not checked: a long class is a prompt to look for a
-second concept, not a number to cut to.
+so a lazy import cannot hide an upward dependency. No two modules import each other, not even for annotations only
+(under ``if TYPE_CHECKING:``): such a circle says that code sits away from the object it belongs to. Sizes are not
+checked: a long class is a prompt to look for a second concept, not a number to cut to.
 """
 
 from __future__ import annotations
@@ -77,6 +78,74 @@ def test_no_package_imports_a_layer_it_may_not() -> None:
             elif top in FORBIDDEN_THIRD_PARTY.get(layer, frozenset()):
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {layer} imports {module}")
     assert not wrong, "imports against the layer table:\n" + "\n".join(wrong)
+
+
+TOLERATED_CIRCLES: frozenset[frozenset[str]] = frozenset(
+    {frozenset({"slurm_amoeba.policy.elastic_room", "slurm_amoeba.policy.slurm_baseline"})}
+)
+"""Circles left to the rewrite of policy/ into typed actions (issue 27, item 1): remove the entry with it."""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere, under ``if TYPE_CHECKING:`` included."""
+    trees = {_module_name(path): tree for _, path, tree in _modules()}
+    graph: dict[str, set[str]] = {name: set() for name in trees}
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in trees and t != name)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected set of modules (Tarjan), as the sorted names of its modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_modules_import_each_other_not_even_for_annotations() -> None:
+    circles = [c for c in _circles(_import_graph()) if frozenset(c) not in TOLERATED_CIRCLES]
+    assert not circles, "import circles (type-only imports count):\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_sees_a_type_only_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 @pytest.mark.parametrize("source", ["import slurm_amoeba.agent.x", "from slurm_amoeba.agent import x"])

@@ -73,7 +73,7 @@ from slurm_amoeba.agent.plan import (
     release,
     workers_per_satellite,
 )
-from slurm_amoeba.agent.status import Journal, announce_failure, fit_status, note_node_failing, release_fields
+from slurm_amoeba.agent.status import Journal, fit_status, release_fields
 from slurm_amoeba.agent.submission import SatelliteSlurm
 from slurm_amoeba.core.errors import AmoebaError, ParseError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
@@ -499,7 +499,7 @@ class Agent:
             if isinstance(action, Requeue):
                 return self._requeue(action)
             if isinstance(action, JobFailed):  # a failure a retry repeats: end now, the traceback in our output
-                announce_failure(self.journal, action, self.prefix)
+                self.journal.announce_failure(action, self.prefix)
                 return self.stop_main_step() or 1
             if isinstance(action, MainGroupEnded):
                 log.info("%s the main worker group ended with status %s", self.prefix, action.status)
@@ -520,7 +520,7 @@ class Agent:
             elif isinstance(action, RestartFromCheckpoint):
                 self._restart(action)
             elif isinstance(action, NodeFailing):
-                note_node_failing(self.journal, action, self.prefix)
+                self.journal.note_node_failing(action, self.prefix)
             elif isinstance(action, LowerTarget):
                 self.journal.event("target_lowered", target=action.target, previous=action.previous)
                 self.target = action.target

@@ -50,7 +50,6 @@ from slurm_amoeba.runtime.auth import (
     AuthError,
     JobAuth,
     JobKey,
-    Opener,
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import (
@@ -573,7 +572,7 @@ class Coordinator:
     def _read_events(self, now: float) -> None:
         for raw in self._pump.take() if self._pump is not None else ():
             try:
-                sender, event = open_event(self._opener, self._desk, raw)
+                sender, event = self._open_event(raw)
             except ParseError as exc:  # AuthError too: only holders of the job's secret are heard
                 self._refuse("an event", exc)
                 continue
@@ -583,6 +582,21 @@ class Coordinator:
             with self._lock:
                 if not self.membership.handle(event, now):
                     self._refuse("an event", ParseError(f"{sender!r} may not change what it claimed: {event}"))
+
+    def _open_event(self, raw: bytes) -> tuple[str, WorkerEvent]:
+        """The sender and the event of a raw value of the events queue.
+
+        Raises:
+            ParseError: not sealed with the job's secret (:class:`AuthError`), not an event, sealed by another worker
+                than the one it names, or by a worker id this coordinator never issued.
+        """
+        sender, text = self._opener.sender_of(EVENTS_KEY, raw)
+        event = WorkerEvent.from_json(text)
+        if event.worker != sender:
+            raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
+        if not self._desk.issued(sender):
+            raise ParseError(f"{sender!r} is no worker id this coordinator issued")
+        return sender, event
 
     def _read_heartbeats(self, now: float) -> None:
         with self._lock:
@@ -649,7 +663,7 @@ class Coordinator:
                 with self._lock:
                     plan = self.membership.plan
                 if plan is not None and plan.generation == action.generation:
-                    mark_missing_arrivals(store, self._auth, plan)
+                    self._mark_missing_arrivals(store, plan)
             else:
                 assignment = action.assignment
                 if assignment.plan is not None and assignment.plan.source == action.worker:
@@ -666,32 +680,15 @@ class Coordinator:
                     )
                 self._auth.put(store, assignment_key(action.worker, action.seq), assignment.to_json())
 
-
-def open_event(opener: Opener, desk: JoinDesk, raw: bytes) -> tuple[str, WorkerEvent]:
-    """The sender and the event of a raw value of the events queue.
-
-    Raises:
-        ParseError: not sealed with the job's secret (:class:`AuthError`), not an event, sealed by another worker
-            than the one it names, or by a worker id this coordinator never issued.
-    """
-    sender, text = opener.sender_of(EVENTS_KEY, raw)
-    event = WorkerEvent.from_json(text)
-    if event.worker != sender:
-        raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
-    if not desk.issued(sender):
-        raise ParseError(f"{sender!r} is no worker id this coordinator issued")
-    return sender, event
-
-
-def mark_missing_arrivals(store: TCPStore, auth: JobAuth, plan: GenerationPlan) -> None:
-    """After an abort of ``plan``'s generation: members waiting for the others to arrive block in the store until
-    every arrival key exists, so the coordinator's own mark in the keys still missing wakes them, and they find the
-    abort (runtime/group.py)."""
-    token = auth.token(plan.generation)
-    for member in plan.members:
-        key = arrival_key(plan.generation, token, member)
-        if not store.check([key]):
-            auth.put(store, key, "aborted")
+    def _mark_missing_arrivals(self, store: TCPStore, plan: GenerationPlan) -> None:
+        """After an abort of ``plan``'s generation: members waiting for the others to arrive block in the store until
+        every arrival key exists, so the coordinator's own mark in the keys still missing wakes them, and they find
+        the abort (runtime/group.py)."""
+        token = self._auth.token(plan.generation)
+        for member in plan.members:
+            key = arrival_key(plan.generation, token, member)
+            if not store.check([key]):
+                self._auth.put(store, key, "aborted")
 
 
 def store_bind_address(advertise_addr: str) -> str:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
     from slurm_amoeba.runtime.state import StepDriver, TorchState
     from slurm_amoeba.runtime.topology import Generation, Topology
+    from slurm_amoeba.runtime.view import CoordinatorView, ThroughputStats
     from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
 
 _WHERE = {

@@ -148,12 +148,20 @@ def _format_jobs(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _config_line(config: object) -> list[str]:
+    """The status line naming the configuration in force (none from a daemon that does not say)."""
+    if not isinstance(config, Mapping):
+        return []
+    return [f"config      {config.get('source')} (sha256 {config.get('digest') or '-'}; SIGHUP reloads it)"]
+
+
 def _format_status(data: Mapping[str, Any]) -> str:
     jobs = data["jobs"]
     last = data.get("last_round") or {}
     lines = [
         f"daemon      pid {data['pid']}, uid {data['uid']}, up {data['uptime_s']:.0f} s, listening on {data['listen']}",
         f"policy      {data['policy']} every {data['interval_s']:g} s" + ("  (DRAINING)" if data["draining"] else ""),
+        *_config_line(data.get("config")),
         f"jobs        {jobs['elastic']} elastic ({data['workers']} workers), {jobs['regular_running']} regular "
         f"running, {jobs['regular_pending']} regular pending",
         f"gpus        {data['gpus']['free']} free of {data['gpus']['total']}",

@@ -1,15 +1,15 @@
 """``amoeba-sbatch``: submit a batch script as an elastic job (``amoeba-sbatch --elastic 2:8 job.sh [args]``).
 
 Its own options (``--elastic``, ``--gpus-per-worker``, ``--cpus-per-worker``, ``--mem-per-worker``,
-``--elastic-partition``, ``--daemon``, ``--test-only``, ``--dry-run``, ``--slurm-release``) are recognised only when written out in full;
-every other option before the script is sbatch's and is read as sbatch reads it (:mod:`slurm_amoeba.slurm.options`:
-``-t 30``, ``-t1:00:00``, ``--account=x``, ``-Hv``, ``--wrap=CMD`` instead of a script), and what follows the script
-goes to the script. The job becomes one heterogeneous job (:mod:`slurm_amoeba.launcher.submission`): sbatch's options
-go to the agent's component, which sbatch copies to the workers' one; the account, QOS, constraint, reservation and
-the like are given to both. The worker range may also come from the script's ``#SBATCH --elastic=MIN[:MAX]`` line
-(the SPANK plugin's option); a script written for plain ``sbatch`` (``#SBATCH --ntasks=MIN --gpus-per-task=G``)
-gives each worker its task's GPUs and CPUs, and the agent's component is kept free of GPUs. The script runs its
-workers with ``amoeba-run``.
+``--elastic-partition``, ``--daemon``, ``--test-only``, ``--dry-run``, ``--slurm-release``) are recognised only when
+written out in full; every other option before the script is sbatch's and is read as sbatch reads it
+(:mod:`slurm_amoeba.slurm.options`: ``-t 30``, ``-t1:00:00``, ``--account=x``, ``-Hv``, ``--wrap=CMD`` instead of a
+script), and what follows the script goes to the script. The job becomes one heterogeneous job
+(:mod:`slurm_amoeba.launcher.submission`): sbatch's options go to the agent's component, which sbatch copies to the
+workers' one; the account, QOS, constraint, reservation and the like are given to both. The worker range may also come
+from the script's ``#SBATCH --elastic=MIN[:MAX]`` line (the SPANK plugin's option); a script written for plain
+``sbatch`` (``#SBATCH --ntasks=MIN --gpus-per-task=G``) gives each worker its task's GPUs and CPUs, and the agent's
+component is kept free of GPUs. The script runs its workers with ``amoeba-run``.
 
 ``--dry-run`` asks Slurm nothing (no ``sinfo``, not even ``sinfo --version``): it reads sbatch's options as the
 release given by ``--slurm-release`` or ``AMOEBA_SLURM_RELEASE`` reads them, else as the newest supported release

@@ -340,7 +340,12 @@ def _watch(args: argparse.Namespace) -> int:
 def _keys() -> Iterator[Callable[[float], str]]:
     """Read single keys from a terminal (cbreak mode, restored on exit); off a terminal, just wait."""
     if not sys.stdin.isatty():
-        yield lambda timeout: (time.sleep(timeout), "")[1]
+
+        def wait(timeout: float) -> str:
+            time.sleep(timeout)
+            return ""
+
+        yield wait
         return
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)

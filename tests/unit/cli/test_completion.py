@@ -28,7 +28,7 @@ def _complete(line: str) -> list[str]:
     script = (
         f"source {shlex.quote(str(SHIPPED / 'slurm-amoeba.bash'))}\n"
         f"COMP_WORDS=({' '.join(shlex.quote(w) for w in typed)}); COMP_CWORD={len(typed) - 1}\n"
-        f"_{typed[0].replace('-', '_')}\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n"
+        "_slurm_amoeba_complete\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n"
     )
     done = subprocess.run([bash, "--norc", "-c", script], capture_output=True, text=True, timeout=30, check=True)
     return done.stdout.split()

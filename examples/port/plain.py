@@ -96,6 +96,7 @@ def main() -> int:
     parser.add_argument("--global-batch", type=int, default=48)
     parser.add_argument("--save-every", type=int, default=20)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of extra work per step")
+    parser.add_argument("--hold-file", type=Path, help="while this file exists, wait before each step (demos, tests)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -120,6 +121,8 @@ def main() -> int:
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         for x, y, index in itertools.islice(loader, step_in_epoch if epoch == start_epoch else 0, None):
+            while args.hold_file is not None and args.hold_file.exists():
+                time.sleep(0.02)
             optimizer.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 logits = model(x)

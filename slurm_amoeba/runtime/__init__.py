@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     )
     from slurm_amoeba.runtime.loader import ElasticDataLoader, Step
     from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+    from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
     from slurm_amoeba.runtime.port import ElasticLoop, PortLoader, init_process_group
     from slurm_amoeba.runtime.port_model import ElasticDDP
-    from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
     from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
     from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
     from slurm_amoeba.runtime.state import TorchState
@@ -100,8 +100,8 @@ __all__ = [
     "Coordinator",
     "CoordinatorConfig",
     "CoordinatorView",
-    "ElasticDataLoader",
     "ElasticDDP",
+    "ElasticDataLoader",
     "ElasticLoop",
     "ElasticSampler",
     "Generation",

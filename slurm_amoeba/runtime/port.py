@@ -89,7 +89,9 @@ def init_process_group(
         RuntimeTimeout: the coordinator's store cannot be reached.
     """
     if torch_kwargs:
-        log.debug("init_process_group: ignoring %s (the job's coordinator supplies the rendezvous)", sorted(torch_kwargs))
+        log.debug(
+            "init_process_group: ignoring %s (the job's coordinator supplies the rendezvous)", sorted(torch_kwargs)
+        )
     previous = signal.getsignal(signal.SIGTERM)
     runtime = init(environ)
     return ElasticLoop(runtime, SigtermChain(runtime.request_leave, previous), checkpoint, commit_every, backend)

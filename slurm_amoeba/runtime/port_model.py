@@ -55,7 +55,7 @@ class ElasticDDP(torch.nn.Module):
     def _on_gradient(self, param: torch.Tensor) -> None:
         if self._armed and not self._queued:
             self._queued = True
-            Variable._execution_engine.queue_callback(self._after_backward)  # type: ignore[attr-defined]
+            Variable._execution_engine.queue_callback(self._after_backward)
 
     def _after_backward(self) -> None:
         self._armed = self._queued = False

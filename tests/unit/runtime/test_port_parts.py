@@ -11,15 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.utils.data import DistributedSampler, TensorDataset
 
-from slurm_amoeba.runtime.checkpoint import (
-    FileSystemReader,
-    FileSystemWriter,
-    dcp_load,
-    dcp_save,
-    silence_single_process_warning,
-)
+from slurm_amoeba.runtime.checkpoint import silence_single_process_warning
 from slurm_amoeba.runtime.errors import BatchPlanError, StateError
 from slurm_amoeba.runtime.restart_data import StepBatchSampler, allowed_sizes_from_environ
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
@@ -30,7 +27,8 @@ from slurm_amoeba.runtime.sigterm import SigtermChain
 def _distributed_steps(size: int, world: int, local_batch: int, epoch: int) -> list[set[int]]:
     ranks = []
     for rank in range(world):
-        sampler = DistributedSampler(range(size), num_replicas=world, rank=rank, shuffle=True, seed=7)
+        dataset = TensorDataset(torch.arange(size))
+        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=7)
         sampler.set_epoch(epoch)
         order = list(sampler)
         ranks.append([order[i : i + local_batch] for i in range(0, len(order), local_batch)])
@@ -98,7 +96,9 @@ def test_the_scripts_sigterm_handler_runs_once_when_the_worker_leaves_not_when_t
         chain.adopt()
         chain.leaving()
         assert calls == []  # no SIGTERM yet: a leave the coordinator asked for does not call it
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        handler(signal.SIGTERM, None)
         assert calls == ["leave"]
         chain.leaving()
         chain.leaving()

@@ -88,9 +88,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--out", type=Path, help="keep the job's logs and step files here (default: a temporary dir)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        entries = _run(Path(tmp), args.cycles)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        entries = _run(args.out, args.cycles)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            entries = _run(Path(tmp), args.cycles)
     found = pauses(entries)
     print(f"{'switch':>8} {'n':>3} {'median ms':>10} {'max ms':>8}  (beyond a step of the new size, user clock)")
     for kind, values in found.items():

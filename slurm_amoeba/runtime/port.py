@@ -62,6 +62,14 @@ class _RolledBack(Exception):
     """The loader's iteration starts again from the state's position (a failure was rolled back)."""
 
 
+def seeded_position(sampler: ElasticSampler, start_epoch: int, step_in_epoch: int) -> dict[str, int]:
+    """The sampler position of a script's own checkpoint: ``step_in_epoch`` steps of ``start_epoch`` done (as many as
+    the epoch has: the next epoch's start)."""
+    step = start_epoch * sampler.steps_per_epoch + step_in_epoch
+    epoch, steps_done = divmod(step, sampler.steps_per_epoch)
+    return {"epoch": epoch, "cursor": steps_done * sampler.global_batch, "step": step}
+
+
 def init_process_group(
     backend: str | None = None,
     *,
@@ -265,13 +273,7 @@ class ElasticLoop:
                 "call job.wrap(model, optimizer, ...) and job.data_loader(dataset, sampler) before the loop"
             )
         sampler = self.loader.sampler
-        sampler.load_state_dict(
-            {
-                "epoch": start_epoch,
-                "cursor": step_in_epoch * sampler.global_batch,
-                "step": start_epoch * sampler.steps_per_epoch + step_in_epoch,
-            }
-        )
+        sampler.load_state_dict(seeded_position(sampler, start_epoch, step_in_epoch))
         parts = self._parts
         state = LoopState(
             parts["model"], parts["optimizer"], sampler, schedulers=parts["schedulers"], scaler=parts["scaler"]

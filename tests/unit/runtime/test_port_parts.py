@@ -18,6 +18,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from slurm_amoeba.runtime.checkpoint import silence_single_process_warning
 from slurm_amoeba.runtime.errors import BatchPlanError, StateError
+from slurm_amoeba.runtime.port import seeded_position
 from slurm_amoeba.runtime.restart_data import StepBatchSampler, allowed_sizes_from_environ
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
 from slurm_amoeba.runtime.sampler import ElasticSampler
@@ -139,3 +140,10 @@ def _dcp_warnings(tmp_path: Path, *, silenced: bool) -> list[str]:
 def test_checkpoint_writes_and_reads_print_no_single_process_warning(tmp_path: Path) -> None:
     assert len(_dcp_warnings(tmp_path / "plain", silenced=False)) == 2  # what DCP prints on its own
     assert _dcp_warnings(tmp_path / "runtime", silenced=True) == []
+
+
+def test_a_scripts_checkpoint_position_at_the_end_of_an_epoch_seeds_the_next_epochs_start() -> None:
+    sampler = ElasticSampler(96, 12)  # 8 steps per epoch
+    assert seeded_position(sampler, 2, 8) == {"epoch": 3, "cursor": 0, "step": 24}
+    assert seeded_position(sampler, 1, 3) == {"epoch": 1, "cursor": 36, "step": 11}
+    sampler.load_state_dict(seeded_position(sampler, 2, 8))

@@ -32,6 +32,10 @@ def _members(job: LocalJob, world: int, after: int) -> int:
     return view.generation
 
 
+def _wait_ready(job: LocalJob, worker: str) -> None:
+    job.wait_for(lambda v: v.workers.get(worker) is not None and v.workers[worker].status.value == "ready", 120, worker)
+
+
 def _run(out: Path, cycles: int) -> list[dict[str, Any]]:
     hold = out / "hold"
     command = [sys.executable, str(ELASTIC), "--out", str(out), "--hold-file", str(hold), "--epochs", "50"]
@@ -42,9 +46,7 @@ def _run(out: Path, cycles: int) -> list[dict[str, Any]]:
         for _ in range(cycles):
             hold.touch()
             (joiner,) = job.add(1)
-            job.wait_for(
-                lambda v: v.workers.get(joiner) is not None and v.workers[joiner].status.value == "ready", 120, "ready"
-            )
+            _wait_ready(job, joiner)
             hold.unlink()
             generation = _members(job, 3, generation)
             job.wait_for(

@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.record import Recording
 from benchmarks.runtime_worker import WARM_UP_VARIABLE, read_steps
 from slurm_amoeba.launcher.restart import restart_command
 from slurm_amoeba.local.job import LocalJob
@@ -922,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="with --baseline: rounds per tree")
     args = parser.parse_args(argv)
     os.environ.setdefault("AMOEBA_DEVICE", "cpu")  # the benchmark's model trains on CPU (gloo), GPU or not
+    recording = Recording("runtime", vars(args))
     reps = args.reps or (1 if args.quick else 3)
     steps = 400 if args.quick else 1000
     work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
@@ -955,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     if "restart_pause" in report:
         print(format_restart(report["restart_pause"], report["worker_pause"]))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        recording.write(args.json, report)
     if args.keep:
         print(f"work directory: {work}", file=sys.stderr)
     else:

@@ -78,7 +78,7 @@ def spread(samples: Sequence[float]) -> dict[str, float]:
     if not samples:
         raise ValueError("a figure needs at least one sample; the benchmark measured none")
     ordered = sorted(float(value) for value in samples)
-    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else [ordered[0]] * 3
+    quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
     return {
         "median": statistics.median(ordered),
         "q1": quartiles[0],

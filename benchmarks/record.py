@@ -70,13 +70,10 @@ def machine() -> dict[str, Any]:
 
 
 def spread(samples: Sequence[float]) -> dict[str, float]:
-    """A figure from its samples: median, quartiles, min, max and the sample count.
-
-    Raises:
-        ValueError: no sample.
-    """
+    """A figure from its samples: median, quartiles (inclusive), min, max and the sample count; only ``n`` (0) for
+    no sample (e.g. no switch was followed by three steps of its generation)."""
     if not samples:
-        raise ValueError("a figure needs at least one sample; the benchmark measured none")
+        return {"n": 0.0}
     ordered = sorted(float(value) for value in samples)
     quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
     return {

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.record import Recording
+from benchmarks.record import Recording, spread
 from benchmarks.runtime_worker import WARM_UP_VARIABLE, read_steps
 from slurm_amoeba.launcher.restart import restart_command
 from slurm_amoeba.local.job import LocalJob
@@ -314,20 +314,8 @@ def steps_by_size(records: list[list[float]]) -> dict[int, float]:
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with); only
-    ``n`` (0) for an empty one (e.g. no switch was followed by three steps of its generation)."""
-    ordered = sorted(values)
-    if not ordered:
-        return {"n": 0.0}
-    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else ordered * 3
-    return {
-        "median": statistics.median(ordered),
-        "q1": quartiles[0],
-        "q3": quartiles[2],
-        "min": ordered[0],
-        "max": ordered[-1],
-        "n": float(len(ordered)),
-    }
+    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with)."""
+    return spread(values)
 
 
 def _resized(generation: int, size: int) -> Callable[[CoordinatorView], bool]:

@@ -118,8 +118,6 @@ CATALOG: tuple[Entry, ...] = (
         "`limits.agents_per_uid`, `limits.requests_per_s` and `limits.burst` to fit them and names what it raised.",
         "scripts/bench-policy --out docs/results/policy.json",
         needs="munged running (the local cluster's)",
-        recorded="A decision on 1,000 nodes x 8 GPUs and 2,000 jobs took 6.2 ms (median of 15) in an earlier run on "
-        "the 2-core development machine.",
     ),
     Entry(
         "grow",

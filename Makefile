@@ -22,7 +22,7 @@ typecheck: bootstrap
 # the docs site, warnings (a broken link or anchor) as errors; docs/results.md must be what docs/results/ renders
 docs: bootstrap
 	$(PY) -m benchmarks.render_results --check
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: bootstrap lint typecheck docs
 	$(PY) -m pytest tests --durations=25

@@ -3,7 +3,7 @@
 ::
 
     job = amoeba.init_process_group("gloo")                     # was: dist.init_process_group("gloo")
-    model = job.wrap(model, optimizer, schedulers=[scheduler], scaler=scaler)           # was: DDP(model)
+    ddp_model = job.wrap(model, optimizer, schedulers=[scheduler], scaler=scaler)       # was: DDP(model)
     sampler = amoeba.ElasticSampler(len(dataset), global_batch=64, order="distributed")  # was: DistributedSampler
     loader = job.data_loader(dataset, sampler, num_workers=2)   # was: DataLoader(..., sampler=sampler)
     for epoch in job.remaining_epochs(10):                      # was: range(10)

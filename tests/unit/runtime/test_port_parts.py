@@ -163,7 +163,7 @@ def test_held_steps_take_effect_only_in_a_steps_last_micro_batch_and_keep_the_st
 
     def one_micro_batch() -> None:
         loss = model(torch.ones(1, 2)).sum()
-        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
         scaler.step(optimizer)
         scaler.update()

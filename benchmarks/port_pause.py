@@ -3,8 +3,10 @@
 Runs examples/port/elastic.py (whose step all-reduces the loss for its log, as most scripts do) as a local job of
 2 workers, grows it to 3 with a warm joiner (held until the joiner is ready, then released) and shrinks it back to 2
 (``remove``), ``--cycles`` times, and reads the script's own per-step timestamps (``steps-*.jsonl``, rank 0): the
-pause of a switch is the step interval across it minus the median interval at the new size. Prints a table and
-writes JSON (``--json``). Usage: ``python benchmarks/port_pause.py [--cycles 3] [--json FILE]``.
+pause of a switch is the step interval across it minus the median interval at the new size. Prints a table (median,
+quartiles, extremes) and writes JSON (``--json``, default ``bench-port-pause.json``) with every sample, the median step
+per size and the machine's load average sampled during the run. Usage:
+``nice -n 10 python benchmarks/port_pause.py [--cycles 12] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,25 +89,87 @@ def pauses(entries: list[dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
+class LoadSampler:
+    """The machine's 1-minute load average, sampled every ``every_s`` seconds while the benchmark runs."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, quartiles and extremes of ``values`` (at least one)."""
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "q1": quartiles[0],
+        "q3": quartiles[2],
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def step_medians(entries: list[dict[str, Any]]) -> dict[int, float]:
+    """The median step interval (ms) of rank 0 at each world size, between two steps of that size."""
+    rank0 = {e["step"]: e for e in entries if e["rank"] == 0}
+    found: dict[int, list[float]] = {}
+    for step, entry in rank0.items():
+        before = rank0.get(step - 1)
+        if before is not None and before["world"] == entry["world"]:
+            found.setdefault(entry["world"], []).append(1000 * (entry["time"] - before["time"]))
+    return {world: statistics.median(values) for world, values in sorted(found.items())}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, default=Path("bench-port-pause.json"))
     parser.add_argument("--out", type=Path, help="keep the job's logs and step files here (default: a temporary dir)")
     args = parser.parse_args()
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        entries = _run(args.out, args.cycles)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            entries = _run(Path(tmp), args.cycles)
+    with LoadSampler() as load:
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            entries = _run(args.out, args.cycles)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                entries = _run(Path(tmp), args.cycles)
     found = pauses(entries)
-    print(f"{'switch':>8} {'n':>3} {'median ms':>10} {'max ms':>8}  (beyond a step of the new size, user clock)")
-    for kind, values in found.items():
-        if values:
-            print(f"{kind:>8} {len(values):>3} {statistics.median(values):>10.1f} {max(values):>8.1f}")
-    if args.json:
-        args.json.write_text(json.dumps({"pauses_ms": found, "load": os.getloadavg()}, indent=1))
+    summaries = {kind: summary(values) for kind, values in found.items() if values}
+    header = " ".join(f"{name:>7}" for name in ("median", "q1", "q3", "min", "max"))
+    print(f"{'switch':>8} {'n':>3} {header}  (ms beyond a step of the new size)")
+    for kind, row in summaries.items():
+        cells = " ".join(f"{row[k]:>7.1f}" for k in ("median", "q1", "q3", "min", "max"))
+        print(f"{kind:>8} {int(row['n']):>3} {cells}")
+    steps = step_medians(entries)
+    print("median step (ms) by size:", {world: round(ms, 1) for world, ms in steps.items()})
+    print(f"load average during the run: {summary(load.samples)} on {os.cpu_count()} CPUs")
+    report = {
+        "cycles": args.cycles,
+        "pauses_ms": found,
+        "summary_ms": summaries,
+        "median_step_ms": steps,
+        "load_1min": {"samples": load.samples, **summary(load.samples)},
+        "cpus": os.cpu_count(),
+        "niceness": os.nice(0),
+    }
+    args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -66,7 +66,8 @@ class Block(torch.nn.Module):
         causal = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
         h = self.norm1(x)
         x = x + self.attention(h, h, h, attn_mask=causal, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class TinyLM(torch.nn.Module):
@@ -77,7 +78,8 @@ class TinyLM(torch.nn.Module):
         self.head = torch.nn.Linear(width, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.embed(tokens) + self.position))
+        logits: torch.Tensor = self.head(self.blocks(self.embed(tokens) + self.position))
+        return logits
 
 
 def schedule(warmup: int, total: int) -> Callable[[int], float]:
@@ -117,7 +119,7 @@ def main() -> int:
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         start_epoch, step_in_epoch = saved["epoch"], saved["step_in_epoch"]
-    model = job.wrap(model, optimizer, schedulers=[scheduler], scaler=scaler)
+    ddp_model = job.wrap(model, optimizer, schedulers=[scheduler], scaler=scaler)
     log = (args.out / f"steps-{os.getpid()}.jsonl").open("a")
     for epoch in job.remaining_epochs(args.epochs, start_epoch=start_epoch, step_in_epoch=step_in_epoch):
         sampler.set_epoch(epoch)
@@ -126,11 +128,11 @@ def main() -> int:
                 time.sleep(0.02)
             optimizer.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(x)
+                logits = ddp_model(x)
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            scaler.scale(loss).backward()
+            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is unannotated
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), max_norm=1.0)
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
@@ -148,7 +150,7 @@ def main() -> int:
             log.write(json.dumps({**entry, "indices": index.tolist(), "time": time.time()}) + "\n")
             if stats[1] > 0 or (step % args.save_every == 0 and dist.get_rank() == 0):
                 if dist.get_rank() == 0:
-                    state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
                     torch.save(
                         {
                             **state,
@@ -161,7 +163,7 @@ def main() -> int:
                 if stats[1] > 0:
                     return 0
     if dist.get_rank() == 0:
-        params = {name: p.detach().flatten().tolist() for name, p in model.module.named_parameters()}
+        params = {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
         (args.out / "final.json").write_text(json.dumps({"step": scheduler.last_epoch, "params": params}))
     dist.destroy_process_group()
     return 0

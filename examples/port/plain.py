@@ -65,7 +65,8 @@ class Block(torch.nn.Module):
         causal = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
         h = self.norm1(x)
         x = x + self.attention(h, h, h, attn_mask=causal, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class TinyLM(torch.nn.Module):
@@ -76,7 +77,8 @@ class TinyLM(torch.nn.Module):
         self.head = torch.nn.Linear(width, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.embed(tokens) + self.position))
+        logits: torch.Tensor = self.head(self.blocks(self.embed(tokens) + self.position))
+        return logits
 
 
 def schedule(warmup: int, total: int) -> Callable[[int], float]:
@@ -105,7 +107,7 @@ def main() -> int:
     dataset = Tokens(args.samples, length=16, vocab=32)
     model = TinyLM(vocab=32, length=16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=7)
+    sampler: torch.utils.data.DistributedSampler[int] = torch.utils.data.DistributedSampler(dataset, seed=7)
     loader = torch.utils.data.DataLoader(dataset, args.global_batch // dist.get_world_size(), sampler=sampler)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(10, args.epochs * len(loader)))
     scaler = torch.amp.GradScaler("cpu", enabled=False)  # bf16 needs no loss scaling; fp16 would
@@ -116,7 +118,7 @@ def main() -> int:
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         start_epoch, step_in_epoch = saved["epoch"], saved["step_in_epoch"]
-    model = torch.nn.parallel.DistributedDataParallel(model)
+    ddp_model = torch.nn.parallel.DistributedDataParallel(model)
     log = (args.out / f"steps-{os.getpid()}.jsonl").open("a")
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
@@ -125,11 +127,11 @@ def main() -> int:
                 time.sleep(0.02)
             optimizer.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(x)
+                logits = ddp_model(x)
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            scaler.scale(loss).backward()
+            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is unannotated
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), max_norm=1.0)
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
@@ -147,7 +149,7 @@ def main() -> int:
             log.write(json.dumps({**entry, "indices": index.tolist(), "time": time.time()}) + "\n")
             if stats[1] > 0 or (step % args.save_every == 0 and dist.get_rank() == 0):
                 if dist.get_rank() == 0:
-                    state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
                     torch.save(
                         {
                             **state,
@@ -160,7 +162,7 @@ def main() -> int:
                 if stats[1] > 0:
                     return 0
     if dist.get_rank() == 0:
-        params = {name: p.detach().flatten().tolist() for name, p in model.module.named_parameters()}
+        params = {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
         (args.out / "final.json").write_text(json.dumps({"step": scheduler.last_epoch, "params": params}))
     dist.destroy_process_group()
     return 0

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from slurm_amoeba.core.runtime_env import ENV_DEVICE, ENV_STORE_ADDR
+from slurm_amoeba.core.runtime_env import ENV_DEVICE, ENV_MAX_LOCAL_BATCH, ENV_STORE_ADDR
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
@@ -75,7 +75,8 @@ class LocalJob:
         initial_workers: workers started at once; the first generation forms when all are ready.
         max_workers: most members at a time.
         job_id: the job's name.
-        env: extra environment for every worker (on top of this process's environment).
+        env: extra environment for every worker (on top of this process's environment); its ``AMOEBA_DEVICE`` and
+            ``AMOEBA_MAX_LOCAL_BATCH`` (or this process's) replace the contract's defaults.
         log_dir: where worker logs go (a new temporary directory by default).
         cwd: working directory of the workers.
         cuda_devices: GPU indices to hand out, one per worker (``AMOEBA_CUDA_DEVICE``), the lowest one no live worker
@@ -215,9 +216,10 @@ class LocalJob:
         for _ in range(count):
             worker_id = self.coordinator.new_worker_id()
             env = {**os.environ, "OMP_NUM_THREADS": "1", **self.env, **self.coordinator.worker_env(worker_id)}
-            wanted = self.env.get(ENV_DEVICE) or os.environ.get(ENV_DEVICE)
-            if wanted:  # the contract's default ("auto") must not override the device the user asked for
-                env[ENV_DEVICE] = wanted
+            for name in (ENV_DEVICE, ENV_MAX_LOCAL_BATCH):
+                wanted = self.env.get(name) or os.environ.get(name)
+                if wanted:  # the contract's defaults ("auto", no cap) must not override what the user asked for
+                    env[name] = wanted
             if _is_loopback(env.get(ENV_STORE_ADDR, "")):
                 # Every worker is on this host: gloo's connections go over loopback, not over whatever address the
                 # host name resolves to (on some machines one that does not accept connections).

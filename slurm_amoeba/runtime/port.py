@@ -3,7 +3,7 @@
 ::
 
     job = amoeba.init_process_group("gloo")                     # was: dist.init_process_group("gloo")
-    model = job.wrap(model, optimizer, schedulers=[scheduler], scaler=scaler)           # was: DDP(model)
+    ddp_model = job.wrap(model, optimizer, schedulers=[scheduler], scaler=scaler)       # was: DDP(model)
     sampler = amoeba.ElasticSampler(len(dataset), global_batch=64, order="distributed")  # was: DistributedSampler
     loader = job.data_loader(dataset, sampler, num_workers=2)   # was: DataLoader(..., sampler=sampler)
     for epoch in job.remaining_epochs(10):                      # was: range(10)
@@ -17,7 +17,10 @@ and runs :func:`slurm_amoeba.runtime.run` in a thread of its own (:mod:`~slurm_a
 switches, rollbacks and leaving happen inside the loader's iteration, at a step boundary. The wrapper
 (:mod:`~slurm_amoeba.runtime.port_model`) sums the weighted gradients over the workers when backward ends, so
 whatever the script does between ``backward()`` and the next batch sees the global batch's gradients (DESIGN.md,
-layer ``runtime/``, worker side).
+layer ``runtime/``, worker side). When the sampler's memory cap cuts a worker's share of a step into several
+micro-batches, the loader yields each (every worker as many) and the loop accumulates their weighted gradients
+without a reduce until the step's last micro-batch, holding the script's optimizer, scheduler and scaler steps back
+until then (:class:`~slurm_amoeba.runtime.port_model.HeldSteps`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from slurm_amoeba.runtime.bridge import Bridge, Turn
 from slurm_amoeba.runtime.checkpoint import CheckpointPolicy
 from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, WorkerFailure
 from slurm_amoeba.runtime.loader import ElasticDataLoader, Step
-from slurm_amoeba.runtime.port_model import ElasticDDP
+from slurm_amoeba.runtime.port_model import ElasticDDP, HeldSteps
 from slurm_amoeba.runtime.result import RunResult, RunStatus
 from slurm_amoeba.runtime.sampler import ElasticSampler
 from slurm_amoeba.runtime.sigterm import SigtermChain
@@ -138,7 +141,10 @@ class ElasticLoop:
         self.bridge: Bridge | None = None
         self._parts: dict[str, Any] = {}
         self._step: Step | None = None
+        self._micro, self._micros = 0, 1
         self._weight = 1.0
+        self._micro_done = False
+        self._partial: list[torch.Tensor | None] = []
         self._reduced = False
         self._ended = False
         self._failure: BaseException | None = None
@@ -175,11 +181,16 @@ class ElasticLoop:
         if self.model is not None or self.bridge is not None:
             raise RuntimeConfigError("job.wrap() was already called: an elastic job trains one model")
         self._parts = {"model": model, "optimizer": optimizer, "schedulers": list(schedulers), "scaler": scaler}
+        HeldSteps(self.holding, optimizer, schedulers, scaler)
         self.model = ElasticDDP(model, self)
         return self.model
 
     def data_loader(self, dataset: Dataset[Any], sampler: ElasticSampler, **loader_kwargs: Any) -> PortLoader:
         """In place of ``DataLoader(dataset, batch_size=..., sampler=DistributedSampler(...))``.
+
+        With a memory cap on the sampler (``max_local_batch``, ``AMOEBA_MAX_LOCAL_BATCH``) a step whose share here
+        exceeds the cap comes as several micro-batches, as many on every worker (gradient accumulation: see
+        :meth:`after_backward`).
 
         Args:
             dataset: a map-style dataset of ``sampler.dataset_size`` samples.
@@ -191,17 +202,10 @@ class ElasticLoop:
             The loader: iterate it once per epoch; each item is this worker's batch of one step.
 
         Raises:
-            RuntimeConfigError: a second loader, an argument that chooses samples, or a sampler whose memory cap
-                (``max_local_batch``, ``AMOEBA_MAX_LOCAL_BATCH``) would cut a step into several batches.
+            RuntimeConfigError: a second loader, or an argument that chooses samples.
         """
         if self.loader is not None or self.bridge is not None:
             raise RuntimeConfigError("job.data_loader() was already called: the job's sampler is part of its state")
-        if sampler.planner.max_local_batch:
-            raise RuntimeConfigError(
-                f"the sampler caps a forward at max_local_batch={sampler.planner.max_local_batch} samples, which "
-                "cuts a step into several batches; a ported loop takes one batch per step: build the ElasticSampler "
-                "with max_local_batch=0, or use the train(state) API (docs/runtime.md section 1) for accumulation"
-            )
         self.loader = PortLoader(self, dataset, sampler, loader_kwargs)
         return self.loader
 
@@ -302,27 +306,69 @@ class ElasticLoop:
         raise SystemExit(0)
 
     def step_open(self) -> bool:
-        """Whether a training forward now belongs to a step whose gradients are not reduced yet."""
-        return self._step is not None and not self._reduced
+        """Whether a training forward now belongs to a micro-batch of a step whose backward has not ended yet."""
+        return self._step is not None and not self._micro_done
+
+    def holding(self) -> bool:
+        """Whether the micro-batch in flight is not its step's last (the script's steps are held back)."""
+        return self._step is not None and self._micro < self._micros - 1
 
     def after_backward(self) -> None:
-        """Weight this worker's gradients by its share of the step's samples, then sum them over the workers."""
+        """Weight this micro-batch's gradients by its share of the step's samples and add them to the step's sum;
+        in the step's last micro-batch, sum that over the workers.
+
+        Between two micro-batches the partial sums are held here and the parameters have no gradient (``None``):
+        the script's clipping, ``zero_grad()`` and anything else that reads gradients touch nothing until the
+        last micro-batch, where the gradients are the global batch's (no all-reduce before, as with DDP's
+        ``no_sync``).
+        """
+        self._micro_done = True
+        last = self._micro == self._micros - 1
+        self._accumulate(last)
+        if not last:
+            return
         self._reduced = True
         if self._failure is not None:
             return  # the generation failed already: the boundary hands it over
-        if self._weight != 1.0:
-            with torch.no_grad():
-                for param in self._parts["model"].parameters():
-                    if param.grad is not None:
-                        param.grad.mul_(self._weight)
         try:
             self.runtime.reduce_gradients()
         except (WorkerFailure, StateRefused) as exc:
             self._failure = exc
 
-    def begin_step(self, step: Step, weight: float) -> None:
-        """The loader yields ``step``'s batch, whose loss counts ``weight`` of the step's."""
-        self._step, self._weight, self._reduced, self._ended = step, weight, False, False
+    def _accumulate(self, last: bool) -> None:
+        """Add this micro-batch's weighted gradients to the step's partial sums (the first micro-batch's are them);
+        in the last micro-batch the sums become the gradients."""
+        first, weight = self._micro == 0, self._weight
+        params = list(self._parts["model"].parameters())
+        if first:
+            self._partial = [None] * len(params)
+        with torch.no_grad():
+            for i, param in enumerate(params):
+                grad = param.grad
+                if grad is not None:
+                    if weight != 1.0:
+                        grad.mul_(weight)
+                    partial = self._partial[i]
+                    self._partial[i] = grad if partial is None else partial.add_(grad)
+                param.grad = self._partial[i] if last else None
+        if last:
+            self._partial = []
+
+    def begin_micro(self, step: Step, micro: int, count: int, weight: float) -> None:
+        """The loader yields micro-batch ``micro`` of ``count`` of ``step``, whose loss counts ``weight`` of the
+        step's.
+
+        Raises:
+            RuntimeConfigError: the previous micro-batch of the step had no backward through the wrapped model.
+        """
+        if micro == 0:
+            self._step, self._reduced, self._ended = step, False, False
+        elif not self._micro_done:
+            raise RuntimeConfigError(
+                f"micro-batch {micro - 1} of step {step.index} ended without a backward through the wrapped model: "
+                "every worker runs forward and backward once per batch the loader yields"
+            )
+        self._micro, self._micros, self._weight, self._micro_done = micro, count, weight, False
 
     def _end_step(self) -> None:
         """Count the step in flight (after the script's optimizer step): advance the sampler, zero the gradients."""
@@ -343,7 +389,7 @@ class ElasticLoop:
         """The script left the loader's iteration after a step: count that step (its optimizer step was taken)."""
         if self._step is not None and self._reduced:
             self._end_step()
-        self._step = None
+        self._step, self._partial = None, []
 
     def boundary(self) -> None:
         """Between two steps: count the last one, hand a failure over, commit when due.
@@ -415,7 +461,7 @@ class PortLoader:
             try:
                 for step in self._inner:
                     try:
-                        yield self._begin(step)
+                        yield from self._micro_batches(step)
                     except GeneratorExit:  # the script left the loop early (``break``): its last step counts
                         loop.close_step()
                         raise
@@ -427,15 +473,20 @@ class PortLoader:
             else:
                 return
 
-    def _begin(self, step: Step) -> Any:
+    def _micro_batches(self, step: Step) -> Iterator[Any]:
+        """``step``'s batches here: one, or as many micro-batches as the step's plan has on any worker."""
         self.step = step
-        micro = step.assignment.micro_indices
-        if not micro:
-            # A short last step with fewer samples than workers: this worker computes on one of the step's samples
-            # with weight 0, so that it joins the step's reduce like the others.
-            first = self.sampler.permutation(step.epoch)[step.assignment.cursor]
-            self._loop.begin_step(step, 0.0)
-            return self._collate([self._dataset[first]])
-        ((batch, weight),) = list(step)
-        self._loop.begin_step(step, weight)
-        return batch
+        assignment = step.assignment
+        count = max(1, assignment.plan.accumulation)
+        batches = iter(step)
+        for micro in range(count):
+            if micro < len(assignment.micro_indices):
+                batch, weight = next(batches)
+            else:
+                # A short last step with fewer samples than workers (or than micro-batches): this worker computes
+                # on one of the step's samples with weight 0, so that every worker runs as many micro-batches, and
+                # the script's own collectives in them, and joins the step's reduce like the others.
+                first = self.sampler.permutation(step.epoch)[assignment.cursor]
+                batch, weight = self._collate([self._dataset[first]]), 0.0
+            self._loop.begin_micro(step, micro, count, weight)
+            yield batch

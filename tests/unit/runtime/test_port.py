@@ -1,6 +1,7 @@
 """The five-line port (runtime/port.py): examples/port/plain.py and elastic.py, the same script in its torchrun and
 its elastic form, differ in at most 8 lines, and the elastic form resized 2 -> 3 -> 1 -> 2 under a local job takes
-every sample once per epoch and follows the plain DDP run's trajectory."""
+every sample once per epoch and follows the plain DDP run's trajectory, also when a memory cap makes the loader cut
+the steps at 1 and 2 workers into micro-batches (gradient accumulation inside the script's own loop)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ LOSS_TOLERANCE, PARAM_TOLERANCE = 2e-3, 2e-3
 #: trajectory in either run and is left out of the comparison.
 WIDTH = 32
 DEADLINE_S = 60.0
+#: A memory cap that cuts the 48-sample steps into 3 micro-batches of 16 at 1 worker and 2 of 12 at 2 workers (none
+#: at 3): equal micro-batches, so the mean of a step's logged micro-batch losses is the step's loss.
+ACCUMULATING_CAP = 16
 
 
 def changed_lines(before: str, after: str) -> int:
@@ -59,6 +63,16 @@ def _step_losses(entries: list[dict[str, Any]]) -> dict[int, float]:
     return {entry["step"]: entry["loss"] for entry in entries if entry["rank"] == 0}
 
 
+def _grouped_losses(entries: list[dict[str, Any]], steps_of: dict[tuple[int, int], int]) -> dict[int, float]:
+    """Rank 0's losses by the step its samples belong to (``steps_of``: (epoch, sample) -> step), averaged over the
+    step's micro-batches (the script logs one entry per batch the loader yields)."""
+    found: dict[int, list[float]] = collections.defaultdict(list)
+    for entry in entries:
+        if entry["rank"] == 0:
+            found[steps_of[entry["epoch"], entry["indices"][0]]].append(entry["loss"])
+    return {step: sum(losses) / len(losses) for step, losses in found.items()}
+
+
 def _wait(job: LocalJob, predicate: Any, what: str) -> CoordinatorView:
     return job.wait_for(predicate, DEADLINE_S, what)
 
@@ -78,8 +92,9 @@ def _grow_while_held(job: LocalJob, hold: Path, generation: int, world: int, *, 
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("cap", [0, ACCUMULATING_CAP], ids=["one-batch-per-step", "accumulating"])
 def test_the_ported_script_resized_2_3_1_2_takes_every_sample_once_and_keeps_the_plain_trajectory(
-    tmp_path: Path,
+    tmp_path: Path, cap: int
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     plain_out, elastic_out = tmp_path / "plain", tmp_path / "elastic"
@@ -105,7 +120,12 @@ def test_the_ported_script_resized_2_3_1_2_takes_every_sample_once_and_keeps_the
         command,
         initial_workers=2,
         job_id="port",
-        env={"AMOEBA_DEVICE": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        env={
+            "AMOEBA_DEVICE": "cpu",
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+            "AMOEBA_MAX_LOCAL_BATCH": str(cap),
+        },
         log_dir=tmp_path / "logs",
         report_timeout_s=10,
         heartbeat_timeout_s=15,
@@ -125,12 +145,17 @@ def test_the_ported_script_resized_2_3_1_2_takes_every_sample_once_and_keeps_the
     assert result.phase is Phase.FINISHED, [job.log_tail(w) for w in ("w0", "w1", "w2", "w3")]
 
     entries = _steps(elastic_out)
-    sizes = [world for world, _ in _world_runs(sorted(entries, key=lambda e: e["step"]))]
+    sizes = [world for world, _ in _world_runs(sorted(entries, key=lambda e: e["time"]))]
     assert sizes == [2, 3, 1, 2]
     for epoch in range(EPOCHS):
         counts = collections.Counter(i for e in entries if e["epoch"] == epoch for i in e["indices"])
         assert sorted(counts) == list(range(SAMPLES)) and set(counts.values()) == {1}, f"epoch {epoch}"
-    plain_losses, elastic_losses = _step_losses(_steps(plain_out)), _step_losses(entries)
+    plain_entries = _steps(plain_out)
+    steps_of = {(e["epoch"], i): e["step"] for e in plain_entries for i in e["indices"]}
+    batches_per_step = collections.Counter(steps_of[e["epoch"], e["indices"][0]] for e in entries if e["rank"] == 0)
+    by_world = {e["world"]: batches_per_step[steps_of[e["epoch"], e["indices"][0]]] for e in entries}
+    assert by_world == ({1: 3, 2: 2, 3: 1} if cap else {1: 1, 2: 1, 3: 1})
+    plain_losses, elastic_losses = _step_losses(plain_entries), _grouped_losses(entries, steps_of)
     assert sorted(elastic_losses) == sorted(plain_losses) == list(range(1, EPOCHS * SAMPLES // GLOBAL_BATCH + 1))
     assert max(abs(elastic_losses[s] - plain_losses[s]) for s in plain_losses) < LOSS_TOLERANCE
     plain_params = json.loads((plain_out / "final.json").read_text())["params"]

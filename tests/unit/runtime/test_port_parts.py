@@ -19,6 +19,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from slurm_amoeba.runtime.checkpoint import silence_single_process_warning
 from slurm_amoeba.runtime.errors import BatchPlanError, StateError
 from slurm_amoeba.runtime.port import seeded_position
+from slurm_amoeba.runtime.port_model import HeldSteps
 from slurm_amoeba.runtime.restart_data import StepBatchSampler, allowed_sizes_from_environ
 from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
 from slurm_amoeba.runtime.sampler import ElasticSampler
@@ -147,3 +148,33 @@ def test_a_scripts_checkpoint_position_at_the_end_of_an_epoch_seeds_the_next_epo
     assert seeded_position(sampler, 2, 8) == {"epoch": 3, "cursor": 0, "step": 24}
     assert seeded_position(sampler, 1, 3) == {"epoch": 1, "cursor": 36, "step": 11}
     sampler.load_state_dict(seeded_position(sampler, 2, 8))
+
+
+def test_held_steps_take_effect_only_in_a_steps_last_micro_batch_and_keep_the_state_dicts_clean(
+    tmp_path: Path,
+) -> None:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+    holding = [True]
+    HeldSteps(lambda: holding[0], optimizer, [scheduler], scaler)
+    weight = model.weight.detach().clone()
+
+    def one_micro_batch() -> None:
+        loss = model(torch.ones(1, 2)).sum()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+
+    one_micro_batch()
+    assert torch.equal(model.weight, weight) and scheduler.last_epoch == 0 and scaler.get_scale() == 8.0
+    holding[0] = False
+    one_micro_batch()  # the gradient of both micro-batches, unscaled once, one step at lr 0.5
+    assert torch.allclose(model.weight, weight - 0.5 * 2 * torch.ones(1, 2))
+    assert scheduler.last_epoch == 1 and scaler.get_scale() == 16.0
+    assert type(scheduler).__name__ == "StepLR" and isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
+    assert "step" not in scheduler.state_dict()
+    torch.save({"scheduler": scheduler.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "c.pt")

@@ -61,7 +61,12 @@ def test_the_first_daemon_takes_generation_one_and_the_second_stays_standby(tmp_
     step([first, second], [first_clock, second_clock], 30.0)
     assert first.role is Role.ACTIVE and first.generation == 1 and first.acting()
     assert second.role is Role.STANDBY and not second.acting()
-    assert second.describe() == {"role": "standby", "generation": 1, "active": "tcp://a:6820", "lease_dir": str(tmp_path)}
+    assert second.describe() == {
+        "role": "standby",
+        "generation": 1,
+        "active": "tcp://a:6820",
+        "lease_dir": str(tmp_path),
+    }
 
 
 def test_the_standby_takes_over_only_after_expiry_and_margin_of_its_own_clock(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -12,12 +14,14 @@ from slurm_amoeba.cli import amoebactl
 from slurm_amoeba.core.messages import Message, standby_redirect
 from slurm_amoeba.daemon import Daemon, DaemonConfig
 from slurm_amoeba.daemon.actuator import Directive
-from slurm_amoeba.daemon.config import AgentSettings, ConfigError, parse_config
+from slurm_amoeba.daemon.config import AgentSettings, ConfigError, load_config, parse_config
 from slurm_amoeba.daemon.lease import Lease, LeaseRecord, LeaseStore, Role
 from slurm_amoeba.daemon.observer import observe
 from slurm_amoeba.daemon.standby import NOT_ACTING, FencedActuator, Standby, standby_answer
 from slurm_amoeba.daemon.state import load_state
 from slurm_amoeba.transport.channel import request
+from tests.conftest import ClusterHandle
+from tests.e2e.test_daemon_standby import standby_pair, takeover_bound_s
 from tests.unit.daemon.fakes import ME, RecordingServer, register_body, report_body, req
 from tests.unit.daemon.test_daemon import FakeAgent, cluster, wait_for
 from tests.unit.daemon.test_lease import FakeClock
@@ -219,3 +223,16 @@ def test_amoebactl_given_the_standby_gets_its_answer_from_the_active_daemon(
         thread.join(5)
         standby.close()
     assert status == 0 and f"listening on {daemon.server.endpoint}" in capsys.readouterr().out
+
+
+def test_the_e2e_pair_shares_its_lease_and_state_and_states_a_bound_of_nine_seconds(tmp_path: Path) -> None:
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("ClusterName=test\n")
+    cluster = SimpleNamespace(regular_partition="batch", elastic_partition="elastic", conf=slurm_conf)
+    first, second = standby_pair(cast(ClusterHandle, cluster), tmp_path)
+    configs = [load_config(first.config), load_config(second.config)]
+    assert configs[0].ha.lease_dir == configs[1].ha.lease_dir == str(tmp_path / "shared" / "lease")
+    assert configs[0].state_file == configs[1].state_file == str(tmp_path / "shared" / "state.json")
+    assert [c.ha.advertise for c in configs] == [first.endpoint, second.endpoint] and first.port != second.port
+    assert first.log != second.log
+    assert takeover_bound_s(second) == 4.0 + 1.0 + 2 * 1.0 + 2.0

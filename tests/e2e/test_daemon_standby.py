@@ -9,8 +9,6 @@ both addresses.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +16,9 @@ import pytest
 
 from slurm_amoeba.daemon.config import load_config
 from slurm_amoeba.slurm import CliSlurmClient
-from tests.conftest import REPO, ClusterHandle
+from tests.conftest import ClusterHandle
 from tests.e2e.test_daemon_restart import agent_history, env  # noqa: F401 (env is a fixture)
-from tests.integration.daemon_helpers import DaemonProcess, wait_until
+from tests.integration.daemon_helpers import DaemonProcess, end_job, submit_mlp_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
@@ -60,34 +58,9 @@ def test_sigkill_of_the_active_daemon_hands_the_job_to_the_standby_within_the_bo
     client = CliSlurmClient(env)
     job_id = ""
     try:
-        job_script = tmp_path / "job.sh"
-        job_script.write_text(
-            f'#!/bin/bash\nexec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
-        )
-        job_script.chmod(0o755)
-        submitted = subprocess.run(
-            [
-                "amoeba-sbatch",
-                "--elastic",
-                "1:3",
-                "--gpus-per-worker",
-                str(slurm_cluster.gpus_per_node),
-                f"--output={tmp_path}/agent-%j.out",
-                str(job_script),
-                "--epochs",
-                "100000",
-                "--sample-delay",
-                "0.006",
-            ],
-            capture_output=True,
-            text=True,
-            env={**env, "AMOEBA_DAEMON_ENDPOINT": f"{second.endpoint},{first.endpoint}"},  # the standby first
-            cwd=tmp_path,
-            timeout=60,
-            check=False,
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = submitted.stdout.strip().splitlines()[-1]
+        job_id = submit_mlp_job(
+            slurm_cluster, env, tmp_path, f"{second.endpoint},{first.endpoint}"
+        )  # the standby first
         state_dir = tmp_path / f"amoeba-{job_id}"
         wait_until("the job to grow to 3 workers under the first daemon", lambda: sizes(first) == [(3, 3)], 120)
         assert f"job {job_id} (user root) registered" not in second.log_text()
@@ -124,14 +97,4 @@ def test_sigkill_of_the_active_daemon_hands_the_job_to_the_standby_within_the_bo
         second.stop()
         first.stop()
         if job_id:
-            client.cancel(int(job_id))
-            wait_until(
-                "the job and its satellites to end",
-                lambda: (
-                    not any(
-                        j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
-                        for j in client.jobs()
-                    )
-                ),
-                timeout=60,
-            )
+            end_job(client, job_id)

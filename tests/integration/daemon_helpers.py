@@ -35,7 +35,7 @@ from slurm_amoeba.transport.channel import (
     request_from,
 )
 from slurm_amoeba.transport.munge import binding, unseal
-from tests.conftest import ClusterHandle
+from tests.conftest import REPO, ClusterHandle
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0, every: float = 0.2) -> None:
@@ -366,3 +366,49 @@ class FakeAgent:
         for sat in self.satellites:
             with contextlib.suppress(Exception):
                 self.client.cancel(sat)
+
+
+def submit_mlp_job(cluster: ClusterHandle, env: dict[str, str], workdir: Path, daemon_endpoint: str) -> str:
+    """Submit ``examples/elastic_mlp.py`` with ``amoeba-sbatch --elastic 1:3`` (a node's GPUs per worker), its agent
+    reporting to ``daemon_endpoint`` (one address or a pair's, comma-separated); returns the job id."""
+    job_script = script(
+        workdir / "job.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
+    )
+    submitted = subprocess.run(
+        [
+            "amoeba-sbatch",
+            "--elastic",
+            "1:3",
+            "--gpus-per-worker",
+            str(cluster.gpus_per_node),
+            f"--output={workdir}/agent-%j.out",
+            str(job_script),
+            "--epochs",
+            "100000",
+            "--sample-delay",
+            "0.006",
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "AMOEBA_DAEMON_ENDPOINT": daemon_endpoint},
+        cwd=workdir,
+        timeout=60,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().splitlines()[-1]
+
+
+def end_job(client: CliSlurmClient, job_id: str) -> None:
+    """Cancel a job and wait until it and its satellites ended."""
+    client.cancel(int(job_id))
+    wait_until(
+        "the job and its satellites to end",
+        lambda: (
+            not any(
+                j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
+                for j in client.jobs()
+            )
+        ),
+        timeout=60,
+    )

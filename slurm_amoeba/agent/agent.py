@@ -659,6 +659,10 @@ class Agent:
         if msg.body["job_id"] != job_id:
             channel.refuse(req, f"this is the agent of job {job_id}, not {quote(msg.body['job_id'])}")
             return
+        fenced = self.link.admit(msg.body)
+        if fenced:
+            channel.refuse(req, fenced)
+            return
         batch = msg.body.get("batch")
         try:
             target = self.resize(

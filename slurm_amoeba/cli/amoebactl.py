@@ -5,9 +5,11 @@
 ``--interval`` seconds until ``q`` or Ctrl-C. ``resize --local`` needs no daemon: it sends the directive to the job's
 own agent, found through its status file (``--state-dir``, else ``AMOEBA_STATE_DIR``, else ``./amoeba-JOB``), signed
 with munge as the caller, whom the agent obeys only if they own the job. The daemon is found at ``--endpoint``, else
-``AMOEBA_DAEMON_ENDPOINT``, else ``tcp://127.0.0.1:6820``. ``--json``, ``--endpoint`` and ``--timeout`` may stand
-before or after the subcommand. Every request is signed with munge: the daemon knows who asks. Exit status: 0 done, 1
-refused (the reason is printed), 2 bad usage, 3 the daemon did not answer.
+``AMOEBA_DAEMON_ENDPOINT``, else ``tcp://127.0.0.1:6820``; a standby pair's two addresses may be given
+comma-separated: amoebactl asks them in turn and follows a standby to the active daemon it names. ``--json``,
+``--endpoint`` and ``--timeout`` may stand before or after the subcommand. Every request is signed with munge: the
+daemon knows who asks. Exit status: 0 done, 1 refused (the reason is printed), 2 bad usage, 3 the daemon did not
+answer.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from slurm_amoeba.cli.entry import add_version_flag
 from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_DAEMON_ENDPOINT, ENV_STATE_DIR
-from slurm_amoeba.core.messages import Message, quote
+from slurm_amoeba.core.messages import Message, quote, standby_redirect
 from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.transport.channel import ChannelError, request
 from slurm_amoeba.transport.munge import MungeError
@@ -178,6 +180,13 @@ def _config_line(config: object) -> list[str]:
     return [f"config      {config.get('source')} (sha256 {config.get('digest') or '-'}; SIGHUP reloads it)"]
 
 
+def _ha_line(ha: object) -> list[str]:
+    """The status line of a daemon of a standby pair (none from a daemon that runs alone or does not say)."""
+    if not isinstance(ha, Mapping) or ha.get("role") in (None, "single"):
+        return []
+    return [f"ha          {ha.get('role')}, lease generation {ha.get('generation')} in {ha.get('lease_dir')}"]
+
+
 def _format_status(data: Mapping[str, Any]) -> str:
     jobs = data["jobs"]
     last = data.get("last_round") or {}
@@ -185,6 +194,7 @@ def _format_status(data: Mapping[str, Any]) -> str:
         f"daemon      pid {data['pid']}, uid {data['uid']}, up {data['uptime_s']:.0f} s, listening on {data['listen']}",
         f"policy      {data['policy']} every {data['interval_s']:g} s" + ("  (DRAINING)" if data["draining"] else ""),
         *_config_line(data.get("config")),
+        *_ha_line(data.get("ha")),
         f"jobs        {jobs['elastic']} elastic ({data['workers']} workers), {jobs['regular_running']} regular "
         f"running, {jobs['regular_pending']} regular pending",
         f"gpus        {data['gpus']['free']} free of {data['gpus']['total']}",
@@ -245,7 +255,37 @@ MAX_PAGES = 10_000
 
 
 def _ask(args: argparse.Namespace, message: Message) -> Mapping[str, Any]:
-    return request(args.endpoint, message, timeout_s=args.timeout, retries=0).body
+    """Ask the active daemon: each address of ``--endpoint`` in turn (comma-separated), and the active daemon a
+    standby names; the answer of the first that answers, once it is not a standby's.
+
+    Raises:
+        ChannelError: no address answered (the last one's error).
+    """
+    endpoints = [part.strip() for part in str(args.endpoint).split(",") if part.strip()] or [DEFAULT_ENDPOINT]
+    standby: Mapping[str, Any] | None = None
+    failure: ChannelError | None = None
+    for endpoint in endpoints:
+        try:
+            reply = request(endpoint, message, timeout_s=args.timeout, retries=0)
+        except ChannelError as exc:
+            failure = exc
+            continue
+        active = standby_redirect(reply)
+        if active is None:
+            return reply.body
+        standby = reply.body
+        if active and active not in endpoints:
+            try:
+                followed = request(active, message, timeout_s=args.timeout, retries=0)
+            except ChannelError as exc:
+                failure = exc
+                continue
+            if standby_redirect(followed) is None:
+                return followed.body
+    if standby is not None:
+        return standby  # only standbys answered: say so (the refusal names the active daemon, if any)
+    assert failure is not None
+    raise failure
 
 
 def _jobs(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,9 @@ validates the file and prints what the daemon would run with. The configuration 
 
 SIGHUP reads the configuration's file again (``systemctl reload amoebad``; :meth:`Daemon.reload
 <slurm_amoeba.daemon.Daemon.reload>`): an invalid file keeps the running configuration, and the log says why.
+With ``ha.lease_dir`` set, amoebad starts as the standby of a pair (:mod:`slurm_amoeba.daemon.standby`) and becomes
+the active daemon once it holds the lease; a daemon that loses the lease stops at once and exits with status 1, so
+that systemd starts it again, as a standby.
 Logs go to stderr; under systemd (``JOURNAL_STREAM`` names stderr) each line carries its syslog priority
 (``<6>``) and no timestamp of its own, since journald stamps it (``--log-format`` chooses).
 """
@@ -26,6 +29,8 @@ import zmq
 
 from slurm_amoeba.cli.entry import add_version_flag
 from slurm_amoeba.daemon import ConfigError, Daemon, DaemonConfig, load_config
+from slurm_amoeba.daemon.lease import Lease, LeaseError
+from slurm_amoeba.daemon.standby import Standby, make_lease
 from slurm_amoeba.slurm import CliSlurmClient
 
 DEFAULT_CONFIG = "/etc/amoebad/amoebad.yaml"
@@ -108,6 +113,17 @@ def _admission(config: DaemonConfig) -> str:
     return f"on in {parts} (max_hold_s {admission.max_hold_s:g}; needs Slurm operator rights, checked at start)"
 
 
+def _ha(config: DaemonConfig) -> str:
+    ha = config.ha
+    if not ha.enabled:
+        return "off (this daemon runs alone)"
+    return (
+        f"lease in {ha.lease_dir}, advertised as {ha.advertise}, renewed every {ha.renew_s:g} s, expiry "
+        f"{ha.expiry_s:g} s + margin {ha.margin_s:g} s; a standby takes over within "
+        f"{ha.takeover_bound_s(config.interval_s):g} s"
+    )
+
+
 def _describe(config: DaemonConfig) -> str:
     knobs = ", ".join(f"{k}={v!r}" for k, v in config.effective_knobs().items()) or "defaults"
     return "\n".join(
@@ -125,6 +141,7 @@ def _describe(config: DaemonConfig) -> str:
             f"  state_file        {config.state_file or '(none: pins do not survive a restart)'}",
             f"  queue_order       {_queue_order(config)}",
             f"  admission         {_admission(config)}",
+            f"  ha                {_ha(config)}",
         ]
     )
 
@@ -158,23 +175,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
-    try:
-        daemon = Daemon(config, CliSlurmClient.from_environment(env, timeout=config.slurm_timeout_s))
-    except ConfigError as exc:  # e.g. queue_order.enabled or admission.enabled without Slurm operator rights
-        print(f"amoebad: {exc}", file=sys.stderr)
-        return 2
     stop = threading.Event()
+    reload_wanted = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         logging.getLogger("slurm_amoeba.daemon").info("[daemon] %s: stopping", signal.Signals(signum).name)
         stop.set()
 
     def on_hangup(signum: int, frame: FrameType | None) -> None:
-        daemon.request_reload()  # the loop reads the file again before its next step
+        reload_wanted.set()  # the loop reads the file again before its next step
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
+    lease: Lease | None = None
+    if config.ha.enabled:
+        try:
+            lease = make_lease(config)
+        except LeaseError as exc:
+            print(f"amoebad: {exc}", file=sys.stderr)
+            return 2
+        status = _stand_by(config, lease, stop)
+        if status is not None:
+            return status
+    try:
+        daemon = Daemon(config, CliSlurmClient.from_environment(env, timeout=config.slurm_timeout_s), lease=lease)
+    except ConfigError as exc:  # e.g. queue_order.enabled or admission.enabled without Slurm operator rights
+        print(f"amoebad: {exc}", file=sys.stderr)
+        return 2
+
+    def on_reload(signum: int, frame: FrameType | None) -> None:
+        daemon.request_reload()
+
+    signal.signal(signal.SIGHUP, on_reload)
+    if reload_wanted.is_set():
+        daemon.request_reload()
     try:
         daemon.start()
     except (zmq.ZMQError, OSError) as exc:
@@ -184,8 +219,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         daemon.run(stop)
     finally:
-        daemon.close()
-    return 0
+        if daemon.deposed:
+            daemon.abandon()
+        else:
+            daemon.close()
+    return 1 if daemon.deposed else 0
+
+
+def _stand_by(config: DaemonConfig, lease: Lease, stop: threading.Event) -> int | None:
+    """Run as the standby until this daemon holds the lease; None then, else the exit status."""
+    standby = Standby(config, lease)
+    try:
+        standby.start()
+    except (zmq.ZMQError, OSError) as exc:
+        print(f"amoebad: cannot listen on {config.listen} / metrics port {config.metrics_port}: {exc}", file=sys.stderr)
+        standby.close()
+        return 1
+    try:
+        holds = standby.run(stop)
+    finally:
+        standby.close()
+    return None if holds else (0 if stop.is_set() else 1)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ kind                sender           body
                                      daemon a user's request; optional ``batch`` (the global batch the policy
                                      chose for ``target`` workers, 1 to :data:`MAX_BATCH`) and ``vacate`` (a node
                                      name, :data:`NODE_NAME`: move the job's satellites off it, keeping the size)
+                                     and ``fence`` (from a daemon of a standby pair: its lease generation; an agent
+                                     refuses a directive whose fence is older than one it has seen)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
 ``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
 ``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
@@ -65,6 +67,10 @@ MAX_NOISE_SCALE = 1e15  # samples: a gradient noise scale in a report (larger is
 MAX_STEP_S = 1e5  # seconds of one step in a report's step-time table
 
 
+#: The role a standby daemon names in its replies (``data["role"]``), with ``data["active"]``: where the active one is.
+STANDBY = "standby"
+
+
 class ProtocolError(ParseError):
     """A message that is not valid JSON of a known kind and version, or whose body is malformed."""
 
@@ -102,7 +108,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {"offset": (int,), "limit": (int,)},
     "report": {"adaptive": (dict,)},
-    "resize": {"batch": (int,), "vacate": (str,)},
+    "resize": {"batch": (int,), "vacate": (str,), "fence": (int,)},
 }
 _NONE = type(None)
 #: A report's ``adaptive`` object: field -> (accepted types, required). Values are checked for type, finiteness and
@@ -143,6 +149,16 @@ class Message:
     def reply(self, *, ok: bool = True, error: str = "", data: Mapping[str, Any] | None = None) -> Message:
         """The reply to this message (same id)."""
         return Message("reply", {"ok": ok, "error": error, "data": dict(data or {})}, id=self.id)
+
+
+def standby_redirect(reply: Message) -> str | None:
+    """The active daemon's endpoint when ``reply`` is a standby's refusal ("standby, active is X"), else None ("":
+    a standby that knows no active daemon yet)."""
+    data = reply.body.get("data") or {}
+    if reply.kind != "reply" or reply.body.get("ok") or data.get("role") != STANDBY:
+        return None
+    active = data.get("active")
+    return active if isinstance(active, str) else ""
 
 
 def quote(value: object, limit: int = 60) -> str:

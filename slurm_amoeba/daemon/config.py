@@ -27,6 +27,8 @@ from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S
 from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S
 
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
+#: ``listen`` hosts that name no one address (every interface): a standby pair then needs ``ha.advertise``.
+_ANY_HOST = ("*", "0.0.0.0", "[::]")  # noqa: S104 (recognised, never bound here)
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: How often a job's agent reports (the agent's ``report_s`` default): ``limits.requests_per_s`` must allow it.
@@ -128,6 +130,38 @@ class Admission:
 
 
 @dataclasses.dataclass(frozen=True)
+class HighAvailability:
+    """An active/standby pair of daemons sharing a lease (docs/admin.md, "A standby daemon on a second host";
+    :mod:`slurm_amoeba.daemon.lease`). Off while ``lease_dir`` is unset.
+
+    Attributes:
+        lease_dir: the directory both daemons' hosts mount where the lease lives; None: no standby, no lease.
+        advertise: where agents and ``amoebactl`` reach this daemon (``tcp://HOST:PORT``); the standby names it
+            to them. Defaults to ``listen`` when that names a host.
+        renew_s: how often the active daemon renews the lease and the standby reads it.
+        expiry_s: the active daemon stops acting this long after its last renewal it could not repeat.
+        margin_s: the standby takes over after the lease went unrenewed for ``expiry_s + margin_s`` of its clock.
+    """
+
+    lease_dir: str | None = None
+    advertise: str = ""
+    renew_s: float = 2.0
+    expiry_s: float = 10.0
+    margin_s: float = 2.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this daemon is one of a pair."""
+        return self.lease_dir is not None
+
+    def takeover_bound_s(self, interval_s: float) -> float:
+        """The longest time from the active daemon's death to the standby's first round: the lease it last renewed
+        expires (``expiry_s``, plus up to ``renew_s`` since that renewal), the standby's margin, up to ``renew_s``
+        until the standby next reads it, and one round."""
+        return self.expiry_s + self.margin_s + 2 * self.renew_s + interval_s
+
+
+@dataclasses.dataclass(frozen=True)
 class DaemonConfig:
     """Everything ``amoebad`` is configured with (see ``configs/amoebad.yaml`` for the annotated file).
 
@@ -155,6 +189,7 @@ class DaemonConfig:
             own preemption of those satellites and the daemon's regrow did as well (docs/admin.md, section 8d).
         queue_order: ordering Slurm's queue by attained service.
         admission: admitting elastic jobs at their requested size.
+        ha: the standby pair's lease (off by default).
         slurm_timeout_s: deadline of one Slurm command.
         slurm_conf: ``SLURM_CONF`` for Slurm's commands; None: the environment's.
         state_file: where pins, the drain switch and acknowledged resizes survive a restart; None: nowhere.
@@ -183,6 +218,7 @@ class DaemonConfig:
     whole_node_starts: bool = False
     queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
     admission: Admission = dataclasses.field(default_factory=Admission)
+    ha: HighAvailability = dataclasses.field(default_factory=HighAvailability)
     slurm_timeout_s: float = DEFAULT_TIMEOUT_S
     slurm_conf: str | None = None
     state_file: str | None = None
@@ -229,6 +265,13 @@ def _section_defaults() -> dict[str, dict[str, object]]:
             "partitions": list(base.admission.partitions),
             "users": list(base.admission.users),
         },
+        "ha": {
+            "lease_dir": base.ha.lease_dir,
+            "advertise": base.ha.advertise,
+            "renew_s": base.ha.renew_s,
+            "expiry_s": base.ha.expiry_s,
+            "margin_s": base.ha.margin_s,
+        },
         "limits": {
             "requests_per_s": base.limits.requests_per_s,
             "burst": base.limits.burst,
@@ -254,6 +297,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "slurm": nested["slurm"],
         "queue_order": nested["queue_order"],
         "admission": nested["admission"],
+        "ha": nested["ha"],
         "state_file": base.state_file,
         "log_level": base.log_level,
     }
@@ -476,6 +520,42 @@ def _admission(top: _Section) -> Admission:
     )
 
 
+def _ha(top: _Section, listen: str) -> HighAvailability:
+    section = top.section("ha")
+    base = HighAvailability()
+    lease_dir = section.optional_string("lease_dir")
+    if lease_dir is None:
+        if section.data:
+            section.fail("ha.lease_dir", None, "give the shared directory of the lease, e.g. /shared/amoebad/lease")
+        return base
+    if not Path(lease_dir).is_absolute():
+        section.fail("ha.lease_dir", lease_dir, "give an absolute path on a file system both daemons' hosts mount")
+    host = _ENDPOINT.match(listen)
+    wildcard = host is None or host.group("host") in _ANY_HOST
+    advertise = section.string("advertise", "") if "advertise" in section.data else "" if wildcard else listen
+    if not advertise:
+        section.fail(
+            "ha.advertise",
+            None,
+            f"listen = {listen} names no host: give the address agents reach this daemon at, "
+            "e.g. tcp://ctl1.example.org:6820",
+        )
+    _check_endpoint(section, "advertise", str(advertise))
+    renew = section.number("renew_s", base.renew_s, maximum=60)
+    expiry = section.number("expiry_s", base.expiry_s, maximum=600)
+    if expiry < 2 * renew:
+        section.fail(
+            "ha.expiry_s", expiry, f"give at least twice ha.renew_s = {renew:g}, so one slow renewal is not fatal"
+        )
+    return HighAvailability(
+        lease_dir=lease_dir,
+        advertise=str(advertise),
+        renew_s=renew,
+        expiry_s=expiry,
+        margin_s=section.number("margin_s", base.margin_s, positive=False, maximum=600),
+    )
+
+
 def _knob_type_ok(default: object, value: object) -> bool:
     if isinstance(default, bool):
         return isinstance(value, bool)
@@ -587,6 +667,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         whole_node_starts=_flag(top, "whole_node_starts", defaults.whole_node_starts),
         queue_order=_queue_order(top),
         admission=_admission(top),
+        ha=_ha(top, listen),
         slurm_timeout_s=slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600),
         slurm_conf=slurm_conf,
         state_file=state_file,
@@ -611,6 +692,7 @@ RESTART_ONLY: tuple[str, ...] = (
     "limits",
     "queue_order",
     "admission",
+    "ha",
 )
 
 

@@ -12,6 +12,9 @@ cannot) replaces the configuration and the policy from the next round; any other
 in the log and in ``amoeba_config_reloads_total{outcome}``. ``amoeba_config_loaded{source,digest}`` and ``amoebactl
 status`` name the file in force.
 
+With a lease (a daemon of a standby pair, :mod:`.standby`) the loop renews it before every step and leaves as soon as
+it is lost (:attr:`Daemon.deposed`); directives then carry the lease generation and none leaves after the loss.
+
 A job whose resize is in flight is never ordered again until it arrives (or is abandoned after
 ``resize_timeout_s``); after a restart the daemon waits for each agent to re-register and report before deciding
 anything about its job, and the state file keeps the resizes the previous daemon had ordered.
@@ -31,11 +34,13 @@ from typing import Any
 from slurm_amoeba.daemon.actuator import Actuator
 from slurm_amoeba.daemon.agents import AgentRecord
 from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, load_config
+from slurm_amoeba.daemon.lease import Lease, Role
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
 from slurm_amoeba.daemon.observer import ClusterSource, Observation
 from slurm_amoeba.daemon.requests import RequestHandler
 from slurm_amoeba.daemon.rounds import REFRESH_MIN_S, RoundLoop, RoundSummary
+from slurm_amoeba.daemon.standby import FencedActuator, show_role
 from slurm_amoeba.daemon.state import DaemonState
 from slurm_amoeba.policy import JobInfo, make_policy
 from slurm_amoeba.transport.channel import ChannelServer, Request
@@ -54,6 +59,7 @@ class Daemon:
         config: the validated configuration.
         slurm: where jobs and nodes are read from.
         clock: the wall clock (Unix seconds); tests pass their own.
+        lease: the lease this daemon holds as the active one of a standby pair; None: it runs alone.
 
     Attributes:
         ledger: the registered jobs and the persistent state.
@@ -69,15 +75,22 @@ class Daemon:
         slurm: ClusterSource,
         *,
         clock: Callable[[], float] = time.time,
+        lease: Lease | None = None,
     ) -> None:
         self.config = config
+        self.lease = lease
         self.slurm = slurm
         self.clock = clock
         self.policy = make_policy(config.policy, **config.effective_knobs())
         self.metrics = DaemonMetrics()
         self.uid = os.getuid()
         self.metrics_server: MetricsServer | None = None
-        self.actuator = actuator = Actuator(config.agents.parallel, config.agents.timeout_s, config.agents.retries)
+        agents = config.agents
+        self.actuator = actuator = (
+            Actuator(agents.parallel, agents.timeout_s, agents.retries)
+            if lease is None
+            else FencedActuator(agents.parallel, agents.timeout_s, agents.retries, lease)
+        )
         self.ledger = ledger = Ledger(config, self.metrics, clock)
         self.round_loop = RoundLoop(config, slurm, self.policy, ledger, self.metrics, actuator, clock)
 
@@ -88,8 +101,10 @@ class Daemon:
         self.requests = RequestHandler(
             config, ledger, self.round_loop, self.metrics, daemon_uid=self.uid, clock=clock, order=order
         )
+        self.requests.lease = lease
         self._reload_wanted = threading.Event()
         self._show_config()
+        show_role(self.metrics, lease)
 
     # ------------------------------------------------------------------ what the parts hold, for status and tests
 
@@ -101,6 +116,11 @@ class Daemon:
     @server.setter
     def server(self, server: ChannelServer | None) -> None:
         self.requests.server = server
+
+    @property
+    def deposed(self) -> bool:
+        """Whether this daemon lost its lease: it must not act again (the process ends; it starts as a standby)."""
+        return self.lease is not None and self.lease.role is Role.DEPOSED
 
     @property
     def agents(self) -> dict[str, AgentRecord]:
@@ -223,8 +243,18 @@ class Daemon:
             self.server.close()
         logger.info("[daemon] stopped")
 
+    def abandon(self) -> None:
+        """Stop after losing the lease: close the socket and the metrics endpoint, send nothing more, and neither save
+        the state file nor undo queue ordering or admission (the new active daemon owns them now)."""
+        self.actuator.close()  # what is still queued meets the fence and is not sent
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.server is not None:
+            self.server.close()
+        logger.error("[daemon] stopped without saving state: another daemon holds the lease")
+
     def run(self, stop: threading.Event) -> None:
-        """Run rounds and answer requests until ``stop`` is set.
+        """Run rounds and answer requests until ``stop`` is set (or, with a lease, until the lease is lost).
 
         Args:
             stop: set it (e.g. from a signal handler) to leave the loop.
@@ -234,6 +264,9 @@ class Daemon:
         next_round = time.monotonic()
         last_begun = -REFRESH_MIN_S
         while not stop.is_set():
+            if self.lease is not None and not self.lease.keep():
+                show_role(self.metrics, self.lease)
+                return
             if self._reload_wanted.is_set():
                 self._reload_wanted.clear()
                 self.reload()

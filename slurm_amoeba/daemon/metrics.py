@@ -275,6 +275,14 @@ class DaemonMetrics:
         self.config_loaded_at = r.gauge(
             "amoeba_config_loaded_timestamp_seconds", "Unix time the running configuration was loaded."
         )
+        self.ha_role = r.gauge(
+            "amoeba_ha_role",
+            "1 for the role of this daemon: active or standby of a standby pair (ha.lease_dir), single when alone.",
+            ["role"],
+        )
+        self.lease_generation = r.gauge(
+            "amoeba_lease_generation", "The lease generation this daemon holds (active) or last saw (standby)."
+        )
         self.config_reloads = r.counter(
             "amoeba_config_reloads_total",
             "SIGHUP reloads of the configuration, by outcome (applied, invalid, needs_restart).",

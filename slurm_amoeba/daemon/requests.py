@@ -50,6 +50,7 @@ from slurm_amoeba.daemon.agents import (
     check_job_id,
 )
 from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.lease import Lease
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.limits import LimitError, RateLimiter, vet_registration
 from slurm_amoeba.daemon.metrics import DaemonMetrics
@@ -284,6 +285,7 @@ class RequestHandler:
 
     Attributes:
         server: where replies go (set when the daemon binds its socket).
+        lease: the lease of a daemon of a standby pair (registrations learn its generation; ``status`` shows it).
         metrics_port: the Prometheus endpoint's port, 0 when off (for ``status``).
     """
 
@@ -308,6 +310,7 @@ class RequestHandler:
         self.order = order
         self.started_at = clock()
         self.server: ChannelServer | None = None
+        self.lease: Lease | None = None
         self.metrics_port = 0
         self.limiter = RateLimiter(config.limits.requests_per_s, config.limits.burst)
         self._flood_logged: dict[int, float] = {}
@@ -459,6 +462,8 @@ class RequestHandler:
             "max_workers": reg.max_workers,
             "clamped": list(vetted.notes),
         }
+        if self.lease is not None:
+            data["fence"] = self.lease.generation  # the agent refuses directives of older generations from now on
         return req.message.reply(data=data)
 
     def _on_report(self, req: Request, owner: JobOwner) -> Message:
@@ -582,6 +587,7 @@ class RequestHandler:
             "last_round": last_round,
             "refusals": (self.server.refusals if self.server else 0) + int(self.metrics.refusals.total()),
             "limited_to_own_jobs": not sees.everything,
+            "ha": self.lease.describe() if self.lease is not None else {"role": "single"},
         }
 
     def _sees(self, viewer: Credential | None) -> _View:

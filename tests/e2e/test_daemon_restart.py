@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,8 +13,8 @@ from typing import Any
 import pytest
 
 from slurm_amoeba.slurm import CliSlurmClient
-from tests.conftest import REPO, ClusterHandle
-from tests.integration.daemon_helpers import DaemonProcess, wait_until
+from tests.conftest import ClusterHandle
+from tests.integration.daemon_helpers import DaemonProcess, end_job, submit_mlp_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
@@ -55,34 +54,7 @@ def test_kill_9_while_a_real_job_grows_then_restart_orders_nothing_twice(
     client = CliSlurmClient(env)
     job_id = ""
     try:
-        job_script = tmp_path / "job.sh"
-        job_script.write_text(
-            f'#!/bin/bash\nexec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
-        )
-        job_script.chmod(0o755)
-        submitted = subprocess.run(
-            [
-                "amoeba-sbatch",
-                "--elastic",
-                "1:3",
-                "--gpus-per-worker",
-                str(slurm_cluster.gpus_per_node),
-                f"--output={tmp_path}/agent-%j.out",
-                str(job_script),
-                "--epochs",
-                "100000",
-                "--sample-delay",
-                "0.006",
-            ],
-            capture_output=True,
-            text=True,
-            env={**env, "AMOEBA_DAEMON_ENDPOINT": daemon.endpoint},
-            cwd=tmp_path,
-            timeout=60,
-            check=False,
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = submitted.stdout.strip().splitlines()[-1]
+        job_id = submit_mlp_job(slurm_cluster, env, tmp_path, daemon.endpoint)
         state_dir = tmp_path / f"amoeba-{job_id}"
         wait_until("the daemon to order the grow", lambda: f"job {job_id}: grow 1 -> 3" in daemon.log_text(), 60)
         daemon.kill()  # kill -9 in the middle of the resize
@@ -106,14 +78,4 @@ def test_kill_9_while_a_real_job_grows_then_restart_orders_nothing_twice(
     finally:
         daemon.stop()
         if job_id:
-            client.cancel(int(job_id))
-            wait_until(
-                "the job and its satellites to end",
-                lambda: (
-                    not any(
-                        j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
-                        for j in client.jobs()
-                    )
-                ),
-                timeout=60,
-            )
+            end_job(client, job_id)

@@ -35,7 +35,7 @@ from slurm_amoeba.transport.channel import (
     request_from,
 )
 from slurm_amoeba.transport.munge import binding, unseal
-from tests.conftest import ClusterHandle
+from tests.conftest import REPO, ClusterHandle
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0, every: float = 0.2) -> None:
@@ -60,7 +60,11 @@ def script(path: Path, body: str) -> Path:
 
 
 class DaemonProcess:
-    """``amoebad`` started with ``python -m slurm_amoeba.cli.amoebad`` and a configuration written for the test."""
+    """``amoebad`` started with ``python -m slurm_amoeba.cli.amoebad`` and a configuration written for the test.
+
+    With ``shared``, it is one of a standby pair: its state file and its lease (``ha.lease_dir``) are in that
+    directory, which the other daemon of the pair is given too; ``name`` keeps the two daemons' files apart.
+    """
 
     def __init__(
         self,
@@ -70,15 +74,18 @@ class DaemonProcess:
         interval_s: float = 2.0,
         host: str = "127.0.0.1",
         policy: str = "elastic-backfill",
+        name: str = "amoebad",
+        shared: Path | None = None,
+        ha: dict[str, float] | None = None,
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.endpoint = f"tcp://{host}:{self.port}"
-        self.config = workdir / "amoebad.yaml"
-        self.log = workdir / "amoebad.log"
-        self.state = workdir / "state.json"
+        self.config = workdir / f"{name}.yaml"
+        self.log = workdir / f"{name}.log"
+        self.state = (shared or workdir) / "state.json"
         self.interval_s = interval_s
-        doc = {
+        doc: dict[str, Any] = {
             "interval_s": interval_s,
             "listen": self.endpoint,
             "metrics": {"address": "127.0.0.1", "port": free_port()},
@@ -91,8 +98,10 @@ class DaemonProcess:
             "state_file": str(self.state),
             "log_level": "debug",
         }
+        if shared is not None:
+            doc["ha"] = {"lease_dir": str(shared / "lease"), "advertise": self.endpoint, **(ha or {})}
         self.config.write_text(yaml.safe_dump(doc))
-        self.metrics_port = int(doc["metrics"]["port"])  # type: ignore[index]
+        self.metrics_port = int(doc["metrics"]["port"])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -123,6 +132,15 @@ class DaemonProcess:
         assert reply is not None and reply.body["ok"], reply
         jobs: list[dict[str, Any]] = reply.body["data"]["jobs"]
         return jobs
+
+    def role(self) -> str:
+        """``active``, ``standby`` (it answers as the standby), ``single``, or ``down`` (it does not answer)."""
+        reply = self.ask("status", timeout_s=2)
+        if reply is None:
+            return "down"
+        if not reply.body["ok"]:
+            return str(reply.body["data"].get("role", "refused"))
+        return str(reply.body["data"].get("ha", {}).get("role", "single"))
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
@@ -348,3 +366,49 @@ class FakeAgent:
         for sat in self.satellites:
             with contextlib.suppress(Exception):
                 self.client.cancel(sat)
+
+
+def submit_mlp_job(cluster: ClusterHandle, env: dict[str, str], workdir: Path, daemon_endpoint: str) -> str:
+    """Submit ``examples/elastic_mlp.py`` with ``amoeba-sbatch --elastic 1:3`` (a node's GPUs per worker), its agent
+    reporting to ``daemon_endpoint`` (one address or a pair's, comma-separated); returns the job id."""
+    job_script = script(
+        workdir / "job.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
+    )
+    submitted = subprocess.run(
+        [
+            "amoeba-sbatch",
+            "--elastic",
+            "1:3",
+            "--gpus-per-worker",
+            str(cluster.gpus_per_node),
+            f"--output={workdir}/agent-%j.out",
+            str(job_script),
+            "--epochs",
+            "100000",
+            "--sample-delay",
+            "0.006",
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "AMOEBA_DAEMON_ENDPOINT": daemon_endpoint},
+        cwd=workdir,
+        timeout=60,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().splitlines()[-1]
+
+
+def end_job(client: CliSlurmClient, job_id: str) -> None:
+    """Cancel a job and wait until it and its satellites ended."""
+    client.cancel(int(job_id))
+    wait_until(
+        "the job and its satellites to end",
+        lambda: (
+            not any(
+                j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
+                for j in client.jobs()
+            )
+        ),
+        timeout=60,
+    )

@@ -14,7 +14,7 @@ import pytest
 
 from slurm_amoeba.agent import link as link_module
 from slurm_amoeba.agent.link import DaemonLink
-from slurm_amoeba.core.messages import RETRY_SOON
+from slurm_amoeba.core.messages import RETRY_SOON, STANDBY
 from slurm_amoeba.transport.channel import ChannelServer
 
 REGISTRATION = {
@@ -112,3 +112,86 @@ def test_a_registration_the_daemon_cannot_vet_yet_is_sent_again_within_seconds(
         assert stand_in.kinds == ["register"] * 3 and link.registered, "not at the next report, seconds later"
     finally:
         stand_in.close()
+
+
+class StandInStandby:
+    """A standby daemon: answers everything with "standby, the active one is X"."""
+
+    def __init__(self, active: str) -> None:
+        self.server = ChannelServer("tcp://127.0.0.1:*")
+        self.active = active
+        self.kinds: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            req = self.server.receive(0.05)
+            if req is None:
+                continue
+            self.kinds.append(req.message.kind)
+            data = {"role": STANDBY, "active": self.active, "generation": 3}
+            self.server.answer(req, req.message.reply(ok=False, error="this amoebad is the standby", data=data))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.server.close()
+
+
+def test_an_agent_told_by_the_standby_where_the_active_daemon_is_registers_there(daemon: StandInDaemon) -> None:
+    standby = StandInStandby(daemon.server.endpoint)
+    try:
+        both = f"{standby.server.endpoint}, {daemon.server.endpoint}"
+        link = DaemonLink(both, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+        link.register(REGISTRATION)
+        assert standby.kinds == ["register"] and daemon.kinds == ["register"]
+        assert link.registered and link.endpoint == daemon.server.endpoint
+    finally:
+        standby.close()
+
+
+def test_an_agent_whose_daemon_stops_answering_turns_to_the_next_address(
+    daemon: StandInDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = ChannelServer("tcp://127.0.0.1:*")  # bound, never answers: a daemon killed with SIGKILL
+    try:
+        link = DaemonLink(f"{dead.endpoint},{daemon.server.endpoint}", 1234, "[42/agent]", daemon_uid=os.getuid())
+        link.register(REGISTRATION)
+        assert not link.registered and link.endpoint == daemon.server.endpoint
+        link.report(REPORT)  # the new active daemon forgot the job ("unknown job"): the agent registers there
+        assert daemon.kinds == ["report", "register"] and link.registered
+    finally:
+        dead.close()
+
+
+def test_a_directive_of_an_older_lease_generation_is_refused() -> None:
+    link = DaemonLink("tcp://a:1,tcp://b:1", owner_uid=1234, prefix="[42/agent]", daemon_uid=990)
+    assert link.admit({"job_id": "42", "target": 2, "reason": "", "fence": 4}) == ""
+    refusal = link.admit({"job_id": "42", "target": 3, "reason": "", "fence": 3})
+    assert "lease generation 3 refused" in refusal and "seen generation 4" in refusal
+    assert link.admit({"job_id": "42", "target": 3, "reason": "", "fence": 5}) == "" and link.fence == 5
+    assert link.admit({"job_id": "42", "target": 3, "reason": "the owner's"}) == ""  # no fence: the owner's
+
+
+def test_the_registration_reply_teaches_the_agent_the_active_daemons_generation(munged: None) -> None:
+    server = ChannelServer("tcp://127.0.0.1:*")
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            req = server.receive(0.05)
+            if req is not None:
+                server.answer(req, req.message.reply(data={"fence": 7}))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        link = DaemonLink(server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+        link.register(REGISTRATION)
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert link.fence == 7 and link.admit({"job_id": "42", "target": 2, "reason": "", "fence": 6}) != ""

@@ -211,6 +211,20 @@ def test_a_directives_batch_reaches_the_coordinator_for_the_target_size(served: 
     assert not refused.body["ok"] and agent.target == 3 and len(coordinator.batches) == 1
 
 
+def test_a_directive_of_a_deposed_daemon_is_refused_once_a_newer_one_directed_the_job(
+    served: tuple[Agent, Client],
+) -> None:
+    agent, client = served
+
+    def fenced(target: int, fence: int) -> Message:
+        return Message("resize", {"job_id": str(PARENT), "target": target, "reason": "policy", "fence": fence})
+
+    assert client.exchange(signed(fenced(4, 2))).body["ok"] and agent.target == 4  # the new active daemon
+    late = client.exchange(signed(fenced(6, 1)))  # the old one, paused, wakes and sends what it had decided
+    assert not late.body["ok"] and "lease generation 1 refused" in late.body["error"] and agent.target == 4
+    assert client.exchange(signed(resize(3))).body["ok"] and agent.target == 3  # the owner's carry no fence
+
+
 def test_a_replayed_directive_is_refused(served: tuple[Agent, Client]) -> None:
     agent, client = served
     frames = signed(resize(4))

@@ -20,17 +20,19 @@ import collections
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from slurm_amoeba.local import LocalJob
-from slurm_amoeba.runtime.plans import Layout, ModelProfile, Plan, PlanSpace
+from slurm_amoeba.runtime.plans import Layout, Linear, ModelProfile, Plan, PlanSpace
+from slurm_amoeba.runtime.view import CoordinatorView
 
 WORKER = Path(__file__).with_name("plans_worker.py")
 #: The small version (the unit test's): 2 blocks of width 64, context 32, global batch 16.
-SMALL = ["--width", "64", "--layers", "2", "--context", "32", "--global-batch", "16", "--sequences", "64"]
+SMALL = ["--width", "64", "--layers", "2", "--context", "32", "--global-batch", "16", "--sequences", "512"]
 FULL = ["--width", "128", "--layers", "4", "--context", "64", "--global-batch", "32", "--sequences", "256"]
 
 
@@ -51,6 +53,14 @@ def start_job(out: Path, model_args: list[str], workers: int, extra: list[str]) 
     )
 
 
+def _at_step(view: CoordinatorView, step: int) -> bool:
+    return int(view.progress.get("step", 0)) >= step
+
+
+def _at_size_or_over(view: CoordinatorView, size: int) -> bool:
+    return view.world_size == size or view.phase.is_over()
+
+
 def _step(job: LocalJob) -> int:
     return int(job.view().progress.get("step", 0))
 
@@ -61,8 +71,9 @@ def run_resized(out: Path, model_args: list[str], extra: list[str], sizes: list[
     with start_job(out, model_args, sizes[0], extra) as job:
         for size in sizes[1:]:
             view = job.wait_for(lambda v: v.world_size > 0, 300, "the first generation")
-            target = _step(job) + every
-            view = job.wait_for(lambda v, t=target: int(v.progress.get("step", 0)) >= t, 300, f"step {target}")
+            if size < view.world_size:  # a shrink after a few steps; joiners warm up while the job trains anyway
+                target = _step(job) + every
+                view = job.wait_for(partial(_at_step, step=target), 300, f"step {target}")
             assert view.plan is not None
             current = list(view.plan.members)
             if size < len(current):
@@ -70,7 +81,9 @@ def run_resized(out: Path, model_args: list[str], extra: list[str], sizes: list[
                     job.remove(worker)
             else:
                 job.add(size - len(current))
-            job.wait_for(lambda v, s=size: v.world_size == s, 300, f"{size} members")
+            view = job.wait_for(partial(_at_size_or_over, size=size), 300, f"{size} members")
+            if view.world_size != size:
+                raise RuntimeError(f"the job ended before it reached {size} workers; pace it with --step-delay")
         result = job.wait(600)
     if result.phase.value != "finished":
         raise RuntimeError(f"the job ended {result.phase.value}; logs in {out / 'logs'}")
@@ -110,11 +123,19 @@ def generations(out: Path) -> dict[int, list[dict[str, Any]]]:
 def profile_of(out: Path) -> ModelProfile:
     """The profile one worker probed (for the frontier)."""
     raw = json.loads(next(iter(sorted(out.glob("plans-*.json")))).read_text())["profile"]
-    from slurm_amoeba.runtime.plans import Linear
-
-    lines = {k: Linear(*raw[k]) for k in ("memory", "memory_checkpointed", "compute", "compute_checkpointed")}
-    rest = {k: v for k, v in raw.items() if k not in lines}
-    return ModelProfile(**lines, **rest)
+    return ModelProfile(
+        param_bytes=int(raw["param_bytes"]),
+        optimizer_bytes=int(raw["optimizer_bytes"]),
+        largest_unit_bytes=int(raw["largest_unit_bytes"]),
+        units=int(raw["units"]),
+        memory=Linear(*raw["memory"]),
+        memory_checkpointed=Linear(*raw["memory_checkpointed"]),
+        compute=Linear(*raw["compute"]),
+        compute_checkpointed=Linear(*raw["compute_checkpointed"]),
+        optimizer_s=float(raw["optimizer_s"]),
+        link_bytes_per_s=float(raw["link_bytes_per_s"]),
+        latency_s=float(raw["latency_s"]),
+    )
 
 
 def probe_here(model_args: list[str]) -> ModelProfile:
@@ -134,7 +155,9 @@ def probe_here(model_args: list[str]) -> ModelProfile:
         return built.model, built.optimizer
 
     cpu = torch.device("cpu")
-    return probe_model(make, lambda m, n: lm_loss(m, rows[:n, :-1], rows[:n, 1:], cpu), lambda m: list(m.blocks))
+    return probe_model(
+        make, lambda m, n: lm_loss(m, rows[:n, :-1], rows[:n, 1:], cpu), lambda m: m.get_submodule("blocks")
+    )
 
 
 def ddp_budget(space: PlanSpace, workers: int) -> int:
@@ -169,7 +192,7 @@ def draw(space: PlanSpace, chosen: dict[int, str], path: Path, sizes: list[int])
     figure.savefig(path, dpi=120)
 
 
-def bench(work: Path, *, small: bool, every: int) -> dict[str, Any]:
+def bench(work: Path, *, small: bool, every: int, delay: float) -> dict[str, Any]:
     """Probe, pick the budget, run the resized and the fixed job, and gather the figures."""
     model_args = SMALL if small else FULL
     epochs = 2
@@ -180,7 +203,7 @@ def bench(work: Path, *, small: bool, every: int) -> dict[str, Any]:
     budget = ddp_budget(PlanSpace(probe_here(model_args), batch), 4)
     extra = [*common, "--memory-budget", str(budget)]
     run_fixed(work / "fixed", model_args, extra, 4)
-    formed = run_resized(work / "resized", model_args, extra, sizes, every)
+    formed = run_resized(work / "resized", model_args, [*extra, "--step-delay", str(delay)], sizes, every)
     records = generations(work / "resized")
     peaks = [r["peak_bytes"] for rs in records.values() for r in rs if r["peak_bytes"]]
     fixed = torch.load(work / "fixed" / "params.pt", weights_only=True)
@@ -189,7 +212,7 @@ def bench(work: Path, *, small: bool, every: int) -> dict[str, Any]:
     space = PlanSpace(profile_of(work / "resized"), batch, budget)
     per_generation = []
     for generation, rs in records.items():
-        times = [r["step_s"] for r in rs if r["step_s"] is not None]
+        times = [r["step_s"] - delay for r in rs if r["step_s"] is not None]  # less the harness's pace
         per_generation.append(
             {
                 "generation": generation,
@@ -206,10 +229,13 @@ def bench(work: Path, *, small: bool, every: int) -> dict[str, Any]:
         "sizes": formed,
         "plans": per_generation,
         "peak_over_budget": max(peaks) / budget if peaks else None,
-        "exactly_once": exactly_once(work / "resized", dataset, epochs) and exactly_once(work / "fixed", dataset, epochs),
+        "exactly_once": exactly_once(work / "resized", dataset, epochs)
+        and exactly_once(work / "fixed", dataset, epochs),
         "param_max_abs_diff": diff,
         "min_feasible_workers": space.min_feasible_workers(4),
-        "ddp_fits_at": [n for n in (1, 2, 4) if space.fits(space.estimate(Plan(Layout.REPLICATED, False, space.share(n)), n))],
+        "ddp_fits_at": [
+            n for n in (1, 2, 4) if space.fits(space.estimate(Plan(Layout.REPLICATED, False, space.share(n)), n))
+        ],
         "frontier": {str(n): [e.to_json() for e in space.frontier(n)] for n in (1, 2, 4)},
         "profile": space.profile.to_json(),
         "_space": space,
@@ -223,12 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", type=Path, help="draw the frontier here")
     parser.add_argument("--small", action="store_true", help="the unit test's small model")
     parser.add_argument("--every", type=int, default=4, help="steps between resizes")
+    parser.add_argument("--step-delay", type=float, default=0.2, help="seconds each resized step waits (pace)")
     parser.add_argument("--work", type=Path, help="keep the jobs' files here (default: a temporary directory)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-plans-") as tmp:
-        results = bench(args.work or Path(tmp), small=args.small, every=args.every)
+        results = bench(args.work or Path(tmp), small=args.small, every=args.every, delay=args.step_delay)
     space: PlanSpace = results.pop("_space")
-    print(f"budget {results['budget_bytes'] / 1e6:.2f} MB; sizes {results['sizes']}; DDP fits at {results['ddp_fits_at']}")
+    print(
+        f"budget {results['budget_bytes'] / 1e6:.2f} MB; sizes {results['sizes']}; DDP fits at {results['ddp_fits_at']}"
+    )
     print(f"{'gen':>3} {'n':>2} {'plan':<24} {'pred MB':>8} {'meas MB':>8} {'pred s':>7} {'meas s':>7}")
     for g in results["plans"]:
         measured = "-" if g["step_s"] is None else f"{g['step_s']:.3f}"

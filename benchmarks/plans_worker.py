@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from examples.tiny_lm import LMConfig, build_placed, lm_loss, markov_text
+from examples.tiny_lm import LMConfig, blocks_of, build_placed, lm_loss, markov_text
 from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.runtime.planned import PlannedState
 from slurm_amoeba.runtime.plans import Layout, Plan
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--memory-budget", type=int, default=None)
     parser.add_argument("--max-workers", type=int, default=4)
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to wait per step (the harness's pace)")
     parser.add_argument("--pin", action="append", default=[], type=parse_pin)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     state = PlannedState(
         lambda placement: build_placed(placement, config, total_steps, 3e-3),
         sampler,
-        blocks=lambda model: list(model.blocks),  # type: ignore[arg-type]
+        blocks=blocks_of,
         probe_loss=lambda model, n: lm_loss(model, rows[:n, :-1], rows[:n, 1:], device),
         memory_budget=args.memory_budget,
         max_workers=args.max_workers,
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
                         state.optimizer.step()
                         state.schedulers[0].step()
+                    time.sleep(args.step_delay)
                     entry = {"step": step.index, "epoch": step.epoch, "world_size": runtime.world_size}
                     ledger.write(json.dumps({**entry, "indices": step.indices}) + "\n")
                     ledger.flush()
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = amoeba.run(train, state)
     worker = runtime.worker_id
-    report = {"worker": worker, "generations": [g.to_json() for g in state.generations]}
+    report: dict[str, Any] = {"worker": worker, "generations": [g.to_json() for g in state.generations]}
     report["profile"] = state.space.profile.to_json()
     report["min_workers"] = state.min_workers
     (args.out / f"plans-{worker}.json").write_text(json.dumps(report, indent=1))

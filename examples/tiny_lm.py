@@ -120,6 +120,11 @@ def build_placed(placement: Placement, config: LMConfig, total_steps: int, lr: f
     return optimize(model, total_steps, lr)
 
 
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks (what a plan shards and checkpoints one at a time)."""
+    return list(model.get_submodule("blocks").children())
+
+
 def optimize(model: nn.Module, total_steps: int, lr: float) -> Built:
     """AdamW over ``model`` and its warm-up + cosine schedule."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -150,7 +155,7 @@ def make_state(args: argparse.Namespace, config: LMConfig, rows: torch.Tensor, d
     return PlannedState(
         lambda placement: build_placed(placement, config, total_steps, args.lr),
         sampler,
-        blocks=lambda model: list(model.blocks),  # type: ignore[arg-type]
+        blocks=blocks_of,
         probe_loss=lambda model, n: lm_loss(model, rows[:n, :-1], rows[:n, 1:], device),
         extras={"loss": 0.0},
         memory_budget=args.memory_budget,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -26,12 +26,12 @@ from slurm_amoeba.runtime.plans import Linear, ModelProfile
 #: ``loss(model, samples)``: the loss of ``model`` on a micro-batch of ``samples`` samples of the job's data shape.
 ProbeLoss = Callable[[torch.nn.Module, int], torch.Tensor]
 #: ``blocks(model)``: the model's repeated blocks (what is sharded and checkpointed one at a time).
-Blocks = Callable[[torch.nn.Module], Sequence[torch.nn.Module]]
+Blocks = Callable[[torch.nn.Module], Iterable[torch.nn.Module]]
 #: Makes the unsharded model and its optimizer, seeded (the probe builds a few).
 MakeModel = Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]]
 
 
-def checkpoint_blocks(blocks: Sequence[torch.nn.Module]) -> None:
+def checkpoint_blocks(blocks: Iterable[torch.nn.Module]) -> None:
     """Make each block recompute its activations in backward (``torch.utils.checkpoint``, non-reentrant).
 
     The block's own ``forward`` is wrapped on the instance, so its parameters, state-dict keys and FSDP2 hooks
@@ -43,16 +43,16 @@ def checkpoint_blocks(blocks: Sequence[torch.nn.Module]) -> None:
         def forward(*args: Any, _inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
 
-        block.forward = forward  # type: ignore[method-assign]
+        block.forward = forward
 
 
-class _StepTracker(MemTracker):
+class _StepTracker(MemTracker):  # type: ignore[no-untyped-call]
     """torch's ``MemTracker`` over several forwards of the root module (gradient accumulation): its per-module
     statistics (which this project does not read) start again at each root forward, which ``MemTracker`` would
     refuse as "multiple iterative calls"; the device totals and the peak go on."""
 
     def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        name = self._mod_tracker.get_known_fqn(module)
+        name = self._mod_tracker.get_known_fqn(module)  # type: ignore[no-untyped-call]
         again = module in self.memory_tracking and not self._mod_tracker.is_bw
         if again and set(self._mod_tracker.parents) - {name} == {"Global"}:
             self.reset_mod_stats()
@@ -109,9 +109,13 @@ def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tu
 
 
 def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: ProbeLoss, samples: int) -> None:
-    loss(model, samples).backward()
+    torch.autograd.backward(loss(model, samples))
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
+
+
+def _pass(model: torch.nn.Module, loss: ProbeLoss, samples: int) -> Callable[[], None]:
+    return lambda: torch.autograd.backward(loss(model, samples))
 
 
 def _timed(action: Callable[[], object], repeats: int) -> float:
@@ -166,7 +170,7 @@ def probe_model(
                 finally:
                     peak = meter.stop()
                 peaks.append((samples, float(peak - 2 * params - moments)))
-                seconds.append((samples, _timed(lambda n=samples: loss(model, n).backward(), repeats)))
+                seconds.append((samples, _timed(_pass(model, loss, samples), repeats)))
             memory[checkpointing] = Linear.through(peaks[0], peaks[1])
             compute[checkpointing] = Linear.through(seconds[0], seconds[1])
         model, optimizer = make()

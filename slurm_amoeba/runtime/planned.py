@@ -21,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.fsdp import Built, ShardedReducer, ShardedState
@@ -55,7 +55,7 @@ class Placement:
     plan: Plan | None = None
     mesh: DeviceMesh | None = None
 
-    def apply(self, model: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> None:
+    def apply(self, model: torch.nn.Module, blocks: Iterable[torch.nn.Module]) -> None:
         """Lay ``model`` out as the plan says: checkpoint each block, then shard each block and the root over the
         mesh (offloaded when the plan says so). Call it in ``build`` after making the model and before making the
         optimizer; with no plan it does nothing.
@@ -70,10 +70,10 @@ class Placement:
         if self.plan.layout is Layout.SHARDED:
             if self.mesh is None:
                 raise RuntimeConfigError(f"plan {self.plan.describe()} is sharded but no mesh was given")
-            offload = {"offload_policy": CPUOffloadPolicy()} if self.plan.offload else {}
+            policy = CPUOffloadPolicy() if self.plan.offload else OffloadPolicy()
             for block in blocks:
-                fully_shard(block, mesh=self.mesh, **offload)
-            fully_shard(model, mesh=self.mesh, **offload)
+                fully_shard(block, mesh=self.mesh, offload_policy=policy)
+            fully_shard(model, mesh=self.mesh, offload_policy=policy)
 
 
 PlacedBuild = Callable[[Placement], Built]
@@ -174,10 +174,11 @@ class PlannedState(ShardedState):
         self.pinned = dict(pinned or {})
         self.min_workers = self.space.min_feasible_workers(max_workers)
         if self.min_workers is None:
+            least = min(e.peak_bytes for e in self.space.estimates(max_workers))
             raise RuntimeConfigError(
                 f"no plan fits memory_budget={memory_budget} bytes per worker at up to {max_workers} workers (the "
-                f"smallest plan at {max_workers} needs {min(e.peak_bytes for e in self.space.estimates(max_workers)):.0f}"
-                " bytes): raise the budget, allow more workers or make the model smaller"
+                f"smallest plan at {max_workers} needs {least:.0f} bytes): raise the budget, allow more workers or "
+                "make the model smaller"
             )
         self.generations: list[GenerationPlan] = []
         self._meter: PeakMeter | None = None

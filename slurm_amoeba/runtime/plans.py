@@ -287,7 +287,7 @@ class PlanSpace:
         pass_s = (p.compute_checkpointed if plan.checkpointing else p.compute).at(micro)
         moved = (workers - 1) / workers * p.param_bytes / p.link_bytes_per_s
         if plan.layout is Layout.REPLICATED:
-            state = 2 * p.param_bytes + p.optimizer_bytes
+            state: float = 2 * p.param_bytes + p.optimizer_bytes
             optimizer_s = p.optimizer_s
             comm_s = 0.0 if workers == 1 else 2 * moved + p.latency_s
         else:
@@ -339,7 +339,7 @@ class PlanSpace:
         }
 
 
-def plan_fields(raw: Mapping[str, Any]) -> tuple[int, dict[int, float]]:
+def read_plan_report(raw: Mapping[str, Any]) -> tuple[int, dict[int, float]]:
     """Read a plan report (:meth:`PlanSpace.report`) back: the smallest feasible size and the predicted rates.
 
     Raises:

@@ -140,7 +140,7 @@ def profile_of(out: Path) -> ModelProfile:
 
 def probe_here(model_args: list[str]) -> ModelProfile:
     """The profile of the benchmark's model, probed in this process as each worker probes it."""
-    from examples.tiny_lm import LMConfig, build_placed, lm_loss, markov_text
+    from examples.tiny_lm import LMConfig, blocks_of, build_placed, lm_loss, markov_text
     from slurm_amoeba.runtime.plan_probe import probe_model
     from slurm_amoeba.runtime.planned import Placement
 
@@ -155,9 +155,7 @@ def probe_here(model_args: list[str]) -> ModelProfile:
         return built.model, built.optimizer
 
     cpu = torch.device("cpu")
-    return probe_model(
-        make, lambda m, n: lm_loss(m, rows[:n, :-1], rows[:n, 1:], cpu), lambda m: m.get_submodule("blocks")
-    )
+    return probe_model(make, lambda m, n: lm_loss(m, rows[:n, :-1], rows[:n, 1:], cpu), blocks_of)
 
 
 def ddp_budget(space: PlanSpace, workers: int) -> int:

@@ -165,5 +165,7 @@ def test_a_planned_job_resized_4_2_1_4_stays_in_budget_and_applies_every_sample_
     assert results["peak_over_budget"] <= 1.0
     assert results["ddp_fits_at"] == [4]
     assert results["min_feasible_workers"] == 1
-    assert results["param_max_abs_diff"] <= 5e-3  # bf16 autocast rounds per-worker sums with the split
+    # bf16 autocast rounds the per-worker sums differently with every split and AdamW's normalised steps carry
+    # that on: two fixed-size runs of this job at 2 and at 4 workers differ by 7e-2 after its 64 steps.
+    assert results["param_max_abs_diff"] <= 0.1
     assert len({g["plan"] for g in results["plans"]}) >= 2  # the plan changes with the size

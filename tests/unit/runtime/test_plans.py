@@ -168,4 +168,5 @@ def test_a_planned_job_resized_4_2_1_4_stays_in_budget_and_applies_every_sample_
     # bf16 autocast rounds the per-worker sums differently with every split and AdamW's normalised steps carry
     # that on: two fixed-size runs of this job at 2 and at 4 workers differ by 7e-2 after its 64 steps.
     assert results["param_max_abs_diff"] <= 0.1
-    assert len({g["plan"] for g in results["plans"]}) >= 2  # the plan changes with the size
+    # which plan is fastest depends on the probe's timings on this machine; every one chosen must fit
+    assert all(g["predicted_peak_bytes"] <= results["budget_bytes"] for g in results["plans"])

@@ -1,13 +1,13 @@
 # slurm_amoeba — the two commands a fresh Debian 12 machine is set up by:
 #   make demo   the main job: a local Slurm cluster, an elastic job that grows and shrinks
-#   make test   lint, type-check and every test (unit, integration and e2e on a real local Slurm cluster)
+#   make test   lint, type-check, the docs site and every test (unit, integration and e2e on a real local Slurm cluster)
 # Both install what they need themselves (scripts/bootstrap: apt packages, .venv, torch, the package).
 
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo bootstrap lint typecheck unit cluster-up cluster-down clean
+.PHONY: test demo bootstrap lint typecheck docs unit cluster-up cluster-down clean
 
 bootstrap:
 	scripts/bootstrap
@@ -19,7 +19,12 @@ lint: bootstrap
 typecheck: bootstrap
 	$(VENV)/bin/mypy
 
-test: bootstrap lint typecheck
+# the docs site, warnings (a broken link or anchor) as errors; docs/results.md must be what docs/results/ renders
+docs: bootstrap
+	$(PY) -m benchmarks.render_results --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+test: bootstrap lint typecheck docs
 	$(PY) -m pytest tests --durations=25
 
 unit: bootstrap

@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.record import Recording
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, SubmitOptions
 from slurm_amoeba.transport.channel import ChannelError, request
@@ -401,6 +402,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=None, help="where jobs write (default: a new /tmp dir)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--out", type=Path, default=None, help="also write the result document here")
     args = parser.parse_args(argv)
     if args.workdir is None:
         args.workdir = Path(f"/tmp/amoeba-bench-backfill-{os.getpid()}")
@@ -410,6 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    recording = Recording("backfill", vars(args))
     workload = Workload(
         regular_jobs=args.regular_jobs,
         first_regular_s=args.first_regular,
@@ -453,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         "workdir": str(args.workdir),
     }
     ok = result["worst_extra_wait_s"] <= allowed
+    if args.out is not None:
+        recording.write(args.out, result)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.record import Recording
 from benchmarks.runtime_worker import GLOBAL_BATCH, build_dataset, build_model
 from slurm_amoeba.local.job import LocalJob
 from slurm_amoeba.runtime.checkpoint import COMPLETE, DEFAULT_EVERY_S, CheckpointPolicy, list_checkpoints
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=30, help="steps per block (default 30)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    recording = Recording("checkpoint", vars(args))
     if args.mode == "worker":
         logging.basicConfig(level=logging.WARNING)
         run_worker(args)
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = _summary(runs, args.block)
     _print_table(figures)
     if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        recording.write(args.json, figures)
     return 0
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.record import Recording
 from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot, check_decisions, make_policy
 from slurm_amoeba.policy.goodput import GoodputModel, GoodputPolicy, goodput_rates
 
@@ -158,10 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    recording = Recording("goodput-decision", vars(args))
     result = run(args.nodes, args.gpus_per_node, args.jobs, args.repeats, args.seed, args.reference)
     text = json.dumps(result, indent=2, sort_keys=True)
     if args.out is not None:
-        args.out.write_text(text + "\n")
+        recording.write(args.out, result)
     if args.json:
         print(text)
         return 0

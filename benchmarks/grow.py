@@ -14,7 +14,6 @@ Leaves no job behind in squeue.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.record import Recording, spread  # noqa: E402
 from examples.elastic_mlp import train  # noqa: E402
 from slurm_amoeba.launcher import ElasticExecutor, ElasticJob  # noqa: E402
 from slurm_amoeba.slurm import CliSlurmClient  # noqa: E402
@@ -83,6 +83,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    recording = Recording("grow", vars(args))
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     script = str(REPO / "scripts" / "slurm-cluster")
     was_up = subprocess.run([script, "status"], capture_output=True, check=False).returncode == 0
@@ -127,9 +128,9 @@ def main() -> int:
         "\npause_s: what the training workers lose at the switch. shrink: resize() -> generation without them."
     )
     if args.json:
-        args.json.write_text(
-            json.dumps({**median, "rounds": rounds, "workers": "2 <-> 4", "gpus_per_worker": gpus}, indent=1)
-        )
+        spread_of = {f"{k}_spread": spread([r[k] for r in rounds]) for k in keys}
+        figures = {**median, **spread_of, "rounds": rounds, "workers": "2 <-> 4", "gpus_per_worker": gpus}
+        recording.write(args.json, figures)
     return 0
 
 

@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.record import Recording, spread
 from benchmarks.runtime_worker import WARM_UP_VARIABLE, read_steps
 from slurm_amoeba.launcher.restart import restart_command
 from slurm_amoeba.local.job import LocalJob
@@ -313,20 +314,8 @@ def steps_by_size(records: list[list[float]]) -> dict[int, float]:
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with); only
-    ``n`` (0) for an empty one (e.g. no switch was followed by three steps of its generation)."""
-    ordered = sorted(values)
-    if not ordered:
-        return {"n": 0.0}
-    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else ordered * 3
-    return {
-        "median": statistics.median(ordered),
-        "q1": quartiles[0],
-        "q3": quartiles[2],
-        "min": ordered[0],
-        "max": ordered[-1],
-        "n": float(len(ordered)),
-    }
+    """Median, quartiles and range of a sample (the figures a noisy shared machine must be read with)."""
+    return spread(values)
 
 
 def _resized(generation: int, size: int) -> Callable[[CoordinatorView], bool]:
@@ -922,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="with --baseline: rounds per tree")
     args = parser.parse_args(argv)
     os.environ.setdefault("AMOEBA_DEVICE", "cpu")  # the benchmark's model trains on CPU (gloo), GPU or not
+    recording = Recording("runtime", vars(args))
     reps = args.reps or (1 if args.quick else 3)
     steps = 400 if args.quick else 1000
     work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
@@ -955,7 +945,7 @@ def main(argv: list[str] | None = None) -> int:
     if "restart_pause" in report:
         print(format_restart(report["restart_pause"], report["worker_pause"]))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        recording.write(args.json, report)
     if args.keep:
         print(f"work directory: {work}", file=sys.stderr)
     else:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import random
 import sys
@@ -29,6 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.record import Recording
 from slurm_amoeba.policy import make_policy
 from slurm_amoeba.sim.accounting import load_history
 from slurm_amoeba.sim.engine import SimConfig, Simulator, trace_models
@@ -169,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--export", type=Path, default=None, help="compare a recorded export instead of running")
     parser.add_argument("--json", type=Path, default=Path("bench-sim-fidelity.json"))
     args = parser.parse_args(args_list)
+    recording = Recording("replay-rigid", vars(args))
     export = args.export
     others: list[str] = []
     if export is None:
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures["other_gpu_jobs"] = len(others)
     for key, value in figures.items():
         print(f"{key:<24} {value:.3f}" if isinstance(value, float) else f"{key:<24} {value}")
-    args.json.write_text(json.dumps({"export": str(export), **figures}, indent=2) + "\n")
+    recording.write(args.json, {"export": str(export), **figures})
     good = abs(float(str(figures["mean_jct_error"]))) <= 0.10 and float(str(figures["pairs_agreeing"])) >= 0.90
     return 0 if good else 1
 

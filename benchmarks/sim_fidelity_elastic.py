@@ -52,6 +52,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.record import Recording
 from benchmarks.system_users import system_user
 from slurm_amoeba.policy import make_policy
 from slurm_amoeba.sim.engine import SimConfig, Simulator, WorkModel
@@ -877,6 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("bench-sim-fidelity-elastic.json"))
     parser.add_argument("--png", type=Path, default=None, help="the per-job JCT plot (default: beside --json)")
     args = parser.parse_args(argv)
+    recording = Recording(f"replay-seed{args.seed}" + ("-admission" if args.admission else ""), vars(args))
     labels = ["rigid", "elastic", "admission"] if args.admission else ["rigid", "elastic"]
     conf = Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
     if args.source is not None:
@@ -892,7 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved = record_runs(args, labels, saved)
     report = evaluate(saved, args.workdir, conf)
     print(table(report))
-    args.json.write_text(json.dumps({"workdir": str(args.workdir), **report}, indent=2) + "\n")
+    recording.write(args.json, {"workdir": str(args.workdir), **report})
     plot(report["runs"], args.png or args.json.with_suffix(".png"))
     good = all(abs(run["mean_jct_error"]) <= 0.10 and run["pairs_agreeing"] >= 0.90 for run in report["runs"].values())
     return 0 if good else 1

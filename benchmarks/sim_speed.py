@@ -14,13 +14,13 @@ The target (issue 14): the whole trace under FIFO and under Tiresias within 120 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.record import Recording
 from slurm_amoeba.policy import make_policy
 from slurm_amoeba.sim.data import data_dir
 from slurm_amoeba.sim.engine import SimConfig, Simulator, trace_models
@@ -72,10 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default="fifo,tiresias")
     parser.add_argument("--queue-depth", type=int, default=None, help="pending jobs shown (0: every one)")
     parser.add_argument("--json", type=Path, default=Path("bench-sim.json"))
+    parser.add_argument("--short", action="store_true", help="the trace prefixes only, not the whole trace")
     args = parser.parse_args(argv)
+    recording = Recording("philly-speed", vars(args))
     trace = data_dir() / "pollux" / "traces" / "philly.csv"
     everything = load_philly(trace)
-    sizes = [int(size) for size in args.sizes.split(",") if size] + [len(everything)]
+    sizes = [int(size) for size in args.sizes.split(",") if size] + ([] if args.short else [len(everything)])
     rows: list[dict[str, object]] = []
     print(f"{'policy':<9} {'jobs':>7} {'depth':>6} {'rounds':>8} {'wall s':>7} {'CPU s':>7} {'avg JCT h':>10}")
     for policy in args.policies.split(","):
@@ -91,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs; cluster {NODES} x {GPUS_PER_NODE} GPUs")
     document = {"cluster": [NODES, GPUS_PER_NODE], "load_average": load, "runs": rows}
-    args.json.write_text(json.dumps(document, indent=2) + "\n")
+    recording.write(args.json, document)
     full = [row for row in rows if row["jobs"] == len(everything)]
     return 0 if all(float(str(row["wall_s"])) <= 120.0 for row in full) else 1
 

@@ -14,6 +14,11 @@ and runs the user's script as its child with the torchrun contract of the curren
   earlier generation (torchrun's own shared store deadlocks on scale-out in torch 2.13: docs/TORCH-FACTS.md);
 * ``AMOEBA_STOP_FILE``: a path that does not exist while the script may run on.
 
+**Batch sizes.** With ``AMOEBA_GLOBAL_BATCH`` set (and ``AMOEBA_EVEN_BATCH=1`` for a script that needs equal
+shares), the supervisor tells the coordinator which world sizes split that batch, and the job is only ever formed
+at those sizes; the script reads the same variables (``runtime/restart_data.py``: ``StepBatchSampler`` keeps step
+``i``'s samples at every size).
+
 **The checkpoint hook.** When the generation ends (the coordinator asks for a resize, a member is leaving, died or
 failed), every supervisor creates the stop file and sends SIGTERM to its script, waits up to the grace time
 (``--grace``, ``AMOEBA_RESTART_GRACE_S``, default 30 s) for it to exit, then SIGKILLs it. The script saves its
@@ -79,6 +84,7 @@ from slurm_amoeba.runtime.protocol import (
     assignment_key,
     heartbeat_key,
 )
+from slurm_amoeba.runtime.restart_data import allowed_sizes_from_environ
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +252,15 @@ class RestartSupervisor:
     """
 
     def __init__(
-        self, command: Sequence[str], env: WorkerEnv, key: JobKey, *, grace_s: float, settle_s: float, stop_dir: Path
+        self,
+        command: Sequence[str],
+        env: WorkerEnv,
+        key: JobKey,
+        *,
+        grace_s: float,
+        settle_s: float,
+        stop_dir: Path,
+        allowed_sizes: tuple[int, ...] = (),
     ) -> None:
         self.command = list(command)
         self.env = env
@@ -263,6 +277,7 @@ class RestartSupervisor:
         self._order = warm_order(self.command)
         self._warm: subprocess.Popen[bytes] | None = None  # the next generation's interpreter, warming up
         self.host = socket.gethostname()
+        self.allowed_sizes = allowed_sizes  # the sizes the script's global batch splits at (empty: any)
 
     def _connect(self) -> TCPStore:
         timeout = datetime.timedelta(seconds=self.env.collective_timeout_s)
@@ -344,7 +359,7 @@ class RestartSupervisor:
         self._push(EventKind.REGISTERED, pid=os.getpid(), host=self.host)
         threading.Thread(target=self._heartbeats, name="amoeba-restart-heartbeat", daemon=True).start()
         self._warm_up()
-        self._push(EventKind.READY)
+        self._push(EventKind.READY, allowed_sizes=self.allowed_sizes)
         log.info("%s ready: the script starts when the job admits this worker", self.prefix)
         try:
             return self._follow(self._wait_assignment(self.env.join_timeout_s))
@@ -579,6 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grace_s=grace,
             settle_s=_seconds(os.environ, ENV_SETTLE_S, DEFAULT_SETTLE_S),
             stop_dir=Path(tempfile.gettempdir()),
+            allowed_sizes=allowed_sizes_from_environ(os.environ),
         )
         return supervisor.run()
     except AmoebaError as exc:

@@ -230,9 +230,8 @@ class SlurmBaselinePolicy:
             single averages up to +67% against the last default, docs/simulator.md).
         max_hold_s: with ``admit_at_request``, a pending elastic job submitted this many seconds ago or more is no
             longer held: Slurm starts it at its minimum with its own reservation, as the live daemon's
-            ``admission.max_hold_s`` releases it. Default 8 h, the live default (at 1 h, the live default before
-            26 Nov, 7 of the 64 Pollux workload-loads were worse than the baseline on average; docs/simulator.md);
-            0 holds without bound.
+            ``admission.max_hold_s`` releases it. Default 8 h, the live default (at 1 h, 7 of the 64 Pollux
+            workload-loads were worse than the baseline on average; docs/simulator.md); 0 holds without bound.
         las_queue_s: when positive, the pending jobs of a partition tier are tested in 2D-LAS order instead of by
             multifactor priority: those below this many attained GPU-seconds first, each group by submit time. A
             what-if: the order a daemon with operator rights would set through job priorities (Tiresias's queue

@@ -1,6 +1,7 @@
 """The elastic runtime: what runs inside each training process (DESIGN.md, layer ``runtime/``).
 
-A DDP training script changes a few lines::
+A DDP training script keeps its loop and changes about five lines (:mod:`~slurm_amoeba.runtime.port`,
+``docs/port.md``); or it moves its loop into ``train(state)``::
 
     from slurm_amoeba import runtime as amoeba
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.loader import ElasticDataLoader, Step
     from slurm_amoeba.runtime.membership import Phase, WorkerStatus
     from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
+    from slurm_amoeba.runtime.port import ElasticLoop, PortLoader, init_process_group
+    from slurm_amoeba.runtime.port_model import ElasticDDP
     from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
     from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
     from slurm_amoeba.runtime.state import StepDriver, TorchState
@@ -60,6 +63,8 @@ _WHERE = {
     "CoordinatorConfig": "coordinator",
     "CoordinatorView": "view",
     "ElasticDataLoader": "loader",
+    "ElasticDDP": "port_model",
+    "ElasticLoop": "port",
     "ElasticSampler": "sampler",
     "Generation": "topology",
     "GenerationTiming": "result",
@@ -67,6 +72,7 @@ _WHERE = {
     "JobLostError": "errors",
     "MembershipChanged": "errors",
     "Phase": "membership",
+    "PortLoader": "port",
     "Progress": "sampler",
     "RunResult": "result",
     "RunStatus": "result",
@@ -85,6 +91,7 @@ _WHERE = {
     "WorkerStatus": "membership",
     "get_runtime": "worker",
     "init": "worker",
+    "init_process_group": "port",
     "run": "worker",
 }
 
@@ -94,7 +101,9 @@ __all__ = [
     "Coordinator",
     "CoordinatorConfig",
     "CoordinatorView",
+    "ElasticDDP",
     "ElasticDataLoader",
+    "ElasticLoop",
     "ElasticSampler",
     "Generation",
     "GenerationTiming",
@@ -102,6 +111,7 @@ __all__ = [
     "JobLostError",
     "MembershipChanged",
     "Phase",
+    "PortLoader",
     "Progress",
     "RunResult",
     "RunStatus",
@@ -120,6 +130,7 @@ __all__ = [
     "WorkerStatus",
     "get_runtime",
     "init",
+    "init_process_group",
     "run",
 ]
 

@@ -29,6 +29,7 @@ import secrets
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,25 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.state import TorchState
 
 log = logging.getLogger(__name__)
+
+
+def silence_single_process_warning() -> None:
+    """Drop DCP's warning on every call without a process group (done at import).
+
+    ``no_dist=True`` asks for exactly that, yet DCP warns "torch.distributed is disabled, unavailable or
+    uninitialized, assuming the intent is to save in a single process." on every call: every checkpoint write and
+    every joiner's read printed it to the worker's log. The filter names the message and DCP's module (the warning
+    names DCP's own wrapper as its place, not the caller); ``warnings.catch_warnings`` around the calls is not
+    thread-safe, and the writer runs in a thread of its own.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"torch\.distributed is disabled, unavailable or uninitialized",
+        module=r"torch\.distributed\.checkpoint",
+    )
+
+
+silence_single_process_warning()
 
 ENV_CHECKPOINT_DIR = "AMOEBA_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "AMOEBA_CHECKPOINT_EVERY"

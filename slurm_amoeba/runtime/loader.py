@@ -207,6 +207,8 @@ class ElasticDataLoader:
         sampler: the elastic sampler (part of the :class:`~slurm_amoeba.runtime.state.TorchState`).
         topology: rank and world size source; by default the one bound to ``sampler`` by
             :func:`slurm_amoeba.runtime.run` (the sampler of the state it runs).
+        overlap: start reducing gradient buckets during each step's last backward (``False`` for a ported loop,
+            whose wrapper weights the gradients after backward, then reduces them).
         **loader_kwargs: ``DataLoader`` arguments except those that choose samples (``batch_size``, ``shuffle``,
             ``sampler``, ``batch_sampler``, ``drop_last``).
 
@@ -222,6 +224,7 @@ class ElasticDataLoader:
         sampler: ElasticSampler,
         *,
         topology: Topology | None = None,
+        overlap: bool = True,
         **loader_kwargs: Any,
     ) -> None:
         bad = sorted(k for k in loader_kwargs if k in self._FORBIDDEN)
@@ -238,6 +241,7 @@ class ElasticDataLoader:
             )
         self.sampler = sampler
         self._topology = topology
+        self._overlap = overlap
         self._batches = _SwappableBatchSampler()
         if loader_kwargs.get("num_workers", 0):
             _guard_processes(loader_kwargs)  # see the module docstring
@@ -289,7 +293,7 @@ class ElasticDataLoader:
                     f"the sampler moved to step {self.sampler.progress.step} while the loader was at step "
                     f"{assignment.step}; do not advance the sampler outside state.step()"
                 )
-            hook = getattr(topology, "before_last_micro_batch", None)
+            hook = getattr(topology, "before_last_micro_batch", None) if self._overlap else None
             previous = Step(assignment=assignment, _next_batch=lambda: next(batches), _before_last=hook)
             yield previous
 

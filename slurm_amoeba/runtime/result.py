@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -44,6 +44,10 @@ class GenerationTiming:
     state_s: float
     reason: str
 
+    def to_dict(self) -> dict[str, int | float | str]:
+        """The row as JSON data (``json.dumps(timing.to_dict())``)."""
+        return dataclasses.asdict(self)
+
 
 @dataclasses.dataclass(frozen=True)
 class RunResult(Generic[T]):
@@ -65,6 +69,17 @@ class RunResult(Generic[T]):
     rank: int | None = None
     world_size: int = 0
     timeline: tuple[GenerationTiming, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome as JSON data, without ``value`` (the training function's, of any type): ``status``, ``rank``,
+        ``world_size``, ``generations`` and ``timeline`` (one :meth:`GenerationTiming.to_dict` per generation)."""
+        return {
+            "status": self.status.value,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "generations": list(self.generations),
+            "timeline": [timing.to_dict() for timing in self.timeline],
+        }
 
     @property
     def is_rank0(self) -> bool:

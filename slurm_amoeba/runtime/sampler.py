@@ -70,6 +70,10 @@ class StepAssignment:
         return len(self.micro_indices[micro]) / self.plan.step_samples
 
 
+#: The permutations an :class:`ElasticSampler` can draw (its ``order``).
+ORDERS = ("elastic", "distributed")
+
+
 def _cap_from_environment() -> int:
     text = os.environ.get(ENV_MAX_LOCAL_BATCH, "") or "0"
     if not text.isdigit():
@@ -96,6 +100,10 @@ class ElasticSampler:
             :meth:`set_global_batch`; ``None`` (the default) keeps it fixed.
         adapt_every: with an adaptive batch, the steps between two chances to change it: the loader's iteration
             ends there (and at the end of each epoch), and the next iteration plans the steps at the new size.
+        order: ``"elastic"`` (the default) draws epoch ``e``'s permutation from ``seed * 1_000_003 + e``;
+            ``"distributed"`` draws it as ``torch.utils.data.DistributedSampler`` does (``seed + e``), so that step
+            ``i`` of an epoch holds the same global samples as a DistributedSampler's step ``i`` with the same seed
+            and shuffle, at any world size that divides the global batch (docs/port.md, "Data order").
 
     Raises:
         BatchPlanError: the dataset is smaller than one global batch, or the batch settings are invalid.
@@ -113,7 +121,10 @@ class ElasticSampler:
         max_accumulation: int = 0,
         max_global_batch: int | None = None,
         adapt_every: int = 50,
+        order: str = "elastic",
     ) -> None:
+        if order not in ORDERS:
+            raise BatchPlanError(f"order={order!r} is not one of {', '.join(ORDERS)}")
         _check_adaptive(
             dataset_size, global_batch, max_global_batch, adapt_every, even=even, accumulation=max_accumulation
         )
@@ -133,6 +144,7 @@ class ElasticSampler:
         self.dataset_size = dataset_size
         self.seed = seed
         self.shuffle = shuffle
+        self.order = order
         self.progress = Progress()
         self.topology: Topology | None = None
         self._perm_epoch = -1
@@ -208,12 +220,25 @@ class ElasticSampler:
         """
         if epoch != self._perm_epoch:
             if self.shuffle:
-                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                seed = self.seed + epoch if self.order == "distributed" else self.seed * 1_000_003 + epoch
+                generator = torch.Generator().manual_seed(seed)
                 self._perm = torch.randperm(self.dataset_size, generator=generator).tolist()
             else:
                 self._perm = list(range(self.dataset_size))
             self._perm_epoch = epoch
         return self._perm
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted where a script called ``DistributedSampler.set_epoch``: the epoch is the training state's.
+
+        Raises:
+            StateError: ``epoch`` is not the state's epoch (a loop not driven by ``remaining_epochs``).
+        """
+        if epoch != self.progress.epoch:
+            raise StateError(
+                f"set_epoch({epoch}) while the training state is in epoch {self.progress.epoch}: the elastic sampler "
+                "follows the state; loop over job.remaining_epochs(...) and pass the epoch it yields"
+            )
 
     def step_samples(self, cursor: int) -> int:
         """Samples in the step that starts at ``cursor``."""

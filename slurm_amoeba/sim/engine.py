@@ -37,15 +37,15 @@ from slurm_amoeba.sim.metrics import JobRecord, SimResult
 from slurm_amoeba.sim.workload import JobSpec
 
 #: Pause of a running elastic job's training when it grows or shrinks, with slurm_amoeba's runtime: new workers warm
-#: up in the background and join at a step boundary, leaving ones drop out at one. A worker loses 8-24 ms beyond its
-#: ordinary steps on the 2-core development machine (``scripts/bench-runtime``; docs/runtime.md section 6: scale-in
-#: 8.4 ms, scale-out 17.5 ms in its first step, 23.6 ms over three): 10 ms understates a scale-out by ~15 ms, which
-#: is immaterial next to the grow lag below and to the simulator's 60 s decision interval.
+#: up in the background and join at a step boundary, leaving ones drop out at one. A worker loses some milliseconds
+#: beyond its ordinary steps (``scripts/bench-runtime``, docs/results.md#runtime), more at a scale-out than at a
+#: scale-in: 10 ms understates a scale-out a little, which is immaterial next to the grow lag below and to the
+#: simulator's 60 s decision interval.
 RUNTIME_RESIZE_COST_S = 0.01
 
 #: Seconds from a grow order to the generation with the new workers, during which the job keeps training at its old
-#: size (README, ``scripts/bench-grow``: 6.7 s, of which Slurm 0.68 s and the runtime 5.8 s, mostly starting Python
-#: and importing torch in the new processes). Shrinks take 0.03 s and are not delayed.
+#: size (``scripts/bench-grow``, docs/results.md#grow: 6.7 s, of which Slurm 0.68 s and the runtime 5.8 s, mostly
+#: starting Python and importing torch in the new processes). Shrinks take 0.03 s and are not delayed.
 RUNTIME_GROW_LAG_S = 6.7
 
 #: Pause of a job at every (re)allocation in the Pollux artifact: stop, restart, restore from a checkpoint.

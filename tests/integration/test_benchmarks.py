@@ -1,0 +1,99 @@
+"""The benchmarks that need the local Slurm cluster (or munged, or minutes of CPU) run here in a short mode.
+
+Each runs its ``scripts/bench-*`` wrapper with small parameters and checks that it wrote its result document
+(``benchmarks/record.py``): the benchmark's name, the machine, the load before and after, the parameters and its
+figures. The figures of such a short run mean nothing; the test only keeps the benchmark from rotting. The ones
+that need no Slurm and take seconds run in ``tests/unit/benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, ClusterHandle
+
+
+def _run(command: list[str], env: dict[str, str], timeout: float, ok: tuple[int, ...] = (0,)) -> None:
+    done = subprocess.run(
+        [str(REPO / "scripts" / command[0]), *command[1:]],
+        env={**env, "AMOEBA_PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode in ok, f"{' '.join(command)} exited {done.returncode}: {done.stderr[-3000:]}"
+
+
+def _document(path: Path, benchmark: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.read_text())
+    assert document["schema"] == 1 and document["benchmark"] == benchmark
+    assert document["machine"]["cores"] >= 1 and len(document["load_after"]) == 3
+    assert document["figures"], f"{benchmark} wrote no figures"
+    return document
+
+
+@pytest.mark.slurm
+def test_bench_grow_writes_its_result_in_one_round(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    out = tmp_path / "grow.json"
+    _run(["bench-grow", "--rounds", "1", "--json", str(out)], slurm_cluster.env, timeout=600)
+    figures = _document(out, "grow")["figures"]
+    assert figures["grow_total_s"] > 0 and figures["grow_total_s_spread"]["n"] == 1
+
+
+@pytest.mark.slurm
+def test_bench_backfill_writes_its_result_on_a_short_window(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    out = tmp_path / "backfill.json"
+    argv = ["--window", "40", "--regular-jobs", "1", "--first-regular", "10", "--quiet", "--out", str(out)]
+    _run(["bench-backfill", *argv], slurm_cluster.env, timeout=900, ok=(0, 1))
+    figures = _document(out, "backfill")["figures"]
+    assert 0 <= figures["util_with"] <= 1
+
+
+@pytest.mark.slurm
+def test_bench_sim_fidelity_writes_its_result_for_a_few_jobs(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    out = tmp_path / "replay-rigid.json"
+    argv = ["--jobs", "4", "--spread-s", "10", "--max-s", "10", "--json", str(out)]
+    _run(["bench-sim-fidelity", *argv], slurm_cluster.env, timeout=600, ok=(0, 1))
+    _document(out, "replay-rigid")
+
+
+@pytest.mark.slurm
+def test_the_elastic_replay_writes_its_result_for_three_jobs(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    """It starts its own private cluster instance beside the shared one (root), as a full run does."""
+    out = tmp_path / "replay.json"
+    argv = ["--elastic", "--rigid", "2", "--elastic-jobs", "1", "--spread-s", "10", "--seed", "5", "--json", str(out)]
+    _run(["bench-sim-fidelity", *argv], dict(os.environ), timeout=1200, ok=(0, 1))
+    _document(out, "replay-seed5")
+
+
+@pytest.mark.slurm
+def test_bench_policy_runs_its_loop_short(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    """The loop needs munged (the cluster's): its simulated agents sign their reports."""
+    out = tmp_path / "policy.json"
+    _run(["bench-policy", "--short", "--out", str(out)], slurm_cluster.env, timeout=300)
+    figures = _document(out, "policy")["figures"]
+    assert figures["report_errors"] == 0, "the daemon refused reports: a limit the run did not raise"
+    assert figures["rounds"] >= 1
+
+
+def test_bench_runtime_writes_its_result_quickly(tmp_path: Path) -> None:
+    """No Slurm, but minutes of CPU: the runtime against plain DDP, stop-resume and torchrun, one repetition."""
+    out = tmp_path / "runtime.json"
+    _run(["bench-runtime", "--quick", "--cycles", "2", "--json", str(out)], dict(os.environ), timeout=1200)
+    assert "worker_pause" in _document(out, "runtime")["figures"]
+
+
+def test_bench_checkpoint_writes_its_result_quickly(tmp_path: Path) -> None:
+    """No Slurm, but a minute or more of CPU: two workers writing checkpoints in the background."""
+    out = tmp_path / "checkpoint.json"
+    _run(["bench-checkpoint", "--quick", "--block", "10", "--json", str(out)], dict(os.environ), timeout=900)
+    assert _document(out, "checkpoint")["figures"]["write_s"] > 0

@@ -1,0 +1,74 @@
+"""Every benchmark that needs no Slurm runs here in a short mode and writes its result document, so that none rots.
+
+Each test runs the benchmark's own ``main`` with small parameters (seconds, not the minutes of a real run) and
+checks the document ``benchmarks.record`` defines: the benchmark's name, the machine, the load before and after,
+the parameters and figures. The benchmarks that need the local Slurm cluster, and the slow ones, run in short mode
+in ``tests/integration/test_benchmarks.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import goodput, policy, sim_speed, sim_study
+
+
+def _document(path: Path, benchmark: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.read_text())
+    assert document["schema"] == 1
+    assert document["benchmark"] == benchmark
+    assert document["machine"]["cores"] >= 1 and document["machine"]["cpu_model"]
+    assert len(document["load_before"]) == 3 and len(document["load_after"]) == 3
+    assert document["parameters"], "the document lost the command's parameters"
+    return document
+
+
+def test_the_simulator_study_writes_its_tables_with_their_conditions(tmp_path: Path) -> None:
+    out = tmp_path / "sim-fidelity.json"
+    assert sim_study.main(["--only", "fidelity", "--processes", "1", "--json", str(out)]) == 0
+    document = _document(out, "sim-fidelity")
+    table = document["tables"]["fidelity"]
+    assert table.count("\n| ") == 4, "one row per load"
+    assert document["notes"] and "exact" in document["notes"][0]
+
+
+def test_the_goodput_decision_benchmark_writes_medians_with_their_range(tmp_path: Path) -> None:
+    out = tmp_path / "goodput.json"
+    argv = ["--nodes", "20", "--jobs", "40", "--repeats", "3", "--out", str(out)]
+    assert goodput.main(argv) == 0
+    figures = _document(out, "goodput-decision")["figures"]
+    assert figures["decide_min_s"] <= figures["decide_s"] <= figures["decide_max_s"]
+
+
+def test_the_policy_benchmark_runs_short_without_its_loop(tmp_path: Path) -> None:
+    out = tmp_path / "policy.json"
+    assert policy.main(["--short", "--skip-loop", "--out", str(out)]) == 0
+    document = _document(out, "policy-decision")
+    assert document["parameters"]["nodes"] == 50
+    assert document["figures"]["decisions"] >= 0 and document["figures"]["decision_s"] > 0
+
+
+def test_the_philly_speed_benchmark_runs_short_on_a_prefix(tmp_path: Path) -> None:
+    out = tmp_path / "philly.json"
+    assert sim_speed.main(["--short", "--sizes", "200", "--policies", "fifo", "--json", str(out)]) == 0
+    runs = _document(out, "philly-speed")["figures"]["runs"]
+    assert [run["jobs"] for run in runs] == [200], "the short mode runs the prefix only, not the whole trace"
+
+
+@pytest.mark.parametrize(
+    ("agents", "raised"), [(10, []), (64, ["limits.requests_per_s: 50 -> 96", "limits.burst: 100 -> 128"])]
+)
+def test_the_policy_loop_raises_only_the_limits_its_agents_need(agents: int, raised: list[str]) -> None:
+    _, changes = policy.site_limits(agents)
+    assert changes == raised
+
+
+def test_a_thousand_agents_of_one_uid_fit_the_limits_the_policy_loop_sets() -> None:
+    limits, changes = policy.site_limits(1000)
+    assert limits.agents_per_uid >= 1000
+    assert limits.requests_per_s * policy.SIMULATED_REPORT_S >= 1000
+    assert any(change.startswith("limits.agents_per_uid: 64 -> 1000") for change in changes)

@@ -422,7 +422,7 @@ def managed_job(
         job_id=key,
         state=JobPhase.RUNNING,
         submit_time=float(first.submit_time),
-        requested_workers=reg.min_workers,
+        requested_workers=min_workers,  # what it asked for, raised with its minimum (a policy refuses less)
         min_workers=min_workers,
         max_workers=reg.max_workers,
         workers=workers,

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_budget=args.memory_budget,
         max_workers=args.max_workers,
         pinned=dict(args.pin),
+        device=device,
     )
     loader = amoeba.ElasticDataLoader(data, sampler)
     ledger_path = args.out / f"ledger-{runtime.worker_id}.jsonl"

@@ -160,6 +160,7 @@ def make_state(args: argparse.Namespace, config: LMConfig, rows: torch.Tensor, d
         extras={"loss": 0.0},
         memory_budget=args.memory_budget,
         max_workers=args.max_workers,
+        device=device,
     )
 
 

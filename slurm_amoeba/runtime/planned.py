@@ -50,19 +50,23 @@ class Placement:
     Attributes:
         plan: the plan, or ``None`` for the plain model (the probe's and the initial build).
         mesh: the generation's device mesh when the plan is sharded, else ``None``.
+        device: where the model trains (the probe's and each generation's device; ``None``: where it was made).
     """
 
     plan: Plan | None = None
     mesh: DeviceMesh | None = None
+    device: torch.device | None = None
 
     def apply(self, model: torch.nn.Module, blocks: Iterable[torch.nn.Module]) -> None:
-        """Lay ``model`` out as the plan says: checkpoint each block, then shard each block and the root over the
-        mesh (offloaded when the plan says so). Call it in ``build`` after making the model and before making the
-        optimizer; with no plan it does nothing.
+        """Lay ``model`` out as the plan says: move it to the device, checkpoint each block, then shard each block
+        and the root over the mesh (offloaded when the plan says so). Call it in ``build`` after making the model
+        and before making the optimizer; with no plan it only moves the model.
 
         Raises:
             RuntimeConfigError: a sharded plan without a mesh.
         """
+        if self.device is not None:
+            model.to(self.device)
         if self.plan is None:
             return
         if self.plan.checkpointing:
@@ -131,6 +135,8 @@ class PlannedState(ShardedState):
         link_bytes_per_s: the bandwidth of the collectives in the prediction (the probe runs on one process).
         pinned: plans to use at given sizes instead of the fastest that fits (a site that knows better, or a test
             that wants a given layout).
+        device: the device the probe runs on (the worker's, ``runtime.device``); the generations train on the
+            process group's (the current GPU under NCCL, else the CPU).
         scaler: a ``torch.amp.GradScaler``, if any.
 
     Raises:
@@ -150,6 +156,7 @@ class PlannedState(ShardedState):
         profile: ModelProfile | None = None,
         link_bytes_per_s: float | None = None,
         pinned: Mapping[int, Plan] | None = None,
+        device: torch.device | None = None,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         super().__init__(lambda mesh: build(Placement()), sampler, extras, scaler=scaler)
@@ -157,7 +164,7 @@ class PlannedState(ShardedState):
         if profile is None:
 
             def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-                built = build(Placement())
+                built = build(Placement(device=device))
                 return built.model, built.optimizer
 
             profile = probe_model(make, probe_loss, blocks)
@@ -211,7 +218,7 @@ class PlannedState(ShardedState):
             device_type = "cuda" if device is not None else "cpu"
             mesh = init_device_mesh(device_type, (workers,), mesh_dim_names=(f"amoeba{self._builds}",))
         self.mesh = mesh
-        built = self._placed_build(Placement(plan, mesh))
+        built = self._placed_build(Placement(plan, mesh, device))
         self.take_built(built, parts)
         self.sampler.planner = dataclasses.replace(self.sampler.planner, max_local_batch=plan.micro_batch)
         record = GenerationPlan(self._generation_number(), workers, self.space.estimate(plan, workers))

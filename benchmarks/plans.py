@@ -36,7 +36,7 @@ from slurm_amoeba.runtime.view import CoordinatorView
 
 WORKER = Path(__file__).with_name("plans_worker.py")
 #: The small version (the unit test's): 2 blocks of width 64, context 32, global batch 16.
-SMALL = ["--width", "64", "--layers", "2", "--context", "32", "--global-batch", "16", "--sequences", "256"]
+SMALL = ["--width", "64", "--layers", "2", "--context", "32", "--global-batch", "16", "--sequences", "512"]
 FULL = ["--width", "128", "--layers", "4", "--context", "64", "--global-batch", "32", "--sequences", "1024"]
 #: The sizes the job moves through.
 SIZES = (4, 2, 1, 4)

@@ -165,7 +165,7 @@ def test_a_job_resized_4_2_1_4_switches_between_replicated_and_sharded_and_appli
     # replicated -> sharded with checkpointing -> sharded without -> replicated: every switch of layout and of
     # checkpointing, the state moved in memory at each
     pins = ("4=replicated/mb4", "2=sharded+ckpt/mb4", "1=sharded/mb8")
-    results = bench(tmp_path, small=True, every=3, delay=0.1, pins=pins)
+    results = bench(tmp_path, small=True, every=3, delay=0.15, pins=pins)
     assert results["sizes"] == [4, 2, 1, 4]
     assert [g["plan"] for g in results["plans"]] == [
         "replicated/mb4",

@@ -164,6 +164,18 @@ CATALOG: tuple[Entry, ...] = (
         "fsync); 2 cores shared with other test runs, load 7-8.",
     ),
     Entry(
+        "plans",
+        "The fastest plan that fits, at every size",
+        "examples/tiny_lm.py's model (4 blocks of width 128, context 64, global batch 32) under `PlannedState`, "
+        "with a per-worker memory budget that plain data parallelism fits only at 4 workers, resized 4 -> 2 -> 1 "
+        "-> 4 with `amoeba-local` on CPU (gloo), against the same job at 4 workers throughout: the plan chosen per "
+        "generation, predicted against measured peak memory per worker and step time, every sample once, the "
+        "final parameters against the fixed-size run (docs/plans.md). The frontier is drawn in "
+        "docs/img/plans-frontier.png.",
+        "scripts/bench-plans --json docs/results/plans.json --png docs/img/plans-frontier.png",
+        needs="nothing but the package and torch (no Slurm); a few minutes on 2 cores",
+    ),
+    Entry(
         "replay-rigid",
         "The `slurm` baseline against the real cluster",
         "A scaled-down workload of sleep jobs submitted to the local 4 x 4-GPU cluster at its arrival times, then "

@@ -12,6 +12,13 @@ Run it locally (2 workers, grow to 3 at 20 s, one leaves at 40 s)::
     amoeba-local -n 2 --max-workers 4 --at 20:add --at '40:remove w0' -- python examples/tiny_lm.py --epochs 4
 
 Each worker prints its end; rank 0 prints the loss every 10 steps.
+
+With ``--plans auto --memory-budget BYTES`` the state is a :class:`~slurm_amoeba.runtime.planned.PlannedState`:
+each generation trains with the fastest plan (replicated or sharded, checkpointing on or off, micro-batch) that
+fits the budget at its size (docs/plans.md)::
+
+    amoeba-local -n 4 --at '30:remove w3' --at '30:remove w2' -- \
+        python examples/tiny_lm.py --plans auto --memory-budget 12000000 --width 128 --layers 4
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from torch.distributed.fsdp import fully_shard
 
 from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.runtime.fsdp import Built, ShardedState
+from slurm_amoeba.runtime.planned import Placement, PlannedState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +109,24 @@ def build(mesh: DeviceMesh | None, config: LMConfig, total_steps: int, lr: float
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
+    return optimize(model, total_steps, lr)
+
+
+def build_placed(placement: Placement, config: LMConfig, total_steps: int, lr: float) -> Built:
+    """The model laid out as the generation's plan says (``--plans auto``), AdamW, and warm-up + cosine; seeded."""
+    torch.manual_seed(0)
+    model = TinyLM(config)
+    placement.apply(model, model.blocks)
+    return optimize(model, total_steps, lr)
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks (what a plan shards and checkpoints one at a time)."""
+    return list(model.get_submodule("blocks").children())
+
+
+def optimize(model: nn.Module, total_steps: int, lr: float) -> Built:
+    """AdamW over ``model`` and its warm-up + cosine schedule."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, total_steps // 10)
 
@@ -113,6 +139,31 @@ def build(mesh: DeviceMesh | None, config: LMConfig, total_steps: int, lr: float
     return Built(model, optimizer, [torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)])
 
 
+def lm_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The mean next-token cross-entropy of ``model`` on a micro-batch (forward under bf16 autocast)."""
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        logits = model(inputs.to(device))
+    return nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten())
+
+
+def make_state(args: argparse.Namespace, config: LMConfig, rows: torch.Tensor, device: torch.device) -> ShardedState:
+    """The state: FSDP2 at every size, or with ``--plans auto`` the fastest plan within ``--memory-budget``."""
+    sampler = amoeba.ElasticSampler(len(rows), args.global_batch, seed=1, max_local_batch=args.max_local_batch)
+    total_steps = args.epochs * -(-len(rows) // args.global_batch)
+    if args.plans != "auto":
+        return ShardedState(lambda mesh: build(mesh, config, total_steps, args.lr), sampler, extras={"loss": 0.0})
+    return PlannedState(
+        lambda placement: build_placed(placement, config, total_steps, args.lr),
+        sampler,
+        blocks=blocks_of,
+        probe_loss=lambda model, n: lm_loss(model, rows[:n, :-1], rows[:n, 1:], device),
+        extras={"loss": 0.0},
+        memory_budget=args.memory_budget,
+        max_workers=args.max_workers,
+        device=device,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,27 +172,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--max-local-batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--plans", choices=["fsdp", "auto"], default="fsdp", help="auto: the fastest plan per size")
+    parser.add_argument("--memory-budget", type=int, default=None, help="bytes per worker (with --plans auto)")
+    parser.add_argument("--max-workers", type=int, default=8, help="the largest size --plans auto reports")
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--context", type=int, default=32)
     args = parser.parse_args(argv)
 
     runtime = amoeba.init()
-    config = LMConfig()
+    config = LMConfig(context=args.context, width=args.width, layers=args.layers)
     rows = markov_text(config, args.sequences)
     data = torch.utils.data.TensorDataset(rows[:, :-1], rows[:, 1:])
-    sampler = amoeba.ElasticSampler(len(data), args.global_batch, seed=1, max_local_batch=args.max_local_batch)
-    loader = amoeba.ElasticDataLoader(data, sampler)
-    total_steps = args.epochs * -(-len(data) // args.global_batch)
-    state = ShardedState(lambda mesh: build(mesh, config, total_steps, args.lr), sampler, extras={"loss": 0.0})
+    state = make_state(args, config, rows, runtime.device)
+    loader = amoeba.ElasticDataLoader(data, state.sampler)
 
     def train(state: amoeba.TorchState) -> None:
         while state.epoch < args.epochs:
             for step in loader:
                 model, loss_sum = state.model, 0.0
                 for (inputs, targets), weight in step:
-                    with torch.autocast(runtime.device.type, dtype=torch.bfloat16):
-                        logits = model(inputs.to(runtime.device))
-                    loss = nn.functional.cross_entropy(
-                        logits.float().flatten(0, 1), targets.to(runtime.device).flatten()
-                    )
+                    loss = lm_loss(model, inputs, targets, runtime.device)
                     torch.autograd.backward(loss * weight)
                     loss_sum += float(loss.detach()) * weight
                 with state.sync():  # gradients are the global batch's here

@@ -728,6 +728,7 @@ class Agent:
                 "history": status["history"][-20:],
                 "satellites": [g.slurm_job for g in self.groups if g.satellite and g.state is not GroupState.ENDED],
                 **({"adaptive": status["adaptive"]} if status.get("adaptive") else {}),
+                **({"plans": status["plans"]} if status.get("plans") else {}),
             }
         )
 

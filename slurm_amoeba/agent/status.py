@@ -30,6 +30,8 @@ from slurm_amoeba.core.messages import (
     quote,
 )
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.runtime.errors import RuntimeConfigError
+from slurm_amoeba.runtime.plans import read_plan_report
 from slurm_amoeba.runtime.view import CoordinatorView
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,22 @@ def adaptive_fields(progress: Mapping[str, Any]) -> dict[str, Any] | None:
     return fields
 
 
+def plan_fields(progress: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A planned job's smallest feasible size and predicted speed per size (rank 0's ``progress["plans"]``,
+    :meth:`~slurm_amoeba.runtime.plans.PlanSpace.report`) as a report's ``plans`` field, or None (no plans, or a
+    report the agent cannot read)."""
+    raw = progress.get("plans")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        minimum, rates = read_plan_report(raw)
+    except RuntimeConfigError as exc:
+        log.warning("plans not reported: %s", exc)
+        return None
+    kept = {str(n): rate for n, rate in sorted(rates.items()) if n <= REPORT_WORKERS}
+    return {"min_workers": minimum, "samples_per_s": kept}
+
+
 class Journal:
     """The agent's bounded event history and size/speed series.
 
@@ -229,6 +247,7 @@ class Journal:
             "generations": self.generations(view),
             "throughput": {str(size): round(s.samples_per_s, 3) for size, s in sorted(view.throughput.items())},
             "adaptive": adaptive_fields(view.progress),
+            "plans": plan_fields(view.progress),
             "history": list(self.history),
             "series": list(self.series),
             "updated_at": self._clock(),

@@ -15,7 +15,9 @@ kind                sender           body
 ``report``          agent -> daemon  ``job_id``, ``size``, ``generation``, ``target`` (size being reached),
                                      ``throughput`` (``{"<size>": samples/s}``), ``history`` (events),
                                      ``satellites`` (Slurm job ids); optional ``adaptive`` (an adaptive-batch
-                                     job's statistics: :data:`ADAPTIVE_FIELDS`)
+                                     job's statistics: :data:`ADAPTIVE_FIELDS`) and ``plans`` (a planned job's
+                                     ``min_workers``, its smallest feasible size, and predicted
+                                     ``samples_per_s`` per size, ``{"<size>": samples/s}``)
 ``resize``          daemon/ctl ->    ``job_id``, ``target``, ``reason``; to an agent it is a directive, to the
                                      daemon a user's request; optional ``batch`` (the global batch the policy
                                      chose for ``target`` workers, 1 to :data:`MAX_BATCH`) and ``vacate`` (a node
@@ -107,7 +109,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 # Fields a kind may carry but need not (older senders leave them out), checked like :data:`SCHEMAS`' fields.
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {"offset": (int,), "limit": (int,)},
-    "report": {"adaptive": (dict,)},
+    "report": {"adaptive": (dict,), "plans": (dict,)},
     "resize": {"batch": (int,), "vacate": (str,), "fence": (int,)},
 }
 _NONE = type(None)

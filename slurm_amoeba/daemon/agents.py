@@ -237,6 +237,8 @@ class Report:
         history: the agent's recent events (JSON objects or strings), newest last.
         received_at: when the daemon received it (its clock).
         adaptive: an adaptive-batch job's statistics, or None (a fixed batch, or an agent that sends none).
+        min_feasible: the smallest size at which the job's plans fit its memory budget (0: not reported).
+        predicted: workers -> samples per second its plans predict at that size.
     """
 
     size: int
@@ -247,6 +249,8 @@ class Report:
     history: tuple[Any, ...]
     received_at: float
     adaptive: AdaptiveStats | None = None
+    min_feasible: int = 0
+    predicted: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def resizing(self) -> bool:
@@ -267,13 +271,7 @@ class Report:
                 f"size={size}, target={target}, generation={generation}: sizes lie in 0..{MAX_WORKERS} and the "
                 f"generation is 0 or more"
             )
-        throughput: dict[int, float] = {}
-        for key, value in dict(body["throughput"]).items():
-            if not (isinstance(key, str) and key.isascii() and key.isdigit() and 0 < int(key) <= MAX_WORKERS):
-                raise AgentMessageError(f'throughput key {key!r} is not a worker count like "4"')
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise AgentMessageError(f"throughput[{key!r}] = {value!r} is not a rate (a finite number >= 0)")
-            throughput[int(key)] = float(value)
+        throughput = _rates(dict(body["throughput"]), "throughput")
         satellites: list[str] = []
         for item in body["satellites"]:
             if isinstance(item, bool) or not isinstance(item, (str, int)):
@@ -281,7 +279,30 @@ class Report:
             satellites.append(check_job_id(str(item)))
         history = bounded_history(list(body["history"]))
         adaptive = AdaptiveStats.from_body(body["adaptive"]) if body.get("adaptive") is not None else None
-        return cls(size, generation, target, throughput, tuple(satellites), history, received_at, adaptive)
+        plans = dict(body.get("plans") or {})
+        minimum = plans.get("min_workers", 0)
+        if isinstance(minimum, bool) or not isinstance(minimum, int) or not 0 <= minimum <= MAX_WORKERS:
+            raise AgentMessageError(f"plans.min_workers = {minimum!r} is not a worker count 0..{MAX_WORKERS}")
+        predicted = _rates(dict(plans.get("samples_per_s") or {}), "plans.samples_per_s")
+        return cls(
+            size, generation, target, throughput, tuple(satellites), history, received_at, adaptive, minimum, predicted
+        )
+
+
+def _rates(table: Mapping[Any, Any], name: str) -> dict[int, float]:
+    """A ``{"<size>": samples/s}`` table checked (``name`` for the message).
+
+    Raises:
+        AgentMessageError: a key that is not a worker count, or a value that is not a finite rate >= 0.
+    """
+    rates: dict[int, float] = {}
+    for key, value in table.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and 0 < int(key) <= MAX_WORKERS):
+            raise AgentMessageError(f'{name} key {key!r} is not a worker count like "4"')
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise AgentMessageError(f"{name}[{key!r}] = {value!r} is not a rate (a finite number >= 0)")
+        rates[int(key)] = float(value)
+    return rates
 
 
 @dataclasses.dataclass

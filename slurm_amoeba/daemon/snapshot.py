@@ -397,7 +397,7 @@ def managed_job(
     if report is not None and fresh:
         workers = report.size
         resizing = report.resizing or not reg.min_workers <= report.size <= reg.max_workers
-        throughput = dict(report.throughput)
+        throughput = {**report.predicted, **report.throughput}  # measured where run, predicted elsewhere
         growing = report.target > report.size or (agent.in_flight is not None and agent.in_flight.target > report.size)
         if not growing:  # a report sent before the agent took a grow order must not turn its new satellite "free"
             held, leaving = _split_leaving(records, satellites, report.size * reg.gpus_per_worker)
@@ -413,14 +413,17 @@ def managed_job(
     )
     model, rates, batch = adaptive_inputs(agent.adaptive if report is not None and fresh else None, fits)
     throughput = rates or throughput
+    # A planned job fits its memory budget only from its smallest feasible size: never shrink it below that.
+    feasible = report.min_feasible if report is not None and fresh else 0
+    min_workers = min(max(reg.min_workers, feasible), max(reg.max_workers, 1))
     first = min(records, key=lambda r: r.het_job_offset)
     started = float(first.start_time) if first.start_time else now
     info = JobInfo(
         job_id=key,
         state=JobPhase.RUNNING,
         submit_time=float(first.submit_time),
-        requested_workers=reg.min_workers,
-        min_workers=reg.min_workers,
+        requested_workers=min_workers,  # what it asked for, raised with its minimum (a policy refuses less)
+        min_workers=min_workers,
         max_workers=reg.max_workers,
         workers=workers,
         gpus_per_worker=reg.gpus_per_worker,

@@ -265,6 +265,19 @@ class ShardedState(TorchState):
         device_type = "cuda" if device is not None else "cpu"
         self.mesh = init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=(f"amoeba{self._builds}",))
         built = self._build(self.mesh)
+        self.take_built(built, parts)
+        return ShardedReducer(self.model, device or torch.device("cpu"))
+
+    def take_built(self, built: Built, parts: Mapping[str, Any]) -> None:
+        """Make a freshly built model, optimizer and schedulers the live ones and load the full state into them.
+
+        Args:
+            built: what ``build`` returned for this generation.
+            parts: the schedulers' and the scaler's state (:meth:`capture_parts`).
+
+        Raises:
+            StateError: the full state does not fit the new model.
+        """
         self.model, self.optimizer, self.schedulers = built.model, built.optimizer, list(built.schedulers)
         full = clone_tree(self._full)
         try:
@@ -274,7 +287,6 @@ class ShardedState(TorchState):
         except (RuntimeError, ValueError, KeyError) as exc:
             raise StateError(f"the full state does not fit the model that build(mesh) made: {exc}") from None
         self._load_parts(parts)
-        return ShardedReducer(self.model, device or torch.device("cpu"))
 
     def capture_parts(self) -> dict[str, Any]:
         """A copy of the schedulers' and the scaler's current state (what a rebuilt generation starts from)."""

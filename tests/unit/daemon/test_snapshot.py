@@ -1,4 +1,5 @@
-"""Each step of the snapshot on its own: satellites, nodes, unmanaged jobs, GPUs given back, young pending jobs."""
+"""Each step of the snapshot on its own: satellites, nodes, unmanaged jobs, GPUs given back, young pending jobs, a
+planned job's smallest feasible size and predicted rates."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from slurm_amoeba.daemon.agents import AgentRecord, Report
 from slurm_amoeba.daemon.snapshot import (
     cap_young_pending,
     managed_job,
@@ -17,7 +19,7 @@ from slurm_amoeba.daemon.snapshot import (
 from slurm_amoeba.policy import JobPhase, NodeInfo
 from slurm_amoeba.slurm import JobRecord
 from slurm_amoeba.slurm import JobState as SlurmState
-from tests.unit.daemon.fakes import OTHER_UID, job, node, satellite
+from tests.unit.daemon.fakes import OTHER_UID, job, node, report_body, satellite
 from tests.unit.daemon.test_observer import NOW, agent, elastic_job
 from tests.unit.policy.helpers import job as policy_job
 
@@ -124,3 +126,39 @@ def test_cap_young_pending_asks_only_for_what_is_free_and_drops_a_young_job_that
     ]
     assert [j.job_id for j in cap_young_pending(jobs, 0, NOW, 5.0)] == ["old", "run"]
     assert list(cap_young_pending(jobs, 0, NOW, 0.0)) == jobs
+
+
+def planned_agent(min_workers: int, predicted: dict[str, float], size: int = 4) -> AgentRecord:
+    """An agent (registered for 2..8 workers) whose latest report carries a planned job's ``plans``."""
+    record = agent("100", low=2, high=8, size=None)
+    body = {**report_body("100", size), "plans": {"min_workers": min_workers, "samples_per_s": predicted}}
+    record.accept_report(Report.from_body(body, received_at=NOW - 1))
+    return record
+
+
+@pytest.mark.parametrize(
+    ("feasible", "expected"),
+    [
+        (0, 2),  # no plans reported: the registration's minimum
+        (1, 2),  # fits smaller than registered: the registration still holds
+        (4, 4),  # fits only from 4 workers: never shrunk below
+        (12, 8),  # fits nowhere up to the maximum: held at the maximum, never above it
+    ],
+)
+def test_a_planned_jobs_smallest_feasible_size_raises_its_min_workers(feasible: int, expected: int) -> None:
+    info, _ = managed_job("100", elastic_job(100, gpus={"n1": 4}), [], planned_agent(feasible, {}), False, 10.0, NOW)
+    assert info.min_workers == expected
+    assert info.requested_workers == expected and info.max_workers == 8  # the range stays valid for the policy
+
+
+def test_a_stale_report_no_longer_raises_min_workers() -> None:
+    record = planned_agent(4, {"4": 300.0})
+    info, _ = managed_job("100", elastic_job(100, gpus={"n1": 4}), [], record, False, 10.0, NOW + 60)
+    assert info.min_workers == 2 and info.throughput == {}
+
+
+def test_predicted_rates_fill_the_throughput_at_sizes_never_run_and_measured_ones_win() -> None:
+    # report_body measured 1..4 workers; the plans predict 4, 6 and 8
+    record = planned_agent(2, {"4": 999.0, "6": 450.0, "8": 560.0})
+    info, _ = managed_job("100", elastic_job(100, gpus={"n1": 4}), [], record, False, 10.0, NOW)
+    assert dict(info.throughput) == {1: 100.0, 2: 190.0, 3: 270.0, 4: 340.0, 6: 450.0, 8: 560.0}

@@ -176,6 +176,15 @@ CATALOG: tuple[Entry, ...] = (
         needs="nothing but the package and torch (no Slurm); a few minutes on 2 cores",
     ),
     Entry(
+        "plans-cuda",
+        "The plan chosen on a GPU",
+        "The `plans` benchmark's small model on one CUDA GPU (one NCCL worker, size 1, a budget of about 5 MB): "
+        "the plan chosen, predicted against measured peak memory (torch's MemTracker) and step time, every sample "
+        "once. With one GPU the resize itself is not exercised (NCCL runs one rank per GPU); the CPU run above is.",
+        "scripts/device-check (its plans step: scripts/bench-plans --small --device cuda --sizes 1)",
+        needs="a CUDA GPU",
+    ),
+    Entry(
         "replay-rigid",
         "The `slurm` baseline against the real cluster",
         "A scaled-down workload of sleep jobs submitted to the local 4 x 4-GPU cluster at its arrival times, then "

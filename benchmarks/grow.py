@@ -8,7 +8,7 @@ For each round, on a running job of examples/elastic_mlp.py (each worker a whole
          boundary; their allocations are released right after).
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
 shrink_total_s, plus the rounds). Needs the local cluster (it starts it if needed and stops it if it did) and root.
-Leaves no job behind in squeue.
+Leaves no job of its own behind in squeue.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.record import Recording, spread  # noqa: E402
 from examples.elastic_mlp import train  # noqa: E402
 from slurm_amoeba.launcher import ElasticExecutor, ElasticJob  # noqa: E402
-from slurm_amoeba.slurm import CliSlurmClient  # noqa: E402
+from slurm_amoeba.slurm import CliSlurmClient, JobRecord  # noqa: E402
 
 
 def wait(what: str, predicate: Any, timeout: float) -> None:
@@ -38,6 +38,13 @@ def wait(what: str, predicate: Any, timeout: float) -> None:
         if time.monotonic() - start > timeout:
             raise SystemExit(f"bench-grow: timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.05)
+
+
+def _ours(record: JobRecord, parent: int) -> bool:
+    """``record`` is still active and the benchmark's job (a component of it, or one of its satellites): others' jobs
+    on a shared cluster are not waited for."""
+    mine = parent in (record.job_id, record.het_job_id) or record.comment == f"amoeba-parent={parent}"
+    return mine and record.state.is_active()
 
 
 def generation_with(job: ElasticJob[Any], size: int, after: float) -> dict[str, Any] | None:
@@ -111,7 +118,8 @@ def main() -> int:
                     flush=True,
                 )
             job.cancel()
-            wait("no job in squeue", lambda: not [j for j in client.jobs() if j.state.is_active()], 60)
+            parent = int(job.job_id)
+            wait("none of its jobs in squeue", lambda: not [j for j in client.jobs() if _ours(j, parent)], 60)
     finally:
         if job is not None and not job.done(force_check=True):
             job.cancel(check=False)

@@ -34,7 +34,9 @@ On one small model and data set (:mod:`benchmarks.runtime_worker`: an MLP of 1.0
 * ``overhead`` (``--overhead-only``): only the steady-state overhead above, with the 95 % bootstrap interval of
   its median, its quartiles over block pairs and the load average.
 
-Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition.
+Pauses are medians over ``--reps`` repetitions. ``--quick`` uses fewer steps and one repetition. ``--short`` (the
+test command's run, which keeps the benchmark working; its figures mean nothing) runs every measurement once at its
+smallest: one repetition, :data:`SHORT_STEPS` steady-state steps, one scale-out and scale-in of each path.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ from slurm_amoeba.runtime.view import CoordinatorView
 
 WORKER = [sys.executable, "-m", "benchmarks.runtime_worker"]
 DEADLINE_S = 120.0
+#: Steady-state steps of the runtime (and as many of plain DDP) per repetition: full, ``--quick``, ``--short``.
+STEPS, QUICK_STEPS, SHORT_STEPS = 1000, 400, 100
 
 
 def _free_port() -> int:
@@ -885,6 +889,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scripts/bench-runtime``."""
     parser = argparse.ArgumentParser(prog="bench-runtime", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one repetition, fewer steps (a few minutes)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help=f"every measurement once: one repetition, {SHORT_STEPS} steady steps, one cycle of the worker pause and "
+        "of the restart path (about a minute; its figures mean nothing)",
+    )
     parser.add_argument("--reps", type=int, default=0, help="repetitions (default 3, or 1 with --quick)")
     parser.add_argument("--json", type=Path, help="also write the report as JSON to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory with logs")
@@ -910,10 +920,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=4, help="with --baseline: rounds per tree")
     args = parser.parse_args(argv)
+    if args.short:  # one cycle of each, unless the command line says otherwise
+        parser.set_defaults(cycles=1, restart_cycles=1)
+        args = parser.parse_args(argv)
     os.environ.setdefault("AMOEBA_DEVICE", "cpu")  # the benchmark's model trains on CPU (gloo), GPU or not
     recording = Recording("runtime", vars(args))
-    reps = args.reps or (1 if args.quick else 3)
-    steps = 400 if args.quick else 1000
+    reps = args.reps or (1 if args.quick or args.short else 3)
+    steps = SHORT_STEPS if args.short else QUICK_STEPS if args.quick else STEPS
     work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
     started = time.monotonic()
 

@@ -27,6 +27,9 @@ daemon's elastic backfill on top), the third with ``grow_elastic`` and ``admit_a
 admission, elastic jobs requesting their maximum), and compares per job: JCT and start error, pairwise start order,
 resizes, mean/p50/p99 JCT and queueing, and the gain of each run over the rigid one, live and simulated. Prints a
 table, writes JSON and a PNG.
+
+``--short`` runs every step of that on jobs a tenth as long with the daemon's interval at
+:data:`SHORT_INTERVAL_S` (the test command's run, which keeps the benchmark working; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -81,6 +84,12 @@ DAEMON_USER = "amoeba-replayd"
 #: ``AMOEBA_ADMISSION_DELAY_S`` of the admission run: docs/admin.md's example, the daemon's 5 s interval plus a
 #: squeue call with room for a slow round on the loaded machine.
 ADMISSION_DELAY_S = 10
+#: amoebad's default round interval (s), the live runs' unless ``--short``: a grow is ordered on average half of it
+#: after GPUs fall idle, which the simulator (deciding every second, Slurm's bf_interval) adds to the measured lag
+#: from directive to new size.
+DAEMON_INTERVAL_S = 5.0
+#: The daemon's round interval in the short mode (s).
+SHORT_INTERVAL_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,16 +141,21 @@ class ReplayJob:
         return self.steps > 0
 
 
-def draw_workload(rigid: int, elastic: int, seed: int, spread_s: float) -> list[ReplayJob]:
-    """The replay's jobs in submit order: rigid sleeps of 10-60 s, elastic jobs of 60-180 s of work at one worker."""
+#: The short mode's sizes (``--short``): rigid sleeps and elastic steps a tenth of a full replay's.
+SHORT_SCALE = 0.1
+
+
+def draw_workload(rigid: int, elastic: int, seed: int, spread_s: float, scale: float = 1.0) -> list[ReplayJob]:
+    """The replay's jobs in submit order: rigid sleeps of 10-60 s, elastic jobs of 60-180 s of work at one worker;
+    with ``scale`` both times that (at least one second or step)."""
     rng = random.Random(seed)
     jobs = []
     for index in range(rigid):
-        sleep = rng.randint(10, 60)
+        sleep = max(1, round(rng.randint(10, 60) * scale))
         limit = max(1, -(-sleep * rng.choice((1, 2, 3)) // 60))
         jobs.append(ReplayJob(f"r{index}", rng.uniform(0, spread_s), rng.choice((1, 1, 2, 2, 3, 4)), limit, sleep))
     for index in range(elastic):
-        steps = rng.randint(60, 180)
+        steps = max(1, round(rng.randint(60, 180) * scale))
         limit = -(-int(steps * T1 * 2 + 60) // 60)  # twice the work at the minimum, plus a minute for start-up
         jobs.append(
             ReplayJob(f"e{index}", rng.uniform(0, spread_s), 1, limit, steps=steps, alpha=rng.choice((0.6, 0.8, 1.0)))
@@ -164,10 +178,13 @@ class LiveJob:
 class Live:
     """One live run of the workload on the private cluster."""
 
-    def __init__(self, workload: Sequence[ReplayJob], workdir: Path, mode: Mode) -> None:
+    def __init__(
+        self, workload: Sequence[ReplayJob], workdir: Path, mode: Mode, interval_s: float = DAEMON_INTERVAL_S
+    ) -> None:
         self.workload = workload
         self.workdir = workdir
         self.mode = mode
+        self.interval_s = interval_s
         conf = Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(conf), "TZ": "UTC"}
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
@@ -204,6 +221,7 @@ class Live:
         os.chown(state, uid, -1)
         self.workdir.chmod(0o755)  # the daemon reads its configuration here
         config: dict[str, Any] = {
+            "interval_s": self.interval_s,
             "listen": DAEMON_ENDPOINT,
             "metrics": {"port": 0},
             "partitions": {"regular": ["batch"], "elastic": "elastic"},
@@ -494,18 +512,14 @@ ADMISSION_KNOBS: Mapping[str, object] = {"admit_at_request": True}
 ADMISSION_KNOBS_AS_LIVE: Mapping[str, object] = {**ADMISSION_KNOBS, "slurm_takes_loans_only": False}
 
 
-#: amoebad's default round interval (s): a grow is ordered on average half of it after GPUs fall idle, which the
-#: simulator (deciding every second, Slurm's bf_interval) adds to the measured lag from directive to new size.
-DAEMON_INTERVAL_S = 5.0
-
-
-def costs_from(measured: Mapping[str, Sequence[float]]) -> dict[str, float]:
+def costs_from(measured: Mapping[str, Sequence[float]], interval_s: float = DAEMON_INTERVAL_S) -> dict[str, float]:
     """The medians of the measured costs, in the form :func:`simulate` takes.
 
     ``grow_lag_s`` is the lag from the daemon's directive to the first step at the new size plus half the daemon's
-    interval; ``start_grow_lag_s`` is how long after its first step a job started on idle GPUs trains at its minimum
-    (registration + half an interval + the grow lag - the start latency): the simulator starts such a job at its
-    larger size at once, the engine then charges the equivalent pause (``SimConfig.start_grow_lag``).
+    interval (``interval_s``, the live runs'); ``start_grow_lag_s`` is how long after its first step a job started
+    on idle GPUs trains at its minimum (registration + half an interval + the grow lag - the start latency): the
+    simulator starts such a job at its larger size at once, the engine then charges the equivalent pause
+    (``SimConfig.start_grow_lag``).
     """
 
     def median(key: str) -> float:
@@ -513,7 +527,7 @@ def costs_from(measured: Mapping[str, Sequence[float]]) -> dict[str, float]:
         return float(statistics.median(values)) if values else 0.0
 
     grow = median("grow_lag_s")
-    half = DAEMON_INTERVAL_S / 2 if measured.get("grow_lag_s") else 0.0  # no daemon, no grow: nothing to add
+    half = interval_s / 2 if measured.get("grow_lag_s") else 0.0  # no daemon, no grow: nothing to add
     return {
         "rigid_overhead_s": median("rigid_overhead_s"),
         "start_latency_s": median("start_latency_s"),
@@ -640,13 +654,14 @@ def ensure_private_cluster() -> Path:
 def record_runs(args: argparse.Namespace, labels: Sequence[str], saved: dict[str, Any]) -> dict[str, Any]:
     """The live runs of ``labels`` not in ``saved`` yet, in that order, saved to ``WORKDIR/live.json`` as they end."""
     workload = [ReplayJob(**job) for job in saved["workload"]]
+    interval = saved.setdefault("daemon_interval_s", DAEMON_INTERVAL_S)
     saved.setdefault("load", {})
     for label in labels:
         if label in saved:
             continue
         saved["load"][f"{label}_before"] = os.getloadavg()
         print(f"[replay] {label} run: {len(workload)} jobs, load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-        live = Live(workload, args.workdir / label, MODES[label]).run()
+        live = Live(workload, args.workdir / label, MODES[label], interval).run()
         saved[label] = _live_to_json(live)
         saved["load"][f"{label}_after"] = os.getloadavg()
         (args.workdir / "live.json").write_text(json.dumps(saved, indent=1) + "\n")
@@ -728,7 +743,8 @@ def evaluate(saved: Mapping[str, Any], workdir: Path, conf: Path) -> dict[str, A
         directives[label] = {"grow": grows, "shrink": len(decisions) - grows}
         if MODES[label].admission and daemon:
             admissions[label] = admission_summary(workload, live, admission_events(log))
-    costs = {label: costs_from(values) for label, values in measured.items()}
+    interval = saved.get("daemon_interval_s", DAEMON_INTERVAL_S)
+    costs = {label: costs_from(values, interval) for label, values in measured.items()}
     figures: dict[str, Any] = {}
     same_costs: dict[str, float] = {}
     for label, live in runs.items():
@@ -871,6 +887,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--spread-s", type=float, default=180.0, help="arrivals spread over this many seconds")
     parser.add_argument("--admission", action="store_true", help="a third run: amoebad with admission.enabled")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help=f"every step of the replay on jobs a tenth as long, the daemon's interval {SHORT_INTERVAL_S:g} s "
+        "(keeps the benchmark working; its figures mean nothing)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where jobs write (default: a new /tmp dir)")
     parser.add_argument(
         "--from", dest="source", type=Path, default=None, help="reuse the live runs of this workdir (records the rest)"
@@ -887,8 +909,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args.workdir = args.workdir or Path(f"/tmp/amoeba-replay-{os.getpid()}")
         args.workdir.mkdir(parents=True, exist_ok=True)
-        workload = draw_workload(args.rigid, args.elastic_jobs, args.seed, args.spread_s)
-        saved = {"workload": [dataclasses.asdict(job) for job in workload], "load": {}}
+        scale = SHORT_SCALE if args.short else 1.0
+        workload = draw_workload(args.rigid, args.elastic_jobs, args.seed, args.spread_s, scale)
+        interval = SHORT_INTERVAL_S if args.short else DAEMON_INTERVAL_S
+        saved = {"workload": [dataclasses.asdict(job) for job in workload], "load": {}, "daemon_interval_s": interval}
     if any(label not in saved for label in labels):
         conf = ensure_private_cluster()
         saved = record_runs(args, labels, saved)

@@ -52,7 +52,8 @@ def test_bench_grow_writes_its_result_in_one_round(slurm_cluster: ClusterHandle,
 @pytest.mark.slurm
 def test_bench_backfill_writes_its_result_on_a_short_window(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
     out = tmp_path / "backfill.json"
-    argv = ["--window", "40", "--regular-jobs", "1", "--first-regular", "10", "--quiet", "--out", str(out)]
+    argv = ["--window", "15", "--regular-jobs", "1", "--first-regular", "5", "--regular-runtime", "3"]
+    argv += ["--quiet", "--out", str(out)]
     _run(["bench-backfill", *argv], slurm_cluster.env, timeout=900, ok=(0, 1))
     figures = _document(out, "backfill")["figures"]
     assert 0 <= figures["util_with"] <= 1
@@ -61,18 +62,21 @@ def test_bench_backfill_writes_its_result_on_a_short_window(slurm_cluster: Clust
 @pytest.mark.slurm
 def test_bench_sim_fidelity_writes_its_result_for_a_few_jobs(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
     out = tmp_path / "replay-rigid.json"
-    argv = ["--jobs", "4", "--spread-s", "10", "--max-s", "10", "--json", str(out)]
+    argv = ["--jobs", "3", "--spread-s", "2", "--min-s", "2", "--max-s", "4", "--json", str(out)]
     _run(["bench-sim-fidelity", *argv], slurm_cluster.env, timeout=600, ok=(0, 1))
     _document(out, "replay-rigid")
 
 
 @pytest.mark.slurm
-def test_the_elastic_replay_writes_its_result_for_three_jobs(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
-    """It starts its own private cluster instance beside the shared one (root), as a full run does."""
+def test_the_elastic_replay_writes_its_result_for_two_short_jobs(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
+    """It starts its own private cluster instance beside the shared one (root), as a full run does, unless one is up
+    already (a minute or so more then); a rigid job of 5 s and an elastic one of 18 steps (seed 5)."""
     out = tmp_path / "replay.json"
-    argv = ["--elastic", "--rigid", "2", "--elastic-jobs", "1", "--spread-s", "10", "--seed", "5", "--json", str(out)]
+    argv = ["--elastic", "--short", "--rigid", "1", "--elastic-jobs", "1", "--spread-s", "2", "--seed", "5"]
+    argv += ["--json", str(out)]
     _run(["bench-sim-fidelity", *argv], dict(os.environ), timeout=1200, ok=(0, 1))
-    _document(out, "replay-seed5")
+    summary = _document(out, "replay-seed5")["figures"]["summary"]
+    assert summary["jobs"] == 2 and summary["elastic_jobs"] == 1 and set(summary["costs"]) == {"rigid", "elastic"}
 
 
 @pytest.mark.slurm
@@ -86,10 +90,11 @@ def test_bench_policy_runs_its_loop_short(slurm_cluster: ClusterHandle, tmp_path
 
 
 def test_bench_runtime_writes_its_result_quickly(tmp_path: Path) -> None:
-    """No Slurm, but minutes of CPU: the runtime against plain DDP, stop-resume and torchrun, one repetition."""
+    """No Slurm, but a minute of CPU: the runtime against plain DDP, stop-resume and torchrun, once each."""
     out = tmp_path / "runtime.json"
-    _run(["bench-runtime", "--quick", "--cycles", "2", "--json", str(out)], dict(os.environ), timeout=1200)
-    assert "worker_pause" in _document(out, "runtime")["figures"]
+    _run(["bench-runtime", "--short", "--json", str(out)], dict(os.environ), timeout=900)
+    figures = _document(out, "runtime")["figures"]
+    assert figures["worker_pause"]["scale_out"]["n"] == 1 and figures["restart_pause"]["scale_in"]["n"] == 1
 
 
 def test_bench_checkpoint_writes_its_result_quickly(tmp_path: Path) -> None:

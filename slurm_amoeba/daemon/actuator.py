@@ -378,25 +378,35 @@ class QueueOrderer:
         failed: list[str] = []
         attained = {job.job_id: job.attained_gpu_s for job in order}
         for job_id, priority in changes:
-            outcome = self._call(
-                "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority), now
-            )
+            outcome = self.set_priority(job_id, priority, current[job_id], attained[job_id], now)
             if outcome == "ok":
-                self.refusals.succeeded(job_id)
-                self.touched.setdefault(job_id, current[job_id])
                 done.append((job_id, priority))
-                logger.info(
-                    "[daemon/queue] job %s priority %d -> %d (attained %.0f GPU-s)",
-                    job_id,
-                    current[job_id],
-                    priority,
-                    attained[job_id],
-                )
             else:
                 (vanished if outcome == "vanished" else failed).append(job_id)
         if deferred:
             self.metrics.queue_deferred.inc(deferred)
         return QueueRound(len(order), tuple(done), deferred, tuple(vanished), tuple(failed), backing_off)
+
+    def set_priority(self, job_id: str, priority: int, current: int, attained_gpu_s: float, now: float) -> str:
+        """Set one pending job's priority (``current`` is the one it has, remembered for :meth:`revert`).
+
+        Returns:
+            ``ok``, ``vanished`` (the job left the queue) or ``failed`` (Slurm refused: the job backs off).
+        """
+        outcome = self._call(
+            "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority), now
+        )
+        if outcome == "ok":
+            self.refusals.succeeded(job_id)
+            self.touched.setdefault(job_id, current)
+            logger.info(
+                "[daemon/queue] job %s priority %d -> %d (attained %.0f GPU-s)",
+                job_id,
+                current,
+                priority,
+                attained_gpu_s,
+            )
+        return outcome
 
     def _seed(self, view: ClusterView, queued: list[QueuedJob]) -> list[QueuedJob]:
         """On the first round: the service pending jobs attained before the daemon watched them (earlier runs of

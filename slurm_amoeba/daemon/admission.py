@@ -311,26 +311,39 @@ class Admitter:
             logger.info("[daemon/admission] job %s (user %s) admitted: %s", job_id, record.user, verdict.reason)
             return True
         if verdict.action is Action.HOLD:
-            mark = HoldMark(int(now), record.priority, verdict.wanted)
-            comment = functools.partial(self.control.set_admin_comment, int(job_id), mark.text())
-            if self._call("hold", job_id, comment, now=now):
-                if self._call("hold", job_id, functools.partial(self.control.hold, int(job_id)), count=True, now=now):
-                    self.marks[job_id] = mark
-                    logger.info("[daemon/admission] job %s (user %s) held: %s", job_id, record.user, verdict.reason)
-                    return True
-                clear = functools.partial(self.control.set_admin_comment, int(job_id), "")
-                self._call("clear", job_id, clear, now=now)
-            return False
+            return self.hold(job_id, record.user, record.priority, verdict.wanted, verdict.reason, now)
+        return self.release(job_id, record.user, verdict.reason, now, starved=verdict.action is Action.STARVED)
+
+    def hold(self, job_id: str, user: str, priority: int, wanted: int, reason: str, now: float) -> bool:
+        """Hold a pending job: write the hold mark (since ``now``, its ``priority``, the ``wanted`` GPUs), then hold
+        it; a hold Slurm refuses clears the mark again.
+
+        Returns:
+            Whether the job is held.
+        """
+        mark = HoldMark(int(now), priority, wanted)
+        comment = functools.partial(self.control.set_admin_comment, int(job_id), mark.text())
+        if self._call("hold", job_id, comment, now=now):
+            if self._call("hold", job_id, functools.partial(self.control.hold, int(job_id)), count=True, now=now):
+                self.marks[job_id] = mark
+                logger.info("[daemon/admission] job %s (user %s) held: %s", job_id, user, reason)
+                return True
+            self._call("clear", job_id, functools.partial(self.control.set_admin_comment, int(job_id), ""), now=now)
+        return False
+
+    def release(self, job_id: str, user: str, reason: str, now: float, *, starved: bool = False) -> bool:
+        """Release a job the daemon holds (see :meth:`_release`); it is admitted from then on, never held again.
+
+        Returns:
+            Whether the release went through (False for a job the daemon does not hold).
+        """
         held = self.marks.get(job_id)
-        if held is None or not self._release(job_id, held, verdict.action.value, now):
+        action = Action.STARVED if starved else Action.RELEASE
+        if held is None or not self._release(job_id, held, action.value, now):
             return False
         self.admitted.add(job_id)
         logger.info(
-            "[daemon/admission] job %s (user %s) released after %.0f s: %s",
-            job_id,
-            record.user,
-            now - held.since,
-            verdict.reason,
+            "[daemon/admission] job %s (user %s) released after %.0f s: %s", job_id, user, now - held.since, reason
         )
         return True
 

@@ -263,6 +263,11 @@ class DaemonMetrics:
         self.admission_held = r.gauge(
             "amoeba_admission_held", "Pending elastic jobs the daemon holds until their requested size is available."
         )
+        self.slurm_actions = r.counter(
+            "amoeba_slurm_actions_total",
+            "Starts and preemptions the policy answered with, which Slurm does itself (recorded, not sent).",
+            ["action"],
+        )
 
 
 class MetricsServer:

@@ -14,17 +14,21 @@ anything about its job, and the state file keeps the resizes the previous daemon
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
+import pwd
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_amoeba.daemon.actuator import Actuator
+from slurm_amoeba.daemon.actuator import Actuator, make_queue_orderer
+from slurm_amoeba.daemon.admission import make_admitter
 from slurm_amoeba.daemon.agents import AgentRecord
 from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.executor import LiveExecutor
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
 from slurm_amoeba.daemon.observer import ClusterSource, Observation
@@ -41,13 +45,40 @@ logger = logging.getLogger(__name__)
 BATCH = 256
 
 
+@dataclasses.dataclass(frozen=True)
+class DaemonUser:
+    """The user the daemon runs as (its uid may act on every job; its name goes into Slurm's rights checks).
+
+    Attributes:
+        uid: its uid.
+        name: its user name (the uid as text where the password database has none).
+    """
+
+    uid: int
+    name: str
+
+    @classmethod
+    def current(cls) -> DaemonUser:
+        """The user this process runs as (read once, at the daemon's entry)."""
+        uid = os.getuid()
+        try:
+            return cls(uid, pwd.getpwuid(uid).pw_name)
+        except KeyError:
+            return cls(uid, str(uid))
+
+
 class Daemon:
     """The control daemon (see the module docstring): its lifecycle, its loop, and what ``status`` shows.
 
     Args:
         config: the validated configuration.
-        slurm: where jobs and nodes are read from.
+        slurm: where jobs and nodes are read from (and, for queue ordering and admission, jobs held, released and
+            reprioritised).
         clock: the wall clock (Unix seconds); tests pass their own.
+        user: the user the daemon runs as (default: this process's).
+
+    Raises:
+        ConfigError: queue ordering or admission is enabled but the daemon's user may not do it.
 
     Attributes:
         ledger: the registered jobs and the persistent state.
@@ -63,17 +94,44 @@ class Daemon:
         slurm: ClusterSource,
         *,
         clock: Callable[[], float] = time.time,
+        user: DaemonUser | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
         self.clock = clock
         self.policy = make_policy(config.policy, **config.effective_knobs())
         self.metrics = DaemonMetrics()
-        self.uid = os.getuid()
+        user = user or DaemonUser.current()
+        self.uid = user.uid
         self.metrics_server: MetricsServer | None = None
         self.actuator = actuator = Actuator(config.agents.parallel, config.agents.timeout_s, config.agents.retries)
         self.ledger = ledger = Ledger(config, self.metrics, clock)
-        self.round_loop = RoundLoop(config, slurm, self.policy, ledger, self.metrics, actuator, clock)
+        orderer = make_queue_orderer(
+            config.queue_order,
+            config.queue_order.partitions or config.regular_partitions,
+            slurm,
+            self.metrics,
+            uid=user.uid,
+            user=user.name,
+        )
+        admitter = make_admitter(
+            config.admission,
+            config.admission.partitions or config.regular_partitions,
+            config.limits.max_workers,
+            slurm,
+            self.metrics,
+            uid=user.uid,
+            user=user.name,
+        )
+        self.executor = LiveExecutor(
+            ledger,
+            actuator,
+            self.metrics,
+            admitter=admitter,
+            orderer=orderer,
+            revert_on_stop=config.queue_order.revert_on_stop,
+        )
+        self.round_loop = RoundLoop(config, slurm, self.policy, ledger, self.metrics, self.executor, clock)
 
         def order(agent: AgentRecord, target: int, reason: str, source: str, token: Any) -> None:
             actuator.send(ledger.order(agent, target, reason, source, token))

@@ -31,6 +31,7 @@ import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
@@ -53,6 +54,8 @@ from slurm_amoeba.policy.actions import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: The action types the daemon applies, and how.
 APPLIED: Mapping[type[Action], str] = {
@@ -192,7 +195,15 @@ class LiveExecutor:
 
     def _direct(self, action: Resize | Move, info: JobInfo | None, managed: bool, source: str) -> int | None:
         """Send the directive of a resize or move; the size ordered, or None when the job cannot take one now."""
-        if info is None or not managed or not info.is_resizable:
+        batch_only = (
+            isinstance(action, Resize)
+            and info is not None
+            and action.workers == info.workers
+            and action.batch is not None
+        )
+        if info is None or not managed or (info.pinned or info.resizing or info.shared_with is not None):
+            return None
+        if not batch_only and not info.is_resizable:  # a fixed-size adaptive job takes batch-only directives
             return None
         agent = self.ledger.agents[action.job_id]
         if isinstance(action, Move):
@@ -245,6 +256,10 @@ class LiveExecutor:
         self._slurm_run = self._slurm_pool.submit(run)
         self._slurm_run.add_done_callback(_log_failure)
         return True
+
+    def submit(self, call: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``call`` on the Slurm thread (one Slurm call at a time, off the round's thread)."""
+        return self._slurm_pool.submit(call)
 
     def wait(self) -> None:
         """Wait for the Slurm calls under way (tests; :meth:`close`)."""

@@ -22,23 +22,23 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-import os
-import pwd
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_amoeba.core.errors import ParseError
-from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer, QueueRound, make_queue_orderer
-from slurm_amoeba.daemon.admission import AdmissionRound, Admitter, make_admitter
+from slurm_amoeba.daemon.actuator import QueueOrderer, QueueRound
+from slurm_amoeba.daemon.admission import AdmissionRound, Admitter
 from slurm_amoeba.daemon.batches import policy_batches
 from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.executor import LiveExecutor
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.moves import satellites_on_nodes, whole_node_moves
 from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
+from slurm_amoeba.policy.actions import Resize
+from slurm_amoeba.policy.moves import whole_node_moves
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,8 @@ class RoundLoop:
         policy: the configured policy.
         ledger: the registered jobs and the persistent state.
         metrics: the daemon's metrics.
-        actuator: where directives go.
+        executor: applies the round's actions (directives to agents; holds, releases and priorities in Slurm, on
+            its Slurm thread), built at the daemon's entry with the daemon's user and Slurm controls.
         clock: the daemon's wall clock.
 
     Attributes:
@@ -166,7 +167,7 @@ class RoundLoop:
         policy: Policy,
         ledger: Ledger,
         metrics: DaemonMetrics,
-        actuator: Actuator,
+        executor: LiveExecutor,
         clock: Callable[[], float],
     ) -> None:
         self.config = config
@@ -174,7 +175,7 @@ class RoundLoop:
         self.policy = policy
         self.ledger = ledger
         self.metrics = metrics
-        self.actuator = actuator
+        self.executor = executor
         self.clock = clock
         self.view: ClusterView | None = None
         self.last_observation: Observation | None = None
@@ -185,27 +186,18 @@ class RoundLoop:
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
         self._moved: dict[str, float] = {}  # job id -> when a move was ordered for it or to it (:meth:`move`)
-        uid = os.getuid()
-        self.queue: QueueOrderer | None = make_queue_orderer(
-            config.queue_order,
-            config.queue_order.partitions or config.regular_partitions,
-            slurm,
-            metrics,
-            uid=uid,
-            user=_user_name(uid),
-        )
-        self.admission: Admitter | None = make_admitter(
-            config.admission,
-            config.admission.partitions or config.regular_partitions,
-            config.limits.max_workers,
-            slurm,
-            metrics,
-            uid=uid,
-            user=_user_name(uid),
-        )
-        self._queue_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="amoebad-queue")
         self._queue_run: concurrent.futures.Future[QueueRound] | None = None
         self._admission_run: concurrent.futures.Future[AdmissionRound] | None = None
+
+    @property
+    def queue(self) -> QueueOrderer | None:
+        """Queue ordering (the executor's priority control), or None when it is off."""
+        return self.executor.orderer
+
+    @property
+    def admission(self) -> Admitter | None:
+        """Admission (the executor's hold control), or None when the Slurm source cannot hold jobs."""
+        return self.executor.admitter
 
     def begin_round(self) -> bool:
         """Start a round: read Slurm on a thread of its own (see the module docstring).
@@ -265,7 +257,7 @@ class RoundLoop:
         if plan.error:
             logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
-        self.act(plan)
+        self.act(plan, obs, now)
         self.move(obs, view, plan, now)
         self.order_queue(view, now)
         self.admit(view, now, frozenset(obs.managed))
@@ -280,16 +272,9 @@ class RoundLoop:
             return
         timeout = self.config.resize_timeout_s
         self._moved = {job_id: at for job_id, at in self._moved.items() if now - at < timeout}
-        movable = [
-            job
-            for job_id, job in obs.managed.items()
-            if job.is_resizable and job_id not in plan.targets and job_id not in self._moved
-        ]
-        satellites = satellites_on_nodes(view, {job.job_id for job in movable})
-        for move in whole_node_moves(obs.snapshot, movable, satellites, skip=self._moved):
-            agent = self.ledger.agents[move.job_id]
-            target = agent.report.target if agent.report else obs.managed[move.job_id].workers
-            self.actuator.send(self.ledger.order(agent, target, move.reason, "policy", vacate=move.node))
+        moves = whole_node_moves(obs.snapshot, exclude={*plan.targets, *self._moved}, skip=self._moved)
+        self.executor.apply(moves, obs.managed, obs.managed, source="policy", now=now)
+        for move in moves:
             self._moved[move.job_id] = self._moved[move.for_job] = now
 
     def order_queue(self, view: ClusterView, now: float) -> None:
@@ -299,7 +284,7 @@ class RoundLoop:
         """
         if self.queue is None or (self._queue_run is not None and not self._queue_run.done()):
             return
-        self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
+        self._queue_run = self.executor.submit(functools.partial(self.queue.apply, view, now))
         self._queue_run.add_done_callback(functools.partial(_log_failure, "queue ordering"))
 
     def admit(self, view: ClusterView, now: float, lenders: frozenset[str]) -> None:
@@ -310,7 +295,7 @@ class RoundLoop:
         """
         if self.admission is None or (self._admission_run is not None and not self._admission_run.done()):
             return
-        self._admission_run = self._queue_pool.submit(self.admission.apply, view, now, lenders)
+        self._admission_run = self.executor.submit(functools.partial(self.admission.apply, view, now, lenders))
         self._admission_run.add_done_callback(functools.partial(_log_failure, "admission"))
 
     @property
@@ -322,13 +307,8 @@ class RoundLoop:
         return run.result()
 
     def close(self) -> None:
-        """Wait for queue ordering and admission under way, then (``queue_order.revert_on_stop``) undo what queue
-        ordering changed and release every job admission holds."""
-        self._queue_pool.shutdown(wait=True, cancel_futures=True)
-        if self.queue is not None and self.config.queue_order.revert_on_stop:
-            self.queue.revert()
-        if self.admission is not None:
-            self.admission.release_all()
+        """Stop the executor: wait for its Slurm calls, undo queue ordering's changes, release admission's holds."""
+        self.executor.close()
 
     def snapshot(self, view: ClusterView, now: float) -> Observation:
         """The snapshot step; while an operator's drain is on no job shows pinned (a drain outranks a pin)."""
@@ -344,12 +324,13 @@ class RoundLoop:
             make_room_after_s=self.config.make_room_after_s,
         )
 
-    def act(self, plan: Plan) -> None:
-        """The act step: one directive per target, recorded in the ledger as in flight."""
-        for job_id, target in plan.targets.items():
-            agent = self.ledger.agents[job_id]
-            batch = plan.batches.get(job_id)
-            self.actuator.send(self.ledger.order(agent, target, plan.reasons[job_id], plan.source, batch=batch))
+    def act(self, plan: Plan, obs: Observation, now: float) -> None:
+        """The act step: the plan's resizes, as actions, to the executor (a directive each, in flight from then on)."""
+        actions = [
+            Resize(job_id, target, reason=plan.reasons[job_id], batch=plan.batches.get(job_id))
+            for job_id, target in plan.targets.items()
+        ]
+        self.executor.apply(actions, obs.managed, obs.managed, source=plan.source, now=now)
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs
@@ -408,13 +389,6 @@ def _log_failure(what: str, run: concurrent.futures.Future[QueueRound | Admissio
     """A done-callback of the queue thread's work (bound to ``what`` with ``functools.partial``)."""
     if not run.cancelled() and run.exception() is not None:
         logger.error("[daemon] %s failed this round: %r; the next round tries again", what, run.exception())
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:

@@ -448,8 +448,19 @@ def managed_job(
         pinned=pinned,
         adaptive=model,
         batch=batch,
+        lent=lent_workers(satellites, reg.gpus_per_worker),
     )
     return info, leaving
+
+
+def lent_workers(satellites: Iterable[JobRecord], gpus_per_worker: int) -> dict[str, int]:
+    """Node -> workers a managed job runs there in running satellites of one node each (``JobInfo.lent``)."""
+    lent: dict[str, int] = {}
+    for record in satellites:
+        workers = record.gpus_held // max(gpus_per_worker, 1)
+        if record.state is SlurmState.RUNNING and len(record.nodes) == 1 and workers > 0:
+            lent[record.nodes[0]] = lent.get(record.nodes[0], 0) + workers
+    return lent
 
 
 def adaptive_inputs(

@@ -90,6 +90,8 @@ class JobInfo:
             before the runtime measured anything). ``throughput`` then holds its goodput per size.
         batch: the global batch an adaptive job runs with, or the policy's batch it is moving to; ``None`` for a
             fixed batch, or where the user sets the batch (the job then ignores a policy's).
+        lent: node name -> workers the job runs there in satellites that hold one node each (the daemon's managed
+            jobs; what whole-node moves can move off a node); empty elsewhere.
     """
 
     job_id: str
@@ -115,6 +117,7 @@ class JobInfo:
     shared_with: str | None = None
     adaptive: BatchModel | None = None
     batch: int | None = None
+    lent: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:

@@ -5,18 +5,16 @@ that lives in memory)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.cli import amoebad
 from slurm_amoeba.cli.amoebactl import _format_status
-from slurm_amoeba.daemon import rounds
 from slurm_amoeba.daemon.actuator import operator_rights
 from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitter
 from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
+from slurm_amoeba.daemon.daemon import Daemon, DaemonUser
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.refusals import Refusals
@@ -283,12 +281,11 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
 ) -> None:
     config = tmp_path / "amoebad.yaml"
     config.write_text("metrics: {port: 0}\nlisten: tcp://127.0.0.1:1\nadmission: {enabled: true}\n")
-    monkeypatch.setattr(os, "getuid", lambda: 1003)
-    monkeypatch.setattr(rounds, "_user_name", lambda uid: "amoeba")
     monkeypatch.setattr(CliSlurmClient, "config_values", lambda self: {"SlurmUser": "slurm(64030)"})
     monkeypatch.setattr(CliSlurmClient, "admin_level", lambda self, user: "None")
-    assert amoebad.main(["--config", str(config)]) == 2
-    err = capsys.readouterr().err
+    with pytest.raises(ConfigError) as refused:
+        Daemon(load_config(config), CliSlurmClient({}, timeout=1), user=DaemonUser(1003, "amoeba"))
+    err = str(refused.value)
     assert "admission.enabled refused: amoebad runs as amoeba (uid 1003)" in err
     assert "sacctmgr modify user amoeba set adminlevel=Administrator" in err
 

@@ -4,16 +4,15 @@ when jobs vanish, how it reverts, the rights check and the configuration (a Slur
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
 from slurm_amoeba.cli import amoebad
-from slurm_amoeba.daemon import rounds
 from slurm_amoeba.daemon.actuator import QueueOrderer, make_queue_orderer, operator_rights
 from slurm_amoeba.daemon.config import ConfigError, QueueOrder, load_config, parse_config
+from slurm_amoeba.daemon.daemon import Daemon, DaemonUser
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, SlurmCommandError
@@ -327,12 +326,10 @@ def test_amoebad_refuses_to_start_with_queue_order_and_no_rights(
 ) -> None:
     config = tmp_path / "amoebad.yaml"
     config.write_text("metrics: {port: 0}\nlisten: tcp://127.0.0.1:1\nqueue_order: {enabled: true}\n")
-    monkeypatch.setattr(os, "getuid", lambda: 1003)
-    monkeypatch.setattr(rounds, "_user_name", lambda uid: "amoeba")
     monkeypatch.setattr(CliSlurmClient, "config_values", lambda self: {"SlurmUser": "slurm(64030)"})
     monkeypatch.setattr(CliSlurmClient, "admin_level", lambda self, user: "None")
-    assert amoebad.main(["--config", str(config)]) == 2
-    assert "queue_order.enabled refused: amoebad runs as amoeba (uid 1003)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"queue_order.enabled refused: amoebad runs as amoeba \(uid 1003\)"):
+        Daemon(load_config(config), CliSlurmClient({}, timeout=1), user=DaemonUser(1003, "amoeba"))
     assert amoebad.main(["--config", str(config), "--check"]) == 0
     assert "queue_order       on in batch (thresholds 57600 GPU-s" in capsys.readouterr().out
 

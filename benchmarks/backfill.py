@@ -131,7 +131,7 @@ class Bench:
         self.env["SLURM_CONF"] = str(args.slurm_conf)
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env.pop("AMOEBA_DAEMON_ENDPOINT", None)
-        self.client = CliSlurmClient(self.env, timeout=30)
+        self.client = CliSlurmClient.from_environment(self.env)
         self.mine: set[int] = set()
         self.usable_gpus = 0
 

@@ -91,7 +91,7 @@ def main() -> int:
         print(up.stderr, file=sys.stderr)
         return 1
     os.environ["SLURM_CONF"] = next(x.split("=", 1)[1] for x in up.stdout.splitlines() if x.startswith("SLURM_CONF="))
-    client = CliSlurmClient(timeout=30)
+    client = CliSlurmClient.from_environment()
     gpus = max(n.gpus_total for n in client.nodes())
     rounds: list[dict[str, float]] = []
     job: ElasticJob[Any] | None = None

@@ -88,7 +88,7 @@ from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, Coo
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import PolicyBatch
-from slurm_amoeba.slurm import CliSlurmClient, JobRecord, SlurmClient, SlurmCommandError
+from slurm_amoeba.slurm import JobRecord, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
 from slurm_amoeba.transport.channel import ChannelServer, Request
 
@@ -152,7 +152,7 @@ class Agent:
 
     Args:
         config: the settings.
-        slurm: the Slurm client (its environment is the job's); None: the command-line client.
+        slurm: the Slurm client (its environment is the job's), built by the program's entry (``amoeba-run``).
         coordinator: the job's coordinator; None: a :class:`Coordinator` from ``config``.
         step_starter: starts the main worker step.
         clock: wall-clock time (Unix seconds).
@@ -164,7 +164,7 @@ class Agent:
     def __init__(
         self,
         config: AgentConfig,
-        slurm: SlurmClient | None = None,
+        slurm: SlurmClient,
         *,
         coordinator: JobCoordinator | None = None,
         step_starter: StepStarter = start_step,
@@ -173,7 +173,7 @@ class Agent:
         before_requeue: Callable[[], str] | None = None,
     ) -> None:
         self.config = config
-        self.slurm = slurm or CliSlurmClient(timeout=30)
+        self.slurm = slurm
         self.prefix = f"[{config.job_id}/agent]"
         self.groups: list[WorkerGroup] = []
         self.target = config.spec.min_workers

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.runtime_env import ENV_WORKER_ID
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
@@ -76,8 +76,8 @@ def parent_alive(client: SlurmClient, parent: int, started: int | None = None) -
     return started is None or record.start_time == started
 
 
-def run_satellite(args: argparse.Namespace) -> int:
-    """Run a satellite's worker step and watch its parent (see the module docstring)."""
+def run_satellite(args: argparse.Namespace, client: SlurmClient) -> int:
+    """Run a satellite's worker step and watch its parent through ``client`` (see the module docstring)."""
     prefix = f"[{args.parent}/satellite {args.group}]"
     # When Slurm started the satellite, for the job's history and scripts/bench-grow (Slurm's part of a grow).
     (Path(args.log_dir) / f"satellite-{args.group}.started").write_text(f"{time.time():.6f}\n")
@@ -100,7 +100,6 @@ def run_satellite(args: argparse.Namespace) -> int:
         entry,
         env=os.environ,
     )
-    client = CliSlurmClient(timeout=15)
     started = parent_started(client, args.parent)
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
@@ -155,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.mode == "worker":
         return run_worker(args.group, command)
-    return run_satellite(args)
+    try:
+        client = CliSlurmClient.from_environment()
+    except SpecError as exc:
+        print(f"amoeba satellite {args.group}: {exc}", file=sys.stderr)
+        return 2
+    return run_satellite(args, client)
 
 
 if __name__ == "__main__":

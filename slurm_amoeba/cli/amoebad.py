@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
     try:
-        daemon = Daemon(config, CliSlurmClient(env, timeout=config.slurm_timeout_s))
+        daemon = Daemon(config, CliSlurmClient.from_environment(env, timeout=config.slurm_timeout_s))
     except ConfigError as exc:  # e.g. queue_order.enabled or admission.enabled without Slurm operator rights
         print(f"amoebad: {exc}", file=sys.stderr)
         return 2

@@ -151,7 +151,7 @@ class Actuator:
 
 @runtime_checkable
 class QueueControl(Protocol):
-    """What queue ordering needs of Slurm (:class:`~slurm_amoeba.slurm.CliSlurmClient` has it)."""
+    """What queue ordering needs of Slurm: a part of :class:`~slurm_amoeba.slurm.SlurmClient`."""
 
     def set_priority(self, job_id: int, priority: int) -> None:
         """``scontrol update JobId=N Priority=P``."""

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 @runtime_checkable
 class AdmissionControl(QueueControl, Protocol):
-    """What admission needs of Slurm (:class:`~slurm_amoeba.slurm.CliSlurmClient` has it)."""
+    """What admission needs of Slurm: a part of :class:`~slurm_amoeba.slurm.SlurmClient`."""
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """``scontrol update JobId=N AdminComment=...``."""

@@ -23,6 +23,7 @@ import yaml
 from slurm_amoeba.core.errors import AmoebaError, unknown_key_message
 from slurm_amoeba.policy import DEFAULT_POLICY, PolicyError, make_policy, policy_knobs, policy_names
 from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S
+from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S
 
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -179,7 +180,7 @@ class DaemonConfig:
     whole_node_starts: bool = False
     queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
     admission: Admission = dataclasses.field(default_factory=Admission)
-    slurm_timeout_s: float = 30.0
+    slurm_timeout_s: float = DEFAULT_TIMEOUT_S
     slurm_conf: str | None = None
     state_file: str | None = None
     log_level: str = "info"

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import re
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.policy import JobInfo, Snapshot
 from slurm_amoeba.policy.queue_order import JobService, QueuedJob, RunSample
-from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord
-from slurm_amoeba.slurm.runner import run_command
+from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient
 from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
 
 SATELLITE_COMMENT = re.compile(rf"(?:^|[\s,;]){re.escape(PARENT_COMMENT_PREFIX)}(?P<parent>[0-9]+)(?:$|[\s,;])")
 
 
 class ClusterSource(Protocol):
-    """What the observer needs of Slurm (:class:`~slurm_amoeba.slurm.CliSlurmClient` has it)."""
+    """What the observer needs of Slurm (a part of :class:`~slurm_amoeba.slurm.SlurmClient`)."""
 
     def jobs(self) -> list[JobRecord]:
         """Every job Slurm remembers."""
@@ -172,7 +169,7 @@ class Observation:
 
 @dataclasses.dataclass(frozen=True)
 class SubmittedComponent:
-    """One component of a job as Slurm recorded it at submission (``squeue --json``).
+    """One component of a job as Slurm recorded it at submission (its :class:`~slurm_amoeba.slurm.JobRecord`).
 
     Attributes:
         offset: its index in a heterogeneous job (0 for an ordinary job).
@@ -212,40 +209,14 @@ class Submitted:
         return None
 
 
-_GPUS_PER_TASK = re.compile(r"^(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](?P<count>[0-9]{1,6})$")
-
-
-def _gpus_per_task(tres: str) -> int:
-    """GPUs in Slurm's ``tres_per_task`` (``gres:gpu:2``, ``gres/gpu=2``, ``gres:gpu:a100:2``); 0 when none."""
-    for item in tres.split(","):
-        match = _GPUS_PER_TASK.match(item.strip())
-        if match:
-            return int(match["count"])
-    return 0
-
-
-def parse_submitted(text: str, wanted: Collection[str]) -> dict[str, Submitted]:
-    """The :class:`Submitted` records of the ``wanted`` jobs in ``squeue --json``'s output.
-
-    Raises:
-        ParseError: the output is not squeue's JSON.
-    """
-    try:
-        doc = json.loads(text)
-        jobs = doc["jobs"]
-        found: dict[str, list[SubmittedComponent]] = {}
-        for job in jobs:
-            key = str(job.get("het_job_id") or job["job_id"])
-            if key not in wanted:
-                continue
-            component = SubmittedComponent(
-                offset=int(job.get("het_job_offset") or 0),
-                tasks=int(job.get("tasks") or 0),
-                gpus_per_task=_gpus_per_task(str(job.get("tres_per_task") or "")),
-            )
+def submitted_of(records: Iterable[JobRecord], wanted: Collection[str]) -> dict[str, Submitted]:
+    """The :class:`Submitted` shapes of the ``wanted`` jobs among Slurm's ``records`` (every component's)."""
+    found: dict[str, list[SubmittedComponent]] = {}
+    for record in records:
+        key = group_id(record)
+        if key in wanted:
+            component = SubmittedComponent(record.het_job_offset, record.tasks, record.gpus_per_task)
             found.setdefault(key, []).append(component)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ParseError(f"squeue --json gave no job list the daemon can read ({type(exc).__name__}: {exc})") from None
     return {key: Submitted(key, tuple(sorted(parts, key=lambda c: c.offset))) for key, parts in found.items()}
 
 
@@ -257,12 +228,13 @@ class SubmissionBook:
     of jobs no longer active are dropped.
 
     Args:
-        read: returns ``squeue --json``'s output; None where the Slurm source cannot give it (a test's fake): then
-            :attr:`available` is False and registrations are vetted without it.
+        read: returns Slurm's job records (:meth:`~slurm_amoeba.slurm.SlurmClient.jobs`); None where the Slurm
+            source cannot give them (a test's fake of the observer's calls only): then :attr:`available` is False
+            and registrations are vetted without them.
         most: at most this many jobs are kept (a round reads them all at once; more are asked again later).
     """
 
-    def __init__(self, read: Callable[[], str] | None, most: int = 4096) -> None:
+    def __init__(self, read: Callable[[], Sequence[JobRecord]] | None, most: int = 4096) -> None:
         self._read = read
         self._most = most
         self._lock = threading.Lock()
@@ -270,12 +242,17 @@ class SubmissionBook:
         self._wanted: set[str] = set()
 
     @classmethod
-    def for_source(cls, source: object, timeout_s: float = 30.0) -> SubmissionBook:
-        """A book reading through ``source`` when it is Slurm's command-line client (with its environment)."""
-        if not isinstance(source, CliSlurmClient):
+    def for_source(cls, source: object, timeout_s: float | None = None) -> SubmissionBook:
+        """A book reading through ``source`` when it is a whole :class:`~slurm_amoeba.slurm.SlurmClient` (the
+        observer's own fakes in tests are not).
+
+        Args:
+            source: the daemon's Slurm source.
+            timeout_s: not used: the client's own timeout applies to every command it runs.
+        """
+        if not isinstance(source, SlurmClient):
             return cls(None)
-        env = source.env
-        return cls(lambda: run_command(["squeue", "--json"], timeout=timeout_s, env=env).stdout)
+        return cls(source.jobs)
 
     @property
     def available(self) -> bool:
@@ -294,7 +271,7 @@ class SubmissionBook:
         """Read the wanted jobs (on the Slurm thread) and forget the records of jobs not in ``active``.
 
         Raises:
-            SlurmCommandError: squeue failed or timed out.
+            SlurmCommandError: Slurm's command failed or timed out.
             ParseError: its output made no sense.
         """
         with self._lock:
@@ -304,7 +281,7 @@ class SubmissionBook:
                 del self._known[gone]
         if not wanted or self._read is None:
             return
-        found = parse_submitted(self._read(), wanted)
+        found = submitted_of(self._read(), wanted)
         with self._lock:
             if len(self._known) + len(found) <= self._most:
                 self._known.update(found)
@@ -347,7 +324,7 @@ def queued_jobs(
         if record.state is not JobState.PENDING or record.het_job_offset != 0 or record.priority <= 0:
             continue
         parts = {part for part in record.partition.split(",") if part}
-        if not parts or not parts <= allowed or record.state_reason.startswith("JobHeld"):
+        if not parts or not parts <= allowed or record.is_held:
             continue
         if users and record.user not in users:
             continue

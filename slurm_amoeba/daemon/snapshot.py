@@ -36,22 +36,8 @@ from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
 from slurm_amoeba.policy.goodput import GoodputModel, goodput_rates, model_from_report
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
+from slurm_amoeba.slurm.reasons import waits_for_resources
 
-#: Pending reasons of jobs that cannot start whatever GPUs are free (no point making room for them).
-BLOCKED_REASONS = frozenset(
-    {
-        "JobHeldUser",
-        "JobHeldAdmin",
-        "Dependency",
-        "DependencyNeverSatisfied",
-        "BeginTime",
-        "PartitionDown",
-        "PartitionInactive",
-        "PartitionTimeLimit",
-        "AssocGrpGRES",
-        "QOSMaxGRESPerUser",
-    }
-)
 #: An adaptive job's goodput is tabled at every size up to this one, beyond it on a grid 1.25 times apart
 #: (``JobInfo.rate`` interpolates linearly between, which keeps a concave table concave): a job costs a round about
 #: 20-40 :meth:`GoodputModel.best` calls whatever size it registers (~12 us each at load 6).
@@ -266,7 +252,8 @@ def unmanaged_job(
 
     Returns:
         A running job where it holds GPUs; a pending job where every component waits, for GPUs, in a regular
-        partition and for no reason free GPUs cannot cure (:data:`BLOCKED_REASONS`); None otherwise.
+        partition and for no reason free GPUs cannot cure (:func:`~slurm_amoeba.slurm.reasons.waits_for_resources`);
+        None otherwise.
     """
     held = _gpus_by_node(records)
     first = min(records, key=lambda r: r.het_job_offset)
@@ -296,8 +283,8 @@ def unmanaged_job(
         return None
     wanted = sum(r.gpus_per_node * max(r.node_count, 1) for r in records)
     regular = set(regular_partitions)
-    waits_for_gpus = any(_partitions(r) & regular for r in records) and not any(
-        r.state_reason in BLOCKED_REASONS for r in records
+    waits_for_gpus = any(_partitions(r) & regular for r in records) and all(
+        waits_for_resources(r.state_reason) for r in records
     )
     if wanted <= 0 or not waits_for_gpus:
         return None

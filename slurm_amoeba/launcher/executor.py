@@ -55,8 +55,8 @@ from slurm_amoeba.slurm import (
     SlurmCommandError,
     parse_sbatch_reply,
     render_batch_script,
+    sbatch_argv,
 )
-from slurm_amoeba.slurm.runner import run_command
 
 R = tp.TypeVar("R")
 log = logging.getLogger(__name__)
@@ -66,7 +66,16 @@ AGENT_LOG_TAIL = 40
 
 
 class ElasticInfoWatcher(core.InfoWatcher):
-    """submitit's state watcher, fed by slurm_amoeba's Slurm client (one ``squeue --json`` for all jobs)."""
+    """submitit's state watcher, fed by slurm_amoeba's Slurm client (one read of Slurm's jobs for all jobs).
+
+    Args:
+        slurm: the executor's Slurm client.
+        delay_s: as submitit's: the least time between two reads.
+    """
+
+    def __init__(self, slurm: SlurmClient, delay_s: int = 60) -> None:
+        super().__init__(delay_s)
+        self.slurm = slurm
 
     def get_state(self, job_id: str, mode: str = "standard") -> str:
         """Slurm's state of ``job_id`` (``UNKNOWN`` until known)."""
@@ -75,7 +84,7 @@ class ElasticInfoWatcher(core.InfoWatcher):
     def update(self) -> None:
         """Read every registered job's state: squeue for remembered jobs, accounting for the others."""
         self._num_calls += 1
-        slurm = CliSlurmClient(timeout=30)  # this process's environment now (SLURM_CONF may change)
+        slurm = self.slurm
         try:
             ids = {int(j) for j in self._registered}
             records = {str(r.job_id): r.state.value for r in slurm.jobs(job_ids=ids)}
@@ -99,9 +108,26 @@ class ElasticJob(core.Job[R]):
 
     ``stdout()`` and ``stderr()`` are rank 0's output (whichever worker holds rank 0 while it writes; see
     :mod:`slurm_amoeba.launcher.fn_worker`), in submitit's files ``<job id>_0_log.out``/``.err``.
+
+    Args:
+        folder: the job folder, as with submitit.
+        job_id: Slurm's job id.
+        tasks: as with submitit (an elastic job has one task: its agent).
+        watcher: the state watcher of the executor that submitted it, which holds its Slurm client.
     """
 
-    watcher = ElasticInfoWatcher()
+    watcher: ElasticInfoWatcher
+
+    def __init__(
+        self, folder: str | Path, job_id: str, tasks: tp.Sequence[int] = (0,), *, watcher: ElasticInfoWatcher
+    ) -> None:
+        self.watcher = watcher  # before submitit's constructor, which registers the job with it
+        super().__init__(folder, job_id, tasks)
+
+    @property
+    def slurm(self) -> SlurmClient:
+        """The Slurm client of the executor that submitted the job."""
+        return self.watcher.slurm
 
     @property
     def state_dir(self) -> Path:
@@ -163,7 +189,7 @@ class ElasticJob(core.Job[R]):
     def cancel(self, check: bool = True) -> None:
         """Cancel the job; its agent releases every satellite on the way out."""
         try:
-            CliSlurmClient(timeout=30).cancel(int(self.job_id))
+            self.slurm.cancel(int(self.job_id))
         except SlurmCommandError:
             if check:
                 raise
@@ -176,7 +202,8 @@ class ElasticExecutor(core.PicklingExecutor):
         folder: the job folder (``%j`` becomes the job id), as with submitit.
         max_num_timeout: as with submitit: how many times the job may requeue itself before its time limit
             (after a final checkpoint; :mod:`slurm_amoeba.agent.lifecycle`); a node failure's requeue does not count.
-        slurm: the Slurm client the checks before submitting ask (default: the command-line one).
+        slurm: the Slurm client of every call the executor and its jobs make; None: the command-line client of this
+            process's environment (the executor is its program's entry: the client is built here, once).
     """
 
     job_class = ElasticJob
@@ -187,7 +214,8 @@ class ElasticExecutor(core.PicklingExecutor):
         super().__init__(folder, max_num_timeout=max_num_timeout)
         self.elastic = ElasticParameters()
         self.parameters: dict[str, tp.Any] = dataclasses.asdict(self.elastic)
-        self.slurm: SlurmClient = slurm or CliSlurmClient(timeout=30)
+        self.slurm: SlurmClient = CliSlurmClient.from_environment() if slurm is None else slurm
+        self.watcher = ElasticInfoWatcher(self.slurm)
 
     @classmethod
     def _valid_parameters(cls) -> set[str]:
@@ -268,20 +296,19 @@ class ElasticExecutor(core.PicklingExecutor):
             "-m",
             "slurm_amoeba.launcher.fn_worker",
         ]
-        text = render_batch_script(components, [agent])
         # The folder may hold %j (submitit's convention): the batch script knows the id, so the shell fills it in.
         template = str(utils.JobPaths(self.folder).folder)
         folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in template.split("%j"))
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in shape.environment().items())
-        exports += f"export {ENV_JOB_FOLDER}={folder}\n"
-        exports += f"export {ENV_MAX_REQUEUES}={self.max_num_timeout}\n"  # submitit's bound on timeouts
-        exports += f'export {ENV_STATE_DIR}="${ENV_JOB_FOLDER}/${{SLURM_JOB_ID}}_amoeba"\n'
+        preamble = [f"export {k}={shlex.quote(v)}" for k, v in shape.environment().items()]
+        preamble.append(f"export {ENV_JOB_FOLDER}={folder}")
+        preamble.append(f"export {ENV_MAX_REQUEUES}={self.max_num_timeout}")  # submitit's bound on timeouts
+        preamble.append(f'export {ENV_STATE_DIR}="${ENV_JOB_FOLDER}/${{SLURM_JOB_ID}}_amoeba"')
         if self.elastic.setup:  # the user's lines, as submitit runs them: unset variables allowed (module load)
-            exports += "# setup\nset +u\n" + "".join(f"{line}\n" for line in self.elastic.setup) + "set -u\n"
-        return text.replace("set -euo pipefail\n", "set -euo pipefail\n" + exports, 1)
+            preamble += ["# setup", "set +u", *self.elastic.setup, "set -u"]
+        return render_batch_script(components, [agent], preamble)
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return ["sbatch", "--parsable", str(submission_file_path)]
+        return sbatch_argv([], str(submission_file_path))
 
     @staticmethod
     def _get_job_id_from_submission_command(string: bytes | str) -> str:
@@ -295,8 +322,7 @@ class ElasticExecutor(core.PicklingExecutor):
         tmp = uuid.uuid4().hex
         path = folder / f".submission_file_{tmp}.sh"
         path.write_text(self._make_submission_file_text(command, tmp))
-        output = run_command(self._make_submission_command(path), timeout=30).stdout  # this process's environment
-        job_id = self._get_job_id_from_submission_command(output)
-        job: core.Job[tp.Any] = self.job_class(folder=self.folder, job_id=job_id, tasks=[0])
+        job_id = str(self.slurm.submit(path, []))  # the script's #SBATCH lines say everything
+        job: core.Job[tp.Any] = ElasticJob(folder=self.folder, job_id=job_id, tasks=[0], watcher=self.watcher)
         job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
         return job

@@ -231,7 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as exc:
         print(f"amoeba-run: error: {exc}", file=sys.stderr)
         return 2
-    return Agent(config, CliSlurmClient(timeout=30), before_requeue=requeue_hook(job, config.job_id)).run()
+    try:
+        slurm = CliSlurmClient.from_environment()
+    except SpecError as exc:
+        print(f"amoeba-run: error: {exc}", file=sys.stderr)
+        return 2
+    return Agent(config, slurm, before_requeue=requeue_hook(job, config.job_id)).run()
 
 
 def requeue_hook(job: JobEnv, job_id: str) -> Callable[[], str] | None:

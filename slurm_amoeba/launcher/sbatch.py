@@ -28,7 +28,7 @@ from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.parameters import parse_memory_mb
 from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
-from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, het_submit_args
+from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, sbatch_argv
 from slurm_amoeba.slurm.options import (
     JOB_WIDE_OPTIONS,
     PLUGIN_OPTION_ENV_PREFIX,
@@ -40,7 +40,7 @@ from slurm_amoeba.slurm.options import (
     read_option,
     wrap_script,
 )
-from slurm_amoeba.slurm.runner import run_command
+from slurm_amoeba.slurm.release import SlurmRelease
 
 # Our options: name -> whether it takes a value. Matched exactly, never abbreviated (sbatch has --mem and --gpus).
 _OURS = {
@@ -174,8 +174,9 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def split_args(argv: Sequence[str], job: JobEnv) -> Request:
-    """Separate our options, sbatch's options, the script and its arguments; read the script's header.
+def split_args(argv: Sequence[str], job: JobEnv, release: SlurmRelease | None = None) -> Request:
+    """Separate our options, sbatch's options, the script and its arguments; read the script's header. sbatch's
+    options are read as ``release``'s sbatch reads them (None: any supported release's).
 
     Raises:
         SpecError: an sbatch option sbatch would refuse, no script (and no ``--wrap``), a script that does not
@@ -196,7 +197,7 @@ def split_args(argv: Sequence[str], job: JobEnv) -> Request:
             rest = list(argv[i + 1 :] if word == "--" else argv[i:])
             break
         else:
-            found, i = read_option(argv, i)
+            found, i = read_option(argv, i, release)
             options.extend(found)
     parsed = build_parser(job).parse_args(ours)
     wrap = last_value(options, "wrap")
@@ -212,7 +213,7 @@ def split_args(argv: Sequence[str], job: JobEnv) -> Request:
     script = Path(rest[0])
     if not script.is_file():
         raise SpecError(f"batch script {rest[0]!r} does not exist or is not a file")
-    directives = read_directives(script.read_text(errors="replace"))
+    directives = read_directives(script.read_text(errors="replace"), release)
     return Request(parsed, options, directives, script, rest[1:])
 
 
@@ -276,8 +277,9 @@ def _per_worker(flag: int | None, directive: str | None, what: str, default: int
     return flag if flag is not None else int(directive) if directive is not None else default
 
 
-def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
-    """Check everything and build the job's shape; nothing is submitted.
+def prepare(argv: Sequence[str], slurm: SlurmClient, release: SlurmRelease | None = None) -> Prepared:
+    """Check everything and build the job's shape; nothing is submitted. ``release``: the cluster's Slurm, whose
+    sbatch options are known (None: those of any supported release).
 
     Returns:
         The checked submission.
@@ -287,7 +289,7 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
             cannot pass on, a bad time limit, or a minimum the partition can never hold.
     """
     job = JobEnv.from_environ(os.environ)
-    request = split_args(argv, job)
+    request = split_args(argv, job, release)
     _check_options(request)
     ours = request.ours
     elastic = ours.elastic or last_value(request.directives, "elastic")
@@ -354,13 +356,11 @@ def prepare(argv: Sequence[str], slurm: SlurmClient) -> Prepared:
     )
 
 
-def _show(shape: ElasticJobShape, script: str, script_args: Sequence[str]) -> list[str]:
-    """Print the sbatch command and the job's environment; returns the sbatch arguments after ``sbatch``."""
-    args = [*het_submit_args(shape.components()), script, *script_args]
+def _show(shape: ElasticJobShape, script: str, script_args: Sequence[str]) -> None:
+    """Print the sbatch command and the job's environment."""
     print("amoeba-sbatch: would submit:", file=sys.stderr)
     print("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shape.environment().items()), file=sys.stderr)
-    print("  " + shlex.join(["sbatch", *args]), file=sys.stderr)
-    return args
+    print("  " + shlex.join(sbatch_argv(shape.components(), script, script_args)), file=sys.stderr)
 
 
 def submission_env(base: Mapping[str, str], shape: ElasticJobShape) -> dict[str, str]:
@@ -370,22 +370,22 @@ def submission_env(base: Mapping[str, str], shape: ElasticJobShape) -> dict[str,
     return {**env, **shape.environment()}
 
 
-def _submit(prepared: Prepared, base: CliSlurmClient, script: Path) -> int:
+def _submit(prepared: Prepared, slurm: SlurmClient, script: Path) -> int:
     """Submit (or with --test-only/--dry-run, show) the job; print its id. Returns the exit status."""
     shape = prepared.shape
-    env = submission_env(base.env, shape)
+    env = submission_env(os.environ, shape)
     if prepared.restart:  # sbatch exports it; amoeba-run reads it (launcher/restart.py)
         env["AMOEBA_RESTART"] = "1"
     if prepared.note:
         print(prepared.note, file=sys.stderr)
     try:
         if prepared.test_only or prepared.dry_run:
-            sbatch_args = _show(shape, str(script), prepared.script_args)
+            _show(shape, str(script), prepared.script_args)
             if prepared.test_only:
-                answer = run_command(["sbatch", "--test-only", *sbatch_args], timeout=30, env=env)
-                print((answer.stderr or answer.stdout).strip(), file=sys.stderr)
+                answer = slurm.test_submit(script, shape.components(), prepared.script_args, env=env)
+                print(answer, file=sys.stderr)
             return 0
-        job = CliSlurmClient(env, timeout=30).submit(script, shape.components(), prepared.script_args)
+        job = slurm.submit(script, shape.components(), prepared.script_args, env=env)
     except (SlurmCommandError, ParseError, SpecError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 1
@@ -404,9 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in ([], ["-h"], ["--help"]):
         build_parser().print_help()
         return 0 if args else 2
-    base = CliSlurmClient(timeout=30)
     try:
-        prepared = prepare(args, base)
+        base = CliSlurmClient.from_environment()
+        prepared = prepare(args, base, base.slurm_release())
     except (SpecError, ParseError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,9 @@
 Simulation flow (DESIGN.md): an export -> :class:`~slurm_amoeba.sim.workload.JobSpec` duration jobs -> the engine.
 Two export forms are read:
 
-- ``sacct --json -a -S <start> -E <end>`` (Slurm 22.05's ``openapi/dbv0.0.38`` document, ``jobs`` list);
+- ``sacct --json -a -S <start> -E <end>`` of any supported release (22.05's ``openapi/dbv0.0.38`` through 25.11's
+  ``data_parser/v0.0.44``; slurmrestd's ``/slurmdb/.../jobs`` replies too), read by
+  :func:`~slurm_amoeba.slurm.parsers.parse_sacct_json`;
 - ``sacct -a -P -X -S <start> -E <end> --format=JobID,Submit,Start,End,Partition,User,Timelimit,AllocTRES,State``
   (:data:`PARSABLE_FIELDS`; the header line ``sacct -P`` prints names the columns, any order, extra columns ignored).
 
@@ -17,15 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.sim.slurmconf import parse_slurm_time
 from slurm_amoeba.sim.workload import JobSpec
-from slurm_amoeba.slurm.parsers import tres_gpus
+from slurm_amoeba.slurm.parsers import parse_sacct_json, tres_gpus
 
 #: The ``--format`` fields the parsable reader needs (``sacct -P`` prints them as a header line).
 PARSABLE_FIELDS = ("JobID", "Submit", "Start", "End", "Partition", "User", "Timelimit", "AllocTRES", "State")
@@ -135,50 +135,23 @@ def _history(rows: Sequence[_Row], source: str) -> History:
 
 def _json_rows(text: str, source: str) -> list[_Row]:
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"line {exc.lineno}: not JSON ({exc.msg})", source=source) from None
-    jobs = document.get("jobs") if isinstance(document, dict) else None
-    if not isinstance(jobs, list):
-        raise ParseError("no 'jobs' list; expected the output of sacct --json", source=source)
-    rows = []
-    for index, record in enumerate(jobs):
-        try:
-            rows.append(_json_row(record, index))
-        except (KeyError, TypeError, ValueError) as exc:
-            job = record.get("job_id", f"#{index}") if isinstance(record, dict) else f"#{index}"
-            raise ParseError(f"job {job}: cannot read {exc} from its record", source=source) from None
-    return rows
-
-
-def _json_row(record: Mapping[str, Any], index: int) -> _Row:
-    times = record["time"]
-    job_id = str(record["job_id"])
-    array, het = record.get("array") or {}, record.get("het") or {}
-    if array.get("task_id") is not None:
-        job_id = f"{array['job_id']}_{array['task_id']}"
-    elif het.get("job_offset") is not None:
-        job_id = f"{het['job_id']}+{het['job_offset']}"
-    tres = record.get("tres") or {}
-    gpus = _json_gpus(tres.get("allocated") or []) or _json_gpus(tres.get("requested") or [])
-    limit = times.get("limit")
-    return _Row(
-        job_id=job_id,
-        submit=float(times["submission"]),
-        start=float(times["start"]) if times.get("start") else None,
-        end=float(times["end"]) if times.get("end") else None,
-        gpus=gpus,
-        partition=str(record.get("partition") or ""),
-        user=str(record.get("user") or ""),
-        time_limit=None if limit is None or int(limit) >= 0xFFFFFFFE else float(limit) * 60.0,
-        where=index + 1,
-    )
-
-
-def _json_gpus(items: Sequence[Mapping[str, Any]]) -> int:
-    return sum(
-        int(item.get("count") or 0) for item in items if item.get("type") == "gres" and item.get("name") == "gpu"
-    )
+        records = parse_sacct_json(text)
+    except ParseError as exc:
+        raise ParseError(f"{exc}; expected the output of sacct --json", source=source) from None
+    return [
+        _Row(
+            job_id=record.display_id,
+            submit=float(record.submit_time),
+            start=float(record.start_time) if record.start_time else None,
+            end=float(record.end_time) if record.end_time else None,
+            gpus=record.gpus_allocated or record.gpus_requested,
+            partition=record.partition,
+            user=record.user,
+            time_limit=None if record.time_limit_s is None else float(record.time_limit_s),
+            where=index + 1,
+        )
+        for index, record in enumerate(records)
+    ]
 
 
 def _parsable_rows(text: str, source: str) -> list[_Row]:

@@ -10,16 +10,20 @@ from slurm_amoeba.slurm.parsers import (
     SlurmReportedError,
     parse_gpu_indices,
     parse_gres_count,
+    parse_nodes_json,
+    parse_sacct_json,
     parse_sbatch_reply,
     parse_sinfo_json,
     parse_squeue_json,
     parse_step_lines,
 )
-from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
+from slurm_amoeba.slurm.records import AccountingRecord, JobRecord, JobState, NodeRecord, StepRecord
+from slurm_amoeba.slurm.release import SlurmRelease
 from slurm_amoeba.slurm.runner import CommandResult, SlurmCommandError, run_command
-from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args, render_batch_script
+from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args, render_batch_script, sbatch_argv
 
 __all__ = [
+    "AccountingRecord",
     "CliSlurmClient",
     "CommandResult",
     "GpuCapacity",
@@ -28,6 +32,7 @@ __all__ = [
     "NodeRecord",
     "SlurmClient",
     "SlurmCommandError",
+    "SlurmRelease",
     "SlurmReportedError",
     "StepRecord",
     "SubmitOptions",
@@ -36,10 +41,13 @@ __all__ = [
     "het_submit_args",
     "parse_gpu_indices",
     "parse_gres_count",
+    "parse_nodes_json",
+    "parse_sacct_json",
     "parse_sbatch_reply",
     "parse_sinfo_json",
     "parse_squeue_json",
     "parse_step_lines",
     "render_batch_script",
     "run_command",
+    "sbatch_argv",
 ]

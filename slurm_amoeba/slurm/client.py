@@ -1,10 +1,15 @@
 """The ``SlurmClient`` interface and its implementation over Slurm's command-line tools.
 
-The layers above (the job agent, the daemon's observer, the launcher) speak to Slurm only through a
-:class:`SlurmClient`. :class:`CliSlurmClient` runs ``sbatch``/``scancel``/``squeue --json``/``sinfo --json``/
-``sacct`` through :func:`~slurm_amoeba.slurm.runner.run_command` (argv lists, timeouts, typed errors). pyslurm
-cannot be built against Slurm 22.05 (DESIGN.md), so this is the implementation; the interface leaves room for
-another.
+The layers above (the job agent, the daemon, the launcher) speak to Slurm only through a :class:`SlurmClient`,
+which carries every call the project makes. :class:`CliSlurmClient` runs ``sbatch``/``scancel``/``scontrol``/
+``squeue --json``/``sinfo --json``/``sacct``/``sacctmgr`` through :func:`~slurm_amoeba.slurm.runner.run_command`
+(argv lists, timeouts, typed errors). pyslurm cannot be built against Slurm 22.05 (DESIGN.md), so this is the
+implementation; the interface leaves room for another.
+
+Each program builds its one client at its entry (``amoebad``, ``amoeba-sbatch``, the in-job ``amoeba-run``, a
+satellite's entry, :class:`~slurm_amoeba.launcher.executor.ElasticExecutor`) with
+:meth:`CliSlurmClient.from_environment` (one timeout policy: :data:`~slurm_amoeba.slurm.runner.DEFAULT_TIMEOUT_S`,
+overridden by ``AMOEBA_SLURM_TIMEOUT_S`` or amoebad's ``slurm.timeout_s``) and hands it down.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from slurm_amoeba.slurm.parsers import (
     parse_step_lines,
 )
 from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
-from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S, SlurmCommandError, run_command
-from slurm_amoeba.slurm.script import SubmitOptions, het_submit_args
+from slurm_amoeba.slurm.release import SlurmRelease
+from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S, CommandResult, SlurmCommandError, run_command, timeout_from
+from slurm_amoeba.slurm.script import SubmitOptions, sbatch_argv
 
 T = TypeVar("T")
 
@@ -51,6 +57,17 @@ def independent_job_env(env: Mapping[str, str]) -> dict[str, str]:
     ``SLURM_CONF`` (which cluster to talk to) stays.
     """
     return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
+def _existing(script: Path) -> Path:
+    path = Path(script)
+    if not path.is_file():
+        raise SpecError(f"batch script {str(path)!r} does not exist or is not a file")
+    return path
+
+
+def _component_list(components: SubmitOptions | Sequence[SubmitOptions]) -> list[SubmitOptions]:
+    return [components] if isinstance(components, SubmitOptions) else list(components)
 
 
 class SlurmClient(abc.ABC):
@@ -110,6 +127,61 @@ class SlurmClient(abc.ABC):
         UNKNOWN while accounting has no record of it (slurmdbd learns of jobs a moment after slurmctld).
         """
 
+    @abc.abstractmethod
+    def test_submit(
+        self,
+        script: Path,
+        components: SubmitOptions | Sequence[SubmitOptions],
+        script_args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Ask Slurm when and where the job :meth:`submit` would submit would start (``sbatch --test-only``),
+        submitting nothing. Returns Slurm's answer as text."""
+
+    @abc.abstractmethod
+    def ping(self) -> bool:
+        """Whether slurmctld answers; False instead of an error when it does not."""
+
+    # ------------------------------------------------------------------ operator calls (the daemon's queue ordering
+    # and admission; Slurm refuses them to a user without the AdminLevel each names)
+
+    @abc.abstractmethod
+    def set_priority(self, job_id: int, priority: int) -> None:
+        """Give a pending job a fixed priority (operators and administrators only); 0 would hold it: refused.
+
+        Raises:
+            ValueError: ``priority`` is below 1.
+        """
+
+    @abc.abstractmethod
+    def hold(self, job_id: int) -> None:
+        """Hold a pending job (an operator's hold: its owner cannot release it)."""
+
+    @abc.abstractmethod
+    def release(self, job_id: int) -> None:
+        """Release a held job; Slurm's priority plugin computes its priority again."""
+
+    @abc.abstractmethod
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        """Set a job's ``AdminComment`` (administrators only; "" clears it).
+
+        Raises:
+            ValueError: ``text`` holds a newline or NUL.
+        """
+
+    @abc.abstractmethod
+    def config_values(self) -> dict[str, str]:
+        """slurmctld's running configuration as key -> value."""
+
+    @abc.abstractmethod
+    def admin_level(self, user: str) -> str:
+        """The user's ``AdminLevel`` in Slurm's accounting (``None``, ``Operator``, ``Administrator``)."""
+
+    @abc.abstractmethod
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        """GPU-seconds the jobs' earlier runs attained, from accounting; jobs without any: absent."""
+
     def job(self, job_id: int) -> JobRecord | None:
         """The job with this id, or None when Slurm no longer remembers it."""
         found = self.jobs(job_ids=[job_id])
@@ -140,6 +212,26 @@ class CliSlurmClient(SlurmClient):
         self._env = dict(env) if env is not None else dict(os.environ)
         self._timeout = timeout
 
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] | None = None, *, timeout: float | None = None) -> CliSlurmClient:
+        """The client a program builds once at its entry.
+
+        Args:
+            env: the environment of every command; None: this process's.
+            timeout: seconds per command (a program's own setting, e.g. amoebad's ``slurm.timeout_s``); None:
+                ``AMOEBA_SLURM_TIMEOUT_S`` from ``env``, else :data:`~slurm_amoeba.slurm.runner.DEFAULT_TIMEOUT_S`.
+
+        Raises:
+            SpecError: ``AMOEBA_SLURM_TIMEOUT_S`` is not a timeout.
+        """
+        environment = dict(env) if env is not None else dict(os.environ)
+        return cls(environment, timeout=timeout_from(environment) if timeout is None else timeout)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each command may run."""
+        return self._timeout
+
     @property
     def env(self) -> dict[str, str]:
         """A copy of the environment commands run with."""
@@ -167,19 +259,36 @@ class CliSlurmClient(SlurmClient):
     ) -> int:
         """See :meth:`SlurmClient.submit`.
 
+        ``components`` empty: the script's own ``#SBATCH`` lines say everything.
+
         Raises:
             SpecError: the script does not exist, before anything is submitted.
             SlurmCommandError: sbatch refused the job (its message says why).
             ParseError: sbatch's reply holds no job id.
         """
-        script = Path(script)
-        if not script.is_file():
-            raise SpecError(f"batch script {str(script)!r} does not exist or is not a file")
-        comps = [components] if isinstance(components, SubmitOptions) else list(components)
-        argv = ["sbatch", "--parsable", *het_submit_args(comps), str(script), *script_args]
-        if env is None:
-            return parse_sbatch_reply(self._run(argv))
-        return parse_sbatch_reply(run_command(argv, timeout=self._timeout, env=dict(env)).stdout)
+        argv = sbatch_argv(_component_list(components), str(_existing(script)), script_args)
+        return parse_sbatch_reply(self._submit_run(argv, env).stdout)
+
+    def test_submit(
+        self,
+        script: Path,
+        components: SubmitOptions | Sequence[SubmitOptions],
+        script_args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """See :meth:`SlurmClient.test_submit`.
+
+        Raises:
+            SpecError: the script does not exist.
+            SlurmCommandError: sbatch refused the job (its message says why).
+        """
+        argv = sbatch_argv(_component_list(components), str(_existing(script)), script_args, test_only=True)
+        answer = self._submit_run(argv, env)
+        return (answer.stderr or answer.stdout).strip()  # sbatch --test-only answers on standard error
+
+    def _submit_run(self, argv: Sequence[str], env: Mapping[str, str] | None) -> CommandResult:
+        return run_command(argv, timeout=self._timeout, env=self._env if env is None else dict(env))
 
     def cancel(self, job_id: int, *, step: int | None = None, signal: str | None = None, full: bool = False) -> None:
         """See :meth:`SlurmClient.cancel`."""
@@ -245,8 +354,22 @@ class CliSlurmClient(SlurmClient):
                 return JobState.parse(state)
         return JobState.UNKNOWN
 
+    _slurm_release: SlurmRelease | None = None  # set by slurm_release(), the first time it is asked
+
+    def slurm_release(self) -> SlurmRelease:
+        """The cluster's Slurm release (``sinfo --version``), asked once per client and remembered (``release``
+        is the release of a held job).
+
+        Raises:
+            SlurmCommandError: sinfo failed.
+            ParseError: its reply names no release.
+        """
+        if self._slurm_release is None:
+            self._slurm_release = SlurmRelease.parse(self._run(["sinfo", "--version"]))
+        return self._slurm_release
+
     def ping(self) -> bool:
-        """Whether slurmctld answers (``scontrol ping``); False instead of an error when it does not."""
+        """See :meth:`SlurmClient.ping` (``scontrol ping``)."""
         try:
             out = self._run(["scontrol", "ping"], timeout=min(self._timeout, 15.0))
         except SlurmCommandError:

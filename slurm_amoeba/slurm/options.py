@@ -1,10 +1,15 @@
-"""sbatch's command line and ``#SBATCH`` lines as sbatch 22.05 reads them, and Slurm's time formats.
+"""sbatch's command line and ``#SBATCH`` lines as each supported sbatch (22.05 to 25.11) reads them, and Slurm's time
+formats.
 
 ``amoeba-sbatch`` (DESIGN.md, job flow) takes sbatch's own options beside its own and must split them the way sbatch
 would: which options take a value (``-t 30``, ``--time=30``, ``-t30``), which take one only with ``=``
 (``--exclusive[=user]``), short flags in a cluster (``-Hv``), long options abbreviated to a unique prefix
 (``--acc=x``, as getopt allows), where the script starts, and what the script's ``#SBATCH`` header says. This module
-is that knowledge, from sbatch's manual page (Slurm 22.05); it parses and decides nothing about elastic jobs.
+is that knowledge, from sbatch's manual page (Slurm 22.05) and each later release's option table
+(``src/common/slurm_opt.c``); it parses and decides nothing about elastic jobs.
+
+An option the table does not know (another SPANK plugin's) is passed to sbatch as written: ``--opt=value``, or
+``--opt value`` when another word follows the value (the script must come after it), else ``--opt`` alone.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import shlex
 from collections.abc import Iterable, Sequence
 
 from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.slurm.release import SUPPORTED_SERIES, SlurmRelease
 
 
 class Arity(enum.Enum):
@@ -63,7 +69,53 @@ PLUGIN_OPTIONS: dict[str, tuple[str, Arity]] = {
 #: Where Slurm keeps a job's options of this plugin for the commands run inside it (``--elastic`` of an enclosing
 #: job reaches an sbatch run in it this way; docs/spank.md, "Inheritance").
 PLUGIN_OPTION_ENV_PREFIX = "SLURM_SPANK__SLURM_SPANK_OPTION_amoeba_"
-_ALL = {**SBATCH_OPTIONS, **PLUGIN_OPTIONS}
+#: How each later release's sbatch differs from 22.05's (``src/common/slurm_opt.c``, options sbatch takes): the
+#: options it adds or whose arity changes, and the options it drops.
+RELEASE_CHANGES: dict[str, tuple[dict[str, tuple[str, Arity]], frozenset[str]]] = {
+    "23.02": (
+        {"autocomplete": ("", _R), "container-id": ("", _R), "extra": ("", _R), "tres-per-task": ("", _R)},
+        frozenset(),
+    ),
+    "23.11": ({"tres-bind": ("", _R)}, frozenset({"export-file"})),
+    "24.05": (
+        {"export-file": ("", _R), "resv-ports": ("", _O), "segment": ("", _R), "stepmgr": ("", _N)},
+        frozenset({"power"}),
+    ),
+    "24.11": ({"oom-kill-step": ("", _O)}, frozenset()),
+    "25.05": ({"external": ("", _N), "get-user-env": ("", _N)}, frozenset()),
+    "25.11": (
+        {"consolidate-segments": ("", _N), "resources": ("", _R), "spread-segments": ("", _N), "requeue": ("", _O)},
+        frozenset(),
+    ),
+}
+
+
+def sbatch_options(release: SlurmRelease | None = None) -> dict[str, tuple[str, Arity]]:
+    """sbatch's options in ``release``: long name -> (short letter or "", arity).
+
+    None, or a release outside 22.05-25.11: every option of any supported release, an option whose arity changed
+    taking a value only with ``=`` (read either way).
+    """
+    series = release.series if release is not None and release.is_supported else None
+    options = dict(SBATCH_OPTIONS)
+    for name in SUPPORTED_SERIES[1:]:
+        if series is not None and name > series:  # "YY.MM" strings sort as the releases do
+            break
+        added, dropped = RELEASE_CHANGES[name]
+        for option, spec in added.items():
+            if series is None and option in options and options[option][1] is not spec[1]:
+                spec = (spec[0], Arity.OPTIONAL)
+            options[option] = spec
+        if series is not None:
+            for option in dropped:
+                options.pop(option, None)
+    return options
+
+
+def _all(release: SlurmRelease | None) -> dict[str, tuple[str, Arity]]:
+    return {**sbatch_options(release), **PLUGIN_OPTIONS}
+
+
 _SHORT = {short: name for name, (short, _) in SBATCH_OPTIONS.items() if short}
 
 #: Options that say where and under whose name a job runs. sbatch copies most options of a heterogeneous job's first
@@ -96,7 +148,7 @@ class SbatchOption:
             plugin), or the spelling without dashes of an option neither lists (another SPANK plugin's).
         value: its value, or None for a flag.
         words: the argv items it took, as written (``("-t", "30")``); passed on unchanged.
-        known: whether sbatch 22.05 or this project's plugin lists it.
+        known: whether the release's sbatch or this project's plugin lists it.
     """
 
     name: str
@@ -105,26 +157,30 @@ class SbatchOption:
     known: bool = True
 
 
-def resolve_long(spelling: str) -> str | None:
-    """The long option a spelling means: itself, else the one option it is a unique prefix of (getopt's rule).
+def resolve_long(spelling: str, release: SlurmRelease | None = None) -> str | None:
+    """The long option a spelling means in ``release``'s sbatch (None: any supported one): itself, else the one
+    option it is a unique prefix of (getopt's rule).
 
     Raises:
         SpecError: the spelling is a prefix of several options.
     """
-    if spelling in _ALL:
+    known = _all(release)
+    if spelling in known:
         return spelling
-    matches = sorted(name for name in _ALL if name.startswith(spelling))
+    matches = sorted(name for name in known if name.startswith(spelling))
     if len(matches) > 1:
         raise SpecError(f"--{spelling} is ambiguous for sbatch: it could be --{', --'.join(matches)}; write it out")
     return matches[0] if matches else None
 
 
-def _long(args: Sequence[str], i: int) -> tuple[SbatchOption, int]:
+def _long(args: Sequence[str], i: int, release: SlurmRelease | None) -> tuple[SbatchOption, int]:
     spelling, eq, inline = args[i][2:].partition("=")
-    name = resolve_long(spelling)
-    if name is None:  # not sbatch's own: a plugin's; only --opt=value says it has a value
+    name = resolve_long(spelling, release)
+    if name is None:  # not sbatch's own: a plugin's, passed with its value (see the module's docstring)
+        if not eq and i + 2 < len(args) and not args[i + 1].startswith("-"):
+            return SbatchOption(spelling, args[i + 1], (args[i], args[i + 1]), known=False), i + 2
         return SbatchOption(spelling, inline if eq else None, (args[i],), known=False), i + 1
-    arity = _ALL[name][1]
+    arity = _all(release)[name][1]
     if eq:
         if arity is Arity.NONE:
             raise SpecError(f"sbatch option --{name} takes no value, but {args[i]!r} gives one")
@@ -156,8 +212,9 @@ def _short(args: Sequence[str], i: int) -> tuple[list[SbatchOption], int]:
     return found, i + 1
 
 
-def read_option(args: Sequence[str], i: int) -> tuple[list[SbatchOption], int]:
-    """Read the sbatch option(s) starting at ``args[i]`` (several for a cluster of short flags such as ``-Hv``).
+def read_option(args: Sequence[str], i: int, release: SlurmRelease | None = None) -> tuple[list[SbatchOption], int]:
+    """Read the sbatch option(s) starting at ``args[i]`` (several for a cluster of short flags such as ``-Hv``), as
+    ``release``'s sbatch reads them (None: any supported release's).
 
     Returns:
         The options, and the index of the first word after them.
@@ -166,13 +223,16 @@ def read_option(args: Sequence[str], i: int) -> tuple[list[SbatchOption], int]:
         SpecError: see :func:`split_command_line`.
     """
     if args[i].startswith("--"):
-        option, after = _long(args, i)
+        option, after = _long(args, i, release)
         return [option], after
     return _short(args, i)
 
 
-def split_command_line(args: Sequence[str]) -> tuple[list[SbatchOption], list[str]]:
-    """Split ``[sbatch options] [script [script args]]`` the way sbatch does (options stop at the first non-option).
+def split_command_line(
+    args: Sequence[str], release: SlurmRelease | None = None
+) -> tuple[list[SbatchOption], list[str]]:
+    """Split ``[sbatch options] [script [script args]]`` the way ``release``'s sbatch does (None: any supported
+    release's; options stop at the first non-option).
 
     Returns:
         The options, then the script and its arguments (empty: no script, e.g. with ``--wrap``).
@@ -191,13 +251,13 @@ def split_command_line(args: Sequence[str]) -> tuple[list[SbatchOption], list[st
             return options, list(args[i + 1 :])
         if not word.startswith("-") or word == "-":
             return options, list(args[i:])
-        found, i = read_option(args, i)
+        found, i = read_option(args, i, release)
         options.extend(found)
     return options, []
 
 
-def read_directives(script_text: str) -> list[SbatchOption]:
-    """The options of a batch script's ``#SBATCH`` header, as sbatch reads them.
+def read_directives(script_text: str, release: SlurmRelease | None = None) -> list[SbatchOption]:
+    """The options of a batch script's ``#SBATCH`` header, as ``release``'s sbatch reads them (None: any).
 
     sbatch reads ``#SBATCH`` lines (at the very start of a line) until the first line that is neither blank nor a
     comment; words are split like a shell's, and an unquoted ``#`` starts a comment.
@@ -215,7 +275,7 @@ def read_directives(script_text: str) -> list[SbatchOption]:
         words = shlex.split(line[len("#SBATCH") :], comments=True)
         if words[:1] in (["hetjob"], ["packjob"]):
             raise SpecError(f"#SBATCH {words[0]}: the script describes a heterogeneous job; amoeba-sbatch makes one")
-        found, rest = split_command_line(words)
+        found, rest = split_command_line(words, release)
         if rest:
             raise SpecError(f"#SBATCH line {line.strip()!r}: {rest[0]!r} is not an option")
         options.extend(found)

@@ -1,24 +1,32 @@
-"""Pure parsers of Slurm's output: ``squeue --json``, ``sinfo --json``, GRES strings, ``sbatch --parsable``.
+"""Pure parsers of Slurm's output: ``squeue``/``sinfo``/``scontrol show nodes``/``sacct`` ``--json`` and slurmrestd's
+replies, GRES strings, ``sbatch --parsable``.
 
-No commands run here. Anything that cannot be understood raises the package's
-:class:`~slurm_amoeba.core.errors.ParseError` (never ``KeyError``/``TypeError``), naming what was parsed.
-Tested on output recorded from the real test cluster (``tests/data/slurm/``) and on mangled input.
+Every supported release's JSON (Slurm 22.05 to 25.11: openapi v0.0.38, data_parser v0.0.39 to v0.0.44; the shape is
+read from each reply's ``meta``, see :mod:`~slurm_amoeba.slurm.release`) becomes the same typed records
+(:mod:`~slurm_amoeba.slurm.records`); fields the project does not read are ignored. No commands run here.
+Anything that cannot be understood raises the package's :class:`~slurm_amoeba.core.errors.ParseError` (never
+``KeyError``/``TypeError``), naming what was parsed and which release printed it.
+Tested on output recorded from the real 22.05 test cluster (``tests/data/slurm/``), on fixtures of every release
+written from SchedMD's OpenAPI descriptions (``tests/data/slurm/releases/``), and on mangled input.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.slurm.nodelist import expand_nodelist
-from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
+from slurm_amoeba.slurm.records import AccountingRecord, JobRecord, JobState, NodeRecord, StepRecord
+from slurm_amoeba.slurm.release import JsonShape
 
 _GRES_ITEM = re.compile(r"^gpu(?::(?P<type>\(null\)|[^:(]*))?:(?P<count>[0-9]+)(?:\((?P<detail>[^)]*)\))?$")
 _DIGITS = re.compile(r"[0-9]+")
 _IDX = re.compile(r"IDX:(?P<idx>[0-9,\-]*|N/A)")
+T = TypeVar("T")
 
 
 class SlurmReportedError(ParseError):
@@ -49,27 +57,121 @@ def _load_document(text: str, source: str) -> Mapping[str, Any]:
     return doc
 
 
-def _records(doc: Mapping[str, Any], key: str, source: str, text: str) -> list[Mapping[str, Any]]:
+class _Fields:
+    """One record of a JSON reply, read in any supported release's shape.
+
+    Numbers come plain (22.05, and later releases' ``+complex`` output: ``null`` unset, ``"Infinity"``) or wrapped
+    as ``{"set", "infinite", "number"}`` (data_parser v0.0.39 and later); states as a string (up to 23.02) or a list
+    whose first item is the base state; name lists as a list or a comma-separated string. Fields absent from a
+    record take their default; a required field (no default) that is absent raises :class:`ParseError` naming the
+    field and the release.
+    """
+
+    def __init__(self, record: Mapping[str, Any], where: str, shape: JsonShape) -> None:
+        self._record = record
+        self.where = where
+        self.shape = shape
+
+    def about(self, what: str) -> _Fields:
+        """The same record, its errors naming ``what`` too (``"job 12"``)."""
+        return _Fields(self._record, f"{self.where}, {what}", self.shape)
+
+    def error(self, message: str) -> ParseError:
+        """A :class:`ParseError` about this record, naming it and the release that printed it."""
+        return ParseError(message, source=f"{self.where} ({self.shape.describe()})")
+
+    def raw(self, path: str) -> Any:
+        """The value at ``path`` (``"time/limit"`` reads ``time.limit``), or None when any part is absent."""
+        value: Any = self._record
+        for key in path.split("/"):
+            if not isinstance(value, Mapping):
+                return None
+            value = value.get(key)
+        return value
+
+    def text(self, path: str, default: str | None = "") -> str:
+        """A string field; None/absent gives ``default`` (None: the field is required)."""
+        value = self.raw(path)
+        if value is None:
+            if default is None:
+                raise self.error(f"field {path!r} is missing; every record of this release has it")
+            return default
+        if not isinstance(value, str):
+            raise self.error(f"field {path!r} is {value!r}, not a string")
+        return value
+
+    def number(self, path: str, default: int | None = 0) -> int:
+        """An integer field, plain or wrapped; unset, infinite or absent gives ``default`` (None: required)."""
+        value = self.limit(path)
+        if value is None:
+            if default is None:
+                raise self.error(f"field {path!r} is missing or unset; every record of this release has it")
+            return default
+        return value
+
+    def limit(self, path: str) -> int | None:
+        """An integer field that may be unset or infinite (None then), plain or wrapped."""
+        value = self.raw(path)
+        if isinstance(value, Mapping) and {"set", "number"} <= value.keys():
+            if value.get("infinite") is True or value.get("set") is not True:
+                return None
+            value = value.get("number")
+        if value is None or value in ("Infinity", "Infinite", "infinite", "UNLIMITED"):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(f"field {path!r} is {value!r}, not an integer")
+        return value
+
+    def names(self, path: str) -> tuple[str, ...]:
+        """A list of names: a JSON list of strings or one comma-separated string; absent gives ``()``."""
+        value = self.raw(path)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return tuple(part for part in value.split(",") if part)
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise self.error(f"field {path!r} is {value!r}, not a list of names")
+        return tuple(value)
+
+    def states(self, path: str) -> tuple[str, ...]:
+        """A state: one string (22.05, 23.02) or a list, base state first then flags (23.11 on); required."""
+        value = self.raw(path)
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+            return tuple(value)
+        if value is None:
+            raise self.error(f"field {path!r} is missing; every record of this release has it")
+        raise self.error(f"field {path!r} is {value!r}, not a state name or a list of them")
+
+
+def _job_state(states: Sequence[str]) -> JobState:
+    """A job's state from a state list: the flags Slurm's own ``job_state_string`` shows first win over the base."""
+    for flag in _JOB_STATE_FLAGS:
+        if flag in states[1:]:
+            return JobState.parse(flag)
+    return JobState.parse(states[0])
+
+
+#: Job state flags that Slurm's text output (``job_state_string``) shows instead of the base state, in its order.
+_JOB_STATE_FLAGS = ("COMPLETING", "RESIZING", "REQUEUED")
+
+
+def _parse_list(text: str, key: str, source: str, build: Callable[[_Fields], T]) -> list[T]:
+    """Each record under ``key`` of the reply ``text``, built into a typed record."""
+    return [build(fields) for fields in _records(_load_document(text, source), key, source, text)]
+
+
+def _records(doc: Mapping[str, Any], key: str, source: str, text: str) -> list[_Fields]:
+    """The records under ``key``, each with the reply's shape; raises when the list is absent or not of objects."""
+    shape = JsonShape.of(doc)
     items = doc.get(key)
     if not isinstance(items, list):
-        raise ParseError(f"no {key!r} list in the output", source=source, text=text)
+        raise ParseError(f"no {key!r} list in the output ({shape.describe()})", source=source, text=text)
     for item in items:
         if not isinstance(item, dict):
             raise ParseError(f"an entry of {key!r} is {type(item).__name__}, not an object", source=source, text=text)
-    return items
-
-
-def _field(rec: Mapping[str, Any], name: str, kind: type, source: str, default: Any = None) -> Any:
-    value = rec.get(name, default)
-    if value is None and default is not None:
-        value = default
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParseError(f"field {name!r} is {value!r}, not an integer", source=source)
-        return value
-    if not isinstance(value, kind):
-        raise ParseError(f"field {name!r} is {value!r}, not {kind.__name__}", source=source)
-    return value
+    return [_Fields(item, source, shape) for item in items]
 
 
 def parse_gres_count(text: str, *, source: str = "gres") -> int:
@@ -151,106 +253,221 @@ def _gpus_per_node(tres_per_node: str, source: str) -> int:
     return total
 
 
-def parse_squeue_json(text: str) -> list[JobRecord]:
-    """Parse ``squeue --json`` (openapi v0.0.38, Slurm 22.05) into job records.
+_GPUS_PER_TASK = re.compile(r"^(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](?P<count>[0-9]{1,6})$")
 
+
+def _gpus_per_task(tres: str) -> int:
+    """GPUs in Slurm's ``tres_per_task`` (``gres:gpu:2``, ``gres/gpu=2``, ``gres:gpu:a100:2``); 0 when none."""
+    for item in tres.split(","):
+        match = _GPUS_PER_TASK.match(item.strip())
+        if match:
+            return int(match["count"])
+    return 0
+
+
+def parse_squeue_json(text: str) -> list[JobRecord]:
+    """Parse ``squeue --json`` (or slurmrestd's job list) of any supported release into job records.
+
+    Reads data_parser v0.0.38 (22.05) through v0.0.44 (25.11); ``scontrol show jobs --json`` has the same shape.
     squeue's JSON ignores ``-j``/``-t``: it returns every job slurmctld still remembers; filter the result.
 
     Raises:
         ParseError: the output is not JSON, Slurm reported errors, or a job record lacks a field or has one of
-            the wrong type.
+            the wrong type (the message names the field and the release).
     """
-    source = "squeue --json"
-    doc = _load_document(text, source)
-    jobs: list[JobRecord] = []
-    for rec in _records(doc, "jobs", source, text):
-        job_id = _field(rec, "job_id", int, source)
-        where = f"{source}, job {job_id}"
-        nodes = tuple(expand_nodelist(_field(rec, "nodes", str, where, "")))
-        details = _field(rec, "gres_detail", list, where, [])
-        if not all(isinstance(d, str) for d in details):
-            raise ParseError(f"gres_detail is {details!r}, not a list of strings", source=where)
-        gpu_indices = tuple(parse_gpu_indices(d, source=where) for d in details)
-        jobs.append(
-            JobRecord(
-                job_id=job_id,
-                name=_field(rec, "name", str, where, ""),
-                comment=_field(rec, "comment", str, where, ""),
-                state=JobState.parse(_field(rec, "job_state", str, where)),
-                state_reason=_field(rec, "state_reason", str, where, ""),
-                user=_field(rec, "user_name", str, where, ""),
-                uid=_field(rec, "user_id", int, where),
-                partition=_field(rec, "partition", str, where, ""),
-                nodes=nodes,
-                batch_host=_field(rec, "batch_host", str, where, ""),
-                gpus_per_node=_gpus_per_node(_field(rec, "tres_per_node", str, where, ""), where),
-                gpu_indices=gpu_indices,
-                cpus=_field(rec, "cpus", int, where, 0),
-                node_count=_field(rec, "node_count", int, where, 0),
-                het_job_id=_field(rec, "het_job_id", int, where, 0),
-                het_job_offset=_field(rec, "het_job_offset", int, where, 0),
-                submit_time=_field(rec, "submit_time", int, where, 0),
-                start_time=_field(rec, "start_time", int, where, 0),
-                priority=_field(rec, "priority", int, where, 0),
-                account=_field(rec, "account", str, where, ""),
-                qos=_field(rec, "qos", str, where, ""),
-                reservation=_field(rec, "resv_name", str, where, ""),
-                features=_field(rec, "features", str, where, ""),
-                admin_comment=_field(rec, "admin_comment", str, where, ""),
-                time_limit_s=_time_limit_s(rec.get("time_limit"), where),
-                gpus_requested=_requested_gpus(_field(rec, "tres_req_str", str, where, ""), where),
-            )
-        )
-    return jobs
+    return _parse_list(text, "jobs", "squeue --json", _job)
 
 
-def _time_limit_s(value: object, where: str) -> int | None:
-    """squeue's ``time_limit`` (minutes; null or absent: unlimited) in seconds."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ParseError(f"field 'time_limit' is {value!r}, not a number of minutes", source=where)
-    return value * 60
+def _job(fields: _Fields) -> JobRecord:
+    job_id = fields.number("job_id", None)
+    rec = fields.about(f"job {job_id}")
+    details = rec.raw("gres_detail") or []
+    if not isinstance(details, list) or not all(isinstance(d, str) for d in details):
+        raise rec.error(f"gres_detail is {details!r}, not a list of strings")
+    return JobRecord(
+        job_id=job_id,
+        name=rec.text("name"),
+        comment=rec.text("comment"),
+        state=_job_state(rec.states("job_state")),
+        state_reason=rec.text("state_reason"),
+        user=rec.text("user_name"),
+        uid=rec.number("user_id", None),
+        partition=rec.text("partition"),
+        nodes=tuple(expand_nodelist(rec.text("nodes"))),
+        batch_host=rec.text("batch_host"),
+        gpus_per_node=_gpus_per_node(rec.text("tres_per_node"), rec.where),
+        gpu_indices=tuple(parse_gpu_indices(d, source=rec.where) for d in details),
+        cpus=rec.number("cpus"),
+        node_count=rec.number("node_count"),
+        het_job_id=rec.number("het_job_id"),
+        het_job_offset=rec.number("het_job_offset"),
+        submit_time=rec.number("submit_time"),
+        start_time=rec.number("start_time"),
+        priority=rec.number("priority"),
+        account=rec.text("account"),
+        qos=rec.text("qos"),
+        reservation=rec.text("resv_name"),
+        features=rec.text("features"),
+        admin_comment=rec.text("admin_comment"),
+        time_limit_s=_minutes_to_s(rec.limit("time_limit")),
+        gpus_requested=_requested_gpus(rec.text("tres_req_str"), rec),
+        tasks=rec.number("tasks"),
+        gpus_per_task=_gpus_per_task(rec.text("tres_per_task")),
+    )
 
 
-def _requested_gpus(text: str, where: str) -> int:
+def _minutes_to_s(minutes: int | None) -> int | None:
+    """A time limit in minutes (None, or Slurm's NO_VAL/INFINITE sentinels: unlimited) in seconds."""
+    return None if minutes is None or minutes >= _NO_VAL else minutes * 60
+
+
+#: Slurm's 32-bit NO_VAL (``0xfffffffe``); it and INFINITE (``0xffffffff``) mean "no limit" where they appear raw.
+_NO_VAL = 0xFFFFFFFE
+
+
+def _requested_gpus(text: str, rec: _Fields) -> int:
     try:
         return tres_gpus(text)
     except ValueError:
-        raise ParseError(f"field 'tres_req_str' is {text!r}: a GPU count that is not a number", source=where) from None
+        raise rec.error(f"field 'tres_req_str' is {text!r}: a GPU count that is not a number") from None
+
+
+def parse_nodes_json(text: str) -> list[NodeRecord]:
+    """Parse ``scontrol show nodes --json`` (23.02 on) or slurmrestd's node list (22.05 on) into node records.
+
+    22.05's ``sinfo --json`` has this shape too. A node's state is ``"idle"`` plus ``state_flags`` (22.05) or a
+    list such as ``["IDLE", "DRAIN"]`` (23.02 on); its partitions a list, or a comma-separated string.
+
+    Raises:
+        ParseError: the output is not JSON, Slurm reported errors, or a node record is malformed (the message names
+            the field and the release).
+    """
+    return _parse_list(text, "nodes", "scontrol show nodes --json", _node)
+
+
+def _node(fields: _Fields) -> NodeRecord:
+    name = fields.text("name", None)
+    rec = fields.about(f"node {name}")
+    states = rec.states("state")
+    return NodeRecord(
+        name=name,
+        address=rec.text("address"),
+        hostname=rec.text("hostname"),
+        state=states[0].lower(),
+        state_flags=tuple(f.upper() for f in (*states[1:], *rec.names("state_flags"))),
+        partitions=rec.names("partitions"),
+        cpus=rec.number("cpus"),
+        alloc_cpus=rec.number("alloc_cpus"),
+        gpus_total=parse_gres_count(rec.text("gres"), source=rec.where),
+        gpus_used=parse_gres_count(rec.text("gres_used"), source=rec.where),
+    )
 
 
 def parse_sinfo_json(text: str) -> list[NodeRecord]:
-    """Parse ``sinfo --json`` (openapi v0.0.38, Slurm 22.05) into node records.
+    """Parse ``sinfo --json`` of any supported release into node records, one per node.
+
+    22.05 prints one record per node (the shape of :func:`parse_nodes_json`). 23.02 on print ``sinfo``: groups of
+    nodes alike in partition, state and GRES use (``--json`` groups on ``gres/used``); each node of a group gets
+    the group's state, GRES and per-node CPUs, its allocated CPUs an even share of the group's, and the partitions
+    of every group it is in.
 
     Raises:
-        ParseError: the output is not JSON, Slurm reported errors, or a node record is malformed.
+        ParseError: the output is not JSON, Slurm reported errors, or a record is malformed (the message names the
+            field and the release).
     """
     source = "sinfo --json"
     doc = _load_document(text, source)
-    nodes: list[NodeRecord] = []
-    for rec in _records(doc, "nodes", source, text):
-        name = _field(rec, "name", str, source)
-        where = f"{source}, node {name}"
-        flags = _field(rec, "state_flags", list, where, [])
-        partitions = _field(rec, "partitions", list, where, [])
-        if not all(isinstance(f, str) for f in flags) or not all(isinstance(p, str) for p in partitions):
-            raise ParseError("state_flags/partitions must be lists of strings", source=where, text=text)
-        nodes.append(
-            NodeRecord(
-                name=name,
-                address=_field(rec, "address", str, where, ""),
-                hostname=_field(rec, "hostname", str, where, ""),
-                state=_field(rec, "state", str, where, "unknown").lower(),
-                state_flags=tuple(f.upper() for f in flags),
-                partitions=tuple(partitions),
-                cpus=_field(rec, "cpus", int, where, 0),
-                alloc_cpus=_field(rec, "alloc_cpus", int, where, 0),
-                gpus_total=parse_gres_count(_field(rec, "gres", str, where, ""), source=where),
-                gpus_used=parse_gres_count(_field(rec, "gres_used", str, where, ""), source=where),
-            )
+    if "sinfo" not in doc and "nodes" in doc:
+        return [_node(fields) for fields in _records(doc, "nodes", source, text)]
+    nodes: dict[str, NodeRecord] = {}
+    for group in _records(doc, "sinfo", source, text):
+        for node in _sinfo_group(group):
+            known = nodes.get(node.name)
+            if known is not None:
+                node = dataclasses.replace(node, partitions=(*known.partitions, *node.partitions))
+            nodes[node.name] = node
+    return list(nodes.values())
+
+
+def _sinfo_group(group: _Fields) -> list[NodeRecord]:
+    names = group.names("nodes/nodes")
+    rec = group.about(f"nodes {','.join(names) or '(none)'}")
+    states = rec.states("node/state")
+    addresses, hostnames = rec.names("nodes/addresses"), rec.names("nodes/hostnames")
+    partition = rec.text("partition/name")
+    alloc_cpus = rec.number("cpus/allocated") // max(len(names), 1)
+    return [
+        NodeRecord(
+            name=name,
+            address=addresses[i] if len(addresses) == len(names) else "",
+            hostname=hostnames[i] if len(hostnames) == len(names) else "",
+            state=states[0].lower(),
+            state_flags=tuple(f.upper() for f in states[1:]),
+            partitions=(partition,) if partition else (),
+            cpus=rec.number("cpus/maximum"),
+            alloc_cpus=alloc_cpus,
+            gpus_total=parse_gres_count(rec.text("gres/total"), source=rec.where),
+            gpus_used=parse_gres_count(rec.text("gres/used"), source=rec.where),
         )
-    return nodes
+        for i, name in enumerate(names)
+    ]
+
+
+def parse_sacct_json(text: str) -> list[AccountingRecord]:
+    """Parse ``sacct --json`` (or slurmrestd's accounting job list) of any supported release into job records.
+
+    Reads openapi/dbv0.0.38 (22.05) through data_parser v0.0.44 (25.11): ``state.current`` a string or a list,
+    ``time.limit`` plain minutes or wrapped, TRES as lists of ``{type, name, count}``. Steps are not read.
+
+    Raises:
+        ParseError: the output is not JSON, Slurm reported errors, or a job lacks a field or has one of the wrong
+            type (the message names the field and the release).
+    """
+    return _parse_list(text, "jobs", "sacct --json", _accounting)
+
+
+def _accounting(fields: _Fields) -> AccountingRecord:
+    job_id = fields.number("job_id", None)
+    rec = fields.about(f"job {job_id}")
+    if not isinstance(rec.raw("time"), Mapping):
+        raise rec.error("field 'time' is missing; every record of this release has it")
+    return AccountingRecord(
+        job_id=job_id,
+        array_job_id=rec.number("array/job_id"),
+        array_task_id=rec.limit("array/task_id"),
+        het_job_id=rec.number("het/job_id"),
+        het_job_offset=rec.limit("het/job_offset"),
+        name=rec.text("name"),
+        user=rec.text("user"),
+        account=rec.text("account"),
+        partition=rec.text("partition"),
+        nodes=rec.text("nodes"),
+        state=_job_state(rec.states("state/current")),
+        submit_time=rec.number("time/submission", None),
+        start_time=rec.number("time/start"),
+        end_time=rec.number("time/end"),
+        time_limit_s=_minutes_to_s(rec.limit("time/limit")),
+        gpus_allocated=_tres_list_gpus(rec, "tres/allocated"),
+        gpus_requested=_tres_list_gpus(rec, "tres/requested"),
+    )
+
+
+def _tres_list_gpus(rec: _Fields, path: str) -> int:
+    """GPUs in a TRES list (``[{"type": "gres", "name": "gpu", "count": 2}, ...]``): the untyped ``gpu`` count when
+    present, else the typed ones (``gpu:a100``) summed."""
+    items = rec.raw(path) or []
+    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+        raise rec.error(f"field {path!r} is {items!r}, not a list of TRES")
+    total = 0
+    for item in items:
+        if item.get("type") != "gres" or not str(item.get("name") or "").startswith("gpu"):
+            continue
+        count = _Fields(item, rec.where, rec.shape).number("count")
+        if item.get("name") == "gpu":
+            return count
+        if str(item.get("name")).startswith("gpu:"):
+            total += count
+    return total
 
 
 def parse_sbatch_reply(text: str) -> int:

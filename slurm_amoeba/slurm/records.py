@@ -1,4 +1,4 @@
-"""Typed records of what Slurm reports: jobs (squeue) and nodes (sinfo).
+"""Typed records of what Slurm reports: jobs (squeue), nodes (sinfo, scontrol), accounting (sacct).
 
 Built by :mod:`slurm_amoeba.slurm.parsers` from the commands' JSON; read by the layers above (the agent, the
 daemon's observer) so that none of them touches Slurm's raw output.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+
+from slurm_amoeba.slurm.reasons import is_held
 
 
 class JobState(str, enum.Enum):
@@ -90,6 +92,9 @@ class JobRecord:
         admin_comment: the job's ``AdminComment`` (set by operators only; amoebad marks the jobs it holds there).
         time_limit_s: its time limit in seconds; None when unlimited (or not given).
         gpus_requested: the GPUs it asked for (``gres/gpu`` of its requested TRES), pending or not.
+        tasks: the tasks it asked for at submission (``--ntasks``); 0 where the record does not say.
+        gpus_per_task: GPUs per task it asked for (``--gpus-per-task``, Slurm's ``tres_per_task``); 0 when not asked
+            per task.
     """
 
     job_id: int
@@ -118,6 +123,8 @@ class JobRecord:
     admin_comment: str = ""
     time_limit_s: int | None = None
     gpus_requested: int = 0
+    tasks: int = 0
+    gpus_per_task: int = 0
 
     @property
     def is_het_component(self) -> bool:
@@ -128,6 +135,11 @@ class JobRecord:
     def gpus_held(self) -> int:
         """GPUs the job holds now, over all its nodes."""
         return sum(len(ix) for ix in self.gpu_indices)
+
+    @property
+    def is_held(self) -> bool:
+        """Whether the job is held (its pending reason says so)."""
+        return is_held(self.state_reason)
 
     @property
     def was_preempted(self) -> bool:
@@ -207,3 +219,55 @@ class StepRecord:
     def number(self) -> int | None:
         """The step's number, or None for the batch and extern steps."""
         return int(self.step) if self.step.isascii() and self.step.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class AccountingRecord:
+    """One job as Slurm's accounting reports it (``sacct --json``; steps are not read).
+
+    Attributes:
+        job_id: Slurm's job id of this record.
+        array_job_id: the array's job id, or 0 for a job outside an array.
+        array_task_id: the array task's index, or None.
+        het_job_id: the heterogeneous job's leader id, or 0.
+        het_job_offset: the component's index within its heterogeneous job, or None.
+        name: the job name.
+        user: the owner's user name.
+        account: the account it was charged to.
+        partition: the partition it ran or waited in.
+        nodes: the nodes it held, as Slurm writes a node list (``n[1-2]``), or ``None assigned``/empty.
+        state: its state.
+        submit_time: submission time (Unix seconds).
+        start_time: start time (Unix seconds), 0 when it never started.
+        end_time: end time (Unix seconds), 0 while it has not ended.
+        time_limit_s: its time limit in seconds; None when unlimited (or the partition's).
+        gpus_allocated: GPUs it held (``gres/gpu`` of its allocated TRES).
+        gpus_requested: GPUs it asked for (``gres/gpu`` of its requested TRES).
+    """
+
+    job_id: int
+    array_job_id: int
+    array_task_id: int | None
+    het_job_id: int
+    het_job_offset: int | None
+    name: str
+    user: str
+    account: str
+    partition: str
+    nodes: str
+    state: JobState
+    submit_time: int
+    start_time: int
+    end_time: int
+    time_limit_s: int | None
+    gpus_allocated: int
+    gpus_requested: int
+
+    @property
+    def display_id(self) -> str:
+        """The id as ``sacct`` prints it: ``12_3`` for an array task, ``20+1`` for a heterogeneous component."""
+        if self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        if self.het_job_offset is not None and self.het_job_id:
+            return f"{self.het_job_id}+{self.het_job_offset}"
+        return str(self.job_id)

@@ -12,11 +12,17 @@ import logging
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.core.errors import AmoebaError, SpecError
 
 logger = logging.getLogger(__name__)
 
+#: Seconds one Slurm command may run before it is killed and reported: the one default of every program.
 DEFAULT_TIMEOUT_S = 30.0
+#: The environment variable that overrides :data:`DEFAULT_TIMEOUT_S` for a program (amoebad's own setting is
+#: ``slurm.timeout_s`` in its configuration).
+ENV_SLURM_TIMEOUT = "AMOEBA_SLURM_TIMEOUT_S"
+#: The longest timeout :func:`timeout_from` takes.
+MAX_TIMEOUT_S = 600.0
 
 
 class SlurmCommandError(AmoebaError):
@@ -53,6 +59,27 @@ class SlurmCommandError(AmoebaError):
         if hint:
             message += f" ({hint})"
         super().__init__(message)
+
+
+def timeout_from(env: Mapping[str, str]) -> float:
+    """The timeout of every Slurm command of a program: ``AMOEBA_SLURM_TIMEOUT_S`` in ``env``, else the default.
+
+    Raises:
+        SpecError: the variable is not a number of seconds above 0 and at most :data:`MAX_TIMEOUT_S`.
+    """
+    text = env.get(ENV_SLURM_TIMEOUT, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise SpecError(
+            f"{ENV_SLURM_TIMEOUT}={text!r} is not a timeout: give seconds above 0 and at most {MAX_TIMEOUT_S:g}, "
+            f"or unset it for the default of {DEFAULT_TIMEOUT_S:g}"
+        )
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

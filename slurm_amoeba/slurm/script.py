@@ -2,8 +2,9 @@
 
 :class:`SubmitOptions` is one job (or one heterogeneous component) as sbatch options; it renders either as
 command-line arguments or as ``#SBATCH`` lines. :func:`render_batch_script` writes a whole script, with
-``#SBATCH hetjob`` between components. Values are validated here so that a bad value fails before anything is
-submitted, with the option and the value in the message.
+``#SBATCH hetjob`` between components (the shape of every batch script the project submits), and
+:func:`sbatch_argv` the sbatch command that submits one. Values are validated here so that a bad value
+fails before anything is submitted, with the option and the value in the message.
 """
 
 from __future__ import annotations
@@ -141,14 +142,36 @@ def het_submit_args(components: Sequence[SubmitOptions]) -> list[str]:
     return args
 
 
-def render_batch_script(components: Sequence[SubmitOptions], commands: Sequence[Sequence[str]]) -> str:
-    """Write a batch script: ``#SBATCH`` lines per component (``#SBATCH hetjob`` between), then the commands.
+def sbatch_argv(
+    components: Sequence[SubmitOptions], script: str, script_args: Sequence[str] = (), *, test_only: bool = False
+) -> list[str]:
+    """The sbatch command that submits ``script``.
+
+    Args:
+        components: the job's components as options (``:`` between heterogeneous ones); none: the script's own
+            ``#SBATCH`` lines say everything.
+        script: the batch script's path.
+        script_args: the script's arguments.
+        test_only: ``--test-only`` (Slurm says when and where the job would start, and submits nothing) instead of
+            ``--parsable`` (sbatch prints the job id).
+    """
+    options = het_submit_args(components) if components else []
+    return ["sbatch", "--test-only" if test_only else "--parsable", *options, script, *script_args]
+
+
+def render_batch_script(
+    components: Sequence[SubmitOptions], commands: Sequence[Sequence[str]], preamble: Sequence[str] = ()
+) -> str:
+    """Write a batch script: ``#SBATCH`` lines per component (``#SBATCH hetjob`` between), ``set -euo pipefail``,
+    the preamble, then the commands.
 
     Each command is an argv list; it is quoted for the shell, so no word of it is expanded.
 
     Args:
         components: the job's components (one for an ordinary job).
         commands: the argv lists the script runs, one line each.
+        preamble: shell lines run before the commands, as written (e.g. ``export`` lines whose values expand
+            ``$SLURM_JOB_ID``); the caller quotes what must not expand.
 
     Returns:
         The script text.
@@ -166,5 +189,6 @@ def render_batch_script(components: Sequence[SubmitOptions], commands: Sequence[
             lines.append("#SBATCH hetjob")
         lines.extend(f"#SBATCH {_directive(arg)}" for arg in comp.to_args())
     lines.append("set -euo pipefail")
+    lines.extend(preamble)
     lines.extend(shlex.join(list(cmd)) for cmd in commands)
     return "\n".join(lines) + "\n"

@@ -185,6 +185,48 @@ class FakeSlurm(SlurmClient):
     def accounting_state(self, job_id: int) -> JobState:
         return JobState.UNKNOWN
 
+    def test_submit(
+        self,
+        script: Path,
+        components: SubmitOptions | Sequence[SubmitOptions],
+        script_args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        self._check(["sbatch", "--test-only"])
+        return f"sbatch: Job {self.next_id} to start at now using 1 processors on nodes n1 in partition batch"
+
+    def ping(self) -> bool:
+        return not self.down
+
+    # A job's owner has no operator rights: Slurm refuses every operator call, as it would the agent's user.
+
+    def _operator(self, argv: list[str]) -> None:
+        self._check(argv)
+        raise SlurmCommandError(argv, 1, "Access/permission denied")
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        self._operator(["scontrol", "update", f"JobId={job_id}", f"Priority={priority}"])
+
+    def hold(self, job_id: int) -> None:
+        self._operator(["scontrol", "hold", str(job_id)])
+
+    def release(self, job_id: int) -> None:
+        self._operator(["scontrol", "release", str(job_id)])
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        self._operator(["scontrol", "update", f"JobId={job_id}", f"AdminComment={text}"])
+
+    def config_values(self) -> dict[str, str]:
+        self._check(["scontrol", "show", "config"])
+        return {"PriorityType": "priority/basic"}
+
+    def admin_level(self, user: str) -> str:
+        return "None"
+
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        return {}
+
 
 @dataclasses.dataclass
 class FakeCoordinator:

@@ -8,20 +8,22 @@ job 66, submitted in amoeba-sbatch's shape (``sbatch --ntasks=1 --cpus-per-task=
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.daemon.agents import Registration
 from slurm_amoeba.daemon.config import Limits
 from slurm_amoeba.daemon.limits import LimitError, vet_registration
-from slurm_amoeba.daemon.observer import SubmissionBook, Submitted, SubmittedComponent, parse_submitted
+from slurm_amoeba.daemon.observer import SubmissionBook, Submitted, SubmittedComponent, submitted_of
+from slurm_amoeba.slurm import JobRecord, parse_squeue_json
 from tests.unit.daemon.fakes import job, register_body, req
 from tests.unit.daemon.test_daemon import cluster, make_daemon, recorder
 
-RECORDING = (Path(__file__).resolve().parents[2] / "data" / "slurm" / "squeue-elastic-shapes.json").read_text()
+RECORDED = parse_squeue_json(
+    (Path(__file__).resolve().parents[2] / "data" / "slurm" / "squeue-elastic-shapes.json").read_text()
+)
 
 
 def claim(job_id: str = "66", low: int = 2, high: int = 4, gpus: int = 1) -> Registration:
@@ -30,7 +32,7 @@ def claim(job_id: str = "66", low: int = 2, high: int = 4, gpus: int = 1) -> Reg
 
 
 def test_the_recording_gives_each_jobs_components() -> None:
-    found = parse_submitted(RECORDING, {"66", "70", "999"})
+    found = submitted_of(RECORDED, {"66", "70", "999"})
     assert found == {
         "66": Submitted("66", (SubmittedComponent(0, 1, 0), SubmittedComponent(1, 2, 1))),
         "70": Submitted("70", (SubmittedComponent(0, 2, 1),)),
@@ -38,24 +40,18 @@ def test_the_recording_gives_each_jobs_components() -> None:
     assert found["66"].workers == SubmittedComponent(1, 2, 1) and found["70"].workers is None
 
 
-@pytest.mark.parametrize("text", ["", "{}", '{"jobs": [{"tasks": 1}]}', '{"jobs": 3}'])
-def test_output_that_is_not_squeues_is_a_parse_error(text: str) -> None:
-    with pytest.raises(ParseError, match="squeue --json"):
-        parse_submitted(text, {"1"})
-
-
 RECORDS = [job(66, het_job_id=66, het_job_offset=0), job(67, het_job_id=66, het_job_offset=1, gpus={"n1": 2})]
 
 
 def test_a_claim_that_matches_slurms_record_is_taken_as_it_is() -> None:
-    submitted = parse_submitted(RECORDING, {"66"})["66"]
+    submitted = submitted_of(RECORDED, {"66"})["66"]
     vetted = vet_registration(claim(), RECORDS, Limits(), submitted)
     assert vetted.notes == () and (vetted.registration.min_workers, vetted.registration.max_workers) == (2, 4)
 
 
 @pytest.mark.parametrize("low", [1, 3])
 def test_a_claimed_minimum_is_slurms_and_the_note_names_both(low: int) -> None:
-    submitted = parse_submitted(RECORDING, {"66"})["66"]
+    submitted = submitted_of(RECORDED, {"66"})["66"]
     vetted = vet_registration(claim(low=low), RECORDS, Limits(), submitted)
     assert vetted.registration.min_workers == 2
     assert vetted.notes == (
@@ -64,7 +60,7 @@ def test_a_claimed_minimum_is_slurms_and_the_note_names_both(low: int) -> None:
 
 
 def test_claimed_gpus_per_worker_that_slurm_does_not_record_are_refused_naming_both() -> None:
-    submitted = parse_submitted(RECORDING, {"66", "70"})
+    submitted = submitted_of(RECORDED, {"66", "70"})
     says = r"GPU\(s\) per worker, but Slurm's record of its workers says 1 \(--gpus-per-task of component"
     with pytest.raises(LimitError, match=rf"claims 2 {says} 1\)"):
         vet_registration(claim(gpus=2), RECORDS, Limits(), submitted["66"])
@@ -73,7 +69,7 @@ def test_claimed_gpus_per_worker_that_slurm_does_not_record_are_refused_naming_b
 
 
 def test_a_spank_job_keeps_its_claimed_minimum_and_the_site_caps_its_maximum() -> None:
-    submitted = parse_submitted(RECORDING, {"70"})["70"]
+    submitted = submitted_of(RECORDED, {"70"})["70"]
     vetted = vet_registration(claim("70", low=1, high=99), [job(70, gpus={"n1": 2})], Limits(max_workers=8), submitted)
     assert (vetted.registration.min_workers, vetted.registration.max_workers) == (1, 8)
 
@@ -90,9 +86,9 @@ def test_a_heterogeneous_job_of_another_shape_is_not_managed() -> None:
 def test_the_book_reads_wanted_jobs_only_on_refresh_and_forgets_finished_ones() -> None:
     reads: list[int] = []
 
-    def read() -> str:
+    def read() -> list[JobRecord]:
         reads.append(1)
-        return RECORDING
+        return RECORDED
 
     book = SubmissionBook(read)
     assert book.available and book.get("66") is None and reads == []  # the loop never reads Slurm
@@ -110,12 +106,12 @@ def test_the_book_reads_wanted_jobs_only_on_refresh_and_forgets_finished_ones() 
 
 def test_a_registration_waits_for_slurms_record_then_takes_its_minimum(tmp_path: Path) -> None:
     shapes = [
-        {"job_id": 100, "het_job_id": 100, "het_job_offset": 0, "tasks": 1, "tres_per_task": ""},
-        {"job_id": 101, "het_job_id": 100, "het_job_offset": 1, "tasks": 2, "tres_per_task": "gres:gpu:1"},
+        dataclasses.replace(job(100, het_job_id=100, het_job_offset=0), tasks=1),
+        dataclasses.replace(job(101, het_job_id=100, het_job_offset=1), tasks=2, gpus_per_task=1),
     ]
     d = make_daemon(tmp_path, cluster())
     try:
-        d.round_loop.submissions = book = SubmissionBook(lambda: json.dumps({"jobs": shapes}))
+        d.round_loop.submissions = book = SubmissionBook(lambda: shapes)
         d.handle(req("register", register_body("100", low=1, high=4)))
         first = recorder(d).last()
         assert not first.body["ok"] and "reading Slurm's record" in first.body["error"]

@@ -15,6 +15,7 @@ from submitit.core import utils
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.launcher import ElasticExecutor, ElasticJob
+from slurm_amoeba.launcher.executor import ElasticInfoWatcher
 from tests.conftest import REPO
 from tests.unit.agent.fakes import FakeSlurm, node
 
@@ -119,7 +120,7 @@ def test_rank_zero_writes_the_result_and_its_output_is_the_jobs_stdout(tmp_path:
     submitted(tmp_path, "77", shout, "hello")
     other = run_worker(tmp_path, "77", RANK="1", AMOEBA_WORKER_ID="g1-0")
     assert other.returncode == 0 and "stdout of hello" in other.stdout  # its own log keeps its output
-    job: ElasticJob[str] = ElasticJob(folder=tmp_path, job_id="77", tasks=[0])
+    job: ElasticJob[str] = ElasticJob(folder=tmp_path, job_id="77", tasks=[0], watcher=ElasticInfoWatcher(FakeSlurm()))
     assert job.stdout() is None and not job.paths.result_pickle.exists()
     zero = run_worker(tmp_path, "77", RANK="0", AMOEBA_WORKER_ID="g0-1")
     assert zero.returncode == 0, zero.stderr
@@ -134,7 +135,7 @@ def test_before_the_first_generation_the_first_worker_of_the_main_group_speaks_f
 
     submitted(tmp_path, "78", shout, "early")
     assert run_worker(tmp_path, "78", AMOEBA_WORKER_ID="g0-0").returncode == 0
-    job: ElasticJob[str] = ElasticJob(folder=tmp_path, job_id="78", tasks=[0])
+    job: ElasticJob[str] = ElasticJob(folder=tmp_path, job_id="78", tasks=[0], watcher=ElasticInfoWatcher(FakeSlurm()))
     assert job.stdout() == "stdout of early\n"
 
 
@@ -143,7 +144,7 @@ def test_a_failure_on_rank_zero_is_raised_by_result_with_its_traceback_in_stderr
 
     submitted(tmp_path, "79", fail, "it")
     assert run_worker(tmp_path, "79", RANK="0").returncode == 1
-    job: ElasticJob[str] = ElasticJob(folder=tmp_path, job_id="79", tasks=[0])
+    job: ElasticJob[str] = ElasticJob(folder=tmp_path, job_id="79", tasks=[0], watcher=ElasticInfoWatcher(FakeSlurm()))
     with pytest.raises(utils.FailedJobError, match="it went wrong"):
         job.result()
     assert "RuntimeError: it went wrong" in (job.stderr() or "")

@@ -9,6 +9,7 @@ import pytest
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.launcher.sbatch import prepare, submission_env
 from slurm_amoeba.slurm import het_submit_args
+from slurm_amoeba.slurm.release import SlurmRelease
 from tests.unit.launcher.test_executor import cluster
 
 PLAIN = "#!/bin/bash\n#SBATCH --elastic=2:8\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run python train.py\n"
@@ -182,3 +183,15 @@ def test_a_site_admission_delay_makes_new_jobs_wait_unless_the_user_gave_a_begin
     monkeypatch.setenv("AMOEBA_ADMISSION_DELAY_S", "ten")
     with pytest.raises(SpecError, match="AMOEBA_ADMISSION_DELAY_S='ten': give whole seconds"):
         prepare(["--elastic", "2:8", str(script)], cluster(4))
+
+
+@pytest.mark.parametrize("release", [None, SlurmRelease(22, 5, 8), SlurmRelease(23, 11, 4), SlurmRelease(25, 11, 0)])
+@pytest.mark.parametrize("option", ["--tres-per-task", "--container-image"])
+def test_an_option_with_its_value_is_never_taken_as_the_script(
+    script: Path, release: SlurmRelease | None, option: str
+) -> None:
+    # --tres-per-task is sbatch's own from 23.02 on and unknown to 22.05's; --container-image is a plugin's (pyxis)
+    prepared = prepare(["--elastic", "1:2", option, "gres/gpu:1", str(script)], cluster(4), release)
+    assert prepared.script == script
+    argv = het_submit_args(prepared.shape.components())
+    assert [argv[i + 1] for i, word in enumerate(argv) if word == option] == ["gres/gpu:1"]

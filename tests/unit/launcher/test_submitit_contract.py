@@ -17,6 +17,7 @@ import submitit
 from submitit.core import core, utils
 
 from slurm_amoeba.launcher.executor import ElasticExecutor, ElasticInfoWatcher, ElasticJob
+from tests.unit.agent.fakes import FakeSlurm
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -66,7 +67,7 @@ def test_the_hooks_the_executor_uses_keep_their_signatures(owner: object, method
 
 
 def test_the_private_state_the_executor_reads_is_there(tmp_path: Path) -> None:
-    watcher = ElasticInfoWatcher()
+    watcher = ElasticInfoWatcher(FakeSlurm())
     for name in ("_registered", "_finished", "_info_dict", "_num_calls", "_last_status_check"):
         assert hasattr(watcher, name), f"submitit {submitit.__version__}: InfoWatcher.{name} is gone"
     executor = ElasticExecutor(folder=tmp_path)
@@ -80,5 +81,7 @@ def test_the_private_state_the_executor_reads_is_there(tmp_path: Path) -> None:
 def test_a_job_reads_the_result_file_the_worker_writes(tmp_path: Path) -> None:
     paths = utils.JobPaths(tmp_path, job_id="9", task_id=0)
     utils.cloudpickle_dump(("success", {"loss": 0.5}), paths.result_pickle)
-    job: ElasticJob[dict[str, float]] = ElasticJob(folder=tmp_path, job_id="9", tasks=[0])
+    job: ElasticJob[dict[str, float]] = ElasticJob(
+        folder=tmp_path, job_id="9", tasks=[0], watcher=ElasticInfoWatcher(FakeSlurm())
+    )
     assert job.done() and job.result() == {"loss": 0.5}

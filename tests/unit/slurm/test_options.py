@@ -1,4 +1,4 @@
-"""sbatch's command line, #SBATCH lines and time formats as sbatch 22.05 reads them (``slurm/options.py``)."""
+"""sbatch's command line, #SBATCH lines and time formats as sbatch 22.05-25.11 reads them (``slurm/options.py``)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ import pytest
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.slurm.options import (
+    Arity,
     SbatchOption,
     last_value,
     parse_time_minutes,
     read_directives,
     resolve_long,
+    sbatch_options,
     split_command_line,
     wrap_script,
 )
+from slurm_amoeba.slurm.release import SlurmRelease
 
 
 def names_values(options: list[SbatchOption]) -> list[tuple[str, str | None]]:
@@ -162,3 +165,40 @@ def test_the_plugins_options_take_their_value_in_either_spelling() -> None:
         ("elastic-partition", "spot", True),
         ("no-elastic", None, True),
     ]
+
+
+@pytest.mark.parametrize(
+    ("release", "known"),
+    [(SlurmRelease(22, 5, 8), False), (SlurmRelease(23, 2, 7), True), (SlurmRelease(25, 11, 1), True), (None, True)],
+)
+def test_tres_per_task_is_sbatchs_own_from_23_02_and_passes_with_its_value_before(
+    release: SlurmRelease | None, known: bool
+) -> None:
+    options, rest = split_command_line(["--tres-per-task", "gres/gpu:1", "job.sh"], release)
+    assert [(o.name, o.value, o.words, o.known) for o in options] == [
+        ("tres-per-task", "gres/gpu:1", ("--tres-per-task", "gres/gpu:1"), known)
+    ]
+    assert rest == ["job.sh"]
+
+
+def test_each_release_knows_the_options_its_sbatch_added_dropped_or_changed() -> None:
+    assert "tres-bind" not in sbatch_options(SlurmRelease(23, 2)) and "tres-bind" in sbatch_options(
+        SlurmRelease(23, 11)
+    )
+    assert "power" in sbatch_options(SlurmRelease(23, 11)) and "power" not in sbatch_options(SlurmRelease(24, 5))
+    assert "export-file" not in sbatch_options(SlurmRelease(23, 11))
+    assert sbatch_options(SlurmRelease(24, 11))["get-user-env"][1] is Arity.OPTIONAL
+    assert sbatch_options(SlurmRelease(25, 5))["get-user-env"][1] is Arity.NONE
+    assert sbatch_options(SlurmRelease(25, 11))["requeue"][1] is Arity.OPTIONAL
+    everything = sbatch_options(None)
+    assert {"power", "export-file", "resources", "oom-kill-step"} <= everything.keys()
+    assert everything["get-user-env"][1] is Arity.OPTIONAL  # changed arity: read with = only
+    # a prefix unique in 22.05 is ambiguous once 23.02 adds --extra
+    assert resolve_long("extr", SlurmRelease(22, 5)) == "extra-node-info"
+    with pytest.raises(SpecError, match="ambiguous"):
+        resolve_long("extr", SlurmRelease(23, 2))
+
+
+def test_an_unknown_flag_before_the_script_stays_a_flag() -> None:
+    options, rest = split_command_line(["--container-writable", "job.sh"])
+    assert [(o.name, o.value) for o in options] == [("container-writable", None)] and rest == ["job.sh"]

@@ -95,6 +95,21 @@ def test_squeue_json_gives_admin_comments_time_limits_and_requested_gpus() -> No
         parse_squeue_json(json.dumps(doc))
 
 
+def test_squeue_json_gives_each_component_its_submitted_tasks_and_gpus_per_task() -> None:
+    records = {r.job_id: r for r in parse_squeue_json(recorded("squeue-elastic-shapes.json"))}
+    assert [(records[j].tasks, records[j].gpus_per_task) for j in (66, 67, 70)] == [(1, 0), (2, 1), (2, 1)]
+
+
+@pytest.mark.parametrize(
+    ("tres", "gpus"),
+    [("gres:gpu:2", 2), ("gres/gpu=3", 3), ("cpu=2,gres:gpu:a100:4", 4), ("cpu=2", 0), ("", 0), ("gres:gpux:2", 0)],
+)
+def test_gpus_per_task_read_every_spelling_of_tres_per_task(tres: str, gpus: int) -> None:
+    doc = json.loads(recorded("squeue-elastic-shapes.json"))
+    doc["jobs"][0]["tres_per_task"] = tres
+    assert parse_squeue_json(json.dumps(doc))[0].gpus_per_task == gpus
+
+
 @pytest.mark.parametrize(
     ("state", "reason", "preempted"),
     [

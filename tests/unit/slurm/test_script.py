@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.slurm import SubmitOptions, het_submit_args, render_batch_script
+from slurm_amoeba.slurm import SubmitOptions, het_submit_args, render_batch_script, sbatch_argv
 
 GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden"
 
@@ -73,3 +73,18 @@ def test_a_script_needs_a_component_and_a_command() -> None:
         render_batch_script([], [["true"]])
     with pytest.raises(SpecError, match="command"):
         render_batch_script([SubmitOptions()], [])
+
+
+def test_the_preamble_runs_after_the_shell_options_and_before_the_commands_as_written() -> None:
+    text = render_batch_script([SubmitOptions(ntasks=1)], [["run", "$X"]], ['export DIR="$SLURM_JOB_ID"', "set +u"])
+    lines = text.splitlines()
+    start = lines.index("set -euo pipefail")
+    assert lines[start + 1 :] == ['export DIR="$SLURM_JOB_ID"', "set +u", "run '$X'"]
+
+
+def test_the_sbatch_command_puts_components_before_the_script_and_its_arguments_after() -> None:
+    two = [SubmitOptions(ntasks=1), SubmitOptions(ntasks=2)]
+    assert sbatch_argv(two, "job.sh", ["--epochs", "2"]) == [
+        "sbatch", "--parsable", "--ntasks=1", ":", "--ntasks=2", "job.sh", "--epochs", "2"
+    ]  # fmt: skip
+    assert sbatch_argv([], "job.sh", test_only=True) == ["sbatch", "--test-only", "job.sh"]

@@ -4,7 +4,7 @@ Two measurements on a synthetic cluster (1,000 nodes x 8 GPUs and 2,000 jobs by 
 deterministic for a seed):
 
 - **decision time**: Slurm's records and the agents' records -> :func:`build_snapshot` -> ``policy.decide`` ->
-  :func:`check_decisions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
+  :func:`check_actions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
   snapshot and the check are reported beside it);
 - **loop time under load**: the real :class:`Daemon` loop on a real ZeroMQ socket, with every elastic job's agent
   simulated in a separate process that registers, then reports at 1 Hz with munge-signed messages and answers
@@ -40,7 +40,7 @@ from slurm_amoeba.daemon.config import AgentSettings, DaemonConfig
 from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import check_decisions, make_policy
+from slurm_amoeba.policy import check_actions, make_policy
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
 from slurm_amoeba.transport.channel import ChannelServer, destination, request
 from slurm_amoeba.transport.munge import seal, unseal
@@ -230,7 +230,7 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
         t1 = time.perf_counter()
         decisions = policy.decide(obs.snapshot, now)
         t2 = time.perf_counter()
-        check_decisions(obs.snapshot, decisions)
+        check_actions(obs.snapshot, decisions)
         t3 = time.perf_counter()
         snap_t.append(t1 - t0)
         decide_t.append(t2 - t1)

@@ -80,6 +80,16 @@ class Preempt:
     job_id: str
     reason: str = ""
 
+    @property
+    def workers(self) -> int:
+        """The job's size afterwards: none."""
+        return 0
+
+    @property
+    def placement(self) -> Mapping[str, int]:
+        """The job's placement afterwards: none."""
+        return {}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Place:

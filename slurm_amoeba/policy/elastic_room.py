@@ -11,8 +11,9 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from slurm_amoeba.policy.common import distribute_spare, marginal_efficiency, speedup_gain
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, Snapshot
+from slurm_amoeba.policy.actions import Resize
+from slurm_amoeba.policy.common import SizeAction, distribute_spare, marginal_efficiency, speedup_gain
+from slurm_amoeba.policy.types import JobInfo, Snapshot
 
 if TYPE_CHECKING:
     from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
@@ -245,17 +246,18 @@ def _give_back_key(job: JobInfo, size: int) -> tuple[bool, bool, float]:
     return (below, below and not ahead_of_request(job), speedup_gain(job, size - 1))
 
 
-def compact_growth(decision: Decision, job: JobInfo, node_gpus: int) -> Decision | None:
-    """A growth kept on as few nodes as the job's new size needs (or no more nodes than it spans now); otherwise
-    only its part on the job's own nodes (``None`` when that adds nothing)."""
-    if job.state is not JobPhase.RUNNING or decision.workers <= job.workers or not decision.placement:
-        return decision
-    fewest = -(-decision.workers * job.gpus_per_worker // max(node_gpus, 1))
-    if len(decision.placement) <= max(fewest, len(job.placement)):
-        return decision
-    own = {name: count for name, count in decision.placement.items() if name in job.placement}
+def compact_growth(action: SizeAction, job: JobInfo, node_gpus: int) -> SizeAction | None:
+    """A growth (a :class:`~slurm_amoeba.policy.actions.Resize` above the job's size) kept on as few nodes as the
+    job's new size needs (or no more nodes than it spans now); otherwise only its part on the job's own nodes
+    (``None`` when that adds nothing). Any other action is returned as it is."""
+    if not isinstance(action, Resize) or action.workers <= job.workers or not action.placement:
+        return action
+    fewest = -(-action.workers * job.gpus_per_worker // max(node_gpus, 1))
+    if len(action.placement) <= max(fewest, len(job.placement)):
+        return action
+    own = {name: count for name, count in action.placement.items() if name in job.placement}
     workers = sum(own.values())
-    return dataclasses.replace(decision, workers=workers, placement=own) if workers > job.workers else None
+    return dataclasses.replace(action, workers=workers, placement=own) if workers > job.workers else None
 
 
 def _make_room(

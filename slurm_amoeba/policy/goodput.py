@@ -37,8 +37,17 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from slurm_amoeba.core.efficiency import efficiency
-from slurm_amoeba.policy.common import base_size, las_queue, managed_capacity, realize, shrink_placement
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
+from slurm_amoeba.policy.common import (
+    SizeAction,
+    base_size,
+    las_queue,
+    managed_capacity,
+    realize,
+    shrink_placement,
+    size_action,
+)
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Attained GPU-seconds at which a job drops to the next LAS queue (1 and 16 GPU-hours).
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 16 * 3600.0)
@@ -212,7 +221,12 @@ class GoodputPolicy:
         """The job's place in LAS order: queue, then first come, first served."""
         return (float(las_queue(job.attained_service, self.thresholds_gpu_s)), job.submit_time, job.job_id)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts, preempts and resizes."""
+        return frozenset({Start, Preempt, Resize})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit in LAS order at minimum sizes, then grow by the largest fair-speedup gain per GPU.
 
         Args:
@@ -421,7 +435,7 @@ class _Packer:
 
 def realize_packed(
     snapshot: Snapshot, targets: Mapping[str, int], order: Sequence[JobInfo], reasons: Mapping[str, str]
-) -> list[Decision]:
+) -> list[SizeAction]:
     """:func:`~slurm_amoeba.policy.common.realize` with placements on as few nodes as possible (:class:`_Packer`).
 
     Shrinks and preemptions free their GPUs first; growth and starts follow ``order``. A grown job may move to one
@@ -431,7 +445,7 @@ def realize_packed(
     """
     packer = _Packer(snapshot.free_by_node(), max((node.gpus_total for node in snapshot.nodes), default=0))
     by_id = {job.job_id: job for job in snapshot.jobs}
-    decisions: list[Decision] = []
+    decisions: list[SizeAction] = []
     for job_id, target in targets.items():
         job = by_id[job_id]
         if job.state is not JobPhase.RUNNING or target >= job.workers:
@@ -440,7 +454,7 @@ def realize_packed(
         for name, count in job.placement.items():
             if name in packer.free:
                 packer.change(name, (count - new.get(name, 0)) * job.gpus_per_worker)
-        decisions.append(Decision(job_id, target, new, reasons.get(job_id, "")))
+        decisions.append(size_action(job, target, new, reasons.get(job_id, "")))
     for job in order:
         target = targets.get(job.job_id, job.workers)
         if target <= job.workers:
@@ -448,7 +462,7 @@ def realize_packed(
         running = job.state is JobPhase.RUNNING
         grown = packer.grow(job, target) if running else packer.place(target, job.gpus_per_worker)
         if grown is not None:
-            decisions.append(Decision(job.job_id, target, grown, reasons.get(job.job_id, "")))
+            decisions.append(size_action(job, target, grown, reasons.get(job.job_id, "")))
     return decisions
 
 

@@ -38,9 +38,10 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
+from slurm_amoeba.policy.actions import Action, Place, Preempt, Resize, Start
 from slurm_amoeba.policy.common import base_size, realize
 from slurm_amoeba.policy.elastic_room import admission_keeps, compact_growth, elastic_layer, spared_size
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: How long the daemon holds an elastic job for its requested size before it lets it start at its minimum: the live
 #: daemon's ``admission.max_hold_s`` and the simulated default's ``max_hold_s`` (docs/simulator.md, the default).
@@ -403,7 +404,18 @@ class SlurmBaselinePolicy:
             return job.requested_workers
         return base_size(job)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: Slurm's starts and preemptions; with ``grow_elastic`` the daemon's
+        resizes; with ``whole_node_starts`` its moves of running jobs to other nodes (places)."""
+        kinds: set[type[Action]] = {Start, Preempt}
+        if self.grow_elastic:
+            kinds.add(Resize)
+            if self.whole_node_starts:
+                kinds.add(Place)
+        return frozenset(kinds)
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Start, reserve and preempt as Slurm would; with ``grow_elastic`` also shrink and grow elastic jobs.
 
         Args:
@@ -411,7 +423,7 @@ class SlurmBaselinePolicy:
             now: the current time (priorities age with it; reservations are placed on its clock).
 
         Returns:
-            Start and preempt decisions (and shrink/grow decisions with ``grow_elastic``).
+            Starts and preemptions (and resizes and places with ``grow_elastic``).
         """
         running = [job for job in snapshot.running() if job.shared_with is None]
         profile = self._profile(snapshot, running, now, self._held)

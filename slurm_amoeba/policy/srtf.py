@@ -12,8 +12,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from slurm_amoeba.policy.actions import Action, Preempt, Start
 from slurm_amoeba.policy.common import admit_in_order, managed_capacity, realize
-from slurm_amoeba.policy.types import Decision, JobInfo, Snapshot
+from slurm_amoeba.policy.types import JobInfo, Snapshot
 
 
 def _remaining_key(job: JobInfo) -> tuple[float, float, str]:
@@ -54,7 +55,12 @@ class SrtfPolicy:
         """The job's place in the admission order (see :class:`slurm_amoeba.policy.types.AdmitsInOrder`)."""
         return _remaining_key(job)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts and preempts."""
+        return frozenset({Start, Preempt})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit jobs shortest-remaining first; preempt running jobs that lose their place.
 
         Args:

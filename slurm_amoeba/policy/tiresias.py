@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import admit_in_order, base_size, distribute_spare, managed_capacity, realize
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The artifact's threshold between the two queues: 16 GPU-hours of attained service.
 DEFAULT_QUEUE_THRESHOLD_GPU_S = 16 * 3600.0
@@ -69,7 +70,12 @@ class TiresiasPolicy:
         """The job's place in 2D-LAS order (see :class:`slurm_amoeba.policy.types.AdmitsInOrder`)."""
         return (float(job.attained_service >= self.threshold_gpu_s), job.submit_time, job.job_id)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts and preempts."""
+        return frozenset({Start, Preempt})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit jobs in 2D-LAS order with their requested size; preempt the running jobs left out.
 
         Args:
@@ -116,7 +122,12 @@ class ElasticTiresiasPolicy:
         """The demotion threshold: the only attained service at which the answer changes between events."""
         return (self.threshold_gpu_s,)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts, preempts and resizes."""
+        return frozenset({Start, Preempt, Resize})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit at minimum sizes in 2D-LAS order, keep current sizes where GPUs remain, grow by gain.
 
         Args:

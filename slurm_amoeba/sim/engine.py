@@ -2,7 +2,7 @@
 
 Simulation flow (DESIGN.md): workload -> engine -> ``policy.decide(snapshot, now)`` -> metrics. The engine knows
 nothing about any particular policy: at every scheduling tick (multiples of ``interval``) it builds the same
-``Snapshot`` the daemon builds, asks the policy, checks the answer with ``check_decisions`` and applies it.
+``Snapshot`` the daemon builds, asks the policy, checks the answer with ``check_actions`` and applies it.
 
 Between ticks jobs progress analytically: a running job's speed is constant within an epoch, so its finish time
 is known in advance and kept in a heap; arrivals and finishes are events. A policy that declares
@@ -28,7 +28,21 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Policy, Snapshot, check_decisions
+from slurm_amoeba.policy import (
+    Action,
+    JobInfo,
+    JobPhase,
+    NodeInfo,
+    Place,
+    Policy,
+    Preempt,
+    Resize,
+    Share,
+    Snapshot,
+    Start,
+    action_name,
+    check_actions,
+)
 from slurm_amoeba.policy.common import place_most_free
 from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.application import Application
@@ -100,7 +114,7 @@ class SimConfig:
         grow_lag: seconds from a grow order until the new workers train; the job keeps its old speed meanwhile
             (modelled as the equivalent pause at the new speed). The artifact's setting has none.
         restart_cost: seconds without progress when a job starts, resumes after preemption or moves.
-        check: run ``check_decisions`` on every answer (a policy bug then stops the run with its message).
+        check: run ``check_actions`` on every answer (a policy bug then stops the run with its message).
         horizon: stop at this simulated time (jobs not done by then are reported as unfinished); ``None`` runs
             until every job is done.
         time_limit_factor: for jobs without a time limit, the limit is this many times their real wall time
@@ -760,11 +774,21 @@ class Simulator:
         self._queue.sync(job)
         self._record_usage(now)
 
-    def _apply(self, decision: Decision, now: float) -> None:
-        job = self._jobs[decision.job_id]
+    def _apply(self, action: Action, now: float) -> None:
+        if isinstance(action, Preempt):
+            self._resize(action.job_id, 0, {}, None, now)
+        elif isinstance(action, Share):
+            self._resize(action.job_id, action.workers, action.placement, action.host, now)
+        elif isinstance(action, (Start, Resize, Place)):
+            self._resize(action.job_id, action.workers, action.placement, None, now)
+        else:
+            raise SimError(f"the simulator does not apply {action_name(type(action))} actions ({action})")
+
+    def _resize(self, job_id: str, workers: int, placement: Mapping[str, int], host_id: str | None, now: float) -> None:
+        job = self._jobs[job_id]
         self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
-        if decision.workers == 0 and before > 0 and self.config.grace_time > 0:
+        if workers == 0 and before > 0 and self.config.grace_time > 0:
             # Slurm's GraceTime: the job is signalled now and leaves when the grace time is over.
             if job.grace_until is None:
                 job.grace_until = now + self.config.grace_time
@@ -773,27 +797,25 @@ class Simulator:
         job.grace_until = None
         old_speed = self._speed(job) if before else 0.0
         # A host that keeps running keeps its guest (the policy placed the guest inside the host's new nodes).
-        guest = job.host_of if decision.workers > 0 else None
+        guest = job.host_of if workers > 0 else None
         if before > 0:
             job.host_of = None
             self._release(job, now)
             job.host_of = guest
-        if decision.workers == 0:
+        if workers == 0:
             job.preemptions += 1
             self._predict(job)
             self._queue.sync(job)
             return
-        placement = dict(decision.placement)
+        placement = dict(placement)
         if not placement:
-            found = place_most_free(self._free, decision.workers)
+            found = place_most_free(self._free, workers)
             if found is None:
-                raise SimError(
-                    f"job {job.spec.name}: no room for {decision.workers} workers; the policy over-committed"
-                )
+                raise SimError(f"job {job.spec.name}: no room for {workers} workers; the policy over-committed")
             placement = found
         job.place(placement)
-        if decision.share_with is not None:
-            host = self._jobs[decision.share_with]
+        if host_id is not None:
+            host = self._jobs[host_id]
             self._advance(host, now)
             job.shared_with = host.spec.name
             host.host_of = job.spec.name
@@ -805,18 +827,18 @@ class Simulator:
                 self._set_free(name, -count)
         if before == 0:
             cost = self.config.restart_cost
-            if self.config.start_grow_lag is not None and decision.workers > job.spec.min_workers:
-                cost += self._start_growth_cost(job, decision.workers)
+            if self.config.start_grow_lag is not None and workers > job.spec.min_workers:
+                cost += self._start_growth_cost(job, workers)
                 job.resizes += 1  # the daemon's grow of a job Slurm started at its minimum
             if job.first_start is None:
                 job.first_start = now
             else:
                 job.restarts += 1
-        elif decision.workers != before:
+        elif workers != before:
             cost = self.config.resize_cost
             job.resizes += 1
             new_speed = self._speed(job)
-            if decision.workers > before and new_speed > old_speed > 0.0:
+            if workers > before and new_speed > old_speed > 0.0:
                 # Training goes on at the old speed until the new workers join: the same progress as pausing for
                 # this long at the new speed.
                 cost += self.config.grow_lag * (1.0 - old_speed / new_speed)
@@ -870,16 +892,18 @@ class Simulator:
         infos = [_job_info(every[name]) for _, name in keys]
         return Snapshot(self._nodes_tuple, tuple(infos), self.colocation), hidden
 
-    def _ask(self, now: float) -> tuple[Snapshot, Sequence[Decision]]:
+    def _ask(self, now: float) -> tuple[Snapshot, Sequence[Action]]:
         """One round: the snapshot and the policy's answer (asked again with every pending job when needed)."""
         snapshot, hidden = self._snapshot()
         decisions = self.policy.decide(snapshot, now)
         self._decisions += 1
         if hidden:
             free = self.config.total_gpus - self._used
-            for decision in decisions:
-                if decision.share_with is None:
-                    free -= decision.workers - self._jobs[decision.job_id].workers
+            for action in decisions:
+                if isinstance(action, Preempt):
+                    free += self._jobs[action.job_id].workers
+                elif isinstance(action, (Start, Resize, Place)):
+                    free -= action.workers - self._jobs[action.job_id].workers
             if free >= min(self._queue.needs):  # a hidden job might have started: ask with all of them
                 snapshot, _ = self._snapshot(everything=True)
                 decisions = self.policy.decide(snapshot, now)
@@ -931,7 +955,7 @@ class Simulator:
                     self._advance(job, now)
                 snapshot, decisions = self._ask(now)
                 if self.config.check:
-                    check_decisions(snapshot, decisions)
+                    check_actions(snapshot, decisions)
                 for decision in sorted(decisions, key=self._apply_order):
                     self._apply(decision, now)
                 dirty = bool(decisions)
@@ -945,11 +969,15 @@ class Simulator:
             now = self._next_tick(now, next_arrival, dirty)
         return self._result(time.perf_counter() - started)
 
-    def _apply_order(self, decision: Decision) -> int:
+    def _apply_order(self, action: Action) -> int:
         """Releases first (so that nodes never look over-full), then exclusive starts and growth, then sharers."""
-        if decision.workers < self._jobs[decision.job_id].workers:
+        if isinstance(action, Preempt):
             return 0
-        return 1 if decision.share_with is None else 2
+        if isinstance(action, Share):
+            return 0 if action.workers < self._jobs[action.job_id].workers else 2
+        if isinstance(action, (Start, Resize, Place)):
+            return 0 if action.workers < self._jobs[action.job_id].workers else 1
+        return 1
 
     def _next_tick(self, now: float, next_arrival: int, dirty: bool) -> float:
         interval = self.config.interval

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_amoeba.policy import PolicyError, Snapshot, check_decisions, make_policy
+from slurm_amoeba.policy import PolicyError, Snapshot, check_actions, make_policy
 from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy, SlurmPartition
 
-from .helpers import job, sizes, snapshot
+from .helpers import job, sized, sizes, snapshot
 from .strategies import snapshots
 
 # One node of 4 GPUs; R holds 2 of them until t=1000 (its time limit); the top job P needs all 4.
@@ -110,7 +110,7 @@ def test_a_higher_tier_job_preempts_and_waits_out_the_grace_time() -> None:
     cluster = snapshot([4], [low, high])
     decisions = SlurmBaselinePolicy(partitions=_TIERS).decide(cluster, now=60.0)
     assert sizes(decisions) == {"low": 0}  # told to leave; the high job starts once the grace time is over
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
 
 
 def test_without_grace_time_the_preemptor_starts_in_the_same_round() -> None:
@@ -120,7 +120,7 @@ def test_without_grace_time_the_preemptor_starts_in_the_same_round() -> None:
     cluster = snapshot([4], [low, high])
     decisions = SlurmBaselinePolicy(partitions=tiers).decide(cluster, now=60.0)
     assert sizes(decisions) == {"low": 0, "high": 4}
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
 
 
 def test_jobs_of_a_partition_without_preemption_are_never_preempted() -> None:
@@ -152,7 +152,7 @@ def test_grow_elastic_gives_extras_back_for_a_job_slurm_starts() -> None:
     cluster = snapshot([4], [elastic, rigid])
     decisions = SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)
     assert sizes(decisions) == {"e": 2, "r": 2}
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
     # Slurm alone would make the rigid job wait for the elastic job's end.
     assert SlurmBaselinePolicy().decide(cluster, now=20.0) == []
 
@@ -197,8 +197,8 @@ def test_with_elastic_backfill_and_partitions_no_invariant_breaks(
         policy = SlurmBaselinePolicy(
             grow_elastic=grow, partitions=tiers, bf_reservations=int(easy), admit_at_request=admit
         )
-        decisions = policy.decide(snapshot, now)
-        check_decisions(snapshot, decisions)
+        decisions = sized(policy.decide(snapshot, now))
+        check_actions(snapshot, decisions)
         jobs = {job.job_id: job for job in snapshot.jobs}
         for decision in decisions:
             if decision.workers and jobs[decision.job_id].workers and not grow:
@@ -234,7 +234,7 @@ def test_admit_at_request_holds_an_elastic_job_without_a_reservation_until_its_s
     # Held until 4 GPUs are free or lent: p holds no reservation, so q starts in the free GPU and e keeps its extras.
     held = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
     assert sizes(held) == {"q": 1}
-    check_decisions(cluster, held)
+    check_actions(cluster, held)
 
 
 def test_admit_at_request_starts_at_the_requested_size_out_of_other_jobs_extras() -> None:
@@ -245,7 +245,7 @@ def test_admit_at_request_starts_at_the_requested_size_out_of_other_jobs_extras(
     assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"e": 3, "p": 1}
     decisions = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
     assert sizes(decisions) == {"e": 2, "p": 2}
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
 
 
 def test_extras_above_the_request_go_back_before_those_below_it() -> None:
@@ -262,10 +262,12 @@ def test_compact_starts_take_extras_back_where_the_started_job_fits_on_one_node(
     spread = job("e", 2, low=2, high=8, placement={"n0": 3, "n1": 3}, time_limit=10_000.0)
     rigid = job("r", 4, submit=5.0, time_limit=100.0)
     cluster = snapshot([4, 4], [spread, rigid])
-    decisions = {d.job_id: d for d in SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)}
+    decisions = {d.job_id: d for d in sized(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0))}
     assert len(decisions["r"].placement) == 1 and decisions["e"].workers == 3
-    check_decisions(cluster, list(decisions.values()))
-    loose = {d.job_id: d for d in SlurmBaselinePolicy(grow_elastic=True, compact_starts=False).decide(cluster, 10.0)}
+    check_actions(cluster, list(decisions.values()))
+    loose = {
+        d.job_id: d for d in sized(SlurmBaselinePolicy(grow_elastic=True, compact_starts=False).decide(cluster, 10.0))
+    }
     assert len(loose["r"].placement) == 2
 
 
@@ -279,7 +281,7 @@ def test_compact_growth_does_not_spread_a_job_over_more_nodes_than_its_size_need
     assert sizes(SlurmBaselinePolicy(grow_elastic=True, compact_growth=False).decide(cluster, now=10.0)) == {"j": 4}
     # Room on its own node: it grows there only.
     roomy = snapshot([5, 4], [grower, other, filler])
-    (decision,) = SlurmBaselinePolicy(grow_elastic=True).decide(roomy, now=10.0)
+    (decision,) = sized(SlurmBaselinePolicy(grow_elastic=True).decide(roomy, now=10.0))
     assert (decision.workers, decision.placement) == (3, {"n0": 3})
 
 
@@ -357,14 +359,14 @@ def test_whole_node_starts_move_an_elastic_jobs_workers_so_a_rigid_job_starts_on
     cluster = snapshot([4, 4], [elastic, other, rigid])
     admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=False)
     # Slurm may not take e below its request: without the rule r starts spread over both nodes (2 + 2).
-    assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
+    assert len({d.job_id: d for d in sized(admit.decide(cluster, now=10.0))}["r"].placement) == 2
     assert SlurmBaselinePolicy().whole_node_starts is False, "off by default, as the live daemon's"
     # With whole_node_starts e keeps its size and moves its 2 workers off n0, where r starts whole.
     whole = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=True)
-    decisions = {d.job_id: d for d in whole.decide(cluster, now=10.0)}
+    decisions = {d.job_id: d for d in sized(whole.decide(cluster, now=10.0))}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (3, {"n1": 3})
-    check_decisions(cluster, list(decisions.values()))
+    check_actions(cluster, list(decisions.values()))
     # A job larger than a node is spread as before (x gone: 5 GPUs free, 2 on n0 and 3 on n1).
     large = snapshot([4, 4], [elastic, job("r", 5, submit=5.0, time_limit=100.0)])
     spread = admit.decide(large, now=10.0)
@@ -383,9 +385,9 @@ def test_compact_admissions_start_an_elastic_job_smaller_on_one_node_instead_of_
         ],
     )
     admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
-    (spread,) = admit.decide(cluster, now=10.0)
+    (spread,) = sized(admit.decide(cluster, now=10.0))
     assert (spread.workers, len(spread.placement)) == (4, 2)
-    (compact,) = dataclasses.replace(admit, compact_admissions=True).decide(cluster, now=10.0)
+    (compact,) = sized(dataclasses.replace(admit, compact_admissions=True).decide(cluster, now=10.0))
     assert (compact.workers, dict(compact.placement)) == (3, {"n0": 3})
     # No node with room for its minimum (one GPU free on each of four nodes): spread at its request, as before.
     held = [job(f"x{i}", 3, placement={f"n{i}": 3}, time_limit=10_000.0) for i in range(4)]
@@ -404,13 +406,13 @@ def test_whole_node_moves_minimum_moves_an_elastic_job_at_its_minimum_so_a_rigid
     # Without the rule whole_node_starts moves only workers above a job's minimum: none here, so r is spread 2 + 2.
     admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=True)
     assert admit.whole_node_moves_minimum is False, "a what-if: the live daemon moves only satellites"
-    assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
+    assert len({d.job_id: d for d in sized(admit.decide(cluster, now=10.0))}["r"].placement) == 2
     # With the rule e moves whole to n1 (same size, one move) and r gets n0.
     moves = dataclasses.replace(admit, whole_node_moves_minimum=True)
-    decisions = {d.job_id: d for d in moves.decide(cluster, now=10.0)}
+    decisions = {d.job_id: d for d in sized(moves.decide(cluster, now=10.0))}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (2, {"n1": 2})
-    check_decisions(cluster, list(decisions.values()))
+    check_actions(cluster, list(decisions.values()))
     # A rigid job is never moved: with x on n0 instead of e, r is spread as before.
     rigid_only = snapshot([4, 4], [job("y", 2, placement={"n0": 2}), job("x", 2, placement={"n1": 2}), job("r", 4)])
     assert moves.decide(rigid_only, now=10.0) == admit.decide(rigid_only, now=10.0)
@@ -428,7 +430,7 @@ def test_spare_longer_jobs_starts_a_shorter_arrival_smaller_instead_of_taking_a_
     assert sizes(admit.decide(cluster, now=10.0)) == {"flat": 2, "p": 4}
     decisions = spare.decide(cluster, now=10.0)
     assert sizes(decisions) == {"p": 2}
-    check_decisions(cluster, list(decisions))
+    check_actions(cluster, list(decisions))
     # An arrival with more time than flat has left is admitted as without the rule.
     long = dataclasses.replace(arrival, time_limit=200_000.0)
     assert spare.decide(snapshot([6], [flat, long]), now=10.0) == admit.decide(snapshot([6], [flat, long]), 10.0)
@@ -453,7 +455,7 @@ def test_spare_tail_factor_starts_a_short_arrival_smaller_instead_of_taking_a_lo
     tail = dataclasses.replace(admit, spare_tail_factor=5.0)
     decisions = tail.decide(cluster, now=10.0)
     assert sizes(decisions) == {"short": 2, "p": 2}
-    check_decisions(cluster, list(decisions))
+    check_actions(cluster, list(decisions))
     # With a queue behind p above spare_tail_queue_share of the cluster (3 of 8 GPUs > 0.25), as without the rule.
     queued = snapshot([8], [long, short, arrival, job("q", 3, submit=6.0, time_limit=1_000.0)])
     assert sizes(tail.decide(queued, now=10.0)) == sizes(admit.decide(queued, now=10.0))
@@ -473,4 +475,4 @@ def test_max_hold_s_releases_a_held_elastic_job_to_start_at_its_minimum_as_the_l
     bound = dataclasses.replace(admit, max_hold_s=3600.0)
     assert sizes(bound.decide(cluster, now=7200.0)) == {"p": 2}
     assert bound.decide(cluster, now=1800.0) == []
-    check_decisions(cluster, list(bound.decide(cluster, now=7200.0)))
+    check_actions(cluster, list(bound.decide(cluster, now=7200.0)))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from slurm_amoeba.policy import Decision, Policy, Snapshot, make_policy
+from slurm_amoeba.policy import Action, Policy, Snapshot, make_policy
 from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.engine import SimConfig, Simulator, estimated_time_limit, trace_models
 from slurm_amoeba.sim.workload import JobSpec
@@ -34,7 +34,11 @@ class Opaque:
     def decides_on_events_only(self) -> bool:
         return self.inner.decides_on_events_only
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        return self.inner.emits
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         return self.inner.decide(snapshot, now)
 
 

@@ -91,6 +91,8 @@ class JobInfo:
             before the runtime measured anything). ``throughput`` then holds its goodput per size.
         batch: the global batch an adaptive job runs with, or the policy's batch it is moving to; ``None`` for a
             fixed batch, or where the user sets the batch (the job then ignores a policy's).
+        held: a pending job is held (a :class:`~slurm_amoeba.policy.actions.Hold`, Slurm's ``scontrol hold``): it
+            may not start until released, and policies pass it over as Slurm does (:meth:`Snapshot.startable`).
     """
 
     job_id: str
@@ -116,6 +118,7 @@ class JobInfo:
     shared_with: str | None = None
     adaptive: BatchModel | None = None
     batch: int | None = None
+    held: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -130,6 +133,8 @@ class JobInfo:
             )
         if self.gpus_per_worker < 1:
             raise PolicyError(f"job {self.job_id}: gpus_per_worker={self.gpus_per_worker} must be at least 1")
+        if self.held and self.state is JobPhase.RUNNING:
+            raise PolicyError(f"job {self.job_id} is running and held; only a pending job is held")
         if (self.workers > 0) != (self.state is JobPhase.RUNNING):
             raise PolicyError(
                 f"job {self.job_id}: state {self.state.value} does not match workers={self.workers}; "
@@ -261,6 +266,10 @@ class Snapshot:
     def pending(self) -> list[JobInfo]:
         """The pending jobs, in snapshot order."""
         return [job for job in self.jobs if job.state is JobPhase.PENDING]
+
+    def startable(self) -> list[JobInfo]:
+        """The pending jobs a policy may start: not held, in snapshot order."""
+        return [job for job in self.jobs if job.state is JobPhase.PENDING and not job.held]
 
 
 @runtime_checkable

@@ -82,7 +82,7 @@ class ElasticBackfillPolicy:
         reclaimable = sum((job.workers - job.min_workers) * job.gpus_per_worker for _, _, job in extras)
         reasons: dict[str, str] = {}
         started: list[JobInfo] = []
-        for job in sorted(snapshot.pending(), key=priority_key):
+        for job in sorted(snapshot.startable(), key=priority_key):
             need = base_size(job) * job.gpus_per_worker
             if need > free + reclaimable:
                 continue

@@ -206,6 +206,12 @@ def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
     return targets
 
 
+def schedulable(snapshot: Snapshot) -> list[JobInfo]:
+    """The jobs a policy orders and sizes: all but those on another job's GPUs (they follow their host) and the held
+    ones (they may not start until released, as in Slurm)."""
+    return [job for job in snapshot.jobs if job.shared_with is None and not job.held]
+
+
 def managed_capacity(snapshot: Snapshot) -> int:
     """GPUs the policy may hand out: the free ones plus those its running jobs hold exclusively.
 

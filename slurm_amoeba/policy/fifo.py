@@ -43,7 +43,7 @@ class FifoPolicy:
         """
         free = snapshot.free_gpus
         targets: dict[str, int] = {}
-        order = sorted(snapshot.pending(), key=arrival_key)
+        order = sorted(snapshot.startable(), key=arrival_key)
         for job in order:
             need = job.requested_workers * job.gpus_per_worker
             if need > free:

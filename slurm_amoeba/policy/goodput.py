@@ -44,6 +44,7 @@ from slurm_amoeba.policy.common import (
     las_queue,
     managed_capacity,
     realize,
+    schedulable,
     shrink_placement,
     size_action,
 )
@@ -237,7 +238,7 @@ class GoodputPolicy:
             Start, preempt, grow and shrink decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = sorted((job for job in snapshot.jobs if job.shared_with is None), key=self.queue_key)
+        order = sorted(schedulable(snapshot), key=self.queue_key)
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:

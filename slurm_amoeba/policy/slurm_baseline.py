@@ -350,10 +350,11 @@ class SlurmBaselinePolicy:
         return {owner: 2.0 ** (-(used / total) / share) for owner, used in usage.items()}
 
     def queue_order(self, snapshot: Snapshot, now: float) -> list[JobInfo]:
-        """The pending jobs in the order Slurm tests them: partition tier, priority, submit time, id."""
+        """The pending jobs in the order Slurm tests them: partition tier, priority, submit time, id (a held job is
+        not tested, as in Slurm)."""
         if self.las_queue_s > 0:
             return sorted(
-                snapshot.pending(),
+                snapshot.startable(),
                 key=lambda job: (
                     -self._partition(job).priority_tier,
                     job.attained_service >= self.las_queue_s,
@@ -363,7 +364,7 @@ class SlurmBaselinePolicy:
             )
         priority = self.priorities(snapshot, now)
         return sorted(
-            snapshot.pending(),
+            snapshot.startable(),
             key=lambda job: (-self._partition(job).priority_tier, -priority[job.job_id], job.submit_time, job.job_id),
         )
 

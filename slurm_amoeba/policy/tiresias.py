@@ -18,7 +18,14 @@ import dataclasses
 from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
-from slurm_amoeba.policy.common import admit_in_order, base_size, distribute_spare, managed_capacity, realize
+from slurm_amoeba.policy.common import (
+    admit_in_order,
+    base_size,
+    distribute_spare,
+    managed_capacity,
+    realize,
+    schedulable,
+)
 from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The artifact's threshold between the two queues: 16 GPU-hours of attained service.
@@ -86,7 +93,7 @@ class TiresiasPolicy:
             Start and preempt decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
+        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
         targets = admit_in_order(order, capacity)
         reasons = {
             key: "tiresias: admitted in 2D-LAS order" if size else "tiresias: preempted by higher-priority jobs"
@@ -138,7 +145,7 @@ class ElasticTiresiasPolicy:
             Start, preempt, grow and shrink decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
+        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:

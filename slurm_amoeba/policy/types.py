@@ -93,6 +93,8 @@ class JobInfo:
             fixed batch, or where the user sets the batch (the job then ignores a policy's).
         lent: node name -> workers the job runs there in satellites that hold one node each (the daemon's managed
             jobs; what whole-node moves can move off a node); empty elsewhere.
+        held: a pending job is held (a :class:`~slurm_amoeba.policy.actions.Hold`, Slurm's ``scontrol hold``): it
+            may not start until released, and policies pass it over as Slurm does (:meth:`Snapshot.startable`).
     """
 
     job_id: str
@@ -119,6 +121,7 @@ class JobInfo:
     adaptive: BatchModel | None = None
     batch: int | None = None
     lent: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    held: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -133,6 +136,8 @@ class JobInfo:
             )
         if self.gpus_per_worker < 1:
             raise PolicyError(f"job {self.job_id}: gpus_per_worker={self.gpus_per_worker} must be at least 1")
+        if self.held and self.state is JobPhase.RUNNING:
+            raise PolicyError(f"job {self.job_id} is running and held; only a pending job is held")
         if (self.workers > 0) != (self.state is JobPhase.RUNNING):
             raise PolicyError(
                 f"job {self.job_id}: state {self.state.value} does not match workers={self.workers}; "
@@ -264,6 +269,10 @@ class Snapshot:
     def pending(self) -> list[JobInfo]:
         """The pending jobs, in snapshot order."""
         return [job for job in self.jobs if job.state is JobPhase.PENDING]
+
+    def startable(self) -> list[JobInfo]:
+        """The pending jobs a policy may start: not held, in snapshot order."""
+        return [job for job in self.jobs if job.state is JobPhase.PENDING and not job.held]
 
 
 @runtime_checkable

@@ -37,16 +37,15 @@ from slurm_amoeba.policy import (
     Policy,
     Preempt,
     Resize,
-    Share,
     Snapshot,
     Start,
-    action_name,
     check_actions,
 )
 from slurm_amoeba.policy.common import place_most_free
 from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.application import Application
 from slurm_amoeba.sim.data import SimError
+from slurm_amoeba.sim.executor import SimExecutor
 from slurm_amoeba.sim.metrics import JobRecord, SimResult
 from slurm_amoeba.sim.workload import JobSpec
 
@@ -303,6 +302,7 @@ class _Job:
         "executed",
         "first_start",
         "grace_until",
+        "held",
         "host_of",
         "info",
         "key",
@@ -310,6 +310,7 @@ class _Job:
         "pause_until",
         "placement",
         "preemptions",
+        "priority",
         "progress",
         "rate",
         "resizes",
@@ -327,6 +328,8 @@ class _Job:
         self.model = model
         self.time_limit = time_limit
         self.grace_until: float | None = None
+        self.held = False
+        self.priority = 0
         self.key = (spec.submit_time, spec.name)  # submit order, the order of every snapshot
         self.placement: dict[str, int] = {}
         self.workers = 0
@@ -456,6 +459,8 @@ def _job_info(job: _Job) -> JobInfo:
         partition=spec.partition,
         job_type=job.model.job_type,
         shared_with=job.shared_with,
+        priority=job.priority,
+        held=job.held,
     )
     job.info = info
     return info
@@ -595,6 +600,7 @@ class _Crossings:
         return math.inf
 
 
+# shape: one object per run; the event loop and the cluster state its executor changes (SimCluster) share its fields
 class Simulator:
     """One simulation run: a workload, a policy and a cluster."""
 
@@ -645,6 +651,7 @@ class Simulator:
         self._used = 0
         self._usage: list[tuple[float, int]] = []
         self._decisions = 0
+        self._executor = SimExecutor(self)
 
     # -- progress -------------------------------------------------------------------------------------------
 
@@ -774,17 +781,54 @@ class Simulator:
         self._queue.sync(job)
         self._record_usage(now)
 
-    def _apply(self, action: Action, now: float) -> None:
-        if isinstance(action, Preempt):
-            self._resize(action.job_id, 0, {}, None, now)
-        elif isinstance(action, Share):
-            self._resize(action.job_id, action.workers, action.placement, action.host, now)
-        elif isinstance(action, (Start, Resize, Place)):
-            self._resize(action.job_id, action.workers, action.placement, None, now)
-        else:
-            raise SimError(f"the simulator does not apply {action_name(type(action))} actions ({action})")
+    # -- the state the executor changes (sim/executor.py's SimCluster) ----------------------------------------
 
-    def _resize(self, job_id: str, workers: int, placement: Mapping[str, int], host_id: str | None, now: float) -> None:
+    def workers_of(self, job_id: str) -> int:
+        """Workers the job holds now."""
+        return self._jobs[job_id].workers
+
+    def placement_of(self, job_id: str) -> Mapping[str, int]:
+        """Node -> the job's workers there."""
+        return self._jobs[job_id].placement
+
+    def free_by_node(self) -> Mapping[str, int]:
+        """Node -> free GPUs now."""
+        return self._free
+
+    def mark_held(self, job_id: str, held: bool) -> None:
+        """Hold a pending job (policies pass it over) or release it."""
+        job = self._jobs[job_id]
+        job.held = held
+        job.info = None
+
+    def set_priority(self, job_id: str, priority: int) -> None:
+        """Set a pending job's priority (what the policy sees in ``JobInfo.priority``)."""
+        job = self._jobs[job_id]
+        job.priority = priority
+        job.info = None
+
+    def size_job(
+        self,
+        job_id: str,
+        workers: int,
+        placement: Mapping[str, int],
+        host_id: str | None,
+        now: float,
+        moved: bool = False,
+    ) -> None:
+        """Give a job ``workers`` workers on ``placement`` and charge what the change costs.
+
+        Args:
+            job_id: the job.
+            workers: its new size; 0 preempts it (after ``grace_time``).
+            placement: node -> workers; empty: the nodes with the most free GPUs.
+            host_id: the job whose GPUs it shares, or ``None``.
+            now: the current time.
+            moved: a move at the same size, which costs a resize instead of a restart.
+
+        Raises:
+            SimError: the workers do not fit (a policy over-committed).
+        """
         job = self._jobs[job_id]
         self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
@@ -825,6 +869,16 @@ class Simulator:
         else:
             for name, count in placement.items():
                 self._set_free(name, -count)
+        cost = self._change_cost(job, before, workers, old_speed, now, moved)
+        job.pause_until = now + cost
+        job.rate = self._speed(job)
+        job.info = None
+        self._predict(job)
+        self._queue.sync(job)
+        self._record_usage(now)
+
+    def _change_cost(self, job: _Job, before: int, workers: int, old_speed: float, now: float, moved: bool) -> float:
+        """The pause a start, resize, move or restart costs the job, counted in its record."""
         if before == 0:
             cost = self.config.restart_cost
             if self.config.start_grow_lag is not None and workers > job.spec.min_workers:
@@ -834,7 +888,7 @@ class Simulator:
                 job.first_start = now
             else:
                 job.restarts += 1
-        elif workers != before:
+        elif workers != before or moved:
             cost = self.config.resize_cost
             job.resizes += 1
             new_speed = self._speed(job)
@@ -845,12 +899,7 @@ class Simulator:
         else:
             cost = self.config.restart_cost
             job.restarts += 1
-        job.pause_until = now + cost
-        job.rate = self._speed(job)
-        job.info = None
-        self._predict(job)
-        self._queue.sync(job)
-        self._record_usage(now)
+        return cost
 
     def _start_growth_cost(self, job: _Job, workers: int) -> float:
         """With ``start_grow_lag``: the pause equivalent to training at the minimum until the extras join."""
@@ -956,8 +1005,8 @@ class Simulator:
                 snapshot, decisions = self._ask(now)
                 if self.config.check:
                     check_actions(snapshot, decisions)
-                for decision in sorted(decisions, key=self._apply_order):
-                    self._apply(decision, now)
+                for action in sorted(decisions, key=self._executor.order):
+                    self._executor.apply(action, now)
                 dirty = bool(decisions)
                 if not decisions and next_arrival == total and not self._queue.running:
                     raise SimError(
@@ -968,16 +1017,6 @@ class Simulator:
                 progress(done / total)
             now = self._next_tick(now, next_arrival, dirty)
         return self._result(time.perf_counter() - started)
-
-    def _apply_order(self, action: Action) -> int:
-        """Releases first (so that nodes never look over-full), then exclusive starts and growth, then sharers."""
-        if isinstance(action, Preempt):
-            return 0
-        if isinstance(action, Share):
-            return 0 if action.workers < self._jobs[action.job_id].workers else 2
-        if isinstance(action, (Start, Resize, Place)):
-            return 0 if action.workers < self._jobs[action.job_id].workers else 1
-        return 1
 
     def _next_tick(self, now: float, next_arrival: int, dirty: bool) -> float:
         interval = self.config.interval

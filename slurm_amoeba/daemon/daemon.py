@@ -20,22 +20,23 @@ import os
 import pwd
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from slurm_amoeba.daemon.actuator import Actuator, make_queue_orderer
 from slurm_amoeba.daemon.admission import make_admitter
 from slurm_amoeba.daemon.agents import AgentRecord
-from slurm_amoeba.daemon.config import DaemonConfig
-from slurm_amoeba.daemon.executor import LiveExecutor
+from slurm_amoeba.daemon.config import ConfigError, DaemonConfig
+from slurm_amoeba.daemon.executor import LiveExecutor, live_refusal
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
 from slurm_amoeba.daemon.observer import ClusterSource, Observation
 from slurm_amoeba.daemon.requests import RequestHandler
 from slurm_amoeba.daemon.rounds import REFRESH_MIN_S, RoundLoop, RoundSummary
 from slurm_amoeba.daemon.state import DaemonState
-from slurm_amoeba.policy import JobInfo, make_policy
+from slurm_amoeba.policy import DrainPolicy, JobInfo, Policy, make_policy
+from slurm_amoeba.policy.moves import WholeNodeMoves
 from slurm_amoeba.transport.channel import ChannelServer, Request
 from slurm_amoeba.transport.munge import Credential
 
@@ -67,6 +68,31 @@ class DaemonUser:
             return cls(uid, str(uid))
 
 
+def compose_policy(config: DaemonConfig, moves: Collection[str] = frozenset()) -> DrainPolicy:
+    """The daemon's policy: the configured one with the layers the configuration turns on, the drain outermost
+    (built once, at the daemon's entry; the drain's switch is set each round from the ledger).
+
+    Args:
+        config: the validated configuration.
+        moves: the jobs a whole-node move was ordered of or for lately (the ledger's record), read by the
+            whole-node moves layer at each call.
+
+    Returns:
+        The composed policy, its drain off.
+
+    Raises:
+        ConfigError: the policy (with its layers) can answer with an action the daemon cannot apply live
+            (:func:`~slurm_amoeba.daemon.executor.live_refusal`'s sentence).
+    """
+    policy: Policy = make_policy(config.policy, **config.effective_knobs())
+    if config.whole_node_starts:
+        policy = WholeNodeMoves(policy, moves)
+    refusal = live_refusal(config.policy, policy.emits)
+    if refusal:
+        raise ConfigError(f"{config.source}: policy.name: {refusal}")
+    return DrainPolicy(policy, draining=False)
+
+
 class Daemon:
     """The control daemon (see the module docstring): its lifecycle, its loop, and what ``status`` shows.
 
@@ -78,7 +104,8 @@ class Daemon:
         user: the user the daemon runs as (default: this process's).
 
     Raises:
-        ConfigError: queue ordering or admission is enabled but the daemon's user may not do it.
+        ConfigError: the policy emits an action the daemon cannot apply live (:func:`compose_policy`), or queue
+            ordering or admission is enabled but the daemon's user may not do it.
 
     Attributes:
         ledger: the registered jobs and the persistent state.
@@ -99,13 +126,13 @@ class Daemon:
         self.config = config
         self.slurm = slurm
         self.clock = clock
-        self.policy = make_policy(config.policy, **config.effective_knobs())
         self.metrics = DaemonMetrics()
         user = user or DaemonUser.current()
         self.uid = user.uid
         self.metrics_server: MetricsServer | None = None
         self.actuator = actuator = Actuator(config.agents.parallel, config.agents.timeout_s, config.agents.retries)
         self.ledger = ledger = Ledger(config, self.metrics, clock)
+        self.policy = compose_policy(config, ledger.moves)
         orderer = make_queue_orderer(
             config.queue_order,
             config.queue_order.partitions or config.regular_partitions,

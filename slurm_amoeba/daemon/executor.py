@@ -208,7 +208,10 @@ class LiveExecutor:
         agent = self.ledger.agents[action.job_id]
         if isinstance(action, Move):
             target = agent.report.target if agent.report else info.workers
-            self.actuator.send(self.ledger.order(agent, target, action.reason, source, vacate=action.node))
+            directive = self.ledger.order(
+                agent, target, action.reason, source, vacate=action.node, for_job=action.for_job
+            )
+            self.actuator.send(directive)
             return target
         if action.workers == 0 or (action.workers == info.workers and action.batch is None):
             return None

@@ -2,11 +2,12 @@
 
 Each step is a function of the previous one's result: :func:`~slurm_amoeba.daemon.observer.observe` reads Slurm,
 :func:`~slurm_amoeba.daemon.snapshot.build_snapshot` (pure) turns that and the agents' reports into the policy's
-snapshot, :func:`decide` (pure but for timing the policy) asks the policy, wrapped in the operator's drain
-(:class:`~slurm_amoeba.policy.drain.DrainPolicy`), and keeps the resizes of managed jobs, and :meth:`RoundLoop.act`
-hands them to the actuator. Bookkeeping (the ledger's expired resizes and forgotten jobs, satellite warnings, the
-state file, metrics, the rounds kept for ``status``) happens between the steps, in :class:`RoundLoop`, never inside
-them.
+snapshot, :func:`decide` (pure but for timing the policy) asks the composed policy (the configured one with its
+layers, the operator's drain outermost: :func:`~slurm_amoeba.daemon.daemon.compose_policy`) and checks its actions
+(:func:`~slurm_amoeba.policy.check.check_actions`), and :meth:`RoundLoop.act` hands them to the executor
+(:class:`~slurm_amoeba.daemon.executor.LiveExecutor`). Bookkeeping (the ledger's expired resizes and moves and
+forgotten jobs, satellite warnings, the state file, metrics, the rounds kept for ``status``) happens between the
+steps, in :class:`RoundLoop`, never inside them.
 
 Reading Slurm can hang (a slurmctld that does not answer holds squeue for ``slurm.timeout_s``), so the live loop
 never reads it on its own thread: :meth:`RoundLoop.begin_round` starts the observe step on a thread of its own and
@@ -24,21 +25,18 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.daemon.actuator import QueueOrderer, QueueRound
 from slurm_amoeba.daemon.admission import AdmissionRound, Admitter
-from slurm_amoeba.daemon.batches import policy_batches
 from slurm_amoeba.daemon.config import DaemonConfig
-from slurm_amoeba.daemon.executor import LiveExecutor
+from slurm_amoeba.daemon.executor import Executed, LiveExecutor
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
-from slurm_amoeba.policy.actions import Resize
-from slurm_amoeba.policy.moves import whole_node_moves
+from slurm_amoeba.policy import Action, DrainPolicy, PolicyError, check_actions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 
 logger = logging.getLogger(__name__)
@@ -73,71 +71,39 @@ class Plan:
     """What the decide step wants done.
 
     Attributes:
-        targets: managed job id -> the size to order.
-        reasons: job id -> why (sent to the agent).
+        actions: the composed policy's (checked) actions; every one without a reason carries the policy's name.
         source: ``policy``, or ``drain`` while an operator's drain is on.
         policy_s: how long the policy took.
         error: why nothing may be done (the policy broke an invariant), or "".
-        batches: job id -> the global batch sent with its directive (``goodput``'s adaptive jobs, daemon/batches.py).
     """
 
-    targets: Mapping[str, int]
-    reasons: Mapping[str, str]
+    actions: tuple[Action, ...]
     source: str
     policy_s: float
     error: str = ""
-    batches: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
-def resize_targets(
-    managed: Mapping[str, JobInfo], decisions: Sequence[Decision], default_reason: str
-) -> tuple[dict[str, int], dict[str, str]]:
-    """The decisions the daemon acts on: resizes of the managed elastic jobs that may be resized now.
-
-    Slurm starts and preempts jobs itself; the daemon only resizes the elastic jobs whose agents registered.
+def decide(policy: DrainPolicy, obs: Observation, now: float) -> Plan:
+    """The decide step: the composed policy (drain outermost) on the snapshot, its answer checked.
 
     Args:
-        managed: job id -> the managed jobs as the snapshot shows them.
-        decisions: the policy's (checked) decisions.
-        default_reason: the reason of a decision that gives none (the policy's name).
-
-    Returns:
-        job id -> target size, and job id -> reason.
-    """
-    targets: dict[str, int] = {}
-    reasons: dict[str, str] = {}
-    for decision in decisions:
-        info = managed.get(decision.job_id)
-        if info is None or not info.is_resizable or decision.workers in (0, info.workers):
-            continue
-        targets[decision.job_id] = decision.workers
-        reasons[decision.job_id] = decision.reason or default_reason
-    return targets, reasons
-
-
-def decide(policy: Policy, obs: Observation, now: float, *, draining: bool) -> Plan:
-    """The decide step: the policy (behind the drain switch) on the snapshot, checked, narrowed to resizes.
-
-    Args:
-        policy: the configured policy.
+        policy: the composed policy, its drain switch set as the operator left it.
         obs: the snapshot step's result.
         now: the daemon's clock.
-        draining: whether an operator's drain is on.
 
     Returns:
-        The plan; with ``error`` set and no targets when the decisions broke an invariant.
+        The plan; with ``error`` set and no actions when the answer broke an invariant.
     """
-    source = "drain" if draining else "policy"
+    source = "drain" if policy.draining else "policy"
     tick = time.perf_counter()
-    decisions = DrainPolicy(policy, draining).decide(obs.snapshot, now)
+    actions = policy.decide(obs.snapshot, now)
     policy_s = time.perf_counter() - tick
     try:
-        check_decisions(obs.snapshot, decisions)
+        check_actions(obs.snapshot, actions)
     except PolicyError as exc:
-        return Plan({}, {}, source, policy_s, f"policy error: {exc}")
-    targets, reasons = resize_targets(obs.managed, decisions, policy.name)
-    targets, reasons, batches = policy_batches(policy.name, obs.managed, targets, reasons)
-    return Plan(targets, reasons, source, policy_s, batches=batches)
+        return Plan((), source, policy_s, f"policy error: {exc}")
+    named = tuple(action if action.reason else dataclasses.replace(action, reason=policy.name) for action in actions)
+    return Plan(named, source, policy_s)
 
 
 class RoundLoop:
@@ -146,7 +112,7 @@ class RoundLoop:
     Args:
         config: the daemon's configuration.
         slurm: where jobs and nodes are read from.
-        policy: the configured policy.
+        policy: the composed policy (drain outermost; its switch is set from the ledger each round).
         ledger: the registered jobs and the persistent state.
         metrics: the daemon's metrics.
         executor: applies the round's actions (directives to agents; holds, releases and priorities in Slurm, on
@@ -164,7 +130,7 @@ class RoundLoop:
         self,
         config: DaemonConfig,
         slurm: ClusterSource,
-        policy: Policy,
+        policy: DrainPolicy,
         ledger: Ledger,
         metrics: DaemonMetrics,
         executor: LiveExecutor,
@@ -185,7 +151,6 @@ class RoundLoop:
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
-        self._moved: dict[str, float] = {}  # job id -> when a move was ordered for it or to it (:meth:`move`)
         self._queue_run: concurrent.futures.Future[QueueRound] | None = None
         self._admission_run: concurrent.futures.Future[AdmissionRound] | None = None
 
@@ -252,30 +217,16 @@ class RoundLoop:
         self.ledger.expire_resizes(now)  # before the snapshot, which shows jobs with a resize in flight as resizing
         obs = self.snapshot(view, now)
         self._book_observation(obs, view, now)
-        plan = decide(self.policy, obs, now, draining=self.ledger.state.draining)
+        plan = decide(dataclasses.replace(self.policy, draining=self.ledger.state.draining), obs, now)
         self.metrics.policy_time.observe(plan.policy_s)
         if plan.error:
             logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
-        self.act(plan, obs, now)
-        self.move(obs, view, plan, now)
+        executed = self.act(plan, obs, now)
         self.order_queue(view, now)
         self.admit(view, now, frozenset(obs.managed))
         update_gauges(self.metrics, obs, self.ledger)
-        return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
-
-    def move(self, obs: Observation, view: ClusterView, plan: Plan, now: float) -> None:
-        """Whole-node starts (``whole_node_starts``, :mod:`.moves`): order the moves that let a pending job start on
-        one node, to jobs the policy does not resize this round; neither that pending job nor a moved job is moved
-        for again within ``resize_timeout_s`` (the node is being vacated)."""
-        if not self.config.whole_node_starts or plan.source != "policy":
-            return
-        timeout = self.config.resize_timeout_s
-        self._moved = {job_id: at for job_id, at in self._moved.items() if now - at < timeout}
-        moves = whole_node_moves(obs.snapshot, exclude={*plan.targets, *self._moved}, skip=self._moved)
-        self.executor.apply(moves, obs.managed, obs.managed, source="policy", now=now)
-        for move in moves:
-            self._moved[move.job_id] = self._moved[move.for_job] = now
+        return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(executed.ordered))
 
     def order_queue(self, view: ClusterView, now: float) -> None:
         """Queue ordering's round (when enabled), on a thread of its own: ``scontrol`` may hang as ``squeue`` may.
@@ -324,13 +275,10 @@ class RoundLoop:
             make_room_after_s=self.config.make_room_after_s,
         )
 
-    def act(self, plan: Plan, obs: Observation, now: float) -> None:
-        """The act step: the plan's resizes, as actions, to the executor (a directive each, in flight from then on)."""
-        actions = [
-            Resize(job_id, target, reason=plan.reasons[job_id], batch=plan.batches.get(job_id))
-            for job_id, target in plan.targets.items()
-        ]
-        self.executor.apply(actions, obs.managed, obs.managed, source=plan.source, now=now)
+    def act(self, plan: Plan, obs: Observation, now: float) -> Executed:
+        """The act step: the plan's actions to the executor (a directive is in flight from then on)."""
+        jobs = {info.job_id: info for info in obs.snapshot.jobs}
+        return self.executor.apply(plan.actions, jobs, obs.managed, source=plan.source, now=now)
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs

@@ -25,7 +25,14 @@ simulator, since the daemon leaves node choice to Slurm.
 For adaptive jobs, :class:`GoodputModel` turns the runtime's report (the noise scale and the measured step times,
 ``slurm_amoeba.runtime.adaptive``) into goodput per size and the batch to use there (:meth:`GoodputModel.best`);
 the daemon and the simulator put :func:`goodput_rates` into ``JobInfo.throughput``, so the policy itself sees one
-rate table per job, whatever the job. Pure: imports only ``core`` and ``policy``.
+rate table per job, whatever the job. Its answer carries the batches (:func:`with_batches`): a resize of a job whose
+snapshot shows a goodput model (``JobInfo.adaptive``) and a batch (``JobInfo.batch``) carries the model's best batch
+at the new size, and a running job the answer leaves at its size gets a resize to the same size carrying only a new
+batch when its own has drifted from the model's best by :data:`REBATCH_FACTOR` or more (the noise scale grows as
+training goes on), unless it is pinned, resizing or sharing GPUs (a job of fixed size gets such batch-only resizes
+too). Jobs with a fixed batch, or whose user sets the batch (``JobInfo.batch`` None), never get one; other policies
+weigh sizes only and send none (the job's runtime keeps choosing its own, docs/runtime.md section 12). Pure: imports
+only ``core`` and ``policy``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Attained GPU-seconds at which a job drops to the next LAS queue (1 and 16 GPU-hours).
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 16 * 3600.0)
+#: A job the policy keeps at its size is sent a new batch only when its own differs by this factor or more.
+REBATCH_FACTOR = 1.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +263,8 @@ class GoodputPolicy:
         by_id = {job.job_id: job for job in snapshot.jobs}
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
-            return realize_packed(snapshot, targets, admitted, reasons)
-        return realize(snapshot, targets, admitted, reasons)
+            return with_batches(snapshot, realize_packed(snapshot, targets, admitted, reasons))
+        return with_batches(snapshot, realize(snapshot, targets, admitted, reasons))
 
     def _weight(self, job: JobInfo) -> float:
         """How much a job's utility counts: ``(1 + attained / service_scale) ** -service_weight`` (LAS-like)."""
@@ -432,6 +441,37 @@ class _Packer:
         for name, count in more.items():
             own[name] = own.get(name, 0) + count
         return own
+
+
+def with_batches(snapshot: Snapshot, actions: Sequence[SizeAction]) -> list[SizeAction]:
+    """The answer with the policy's global batches (see the module docstring).
+
+    Args:
+        snapshot: the cluster now (an adaptive job's ``adaptive`` model and ``batch``).
+        actions: the sizes decided.
+
+    Returns:
+        ``actions`` with each adaptive job's resize carrying its batch, then the batch-only resizes of drifted jobs.
+    """
+    by_id = {job.job_id: job for job in snapshot.jobs}
+    out: list[SizeAction] = []
+    for action in actions:
+        job = by_id[action.job_id]
+        if isinstance(action, Resize) and job.adaptive is not None and job.batch is not None:
+            action = dataclasses.replace(action, batch=job.adaptive.best(action.workers)[0])
+        out.append(action)
+    acted = {action.job_id for action in actions}
+    for job in snapshot.running():
+        model = job.adaptive
+        if job.job_id in acted or model is None or job.batch is None:
+            continue
+        if job.pinned or job.resizing or job.shared_with is not None:  # its size need not be elastic
+            continue
+        best = model.best(job.workers)[0]
+        if max(best, job.batch) >= REBATCH_FACTOR * min(best, job.batch):
+            reason = f"goodput: global batch {best} at {job.workers} workers (it runs {job.batch})"
+            out.append(Resize(job.job_id, job.workers, reason=reason, batch=best))
+    return out
 
 
 def realize_packed(

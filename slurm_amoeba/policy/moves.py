@@ -15,18 +15,22 @@ node, :mod:`slurm_amoeba.agent.plan`). The pending job starts when Slurm sees th
 
 What it does not do: move for a job while the free GPUs of the whole cluster are fewer than it needs (the policy
 gives elastic extras back for it then, and Slurm preempts), move a job the inner policy acts on this round, or split
-a satellite (Slurm frees a satellite's GPUs only when all of it ends). Pure: the caller passes the jobs moved lately
-(``exclude``) and the pending jobs moved for lately (``skip``: their node is being vacated).
+a satellite (Slurm frees a satellite's GPUs only when all of it ends).
+
+:class:`WholeNodeMoves` is the layer: the inner policy's actions, then the moves for jobs it does not act on. It
+keeps no state: the jobs a move was ordered of or for lately (their node is being vacated; the daemon's ledger keeps
+them for ``resize_timeout_s``) are its input, a collection the caller owns and passes in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from slurm_amoeba.policy.actions import Move
+from slurm_amoeba.policy.actions import Action, Move
 from slurm_amoeba.policy.common import base_size, priority_key
-from slurm_amoeba.policy.types import JobInfo, Snapshot
+from slurm_amoeba.policy.types import JobInfo, Policy, Snapshot
 
 #: The most of one node's satellite owners tried together when choosing which jobs move (subsets of these).
 MAX_OWNERS = 8
@@ -35,6 +39,50 @@ MAX_OWNERS = 8
 def move_reason(workers: int, node: str, for_job: str) -> str:
     """The sentence a move carries to the job's agent."""
     return f"amoebad: moves {workers} worker(s) off {node} so that job {for_job} starts on one node"
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeNodeMoves:
+    """A policy with whole-node moves added to its answer (see the module docstring).
+
+    Attributes:
+        inner: the policy whose answer the moves are added to.
+        recent: ids of the jobs a move was ordered of or for lately (the caller's record, read at each call):
+            neither moved again nor moved for again.
+    """
+
+    inner: Policy
+    recent: Collection[str] = frozenset()
+
+    @property
+    def name(self) -> str:
+        """The inner policy's name (moves are a layer, not another policy)."""
+        return self.inner.name
+
+    @property
+    def decides_on_events_only(self) -> bool:
+        """The inner policy's answer."""
+        return self.inner.decides_on_events_only
+
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The inner policy's action types, and moves."""
+        return self.inner.emits | {Move}
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        """The inner policy's actions, then the moves of jobs it does not act on.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time in seconds.
+
+        Returns:
+            The actions.
+        """
+        answer = list(self.inner.decide(snapshot, now))
+        recent = set(self.recent)
+        acted = {action.job_id for action in answer}
+        return [*answer, *whole_node_moves(snapshot, exclude=acted | recent, skip=recent)]
 
 
 def whole_node_moves(snapshot: Snapshot, exclude: Collection[str] = (), skip: Collection[str] = ()) -> list[Move]:

@@ -117,6 +117,15 @@ def test_a_move_keeps_the_agents_target_and_vacates_the_node() -> None:
     assert world.apply(Move("e", "n1", 1, for_job="7", reason="room for 7")) == {"e": 3}
     (sent,) = world.actuator.sent
     assert (sent.target, sent.vacate, sent.reason) == (3, "n1", "room for 7")
+    assert world.ledger.moves == {"e": NOW, "7": NOW}, "the moved job and the one moved for, held off"
+    world.ledger.expire_resizes(NOW + world.ledger.config.resize_timeout_s)
+    assert world.ledger.moves == {}
+
+
+def test_a_pinned_job_gets_no_directive() -> None:
+    world = World()
+    world.jobs["e"] = info("e", 1, placement={"n0": 2}, low=1, high=4, pinned=True)
+    assert world.apply(Resize("e", 4)) == {} and world.actuator.sent == []
 
 
 def test_a_hold_marks_then_holds_and_a_release_releases_and_clears_the_mark() -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
-from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
-from slurm_amoeba.policy.moves import whole_node_moves
+from slurm_amoeba.policy import Action, JobInfo, JobPhase, NodeInfo, Resize, Snapshot
+from slurm_amoeba.policy import Move as MoveAction
+from slurm_amoeba.policy.moves import WholeNodeMoves, whole_node_moves
 
 
 def Move(job_id: str, node: str, workers: int, for_job: str) -> tuple[str, str, int, str]:
@@ -104,3 +105,30 @@ def test_the_move_carries_the_sentence_its_agent_logs_and_skips_jobs_excluded() 
     (move,) = whole_node_moves(snap)
     assert move.reason == "amoebad: moves 3 worker(s) off n1 so that job 9 starts on one node"
     assert whole_node_moves(snap, exclude={"5"}) == []
+
+
+class Answers:
+    """An inner policy that answers with fixed actions."""
+
+    name = "inner"
+    decides_on_events_only = True
+    emits: frozenset[type[Action]] = frozenset({Resize})
+
+    def __init__(self, *actions: Action) -> None:
+        self.actions = list(actions)
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        return self.actions
+
+
+def test_the_layer_adds_moves_to_the_inner_answer_for_jobs_it_does_not_act_on_and_none_for_recent_ones() -> None:
+    running = dataclasses.replace(elastic("5", 4), lent={"n1": 3}, placement={"n1": 3, "n4": 1})
+    snap = Snapshot(snapshot({"n1": 1, "n2": 2, "n3": 3, "n4": 0}).nodes, (rigid("9", 4), running))
+    grow = Resize("5", 5, reason="grow")
+    layer = WholeNodeMoves(Answers())
+    assert (layer.name, layer.emits) == ("inner", frozenset({Resize, MoveAction}))
+    (move,) = layer.decide(snap, 0.0)
+    assert (move.job_id, move.for_job) == ("5", "9")
+    assert WholeNodeMoves(Answers(grow)).decide(snap, 0.0) == [grow], "the inner policy acts on job 5"
+    assert WholeNodeMoves(Answers(), recent={"9"}).decide(snap, 0.0) == [], "a node is being vacated for job 9"
+    assert WholeNodeMoves(Answers(), recent={"5"}).decide(snap, 0.0) == [], "job 5 moved lately"

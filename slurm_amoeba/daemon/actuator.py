@@ -57,7 +57,7 @@ class Directive:
         ordered_at: when the daemon decided it (its clock).
         token: anything the caller wants back with the outcome (a deferred ``amoebactl`` request).
         batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
-        vacate: a node whose satellites the job moves elsewhere, the size kept (:mod:`slurm_amoeba.policy.moves`), or "".
+        vacate: a node whose satellites the job moves elsewhere, the size kept (whole-node moves), or "".
     """
 
     job_id: str

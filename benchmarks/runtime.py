@@ -63,7 +63,7 @@ import torch
 from benchmarks.runtime_worker import WARM_UP_VARIABLE, read_steps
 from slurm_amoeba.launcher.restart import restart_command
 from slurm_amoeba.local.job import LocalJob
-from slurm_amoeba.runtime.coordinator import CoordinatorView
+from slurm_amoeba.runtime.view import CoordinatorView
 
 WORKER = [sys.executable, "-m", "benchmarks.runtime_worker"]
 DEADLINE_S = 120.0

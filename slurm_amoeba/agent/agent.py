@@ -42,13 +42,9 @@ from slurm_amoeba.agent.lifecycle import (
     ENDED_BY_SIGNAL,
     MAIN_STEP_NAME,
     REQUEUE_SIGNAL,
+    REQUEUED_EVENT,
     STOP_GRACE_S,
-    ask_every_worker_to_leave,
-    checkpoint_directory,
-    newest_step,
-    requeue,
-    restart,
-    resume_history,
+    JobLife,
 )
 from slurm_amoeba.agent.link import DaemonLink
 from slurm_amoeba.agent.plan import (
@@ -74,9 +70,10 @@ from slurm_amoeba.agent.plan import (
     new_satellite_group,
     plan,
     record,
+    release,
     workers_per_satellite,
 )
-from slurm_amoeba.agent.status import Journal, announce_failure, fit_status, note_node_failing, release_fields
+from slurm_amoeba.agent.status import Journal, fit_status, release_fields
 from slurm_amoeba.agent.submission import SatelliteSlurm
 from slurm_amoeba.core.errors import AmoebaError, ParseError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
@@ -84,10 +81,11 @@ from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
 from slurm_amoeba.runtime.auth import JOB_SECRET_FILE
 from slurm_amoeba.runtime.checkpoint import ENV_CHECKPOINT_DIR
-from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
+from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import PolicyBatch
+from slurm_amoeba.runtime.view import CoordinatorView
 from slurm_amoeba.slurm import JobRecord, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
 from slurm_amoeba.transport.channel import ChannelServer, Request
@@ -184,12 +182,9 @@ class Agent:
         self._start_step = step_starter
         self._stop_reason = ""
         self._requeue_reason = ""
-        self.vacate = ""  # a node the daemon asked the job's satellites to move off (:func:`order_move`)
-        self._requeues = 0  # times the job requeued itself before this run (its history says)
-        self.restarts = 0  # restarts from a disk checkpoint in this allocation
-        self.before_requeue = before_requeue
+        self._vacate = ""  # a node the daemon asked the job's satellites to move off (:meth:`order_move`)
+        self.life = JobLife(config, self.journal, self.prefix, before_requeue)
         self.new_coordinator = new_coordinator or (lambda: default_coordinator(config))
-        self.checkpoint_dir = checkpoint_directory({**os.environ, **config.worker_env}, config.state_dir)
         self._main_step: RunningStep | None = None
         self._channel: ChannelServer | None = None
         self._view: CoordinatorView | None = None
@@ -212,7 +207,7 @@ class Agent:
         for sig in previous:
             signal.signal(sig, self._on_signal)
         try:
-            self._requeues = resume_history(self, os.environ)
+            self.life.resume(os.environ)
             self.coordinator.start()
             self._channel = ChannelServer(f"tcp://{directive_bind_address(self.config.advertise_addr)}:*")
             spec = self.config.spec
@@ -225,7 +220,7 @@ class Agent:
                 self.endpoint,
             )
             self.start_main_group()
-            register_with_daemon(self)
+            self._register_with_daemon()
             return self._loop()
         finally:
             self.shutdown()
@@ -256,8 +251,8 @@ class Agent:
         env.update(self.config.worker_env)
         env.update(self.coordinator.worker_env("unassigned"))
         env.setdefault("OMP_NUM_THREADS", "1")
-        if self.checkpoint_dir is not None:  # disk checkpoints by default: a lost or requeued job resumes from them
-            env.setdefault(ENV_CHECKPOINT_DIR, str(self.checkpoint_dir))
+        if self.life.checkpoint_dir is not None:  # disk checkpoints by default: a lost or requeued job resumes
+            env.setdefault(ENV_CHECKPOINT_DIR, str(self.life.checkpoint_dir))
         env[ENV_PARENT_JOB] = self.config.job_id
         return env
 
@@ -275,7 +270,7 @@ class Agent:
             running_at=now,
         )
         self.groups.insert(0, group)
-        run = f"-run{self._requeues + self.restarts + 1}" if self._requeues + self.restarts else ""  # earlier logs stay
+        run = f"-run{self.life.runs + 1}" if self.life.runs else ""  # the earlier runs' logs stay
         self._main_step = self._start_step(
             StepOptions(
                 ntasks=spec.min_workers,
@@ -305,7 +300,7 @@ class Agent:
                 next_status = now + 1.0
             if self.config.daemon_endpoint and now >= next_report:
                 try:
-                    report_to_daemon(self, self._view)
+                    self.report_to_daemon(self._view)
                 except Exception as exc:  # a report is best effort: never the end of the job
                     log.warning("%s report not sent: %s", self.prefix, quote(exc, 200))
                 next_report = now + self.config.report_s
@@ -324,7 +319,7 @@ class Agent:
         if req is None:
             return
         try:
-            handle_directive(self, channel, req)
+            self.handle_directive(channel, req)
         except Exception as exc:  # a bug a message provoked must cost that message only, not the job
             log.exception("%s a %s directive failed", self.prefix, quote(req.message.kind, 40))
             with contextlib.suppress(Exception):
@@ -361,10 +356,98 @@ class Agent:
         """The agent's clock (Unix seconds)."""
         return self._clock()
 
-    def reset_for_restart(self) -> None:
-        """Forget the lost run's progress (a restart from a disk checkpoint begins a new one)."""
+    # ----------------------------------------------------------------------------------------------- requeue, restart
+
+    def _ask_every_worker_to_leave(self, reason: str, timeout_s: float) -> int:
+        """Every worker leaves at the same step boundary (so the coordinator asks each for a final checkpoint):
+        pending satellites are released, running satellites' workers asked to leave through the coordinator, the main
+        group sent ``SIGTERM``; then wait up to ``timeout_s`` for the main group's step to end.
+
+        Returns:
+            The main step's exit status (it is killed if it has not ended within ``timeout_s``).
+        """
+        try:
+            seen = CoordinatorSeen.of(self.coordinator.view())
+        except RuntimeConfigError:  # the coordinator's thread crashed: nobody to ask; stop the main group
+            return self.stop_main_step(timeout_s)
+        for group in [g for g in self.groups if g.satellite and g.state is not GroupState.ENDED]:
+            if group.state is GroupState.PENDING:
+                self.release_satellite(release(group, reason, seen, self.now()))
+                continue
+            for worker in group.active_workers:
+                try:
+                    self.coordinator.request_leave(worker)
+                except RuntimeConfigError as exc:  # not registered yet: its satellite's release ends it
+                    log.info("%s %s cannot leave gracefully: %s", self.prefix, worker, exc)
+        return self.stop_main_step(timeout_s, told=self._tell_main_group_to_leave())
+
+    def _tell_main_group_to_leave(self) -> bool:
+        """``SIGTERM`` the main group's tasks through Slurm (``scancel --signal=TERM <job>.<step>``): each leaves at
+        the next step boundary. Its ``srun`` cannot pass it on: a ``SIGTERM`` to ``srun`` ends the step at once.
+        Returns whether Slurm took the signal (else the caller stops the step through ``srun``)."""
+        try:
+            for component in self.slurm.het_components(int(self.config.job_id)):
+                for step in self.slurm.steps(component.job_id):
+                    if step.name == MAIN_STEP_NAME and step.number is not None:
+                        self.slurm.cancel(step.job_id, step=step.number, signal="TERM")
+                        return True
+        except (SlurmCommandError, AmoebaError) as exc:
+            log.warning("%s cannot signal the main group's tasks through Slurm: %s", self.prefix, exc)
+        return False
+
+    def _requeue(self, action: Requeue) -> int:
+        """Apply :class:`Requeue` (:mod:`slurm_amoeba.agent.lifecycle`); returns the agent's exit status."""
+        config = self.config
+        log.warning("%s %s: the workers save the state, then the job requeues", self.prefix, action.reason)
+        self.journal.event("requeue_requested", reason=action.reason)
+        started = time.monotonic()
+        status = self._ask_every_worker_to_leave(action.reason, config.stop_timeout_s)
+        step = self.life.newest_step()
+        self.journal.event(
+            "checkpoint_saved" if step is not None else "no_checkpoint",
+            step=step,
+            workers_status=status,
+            stop_s=round(time.monotonic() - started, 3),
+        )
+        for leftover in final_releases(self.groups, CoordinatorSeen.of(self.coordinator.view()), self.now()):
+            self.release_satellite(leftover)
+        refusal = self.life.requeue_refusal()
+        if refusal:
+            log.warning("%s not requeued: %s", self.prefix, refusal)
+            self.journal.event("requeue_refused", reason=refusal)
+            return ENDED_BY_SIGNAL
+        self.journal.event(REQUEUED_EVENT, reason=action.reason, step=step, requeues=self.life.requeues + 1)
+        self.write_status(self.coordinator.view())  # Slurm may end this process as soon as the requeue is taken
+        try:
+            self.slurm.requeue(int(config.job_id))
+        except SlurmCommandError as exc:
+            if exc.returncode is not None and exc.returncode < 0 and not exc.timed_out:
+                # Slurm took the requeue and is ending this run's processes, scontrol among them (measured: -15).
+                log.info(
+                    "%s job %s requeued at step %s (scontrol ended with this run)", self.prefix, config.job_id, step
+                )
+                return ENDED_BY_SIGNAL
+            log.error("%s scontrol requeue failed: %s", self.prefix, exc)
+            self.journal.event("requeue_failed", error=quote(str(exc), 200))
+            return ENDED_BY_SIGNAL
+        log.info("%s job %s requeued at step %s", self.prefix, config.job_id, step)
+        return ENDED_BY_SIGNAL
+
+    def _restart(self, action: RestartFromCheckpoint) -> None:
+        """Apply :class:`RestartFromCheckpoint` (:mod:`slurm_amoeba.agent.lifecycle`): release the satellites, stop
+        the main group, start a fresh coordinator and main group; the lost run's progress is forgotten."""
+        self.life.count_restart(action)
+        seen = CoordinatorSeen.of(self.coordinator.view())
+        for leftover in final_releases(self.groups, seen, self.now()):
+            self.release_satellite(leftover)
+        self.stop_main_step(5.0)
+        self.coordinator.close()
+        self.groups[:] = [g for g in self.groups if g.satellite]  # ended satellites stay: new groups get new names
+        self.coordinator = self.new_coordinator()
+        self.coordinator.start()
         self.target = self.config.spec.min_workers
         self._over_since = None
+        self.start_main_group()
 
     # ----------------------------------------------------------------------------------------------- observing
 
@@ -386,7 +469,7 @@ class Agent:
         return Observation(
             now=now,
             target=self.target,
-            vacate=take_move(self),
+            vacate=self._take_move(),
             groups=self.groups,
             coordinator=CoordinatorSeen.of(view),
             satellites=satellites,
@@ -394,8 +477,8 @@ class Agent:
             main_step_status=main_status,
             stop_reason=self._stop_reason,
             requeue_reason=self._requeue_reason,
-            checkpoint_step=newest_step(self.checkpoint_dir) if view.phase is Phase.LOST or main_status else None,
-            restarts_left=self.config.max_restarts - self.restarts,
+            checkpoint_step=self.life.newest_step() if view.phase is Phase.LOST or main_status else None,
+            restarts_left=self.life.restarts_left,
         )
 
     # ----------------------------------------------------------------------------------------------- applying
@@ -411,12 +494,12 @@ class Agent:
             if isinstance(action, Stop):
                 log.warning("%s stopping: %s", self.prefix, action.reason)
                 self.journal.event("stopping", reason=action.reason)
-                ask_every_worker_to_leave(self, action.reason, STOP_GRACE_S)  # together: a final checkpoint
+                self._ask_every_worker_to_leave(action.reason, STOP_GRACE_S)  # together: a final checkpoint
                 return ENDED_BY_SIGNAL
             if isinstance(action, Requeue):
-                return requeue(self, action, self._requeues)
+                return self._requeue(action)
             if isinstance(action, JobFailed):  # a failure a retry repeats: end now, the traceback in our output
-                announce_failure(self.journal, action, self.prefix)
+                self.journal.announce_failure(action, self.prefix)
                 return self.stop_main_step() or 1
             if isinstance(action, MainGroupEnded):
                 log.info("%s the main worker group ended with status %s", self.prefix, action.status)
@@ -435,9 +518,9 @@ class Agent:
             elif isinstance(action, ReleaseSatellite):
                 self.release_satellite(action)
             elif isinstance(action, RestartFromCheckpoint):
-                restart(self, action)
+                self._restart(action)
             elif isinstance(action, NodeFailing):
-                note_node_failing(self.journal, action, self.prefix)
+                self.journal.note_node_failing(action, self.prefix)
             elif isinstance(action, LowerTarget):
                 self.journal.event("target_lowered", target=action.target, previous=action.previous)
                 self.target = action.target
@@ -502,7 +585,7 @@ class Agent:
     def resize(self, target: int, reason: str = "", batch: int | None = None) -> int:
         """Ask for ``target`` workers; the agent's next round gets there in the background.
 
-        ``batch``: the global batch the daemon's policy chose for ``target`` workers (:func:`hand_batch`).
+        ``batch``: the global batch the daemon's policy chose for ``target`` workers (:meth:`_hand_batch`).
 
         Returns:
             The accepted target.
@@ -517,12 +600,76 @@ class Agent:
                 f"resize to {target} workers is outside this job's range {spec.min_workers}..{spec.max_workers}"
             )
         if batch is not None:
-            hand_batch(self, batch, target)
+            self._hand_batch(batch, target)
         if target != self.target:
             log.info("%s resize %d -> %d (%s)", self.prefix, self.target, target, reason or "no reason given")
             self.journal.event("resize_requested", target=target, previous=self.target, reason=reason)
         self.target = target
         return target
+
+    def order_move(self, node: str, reason: str) -> None:
+        """The daemon's move (a directive's ``vacate``): the job's running satellites on ``node`` leave at a step
+        boundary and as many workers grow back in satellites that exclude it, the size kept (the next round does it,
+        :func:`~slurm_amoeba.agent.plan.plan`; the daemon asks again if it still wants it later)."""
+        log.info("%s moving its satellites off %s (%s)", self.prefix, node, reason or "no reason given")
+        self.journal.event("move_requested", node=node, target=self.target, reason=reason)
+        self._vacate = node
+
+    def _take_move(self) -> str:
+        """The node of the move ordered since the last round, or ""; the order is taken (one round's)."""
+        node, self._vacate = self._vacate, ""
+        return node
+
+    def _hand_batch(self, batch: int, workers: int) -> None:
+        """Hand the policy's global batch for ``workers`` workers to the coordinator at once (an adaptive job's
+        workers apply it once they are ``workers``, docs/runtime.md section 12; a fixed-batch job ignores it).
+
+        Raises:
+            SpecError: ``batch`` is not a global batch the runtime takes.
+        """
+        try:
+            choice = self.coordinator.set_policy_batch(batch, workers)
+        except ParseError as exc:
+            raise SpecError(f"global batch {batch} for {workers} workers: {exc}") from None
+        self.journal.event("batch_chosen", batch=batch, workers=workers, choice=choice.seq)
+
+    def handle_directive(self, channel: ChannelServer, req: Request) -> None:
+        """Answer one authenticated directive: ``status`` for the owner, the daemon and root; ``resize`` for the
+        owner and the daemon; anything else is refused."""
+        msg = req.message
+        job_id = self.config.job_id
+        if msg.kind == "status":
+            if not self.link.may_read(req.sender.uid):
+                channel.refuse(
+                    req, f"uid {req.sender.uid} may not read job {job_id}: only its owner, the daemon and root may"
+                )
+                return
+            channel.answer(req, msg.reply(data=fit_status(self.status())))
+            return
+        if not self.link.may_direct(req.sender.uid):
+            channel.refuse(
+                req,
+                f"uid {req.sender.uid} may not direct job {job_id}: only its "
+                f"owner (uid {self.link.owner_uid}) and the daemon may",
+            )
+            return
+        if msg.kind != "resize":
+            channel.refuse(req, f"the agent does not take {msg.kind!r} messages; it takes resize and status")
+            return
+        if msg.body["job_id"] != job_id:
+            channel.refuse(req, f"this is the agent of job {job_id}, not {quote(msg.body['job_id'])}")
+            return
+        batch = msg.body.get("batch")
+        try:
+            target = self.resize(
+                int(msg.body["target"]), str(msg.body["reason"]), batch=None if batch is None else int(batch)
+            )
+        except SpecError as exc:
+            channel.answer(req, msg.reply(ok=False, error=str(exc)))
+            return
+        if msg.body.get("vacate"):
+            self.order_move(str(msg.body["vacate"]), str(msg.body["reason"]))
+        channel.answer(req, msg.reply(data={"size": self.coordinator.view().world_size, "target": target}))
 
     def planned_size(self) -> int:
         """Workers the job has or is getting (groups not leaving or ended)."""
@@ -548,6 +695,38 @@ class Agent:
         tmp.write_text(json.dumps(self.status(view)))
         tmp.replace(path)
 
+    def _register_with_daemon(self) -> None:
+        """Register the job with the daemon (its range, resources and directive endpoint)."""
+        spec = self.config.spec
+        self.link.register(
+            {
+                "job_id": self.config.job_id,
+                "endpoint": self.endpoint,
+                "min_workers": spec.min_workers,
+                "max_workers": spec.max_workers,
+                "gpus_per_worker": spec.gpus_per_worker,
+                "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
+                "elastic_partition": self.config.elastic_partition,
+            }
+        )
+
+    def report_to_daemon(self, view: CoordinatorView) -> None:
+        """Report the job's size, target, throughput, recent history and satellites to the daemon, and an adaptive
+        job's statistics (:func:`~slurm_amoeba.agent.status.adaptive_fields`)."""
+        status = self.status(view)
+        self.link.report(
+            {
+                "job_id": self.config.job_id,
+                "size": status["size"],
+                "generation": status["generation"],
+                "target": status["target"],
+                "throughput": status["throughput"],
+                "history": status["history"][-20:],
+                "satellites": [g.slurm_job for g in self.groups if g.satellite and g.state is not GroupState.ENDED],
+                **({"adaptive": status["adaptive"]} if status.get("adaptive") else {}),
+            }
+        )
+
 
 def stop_step(step: RunningStep | None, grace_s: float, *, told: bool = False) -> int:
     """Stop a worker step: SIGTERM its ``srun`` (which ends the step at once: "forcing job termination"), unless
@@ -565,69 +744,6 @@ def stop_step(step: RunningStep | None, grace_s: float, *, told: bool = False) -
     return step.wait()
 
 
-def order_move(agent: Agent, node: str, reason: str) -> None:
-    """The daemon's move (a directive's ``vacate``): the job's running satellites on ``node`` leave at a step
-    boundary and as many workers grow back in satellites that exclude it, the size kept (the next round does it,
-    :func:`~slurm_amoeba.agent.plan.plan`; the daemon asks again if it still wants it later)."""
-    log.info("%s moving its satellites off %s (%s)", agent.prefix, node, reason or "no reason given")
-    agent.journal.event("move_requested", node=node, target=agent.target, reason=reason)
-    agent.vacate = node
-
-
-def take_move(agent: Agent) -> str:
-    """The node of the move ordered since the last round, or ""; the order is taken (one round's)."""
-    node, agent.vacate = agent.vacate, ""
-    return node
-
-
-def hand_batch(agent: Agent, batch: int, workers: int) -> None:
-    """Hand the policy's global batch for ``workers`` workers to the coordinator at once (an adaptive job's workers
-    apply it once they are ``workers``, docs/runtime.md section 12; a fixed-batch job ignores it).
-
-    Raises:
-        SpecError: ``batch`` is not a global batch the runtime takes.
-    """
-    try:
-        choice = agent.coordinator.set_policy_batch(batch, workers)
-    except ParseError as exc:
-        raise SpecError(f"global batch {batch} for {workers} workers: {exc}") from None
-    agent.journal.event("batch_chosen", batch=batch, workers=workers, choice=choice.seq)
-
-
-def register_with_daemon(agent: Agent) -> None:
-    """Register the job with the daemon (its range, resources and directive endpoint)."""
-    spec = agent.config.spec
-    agent.link.register(
-        {
-            "job_id": agent.config.job_id,
-            "endpoint": agent.endpoint,
-            "min_workers": spec.min_workers,
-            "max_workers": spec.max_workers,
-            "gpus_per_worker": spec.gpus_per_worker,
-            "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
-            "elastic_partition": agent.config.elastic_partition,
-        }
-    )
-
-
-def report_to_daemon(agent: Agent, view: CoordinatorView) -> None:
-    """Report the job's size, target, throughput, recent history and satellites to the daemon, and an adaptive
-    job's statistics (:func:`~slurm_amoeba.agent.status.adaptive_fields`)."""
-    status = agent.status(view)
-    agent.link.report(
-        {
-            "job_id": agent.config.job_id,
-            "size": status["size"],
-            "generation": status["generation"],
-            "target": status["target"],
-            "throughput": status["throughput"],
-            "history": status["history"][-20:],
-            "satellites": [g.slurm_job for g in agent.groups if g.satellite and g.state is not GroupState.ENDED],
-            **({"adaptive": status["adaptive"]} if status.get("adaptive") else {}),
-        }
-    )
-
-
 def default_coordinator(config: AgentConfig) -> Coordinator:
     """The job's coordinator as ``config`` says (a fresh one, with a new store and secret, on each restart)."""
     return Coordinator(
@@ -640,42 +756,3 @@ def default_coordinator(config: AgentConfig) -> Coordinator:
             **config.coordinator,  # type: ignore[arg-type]
         )
     )
-
-
-def handle_directive(agent: Agent, channel: ChannelServer, req: Request) -> None:
-    """Answer one authenticated directive: ``status`` for the owner, the daemon and root; ``resize`` for the owner
-    and the daemon; anything else is refused."""
-    msg = req.message
-    if msg.kind == "status":
-        if not agent.link.may_read(req.sender.uid):
-            channel.refuse(
-                req,
-                f"uid {req.sender.uid} may not read job {agent.config.job_id}: only its owner, the daemon and root may",
-            )
-            return
-        channel.answer(req, msg.reply(data=fit_status(agent.status())))
-        return
-    if not agent.link.may_direct(req.sender.uid):
-        channel.refuse(
-            req,
-            f"uid {req.sender.uid} may not direct job {agent.config.job_id}: only its "
-            f"owner (uid {agent.link.owner_uid}) and the daemon may",
-        )
-        return
-    if msg.kind != "resize":
-        channel.refuse(req, f"the agent does not take {msg.kind!r} messages; it takes resize and status")
-        return
-    if msg.body["job_id"] != agent.config.job_id:
-        channel.refuse(req, f"this is the agent of job {agent.config.job_id}, not {quote(msg.body['job_id'])}")
-        return
-    batch = msg.body.get("batch")
-    try:
-        target = agent.resize(
-            int(msg.body["target"]), str(msg.body["reason"]), batch=None if batch is None else int(batch)
-        )
-    except SpecError as exc:
-        channel.answer(req, msg.reply(ok=False, error=str(exc)))
-        return
-    if msg.body.get("vacate"):
-        order_move(agent, str(msg.body["vacate"]), str(msg.body["reason"]))
-    channel.answer(req, msg.reply(data={"size": agent.coordinator.view().world_size, "target": target}))

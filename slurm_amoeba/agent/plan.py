@@ -51,9 +51,9 @@ from slurm_amoeba.agent.groups import (
     worker_ids,
 )
 from slurm_amoeba.core.spec import ElasticSpec
-from slurm_amoeba.runtime.coordinator import CoordinatorView
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass, WorkerExit, classify_exit
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.runtime.view import CoordinatorView
 from slurm_amoeba.slurm.records import JobRecord, JobState
 
 PHASE_OVER_GRACE_S = 30.0

@@ -30,7 +30,7 @@ from slurm_amoeba.core.messages import (
     quote,
 )
 from slurm_amoeba.core.spec import ElasticSpec
-from slurm_amoeba.runtime.coordinator import CoordinatorView
+from slurm_amoeba.runtime.view import CoordinatorView
 
 log = logging.getLogger(__name__)
 
@@ -234,35 +234,33 @@ class Journal:
             "updated_at": self._clock(),
         }
 
+    def announce_failure(self, action: JobFailed, prefix: str, out: TextIO | None = None) -> None:
+        """Say why the job ends on a failure that a retry repeats: a ``job_failed`` event with its class in the history
+        (``job.history()``, the daemon's reports), and in the job's output (the agent's stdout: the batch step's) the
+        reason and the traceback of the error behind it."""
+        error = action.error
+        self.event(
+            "job_failed",
+            failure=action.failure.value,
+            reason=action.reason,
+            worker=error.worker if error else None,
+            error=error.error if error else None,
+            step=error.step if error else None,
+        )
+        log.error("%s the job ends: %s", prefix, action.reason)
+        stream = out if out is not None else sys.stdout
+        lines = [f"{prefix} the job failed ({action.failure.value} error, not retried): {action.reason}"]
+        if error is not None:
+            lines.append(f"{prefix} {error.worker} at step {error.step}: {error.message}")
+            lines.append(error.traceback.rstrip() or "(no traceback was sent)")
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()
 
-def announce_failure(journal: Journal, action: JobFailed, prefix: str, out: TextIO | None = None) -> None:
-    """Say why the job ends on a failure that a retry repeats: a ``job_failed`` event with its class in the history
-    (``job.history()``, the daemon's reports), and in the job's output (the agent's stdout: the batch step's) the
-    reason and the traceback of the error behind it."""
-    error = action.error
-    journal.event(
-        "job_failed",
-        failure=action.failure.value,
-        reason=action.reason,
-        worker=error.worker if error else None,
-        error=error.error if error else None,
-        step=error.step if error else None,
-    )
-    log.error("%s the job ends: %s", prefix, action.reason)
-    stream = out if out is not None else sys.stdout
-    lines = [f"{prefix} the job failed ({action.failure.value} error, not retried): {action.reason}"]
-    if error is not None:
-        lines.append(f"{prefix} {error.worker} at step {error.step}: {error.message}")
-        lines.append(error.traceback.rstrip() or "(no traceback was sent)")
-    stream.write("\n".join(lines) + "\n")
-    stream.flush()
-
-
-def note_node_failing(journal: Journal, action: NodeFailing, prefix: str) -> None:
-    """Record that the job lost workers on one node repeatedly: a ``node_failing`` event, which the agent's reports
-    carry to the daemon (``amoebactl jobs`` lists the node)."""
-    log.warning("%s node %s failed under this job %d times", prefix, action.node, action.failures)
-    journal.event("node_failing", node=action.node, failures=action.failures)
+    def note_node_failing(self, action: NodeFailing, prefix: str) -> None:
+        """Record that the job lost workers on one node repeatedly: a ``node_failing`` event, which the agent's reports
+        carry to the daemon (``amoebactl jobs`` lists the node)."""
+        log.warning("%s node %s failed under this job %d times", prefix, action.node, action.failures)
+        self.event("node_failing", node=action.node, failures=action.failures)
 
 
 def release_fields(action: ReleaseSatellite) -> dict[str, Any]:

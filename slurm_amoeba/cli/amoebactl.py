@@ -1,24 +1,35 @@
 """``amoebactl``: ask the control daemon what it sees, and tell it what to do.
 
-``amoebactl status | jobs | resize JOB N | pin JOB | unpin JOB | drain | resume | policy show``, with ``--json`` for
-the raw reply. The daemon is found at ``--endpoint``, else ``AMOEBA_DAEMON_ENDPOINT``, else
-``tcp://127.0.0.1:6820``. ``--json``, ``--endpoint`` and ``--timeout`` may stand before or after the subcommand.
-Every request is signed with munge: the daemon knows who asks. Exit status: 0 done,
-1 refused (the reason is printed), 2 bad usage, 3 the daemon did not answer.
+``amoebactl status | jobs | watch | resize JOB N | pin JOB | unpin JOB | drain | resume | policy show``, with
+``--json`` for the raw reply. ``watch`` redraws the elastic jobs (size, target, throughput, last event) every
+``--interval`` seconds until ``q`` or Ctrl-C. ``resize --local`` needs no daemon: it sends the directive to the job's
+own agent, found through its status file (``--state-dir``, else ``AMOEBA_STATE_DIR``, else ``./amoeba-JOB``), signed
+with munge as the caller, whom the agent obeys only if they own the job. The daemon is found at ``--endpoint``, else
+``AMOEBA_DAEMON_ENDPOINT``, else ``tcp://127.0.0.1:6820``. ``--json``, ``--endpoint`` and ``--timeout`` may stand
+before or after the subcommand. Every request is signed with munge: the daemon knows who asks. Exit status: 0 done, 1
+refused (the reason is printed), 2 bad usage, 3 the daemon did not answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import sys
-from collections.abc import Mapping, Sequence
+import termios
+import time
+import tty
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from slurm_amoeba.cli.entry import add_version_flag
-from slurm_amoeba.core.jobenv import ENV_DAEMON_ENDPOINT
+from slurm_amoeba.core.errors import AmoebaError, SpecError
+from slurm_amoeba.core.jobenv import ENV_DAEMON_ENDPOINT, ENV_STATE_DIR
 from slurm_amoeba.core.messages import Message, quote
+from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.transport.channel import ChannelError, request
 from slurm_amoeba.transport.munge import MungeError
 
@@ -58,6 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     resize.add_argument("job", help="Slurm job id")
     resize.add_argument("workers", type=int, help="the new size, within the job's range")
     resize.add_argument("--reason", default="", help="a note for the logs")
+    resize.add_argument(
+        "--local",
+        action="store_true",
+        help="no daemon: ask the job's agent directly (run as the job's owner, where its state directory is seen)",
+    )
+    resize.add_argument(
+        "--state-dir",
+        default=None,
+        help="with --local: the job's state directory (default AMOEBA_STATE_DIR or ./amoeba-JOB)",
+    )
+    watch = sub.add_parser("watch", parents=[common], help="a live view of the elastic jobs (q or Ctrl-C quits)")
+    watch.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     pin = sub.add_parser("pin", parents=[common], help="keep the policy off a job (its owner or an operator)")
     pin.add_argument("job", help="Slurm job id")
     unpin = sub.add_parser("unpin", parents=[common], help="let the policy resize a job again")
@@ -148,12 +171,20 @@ def _format_jobs(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _config_line(config: object) -> list[str]:
+    """The status line naming the configuration in force (none from a daemon that does not say)."""
+    if not isinstance(config, Mapping):
+        return []
+    return [f"config      {config.get('source')} (sha256 {config.get('digest') or '-'}; SIGHUP reloads it)"]
+
+
 def _format_status(data: Mapping[str, Any]) -> str:
     jobs = data["jobs"]
     last = data.get("last_round") or {}
     lines = [
         f"daemon      pid {data['pid']}, uid {data['uid']}, up {data['uptime_s']:.0f} s, listening on {data['listen']}",
         f"policy      {data['policy']} every {data['interval_s']:g} s" + ("  (DRAINING)" if data["draining"] else ""),
+        *_config_line(data.get("config")),
         f"jobs        {jobs['elastic']} elastic ({data['workers']} workers), {jobs['regular_running']} regular "
         f"running, {jobs['regular_pending']} regular pending",
         f"gpus        {data['gpus']['free']} free of {data['gpus']['total']}",
@@ -234,12 +265,112 @@ def _jobs(args: argparse.Namespace) -> dict[str, Any]:
     raise ChannelError(f"jobs: the daemon sent more than {MAX_PAGES} pages; is it the daemon?")
 
 
+def _resize_locally(args: argparse.Namespace) -> int:
+    """``resize --local``: the directive goes to the job's agent, signed as the caller; the answer must come from the
+    caller's uid (the agent runs as the job's owner)."""
+    state_dir = Path(args.state_dir or os.environ.get(ENV_STATE_DIR) or f"amoeba-{args.job}")
+    handle = AgentHandle(args.job, state_dir)
+    try:
+        target = handle.resize(
+            args.workers,
+            reason=args.reason or "amoebactl resize --local",
+            timeout_s=args.timeout,
+            expect_uid=os.getuid(),
+        )
+    except SpecError as exc:
+        print(f"amoebactl: refused: {exc}", file=sys.stderr)
+        return 1
+    except (AmoebaError, MungeError) as exc:
+        print(f"amoebactl: {exc} (state directory {state_dir}; --state-dir names another)", file=sys.stderr)
+        return 3
+    print(f"job {args.job}: its agent accepted: target {target}")
+    return 0
+
+
+def _watch_row(job: Mapping[str, Any]) -> list[str]:
+    size = job.get("size")
+    rate = (job.get("throughput") or {}).get(str(size))
+    history = job.get("history") or []
+    last = history[-1] if history and isinstance(history[-1], Mapping) else {}
+    event = str(last.get("event", "-"))
+    return [
+        str(job["job_id"]),
+        str(job["user"]),
+        "-" if size is None else str(size),
+        "-" if job.get("target") is None else str(job["target"]),
+        f"{job['min_workers']}..{job['max_workers']}",
+        "-" if rate is None else f"{float(rate):.1f}",
+        json.dumps(event)[1:-1][:40],
+    ]
+
+
+def watch_screen(data: Mapping[str, Any], endpoint: str, interval_s: float) -> str:
+    """One frame of ``watch``: a title line, then a row per elastic job."""
+    rows = [["JOB", "USER", "SIZE", "TARGET", "RANGE", "SAMPLES/S", "LAST EVENT"]]
+    rows += [_watch_row(job) for job in data.get("jobs", [])]
+    title = f"amoebactl watch: {endpoint}, every {interval_s:g} s; q quits"
+    body = _table(rows) if len(rows) > 1 else "no elastic job is registered with the daemon"
+    return f"{title}\n\n{body}\n"
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """Redraw the jobs until q or Ctrl-C (or the daemon stops answering)."""
+    if args.interval <= 0:
+        print(f"amoebactl: --interval {args.interval} must be more than 0 seconds", file=sys.stderr)
+        return 2
+    with _keys() as pressed:
+        try:
+            while True:
+                body = _jobs(args)
+                if not body["ok"]:
+                    print(f"amoebactl: refused: {quote(body['error'], 2000)[1:-1]}", file=sys.stderr)
+                    return 1
+                sys.stdout.write("\x1b[H\x1b[2J" + watch_screen(body["data"], args.endpoint, args.interval))
+                sys.stdout.flush()
+                if pressed(args.interval) in ("q", "Q"):
+                    return 0
+        except KeyboardInterrupt:
+            return 0
+        except (ChannelError, MungeError) as exc:
+            print(f"amoebactl: {exc}", file=sys.stderr)
+            return 3
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], str]]:
+    """Read single keys from a terminal (cbreak mode, restored on exit); off a terminal, just wait."""
+    if not sys.stdin.isatty():
+
+        def wait(timeout: float) -> str:
+            time.sleep(timeout)
+            return ""
+
+        yield wait
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def pressed(timeout: float) -> str:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 1).decode(errors="replace") if ready else ""
+
+    try:
+        yield pressed
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``amoebactl``; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.timeout <= 0:
         print(f"amoebactl: --timeout {args.timeout} must be more than 0 seconds", file=sys.stderr)
         return 2
+    if args.command == "resize" and args.local:
+        return _resize_locally(args)
+    if args.command == "watch":
+        return _watch(args)
     try:
         body = _jobs(args) if args.command == "jobs" else dict(_ask(args, _message(args)))
     except (ChannelError, MungeError) as exc:

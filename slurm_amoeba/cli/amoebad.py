@@ -3,6 +3,11 @@
 ``amoebad --config /etc/amoebad/amoebad.yaml`` runs until SIGTERM or SIGINT; ``amoebad --config FILE --check``
 validates the file and prints what the daemon would run with. The configuration may also come from
 ``AMOEBAD_CONFIG``. Exit status: 0 after a clean stop, 2 for a bad configuration, 1 when the daemon cannot start.
+
+SIGHUP reads the configuration's file again (``systemctl reload amoebad``; :meth:`Daemon.reload
+<slurm_amoeba.daemon.Daemon.reload>`): an invalid file keeps the running configuration, and the log says why.
+Logs go to stderr; under systemd (``JOURNAL_STREAM`` names stderr) each line carries its syslog priority
+(``<6>``) and no timestamp of its own, since journald stamps it (``--log-format`` chooses).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -40,7 +45,50 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="overrides log_level of the configuration"
     )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=os.environ.get("AMOEBAD_LOG_FORMAT", "auto"),
+        help="plain: timestamped lines; journal: syslog priority prefix and no timestamp (journald adds its own); "
+        "auto: journal when stderr is journald's stream (JOURNAL_STREAM), else plain (env AMOEBAD_LOG_FORMAT)",
+    )
     return parser
+
+
+LOG_FORMATS = ("auto", "plain", "journal")
+#: Python's log levels as syslog priorities (journald reads a ``<N>`` prefix as the line's priority).
+_PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class JournalFormatter(logging.Formatter):
+    """A line for journald: ``<6>INFO    message`` (the priority prefix, no timestamp: journald stamps lines)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)-7s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = _PRIORITIES.get(record.levelno, 6 if record.levelno < logging.WARNING else 3)
+        # Every line of a multi-line record (a traceback) gets the prefix, so none is read at the default priority.
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
+
+
+def stderr_is_journal(env: Mapping[str, str], stderr_fd: int = 2) -> bool:
+    """Whether stderr is the journald stream systemd gave the service (``JOURNAL_STREAM=DEVICE:INODE`` names it)."""
+    device, _, inode = env.get("JOURNAL_STREAM", "").partition(":")
+    if not (device.isdigit() and inode.isdigit()):
+        return False
+    try:
+        st = os.fstat(stderr_fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (int(device), int(inode))
+
+
+def log_formatter(choice: str, env: Mapping[str, str], stderr_fd: int = 2) -> logging.Formatter:
+    """The formatter of ``--log-format`` ``choice`` (``auto`` looks at ``JOURNAL_STREAM``)."""
+    if choice == "journal" or (choice == "auto" and stderr_is_journal(env, stderr_fd)):
+        return JournalFormatter()
+    return logging.Formatter("%(asctime)s %(levelname)-7s %(message)s")
 
 
 def _queue_order(config: DaemonConfig) -> str:
@@ -100,11 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(
-        level=(args.log_level or config.log_level).upper(),
-        format="%(asctime)s %(levelname)-7s %(message)s",
-        stream=sys.stderr,
-    )
+    if args.log_format not in LOG_FORMATS:  # from AMOEBAD_LOG_FORMAT, which argparse's choices do not check
+        print(
+            f"amoebad: AMOEBAD_LOG_FORMAT={args.log_format!r}: write one of {', '.join(LOG_FORMATS)}", file=sys.stderr
+        )
+        return 2
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(log_formatter(args.log_format, os.environ))
+    logging.basicConfig(level=(args.log_level or config.log_level).upper(), handlers=[handler])
     env = dict(os.environ)
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
@@ -119,8 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("slurm_amoeba.daemon").info("[daemon] %s: stopping", signal.Signals(signum).name)
         stop.set()
 
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        daemon.request_reload()  # the loop reads the file again before its next step
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         daemon.start()
     except (zmq.ZMQError, OSError) as exc:

@@ -1,8 +1,9 @@
 """The console scripts' entry points (pyproject's ``[project.scripts]``), in front of each command's ``main``.
 
 Each entry answers ``--version`` (the installed distribution's version) and, before importing anything heavy, checks
-that the pip extra its command needs is installed, so that ``amoebad`` on a host installed with
-``pip install slurm-amoeba`` says in one line ``pip install 'slurm-amoeba[daemon]'`` instead of a traceback. The
+that the pip extra its command needs is installed, so that ``amoebad`` on a host installed without the extra says in
+one line how to add it (:func:`install_command`: from the wheel, repository or checkout the package was installed
+from, since the project is not on a public package index) instead of a traceback. The
 extras are pyproject's: ``daemon`` (amoebad), ``train`` (amoeba-run, amoeba-local, ElasticExecutor: torch), ``sim``
 (amoeba-sim --plot). amoebactl, amoeba-sbatch and amoeba-sim need only the base install. This module imports
 nothing beyond the standard library, so ``--help`` of the light commands stays light.
@@ -17,9 +18,10 @@ import sys
 from collections.abc import Sequence
 
 import slurm_amoeba
+from slurm_amoeba.core.install import DISTRIBUTION, install_command
 
-#: The distribution's name on PyPI (``pip install slurm-amoeba``).
-DISTRIBUTION = "slurm-amoeba"
+__all__ = ["DISTRIBUTION", "EXTRA_MODULES", "add_version_flag", "extra_missing", "install_command", "version_line"]
+
 
 #: The top-level modules each pip extra brings (keep in step with pyproject's [project.optional-dependencies]).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
@@ -54,8 +56,7 @@ def extra_missing(extra: str, what: str) -> str | None:
     if not missing:
         return None
     verb = "comes" if len(missing) == 1 else "come"
-    install = f"pip install '{DISTRIBUTION}[{extra}]'"
-    return f"{what} needs {', '.join(missing)}, which {verb} with the '{extra}' extra: {install}"
+    return f"{what} needs {', '.join(missing)}, which {verb} with the '{extra}' extra: {install_command(extra)}"
 
 
 def _launch(prog: str, extra: str | None, module: str, argv: Sequence[str] | None) -> int:

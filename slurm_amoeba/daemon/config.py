@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import grp
+import hashlib
 import ipaddress
 import itertools
 import pwd
@@ -159,6 +160,8 @@ class DaemonConfig:
         state_file: where pins, the drain switch and acknowledged resizes survive a restart; None: nowhere.
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
         source: the file the configuration came from (for messages).
+        digest: the SHA-256 of the file's text, first 12 hex digits (empty when not read from a file); the metric
+            ``amoeba_config_loaded`` and ``amoebactl status`` name it, so an operator sees which file is in force.
     """
 
     interval_s: float = 5.0
@@ -185,6 +188,11 @@ class DaemonConfig:
     state_file: str | None = None
     log_level: str = "info"
     source: str = "<defaults>"
+    digest: str = ""
+
+    def restart_needed_for(self, new: DaemonConfig) -> list[str]:
+        """The settings that differ in ``new`` and that only a restart applies (see :data:`RESTART_ONLY`)."""
+        return [name for name in RESTART_ONLY if getattr(self, name) != getattr(new, name)]
 
     def effective_knobs(self) -> dict[str, Any]:
         """The knobs the daemon builds its policy with.
@@ -587,6 +595,25 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
     )
 
 
+#: Settings a running daemon cannot take on a reload (SIGHUP): its sockets, its state file, its Slurm commands, its
+#: directive senders, its request limits and the operator actions checked against Slurm's rights at start. The
+#: others (the policy and its knobs, the round interval, partitions, operators, resize timeouts, ``make_room_after_s``,
+#: ``whole_node_starts``, ``log_level``) apply from the next round.
+RESTART_ONLY: tuple[str, ...] = (
+    "listen",
+    "metrics_address",
+    "metrics_port",
+    "state_file",
+    "slurm_conf",
+    "slurm_timeout_s",
+    "orphan_grace_s",
+    "agents",
+    "limits",
+    "queue_order",
+    "admission",
+)
+
+
 def load_config(path: str | Path) -> DaemonConfig:
     """Read and validate a configuration file.
 
@@ -608,4 +635,5 @@ def load_config(path: str | Path) -> DaemonConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}") from None
-    return parse_config(data, source)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return dataclasses.replace(parse_config(data, source), digest=digest)

@@ -6,6 +6,12 @@ observe Slurm -> snapshot -> policy -> directives), and in between the **request
 **ledger** (:mod:`.ledger`: registered jobs, resizes in flight, pins, the drain switch, the state file). Directives go
 out on the actuator's threads and come back as outcomes the loop applies, so a dead agent never stalls the loop.
 
+On :meth:`Daemon.request_reload` (amoebad's SIGHUP handler) the loop reads the configuration's file again: a valid
+file whose changes a running daemon can take (:data:`~slurm_amoeba.daemon.config.RESTART_ONLY` names those it
+cannot) replaces the configuration and the policy from the next round; any other keeps the running one, and says so
+in the log and in ``amoeba_config_reloads_total{outcome}``. ``amoeba_config_loaded{source,digest}`` and ``amoebactl
+status`` name the file in force.
+
 A job whose resize is in flight is never ordered again until it arrives (or is abandoned after
 ``resize_timeout_s``); after a restart the daemon waits for each agent to re-register and report before deciding
 anything about its job, and the state file keeps the resizes the previous daemon had ordered.
@@ -27,7 +33,7 @@ from typing import Any
 from slurm_amoeba.daemon.actuator import Actuator, make_queue_orderer
 from slurm_amoeba.daemon.admission import make_admitter
 from slurm_amoeba.daemon.agents import AgentRecord
-from slurm_amoeba.daemon.config import ConfigError, DaemonConfig
+from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, load_config
 from slurm_amoeba.daemon.executor import LiveExecutor, live_refusal
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
@@ -167,6 +173,8 @@ class Daemon:
         self.requests = RequestHandler(
             config, ledger, self.round_loop, self.metrics, daemon_uid=self.uid, clock=clock, order=order
         )
+        self._reload_wanted = threading.Event()
+        self._show_config()
 
     # ------------------------------------------------------------------ what the parts hold, for status and tests
 
@@ -208,6 +216,60 @@ class Daemon:
     def rounds(self) -> collections.deque[RoundSummary]:
         """The recent rounds' summaries."""
         return self.round_loop.rounds
+
+    # ------------------------------------------------------------------ configuration
+
+    def request_reload(self) -> None:
+        """Ask the loop to read the configuration's file again before its next step (safe from a signal handler)."""
+        self._reload_wanted.set()
+
+    def reload(self) -> bool:
+        """Read the configuration's file (``config.source``) again and apply it from the next round.
+
+        A file that cannot be read or is invalid, or that changes a setting only a restart applies, leaves the
+        running configuration in place (logged as an error, counted in ``amoeba_config_reloads_total``).
+
+        Returns:
+            Whether the new configuration is now in force.
+        """
+        running = self.config
+        kept = f"amoebad keeps running with {running.source} (sha256 {running.digest or '-'})"
+        try:
+            new = load_config(running.source)
+            policy = compose_policy(new, self.ledger.moves)  # a policy the daemon cannot apply live is refused
+        except ConfigError as exc:
+            self.metrics.config_reloads.inc(labels={"outcome": "invalid"})
+            logger.error("[daemon/config] reload refused: %s; %s", exc, kept)
+            return False
+        restart = running.restart_needed_for(new)
+        if restart:
+            self.metrics.config_reloads.inc(labels={"outcome": "needs_restart"})
+            logger.error(
+                "[daemon/config] reload refused: %s changes %s, which only a restart applies "
+                "(systemctl restart amoebad); %s",
+                new.source,
+                ", ".join(restart),
+                kept,
+            )
+            return False
+        self.config = self.round_loop.config = self.ledger.config = self.requests.config = new
+        self.policy = self.round_loop.policy = self.requests.policy = policy
+        if new.log_level != running.log_level:
+            logging.getLogger().setLevel(new.log_level.upper())
+        self.metrics.config_reloads.inc(labels={"outcome": "applied"})
+        self._show_config()
+        logger.info(
+            "[daemon/config] reloaded %s (sha256 %s): policy %s every %g s",
+            new.source,
+            new.digest or "-",
+            policy.name,
+            new.interval_s,
+        )
+        return True
+
+    def _show_config(self) -> None:
+        self.metrics.config_loaded.replace([({"source": self.config.source, "digest": self.config.digest}, 1)])
+        self.metrics.config_loaded_at.set(self.clock())
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -257,6 +319,9 @@ class Daemon:
         next_round = time.monotonic()
         last_begun = -REFRESH_MIN_S
         while not stop.is_set():
+            if self._reload_wanted.is_set():
+                self._reload_wanted.clear()
+                self.reload()
             now = time.monotonic()
             early = self.round_loop.refresh_wanted and now - last_begun >= REFRESH_MIN_S
             try:

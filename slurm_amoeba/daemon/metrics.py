@@ -219,7 +219,11 @@ class DaemonMetrics:
         )
         self.agents = r.gauge("amoeba_agents_registered", "Elastic jobs whose agent has registered.")
         self.workers = r.gauge("amoeba_workers", "Workers of each elastic job, as its agent reports.", ["job"])
-        self.gpus = r.gauge("amoeba_gpus", "GPUs of the managed partitions' nodes, by state (total, free).", ["state"])
+        # A total and its parts are two gauges, so that sum(amoeba_gpus) is the capacity and nothing counts twice.
+        self.gpus_capacity = r.gauge("amoeba_gpus_capacity", "GPUs of the managed partitions' nodes, in all.")
+        self.gpus = r.gauge(
+            "amoeba_gpus", "GPUs of the managed partitions' nodes, by state (free, allocated); they add up.", ["state"]
+        )
         self.decisions = r.counter(
             "amoeba_decisions_total", "Resize directives ordered, by kind and source.", ["kind", "source"]
         )
@@ -267,6 +271,19 @@ class DaemonMetrics:
             "amoeba_slurm_actions_total",
             "Starts and preemptions the policy answered with, which Slurm does itself (recorded, not sent).",
             ["action"],
+        )
+        self.config_loaded = r.gauge(
+            "amoeba_config_loaded",
+            "1 for the configuration the daemon runs with: its file and the SHA-256 of its text (first 12 digits).",
+            ["source", "digest"],
+        )
+        self.config_loaded_at = r.gauge(
+            "amoeba_config_loaded_timestamp_seconds", "Unix time the running configuration was loaded."
+        )
+        self.config_reloads = r.counter(
+            "amoeba_config_reloads_total",
+            "SIGHUP reloads of the configuration, by outcome (applied, invalid, needs_restart).",
+            ["outcome"],
         )
 
 

@@ -547,6 +547,7 @@ class RequestHandler:
             "uptime_s": round(self.clock() - self.started_at, 3),
             "policy": self.policy.name,
             "interval_s": self.config.interval_s,
+            "config": {"source": self.config.source, "digest": self.config.digest},
             "draining": self.ledger.state.draining,
             "agents": len(agents),
             "jobs": {

@@ -350,7 +350,9 @@ def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> N
     )
     metrics.agents.set(len(ledger.agents))
     metrics.workers.replace(({"job": job_id}, info.workers) for job_id, info in obs.managed.items())
-    metrics.gpus.replace([({"state": "total"}, obs.snapshot.total_gpus), ({"state": "free"}, obs.snapshot.free_gpus)])
+    total, free = obs.snapshot.total_gpus, obs.snapshot.free_gpus
+    metrics.gpus_capacity.set(total)
+    metrics.gpus.replace([({"state": "free"}, free), ({"state": "allocated"}, total - free)])
     metrics.in_flight.set(ledger.in_flight_count())
     metrics.orphans.set(len(obs.orphans))
     metrics.draining.set(1 if ledger.state.draining else 0)

@@ -33,14 +33,14 @@ import typing as tp
 import uuid
 from pathlib import Path
 
+from slurm_amoeba.core.install import install_command
+
 try:
     import cloudpickle
     from submitit.core import core, utils
 except ImportError as _missing:  # the base install has neither: name the extra that brings them
     _module = (_missing.name or "submitit").split(".")[0]
-    raise ImportError(
-        f"ElasticExecutor needs {_module} (the 'train' extra): pip install 'slurm-amoeba[train]'"
-    ) from None
+    raise ImportError(f"ElasticExecutor needs {_module} (the 'train' extra): {install_command('train')}") from None
 
 from slurm_amoeba.agent.config import DEFAULT_MAX_REQUEUES, ENV_MAX_REQUEUES
 from slurm_amoeba.core.errors import AmoebaError, SpecError

@@ -49,8 +49,12 @@ class AgentHandle:
             )
         }
 
-    def resize(self, workers: int, *, reason: str = "user request", timeout_s: float = 10.0) -> int:
-        """Ask the agent for ``workers`` workers (see :meth:`ElasticJob.resize`).
+    def resize(
+        self, workers: int, *, reason: str = "user request", timeout_s: float = 10.0, expect_uid: int | None = None
+    ) -> int:
+        """Ask the agent for ``workers`` workers (see :meth:`ElasticJob.resize`). The request is signed with munge
+        (the agent obeys only the job's owner and the daemon); ``expect_uid``: the uid the answer must be signed by
+        (the job's owner: a shell user resizing their own job passes their uid, so nobody else's socket answers).
 
         Raises:
             SpecError: ``workers`` is outside the job's range, or the agent refused.
@@ -68,7 +72,9 @@ class AgentHandle:
                 time.sleep(0.2)
         message = Message("resize", {"job_id": self.job_id, "target": workers, "reason": reason})
         try:
-            reply = request(endpoint, message, timeout_s=max(1.0, deadline - time.monotonic()), retries=1)
+            reply = request(
+                endpoint, message, timeout_s=max(1.0, deadline - time.monotonic()), retries=1, expect_uid=expect_uid
+            )
         except ChannelError as exc:
             raise AmoebaError(f"job {self.job_id}: the agent did not take the resize: {exc}") from None
         if not reply.body["ok"]:

@@ -232,7 +232,6 @@ class Ending:
     finished: bool = False
 
 
-# shape: one object per worker slot; the store connection, the child and the heartbeat thread share its fields
 class RestartSupervisor:
     """Runs ``command`` as a torchrun worker, restarted at every generation (see the module docstring).
 

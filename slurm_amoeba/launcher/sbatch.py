@@ -1,15 +1,19 @@
 """``amoeba-sbatch``: submit a batch script as an elastic job (``amoeba-sbatch --elastic 2:8 job.sh [args]``).
 
 Its own options (``--elastic``, ``--gpus-per-worker``, ``--cpus-per-worker``, ``--mem-per-worker``,
-``--elastic-partition``, ``--daemon``, ``--test-only``, ``--dry-run``) are recognised only when written out in full;
-every other option before the script is sbatch's and is read as sbatch reads it (:mod:`slurm_amoeba.slurm.options`:
-``-t 30``, ``-t1:00:00``, ``--account=x``, ``-Hv``, ``--wrap=CMD`` instead of a script), and what follows the script
-goes to the script. The job becomes one heterogeneous job (:mod:`slurm_amoeba.launcher.submission`): sbatch's options
-go to the agent's component, which sbatch copies to the workers' one; the account, QOS, constraint, reservation and
-the like are given to both. The worker range may also come from the script's ``#SBATCH --elastic=MIN[:MAX]`` line
-(the SPANK plugin's option); a script written for plain ``sbatch`` (``#SBATCH --ntasks=MIN --gpus-per-task=G``)
-gives each worker its task's GPUs and CPUs, and the agent's component is kept free of GPUs. The script runs its
-workers with ``amoeba-run``.
+``--elastic-partition``, ``--daemon``, ``--test-only``, ``--dry-run``, ``--slurm-release``) are recognised only when
+written out in full; every other option before the script is sbatch's and is read as sbatch reads it
+(:mod:`slurm_amoeba.slurm.options`: ``-t 30``, ``-t1:00:00``, ``--account=x``, ``-Hv``, ``--wrap=CMD`` instead of a
+script), and what follows the script goes to the script. The job becomes one heterogeneous job
+(:mod:`slurm_amoeba.launcher.submission`): sbatch's options go to the agent's component, which sbatch copies to the
+workers' one; the account, QOS, constraint, reservation and the like are given to both. The worker range may also come
+from the script's ``#SBATCH --elastic=MIN[:MAX]`` line (the SPANK plugin's option); a script written for plain
+``sbatch`` (``#SBATCH --ntasks=MIN --gpus-per-task=G``) gives each worker its task's GPUs and CPUs, and the agent's
+component is kept free of GPUs. The script runs its workers with ``amoeba-run``.
+
+``--dry-run`` asks Slurm nothing (no ``sinfo``, not even ``sinfo --version``): it reads sbatch's options as the
+release given by ``--slurm-release`` or ``AMOEBA_SLURM_RELEASE`` reads them, else as the newest supported release
+does, and skips the check that the partition can hold the minimum. Without it, the release is asked of Slurm once.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from slurm_amoeba.slurm.options import (
     read_option,
     wrap_script,
 )
-from slurm_amoeba.slurm.release import SlurmRelease
+from slurm_amoeba.slurm.release import SUPPORTED_SERIES, SlurmRelease
 
 # Our options: name -> whether it takes a value. Matched exactly, never abbreviated (sbatch has --mem and --gpus).
 _OURS = {
@@ -53,7 +57,10 @@ _OURS = {
     "--test-only": False,
     "--dry-run": False,
     "--restart": False,
+    "--slurm-release": True,
 }
+#: Where ``--dry-run`` finds the Slurm release to read options as, when ``--slurm-release`` is not given.
+ENV_SLURM_RELEASE = "AMOEBA_SLURM_RELEASE"
 # sbatch options amoeba-sbatch cannot pass on, with what to write instead.
 _REFUSED = {
     "array": "an elastic job cannot be a job array (Slurm has no heterogeneous arrays)",
@@ -165,7 +172,18 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--test-only", action="store_true", help="print what would be submitted and ask Slurm when it would start"
     )
-    parser.add_argument("--dry-run", action="store_true", help="print what would be submitted; ask Slurm nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be submitted; ask Slurm nothing (not even its release: see --slurm-release)",
+    )
+    parser.add_argument(
+        "--slurm-release",
+        metavar="YY.MM",
+        default=None,
+        help=f"with --dry-run: read sbatch's options as this Slurm release does (env {ENV_SLURM_RELEASE}; default "
+        f"the newest supported, {SUPPORTED_SERIES[-1]}); without --dry-run Slurm is asked",
+    )
     parser.add_argument(
         "--restart",
         action="store_true",
@@ -277,9 +295,10 @@ def _per_worker(flag: int | None, directive: str | None, what: str, default: int
     return flag if flag is not None else int(directive) if directive is not None else default
 
 
-def prepare(argv: Sequence[str], slurm: SlurmClient, release: SlurmRelease | None = None) -> Prepared:
+def prepare(argv: Sequence[str], slurm: SlurmClient | None, release: SlurmRelease | None = None) -> Prepared:
     """Check everything and build the job's shape; nothing is submitted. ``release``: the cluster's Slurm, whose
-    sbatch options are known (None: those of any supported release).
+    sbatch options are known (None: those of any supported release). ``slurm`` None: ask Slurm nothing, so the
+    partition's capacity is not checked (``--dry-run``).
 
     Returns:
         The checked submission.
@@ -343,7 +362,8 @@ def prepare(argv: Sequence[str], slurm: SlurmClient, release: SlurmRelease | Non
         comment=last_value(request.options, "comment") or last_value(request.directives, "comment"),
         begin_delay_s=admission_delay_s(os.environ, given),
     )
-    shape.check_capacity(slurm)
+    if slurm is not None:
+        shape.check_capacity(slurm)
     return Prepared(
         shape,
         request.script,
@@ -398,6 +418,29 @@ def _submit(prepared: Prepared, slurm: SlurmClient, script: Path) -> int:
     return 0
 
 
+def dry_run_release(argv: Sequence[str], env: Mapping[str, str]) -> SlurmRelease | None:
+    """The release ``--dry-run`` reads sbatch's options as, or None when ``argv`` asks for no dry run.
+
+    ``--slurm-release``, else ``AMOEBA_SLURM_RELEASE``, else the newest supported series; Slurm is not asked.
+
+    Raises:
+        SpecError: the arguments cannot be read, or the release given is not one such as 23.11.
+    """
+    ours = split_args(argv, JobEnv.from_environ(env)).ours  # any supported release's options: enough to find ours
+    if not ours.dry_run:
+        if ours.slurm_release is not None:
+            raise SpecError(f"--slurm-release {ours.slurm_release} goes with --dry-run; otherwise Slurm is asked")
+        return None
+    text = ours.slurm_release or env.get(ENV_SLURM_RELEASE) or SUPPORTED_SERIES[-1]
+    try:
+        return SlurmRelease.parse(text)
+    except ParseError:
+        raise SpecError(
+            f"Slurm release {text!r} (--slurm-release or {ENV_SLURM_RELEASE}) is not a release: write e.g. 23.11; "
+            f"supported: {', '.join(SUPPORTED_SERIES)}"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``amoeba-sbatch``: print the job id like ``sbatch --parsable``; exit 2 on bad input, 1 when sbatch fails."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -406,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     try:
         base = CliSlurmClient.from_environment()
-        prepared = prepare(args, base, base.slurm_release())
+        offline = dry_run_release(args, os.environ)
+        prepared = prepare(args, None, offline) if offline else prepare(args, base, base.slurm_release())
     except (SpecError, ParseError) as exc:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 2

@@ -29,8 +29,8 @@ from typing import TextIO
 
 from slurm_amoeba.core.errors import AmoebaError
 from slurm_amoeba.local.job import LocalJob
-from slurm_amoeba.runtime.coordinator import CoordinatorView
 from slurm_amoeba.runtime.membership import Phase
+from slurm_amoeba.runtime.view import CoordinatorView
 
 log = logging.getLogger(__name__)
 

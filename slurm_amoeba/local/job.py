@@ -25,9 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from slurm_amoeba.core.runtime_env import ENV_DEVICE, ENV_STORE_ADDR
-from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView
+from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.runtime.view import CoordinatorView
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from slurm_amoeba.runtime.adaptive import AdaptiveBatch
-    from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorView, ThroughputStats
+    from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
     from slurm_amoeba.runtime.errors import (
         BatchPlanError,
         JobLostError,
@@ -48,8 +48,9 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.planner import GlobalBatchPlanner, StepPlan
     from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
     from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
-    from slurm_amoeba.runtime.state import TorchState
-    from slurm_amoeba.runtime.topology import Generation, StepDriver, Topology
+    from slurm_amoeba.runtime.state import StepDriver, TorchState
+    from slurm_amoeba.runtime.topology import Generation, Topology
+    from slurm_amoeba.runtime.view import CoordinatorView, ThroughputStats
     from slurm_amoeba.runtime.worker import WorkerRuntime, get_runtime, init, run
 
 _WHERE = {
@@ -57,7 +58,7 @@ _WHERE = {
     "BatchPlanError": "errors",
     "Coordinator": "coordinator",
     "CoordinatorConfig": "coordinator",
-    "CoordinatorView": "coordinator",
+    "CoordinatorView": "view",
     "ElasticDataLoader": "loader",
     "ElasticSampler": "sampler",
     "Generation": "topology",
@@ -74,9 +75,9 @@ _WHERE = {
     "StateError": "errors",
     "Step": "loader",
     "StepAssignment": "sampler",
-    "StepDriver": "topology",
+    "StepDriver": "state",
     "StepPlan": "planner",
-    "ThroughputStats": "coordinator",
+    "ThroughputStats": "view",
     "Topology": "topology",
     "TorchState": "state",
     "WorkerFailure": "errors",

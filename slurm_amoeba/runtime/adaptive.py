@@ -38,8 +38,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -55,10 +55,8 @@ from slurm_amoeba.runtime.gns import (
     workers_pair,
 )
 from slurm_amoeba.runtime.protocol import BATCH_KEY, MAX_POLICY_BATCH, PolicyBatch
-from slurm_amoeba.runtime.topology import idle_ranks
-
-if TYPE_CHECKING:
-    from slurm_amoeba.runtime.state import TorchState
+from slurm_amoeba.runtime.sampler import ElasticSampler
+from slurm_amoeba.runtime.topology import Topology, idle_ranks
 
 LR_RULES = ("adascale", "sqrt", "linear", "none")
 _SQRT_OPTIMIZERS = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Adafactor")
@@ -194,6 +192,34 @@ class PolicyBatchReader:
         return self.value
 
 
+class AdaptedState(Protocol):
+    """What the controller uses of the training state it belongs to
+    (:class:`~slurm_amoeba.runtime.state.TorchState`, which makes and owns it)."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model (its device picks the measuring rate)."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer whose learning rate is scaled inside each step."""
+
+    @property
+    def sampler(self) -> ElasticSampler:
+        """The adaptive sampler: the global batch and the position."""
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The loss scaler, if any (its scale is divided out of the measured gradient norms)."""
+
+    @property
+    def driver(self) -> Topology:
+        """The current generation (rank, world size, idle joiners)."""
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call ``callbacks`` at every new generation."""
+
+
 class AdaptiveBatch:
     """The adaptive-batch controller of one worker (see the module docstring); give it to ``TorchState(adaptive=)``.
 
@@ -244,7 +270,7 @@ class AdaptiveBatch:
         self.scaled_steps = 0.0
         self.times: dict[tuple[int, int], tuple[float, int]] = {}
         self.report: dict[str, Any] = {}
-        self._state: TorchState | None = None
+        self._state: AdaptedState | None = None
         self._saved_lrs: list[Any] | None = None
         self._last_end: float | None = None
         self._elapsed: float | None = None
@@ -262,8 +288,13 @@ class AdaptiveBatch:
 
     # ----------------------------------------------------------------------------------------------- wiring
 
-    def attach(self, state: TorchState) -> None:
+    def attach(self, state: AdaptedState, *, own_reduction: bool = True) -> None:
         """Bind to ``state`` (its constructor does it): learning-rate hooks, reset callback, rule.
+
+        Args:
+            state: the training state.
+            own_reduction: the state reduces its gradients the way :class:`~slurm_amoeba.runtime.state.TorchState`
+                does (a sharded state does not: the controller's norm probe rides on that reduction).
 
         Raises:
             RuntimeConfigError: already attached, the state's sampler is not adaptive, or the state is sharded.
@@ -275,7 +306,7 @@ class AdaptiveBatch:
                 "TorchState(adaptive=...) needs an ElasticSampler built with max_global_batch= (the largest global "
                 "batch the runtime may use)"
             )
-        if type(state).gradient_reducer.__qualname__ != "TorchState.gradient_reducer":  # not ShardedState's
+        if not own_reduction:  # ShardedState's
             raise RuntimeConfigError(
                 f"the adaptive batch works with TorchState's own gradient reduction, not with {type(state).__name__}; "
                 "leave max_global_batch out of the sampler"
@@ -292,7 +323,7 @@ class AdaptiveBatch:
         self._refresh_report()
 
     @property
-    def state(self) -> TorchState:
+    def state(self) -> AdaptedState:
         """The training state this controller is attached to."""
         if self._state is None:
             raise RuntimeConfigError("this AdaptiveBatch is not attached: pass it to TorchState(adaptive=...)")
@@ -522,25 +553,12 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def attach_adaptive(state: TorchState, adaptive: AdaptiveBatch | None) -> AdaptiveBatch | None:
-    """The state's controller: ``adaptive``, a default one for an adaptive sampler, or ``None`` (fixed batch).
-
-    Raises:
-        RuntimeConfigError: see :meth:`AdaptiveBatch.attach`.
-    """
-    if adaptive is None and not state.sampler.adaptive:
-        return None
-    controller = adaptive if adaptive is not None else AdaptiveBatch()
-    controller.attach(state)
-    return controller
-
-
 __all__ = [
     "LR_RULES",
     "REPORT_TIMES",
+    "AdaptedState",
     "AdaptiveBatch",
     "PolicyBatchReader",
-    "attach_adaptive",
     "best_batch",
     "default_rule",
     "fit_step_time",

@@ -50,20 +50,14 @@ from slurm_amoeba.runtime.auth import (
     AuthError,
     JobAuth,
     JobKey,
-    Opener,
 )
 from slurm_amoeba.runtime.errors import RuntimeConfigError, RuntimeTimeout
-from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import (
     AbortGeneration,
     Action,
-    GenerationRecord,
     Membership,
     MembershipConfig,
-    Phase,
     SetWant,
-    WorkerInfo,
-    WorkerStatus,
 )
 from slurm_amoeba.runtime.protocol import (
     BATCH_KEY,
@@ -83,6 +77,7 @@ from slurm_amoeba.runtime.protocol import (
     heartbeat_key,
     join_answer_key,
 )
+from slurm_amoeba.runtime.view import CoordinatorView, ThroughputStats, WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -132,78 +127,6 @@ class CoordinatorConfig:
     poll_s: float = 0.05
     loop_interval_s: float = 0.005
     secret_file: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class ThroughputStats:
-    """Measured training speed at one world size, from rank 0's progress reports.
-
-    Attributes:
-        world_size: number of workers.
-        samples_per_s: the latest reported samples per second.
-        step_time_s: the latest reported mean step time.
-        reports: how many progress reports were seen at this size.
-    """
-
-    world_size: int
-    samples_per_s: float
-    step_time_s: float
-    reports: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerView:
-    """A read-only copy of what the coordinator knows about a worker."""
-
-    worker_id: str
-    status: WorkerStatus
-    pid: int
-    host: str
-    heartbeat_age_s: float
-    leave_requested: bool
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class CoordinatorView:
-    """A consistent read-only snapshot of the coordinator's state.
-
-    Attributes:
-        phase: the job's phase.
-        generation: the current generation number (0 before the first).
-        plan: the current generation's plan.
-        workers: every worker ever seen, by id.
-        history: formed generations in order.
-        throughput: measured speed per world size.
-        progress: rank 0's latest progress report (JSON object), if any.
-        lost_reason: why the job was lost, if it was.
-        refused: store values and events refused so far (not sealed with the job's secret, replayed, or from a
-            worker the coordinator did not issue or that may not change what it claimed to).
-        errors: every worker's error event, oldest first (runtime/failures.py).
-        failure: the class of the failure that ended the job (a user error on every member, or again after a
-            rollback), or None.
-    """
-
-    phase: Phase
-    generation: int
-    plan: GenerationPlan | None
-    workers: dict[str, WorkerView]
-    history: tuple[GenerationRecord, ...]
-    throughput: dict[int, ThroughputStats]
-    progress: dict[str, Any]
-    lost_reason: str
-    refused: int = 0
-    errors: tuple[ErrorReport, ...] = ()
-    failure: FailureClass | None = None
-
-    @property
-    def world_size(self) -> int:
-        """Members in the current generation (0 before the first)."""
-        return 0 if self.plan is None else self.plan.world_size
-
-    def ready_workers(self) -> list[str]:
-        """Warm workers waiting for admission."""
-        return [w for w, v in self.workers.items() if v.status is WorkerStatus.READY]
 
 
 class JoinDesk:
@@ -558,7 +481,7 @@ class Coordinator:
             phase=m.phase,
             generation=m.generation,
             plan=m.plan,
-            workers={w: _worker_view(i, now) for w, i in m.workers.items()},
+            workers={w: WorkerView.of(i, now) for w, i in m.workers.items()},
             history=tuple(m.history),
             throughput=dict(self._throughput),
             progress=dict(self._progress),
@@ -649,7 +572,7 @@ class Coordinator:
     def _read_events(self, now: float) -> None:
         for raw in self._pump.take() if self._pump is not None else ():
             try:
-                sender, event = open_event(self._opener, self._desk, raw)
+                sender, event = self._open_event(raw)
             except ParseError as exc:  # AuthError too: only holders of the job's secret are heard
                 self._refuse("an event", exc)
                 continue
@@ -659,6 +582,21 @@ class Coordinator:
             with self._lock:
                 if not self.membership.handle(event, now):
                     self._refuse("an event", ParseError(f"{sender!r} may not change what it claimed: {event}"))
+
+    def _open_event(self, raw: bytes) -> tuple[str, WorkerEvent]:
+        """The sender and the event of a raw value of the events queue.
+
+        Raises:
+            ParseError: not sealed with the job's secret (:class:`AuthError`), not an event, sealed by another worker
+                than the one it names, or by a worker id this coordinator never issued.
+        """
+        sender, text = self._opener.sender_of(EVENTS_KEY, raw)
+        event = WorkerEvent.from_json(text)
+        if event.worker != sender:
+            raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
+        if not self._desk.issued(sender):
+            raise ParseError(f"{sender!r} is no worker id this coordinator issued")
+        return sender, event
 
     def _read_heartbeats(self, now: float) -> None:
         with self._lock:
@@ -725,7 +663,7 @@ class Coordinator:
                 with self._lock:
                     plan = self.membership.plan
                 if plan is not None and plan.generation == action.generation:
-                    mark_missing_arrivals(store, self._auth, plan)
+                    self._mark_missing_arrivals(store, plan)
             else:
                 assignment = action.assignment
                 if assignment.plan is not None and assignment.plan.source == action.worker:
@@ -742,44 +680,15 @@ class Coordinator:
                     )
                 self._auth.put(store, assignment_key(action.worker, action.seq), assignment.to_json())
 
-
-def open_event(opener: Opener, desk: JoinDesk, raw: bytes) -> tuple[str, WorkerEvent]:
-    """The sender and the event of a raw value of the events queue.
-
-    Raises:
-        ParseError: not sealed with the job's secret (:class:`AuthError`), not an event, sealed by another worker
-            than the one it names, or by a worker id this coordinator never issued.
-    """
-    sender, text = opener.sender_of(EVENTS_KEY, raw)
-    event = WorkerEvent.from_json(text)
-    if event.worker != sender:
-        raise AuthError(f"worker {event.worker!r}'s event was sealed by {sender!r}")
-    if not desk.issued(sender):
-        raise ParseError(f"{sender!r} is no worker id this coordinator issued")
-    return sender, event
-
-
-def mark_missing_arrivals(store: TCPStore, auth: JobAuth, plan: GenerationPlan) -> None:
-    """After an abort of ``plan``'s generation: members waiting for the others to arrive block in the store until
-    every arrival key exists, so the coordinator's own mark in the keys still missing wakes them, and they find the
-    abort (runtime/group.py)."""
-    token = auth.token(plan.generation)
-    for member in plan.members:
-        key = arrival_key(plan.generation, token, member)
-        if not store.check([key]):
-            auth.put(store, key, "aborted")
-
-
-def _worker_view(info: WorkerInfo, now: float) -> WorkerView:
-    return WorkerView(
-        worker_id=info.worker_id,
-        status=info.status,
-        pid=info.pid,
-        host=info.host,
-        heartbeat_age_s=now - info.last_heartbeat,
-        leave_requested=info.leave_requested,
-        reason=info.reason,
-    )
+    def _mark_missing_arrivals(self, store: TCPStore, plan: GenerationPlan) -> None:
+        """After an abort of ``plan``'s generation: members waiting for the others to arrive block in the store until
+        every arrival key exists, so the coordinator's own mark in the keys still missing wakes them, and they find
+        the abort (runtime/group.py)."""
+        token = self._auth.token(plan.generation)
+        for member in plan.members:
+            key = arrival_key(plan.generation, token, member)
+            if not store.check([key]):
+                self._auth.put(store, key, "aborted")
 
 
 def store_bind_address(advertise_addr: str) -> str:

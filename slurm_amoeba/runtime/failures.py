@@ -1,8 +1,9 @@
 """Failure classes: why a worker stopped, and when the job as a whole must end instead of shrinking.
 
 Retrying a deterministic bug in the training code wastes GPUs: every retry fails the same way. So each failure
-gets a class (DESIGN.md, layer ``runtime/``; shared by the worker side, which classifies the exception it caught,
-and the coordinator and agent sides, which classify a process's exit and decide):
+gets a class (DESIGN.md, layer ``runtime/``; shared by the worker side, which classifies the exception it caught
+(:mod:`slurm_amoeba.runtime.caught`), and the coordinator and agent sides, which classify a process's exit and
+decide):
 
 * **user** — the training code raised (a Python exception, a crash of the process itself: ``SIGSEGV``,
   ``SIGABRT``), or the script exited with an error before or outside the runtime. Ends the job when it is the
@@ -11,7 +12,7 @@ and the coordinator and agent sides, which classify a process's exit and decide)
 * **infrastructure** — killed from outside (``SIGKILL``, ``SIGTERM``), node failure, preemption, a collective or
   the store timing out: shrink and go on (the runtime's failure path).
 
-Everything here is a pure function of its inputs (no clock, no I/O), tested by tables.
+Everything here is a pure function of its inputs (no clock, no I/O, no torch), tested by tables.
 """
 
 from __future__ import annotations
@@ -19,16 +20,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal
-import traceback
 from collections.abc import Sequence
 
-import torch
-
-from slurm_amoeba.runtime.errors import JobLostError, RuntimeTimeout, WorkerFailure
 from slurm_amoeba.runtime.protocol import WorkerEvent
-
-TRACEBACK_CHARS = 8000
-"""The most of a traceback a worker's ``error`` event carries (its end: the raising frame and the exception)."""
 
 
 class FailureClass(str, enum.Enum):
@@ -43,47 +37,8 @@ class FailureClass(str, enum.Enum):
         return self is not FailureClass.USER
 
 
-# Messages of the allocators' out-of-memory errors (torch raises a plain RuntimeError for the host allocator).
-_OUT_OF_MEMORY = ("CUDA out of memory", "HIP out of memory", "DefaultCPUAllocator: can't allocate memory")
 # Signals a process gets from outside (the launcher, Slurm, the kernel's OOM killer is told apart by Slurm).
 _OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGBUS})
-
-
-def classify_exception(exc: BaseException) -> FailureClass:
-    """The class of an exception that ended ``train(state)`` or the runtime in a worker.
-
-    Args:
-        exc: the exception.
-
-    Returns:
-        ``resource`` for out of memory; ``infrastructure`` for the runtime's and torch.distributed's
-        communication errors (a peer or the store is gone) and an interrupt; ``user`` for everything else.
-    """
-    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
-        return FailureClass.RESOURCE
-    if isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OUT_OF_MEMORY):
-        return FailureClass.RESOURCE
-    if isinstance(exc, WorkerFailure | RuntimeTimeout | JobLostError | torch.distributed.DistError | KeyboardInterrupt):
-        return FailureClass.INFRASTRUCTURE
-    return FailureClass.USER
-
-
-def failure_message(exc: BaseException) -> str:
-    """What a failing worker tells the coordinator (its reason in the view): ``"user error: ValueError: ..."``."""
-    return f"{classify_exception(exc).value} error: {type(exc).__name__}: {exc}"
-
-
-def error_fields(exc: BaseException) -> dict[str, str]:
-    """The fields of a worker's ``error`` event about ``exc`` (:class:`~slurm_amoeba.runtime.protocol.WorkerEvent`):
-    ``message`` (:func:`failure_message`), ``failure`` (the class's value), ``error`` (the exception's type name) and
-    ``traceback`` (its last :data:`TRACEBACK_CHARS` characters)."""
-    text = "".join(traceback.format_exception(exc))
-    return {
-        "message": failure_message(exc),
-        "failure": classify_exception(exc).value,
-        "error": type(exc).__name__,
-        "traceback": text[-TRACEBACK_CHARS:],
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +105,7 @@ class ErrorReport:
         failure: the class.
         error: the exception's type name (``"ValueError"``); compared across members, so not the message, which
             may name the rank.
-        message: the worker's sentence (:func:`failure_message`), not compared.
+        message: the worker's sentence (:func:`~slurm_amoeba.runtime.caught.failure_message`), not compared.
         traceback: the end of its traceback, not compared.
     """
 

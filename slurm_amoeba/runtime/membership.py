@@ -33,7 +33,7 @@ from slurm_amoeba.runtime.protocol import (
 
 
 class WorkerStatus(str, enum.Enum):
-    """A worker's lifecycle as the coordinator sees it.
+    """A worker's lifecycle as the coordinator sees it (the name of its :data:`Standing`).
 
     Transitions: ``registered -> ready -> member -> reported -> member`` (next generation) ... and from any state to
     ``left``, ``done``, ``dead`` or ``failed``. A ``reported`` worker put on standby becomes ``ready`` again.
@@ -67,13 +67,50 @@ class Phase(str, enum.Enum):
         return self in (Phase.FINISHED, Phase.LOST)
 
 
+@dataclasses.dataclass(frozen=True)
+class Present:
+    """A worker that takes part or waits to: registered, ready or member (it holds no end report)."""
+
+    status: WorkerStatus
+
+    def __post_init__(self) -> None:
+        if self.status is WorkerStatus.REPORTED or self.status.is_gone():
+            raise ValueError(f"{self.status.value!r} is no present standing: use Reported or Gone")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reported:
+    """A member that reported the end of its generation: it holds that report until the next one forms."""
+
+    report: WorkerEvent
+    status: WorkerStatus = dataclasses.field(default=WorkerStatus.REPORTED, init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gone:
+    """A worker that will never take part again (left, done, dead or failed), with the end report it sent for the
+    ending generation before it went, if it sent one (a failed report still aborts that generation, and its missing
+    members still count)."""
+
+    status: WorkerStatus
+    report: WorkerEvent | None = None
+
+    def __post_init__(self) -> None:
+        if not self.status.is_gone():
+            raise ValueError(f"{self.status.value!r} is no gone standing: use Present or Reported")
+
+
+Standing = Present | Reported | Gone
+"""A worker's standing: its status, with the data that status carries."""
+
+
 @dataclasses.dataclass
 class WorkerInfo:
     """What the coordinator knows about one worker.
 
     Attributes:
         worker_id: the id.
-        status: lifecycle status.
+        standing: its lifecycle status with what that status carries (a reported worker's report).
         pid: process id, when registered.
         host: host name, when registered.
         registered_at: when it registered.
@@ -81,12 +118,11 @@ class WorkerInfo:
         last_heartbeat: time of its last heartbeat (or event).
         leave_requested: the coordinator's user asked it to leave at the next step boundary.
         assignments_sent: number of assignments written to it (the next one gets this sequence number).
-        report: its report for the generation that is ending.
         reason: why it left, died or failed.
     """
 
     worker_id: str
-    status: WorkerStatus = WorkerStatus.REGISTERED
+    standing: Standing = Present(WorkerStatus.REGISTERED)
     pid: int = 0
     host: str = ""
     registered_at: float = 0.0
@@ -94,8 +130,33 @@ class WorkerInfo:
     last_heartbeat: float = 0.0
     leave_requested: bool = False
     assignments_sent: int = 0
-    report: WorkerEvent | None = None
     reason: str = ""
+
+    @property
+    def status(self) -> WorkerStatus:
+        """Its lifecycle status."""
+        return self.standing.status
+
+    @property
+    def end_report(self) -> WorkerEvent | None:
+        """The end report it sent for the ending generation, if it holds one (reported, or gone since)."""
+        return None if isinstance(self.standing, Present) else self.standing.report
+
+    def become(self, status: WorkerStatus, reason: str | None = None) -> None:
+        """Move to ``status`` (not ``reported``: see :meth:`report`); a worker that goes keeps its end report, one
+        that takes part again (ready, member) drops it. ``reason``: why, when given."""
+        if status.is_gone():
+            self.standing = Gone(status, self.end_report)
+        else:
+            self.standing = Present(status)
+        if reason is not None:
+            self.reason = reason
+
+    def report(self, event: WorkerEvent) -> None:
+        """Hold ``event``, its end report for the ending generation: reported, or still dead with it (a dead
+        worker's late report does not bring it back)."""
+        dead = self.status is WorkerStatus.DEAD
+        self.standing = Gone(WorkerStatus.DEAD, event) if dead else Reported(event)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +239,24 @@ class MembershipConfig:
             raise RuntimeConfigError(f"formation_attempts={self.formation_attempts} must be at least 1")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Survivor:
+    """A member that reported the end of its generation and stays a candidate for the next one, with its report.
+
+    Attributes:
+        info: the worker.
+        report: its end report (the step it is at, the step it last committed).
+    """
+
+    info: WorkerInfo
+    report: WorkerEvent
+
+    def holds_state(self) -> bool:
+        """Whether it holds a commit (a reporter without one never received the state: its generation failed while
+        forming)."""
+        return self.report.committed_step >= 0
+
+
 class Membership:
     """Pure membership state machine of one job (see the module docstring).
 
@@ -236,7 +315,7 @@ class Membership:
         if kind is EventKind.REGISTERED:
             info.pid, info.host = event.pid, event.host
             if not info.status.is_gone():
-                info.status = WorkerStatus.REGISTERED
+                info.become(WorkerStatus.REGISTERED)
         elif kind is EventKind.READY:
             shares = self.phase is Phase.STARTING or event.worker in self.live_members()
             if event.allowed_sizes and event.allowed_sizes != self.allowed_sizes and not shares:
@@ -248,43 +327,43 @@ class Membership:
         elif kind is EventKind.REPORT:
             self._on_report(info, event, now)
         elif kind is EventKind.LEFT:
-            info.status, info.reason = WorkerStatus.LEFT, event.message or "left"
+            info.become(WorkerStatus.LEFT, event.message or "left")
         elif kind is EventKind.ERROR:
-            info.status, info.reason = WorkerStatus.FAILED, event.message
+            info.become(WorkerStatus.FAILED, event.message)
             self.errors.append(ErrorReport.of(event, self.generation))
         elif kind is EventKind.DONE:
-            info.status = WorkerStatus.DONE
+            info.become(WorkerStatus.DONE)
             if self.plan is not None and all(self.workers[m].status is WorkerStatus.DONE for m in self.plan.members):
                 self._finish(now, "finished", Phase.FINISHED)
         return True
 
     def _make_ready(self, info: WorkerInfo, now: float) -> None:
-        info.status, info.ready_at = WorkerStatus.READY, now
+        info.become(WorkerStatus.READY)
+        info.ready_at = now
         if self.phase.is_over():
             self._assign(info, Assignment(AssignAction.FINISH, reason=f"the job is {self.phase.value}"))
         elif info.leave_requested:
-            info.status = WorkerStatus.LEFT
+            info.become(WorkerStatus.LEFT)
             self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
 
     def _on_report(self, info: WorkerInfo, event: WorkerEvent, now: float) -> None:
-        current = self.plan is not None and event.generation == self.generation
-        if current and info.worker_id in self.plan.members and self.phase in (Phase.RUNNING, Phase.ENDING):  # type: ignore[union-attr]
+        plan = self.plan
+        current = plan is not None and event.generation == self.generation and info.worker_id in plan.members
+        if current and self.phase in (Phase.RUNNING, Phase.ENDING):
             if self.phase is Phase.RUNNING:
                 self.phase, self._ending_since = Phase.ENDING, now
                 record = self.history[-1]
                 self.history[-1] = dataclasses.replace(
                     record, ended_at=now, end_reason="failure" if event.failed else "switch"
                 )
-            info.report = event
+            info.report(event)
             if event.leaving:  # decided with the others' reports: it may first hand the state to joiners
                 info.leave_requested = True
-            if info.status is not WorkerStatus.DEAD:
-                info.status = WorkerStatus.REPORTED
             return
         # A report for a generation that has already moved on: the worker missed the deadline but is alive and
         # warm, so it waits as a joiner (it will receive fresh state when admitted).
         if event.leaving:
-            info.status, info.reason = WorkerStatus.LEFT, "left after its generation ended"
+            info.become(WorkerStatus.LEFT, "left after its generation ended")
         else:
             self._make_ready(info, now)
 
@@ -314,7 +393,7 @@ class Membership:
             raise KeyError(f"worker {worker_id!r} is not a live worker of this job; live workers: {known}")
         info.leave_requested = True
         if info.status is WorkerStatus.READY:
-            info.status, info.reason = WorkerStatus.LEFT, "leave requested while waiting"
+            info.become(WorkerStatus.LEFT, "leave requested while waiting")
             self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested"))
 
     def mark_dead(self, worker_id: str, reason: str) -> None:
@@ -329,7 +408,7 @@ class Membership:
             info = self.workers[worker_id] = WorkerInfo(worker_id=worker_id)
         if info.status.is_gone():  # the first reason stays (e.g. an eviction, not the fencing kill after it)
             return
-        info.status, info.reason = WorkerStatus.DEAD, reason
+        info.become(WorkerStatus.DEAD, reason)
 
     # ----------------------------------------------------------------------------------------------- decisions
 
@@ -361,8 +440,7 @@ class Membership:
                 WorkerStatus.REPORTED,
             )
             if alive and now - info.last_heartbeat > self.config.heartbeat_timeout_s:
-                info.status = WorkerStatus.DEAD
-                info.reason = f"no heartbeat for {now - info.last_heartbeat:.1f} s"
+                info.become(WorkerStatus.DEAD, f"no heartbeat for {now - info.last_heartbeat:.1f} s")
         self._maybe_end_on_failure(now)
         if self.phase is Phase.STARTING:
             pool = self._ready_pool(set())
@@ -405,7 +483,9 @@ class Membership:
         failed = [
             m
             for m in self.plan.members
-            if (report := self.workers[m].report) is not None and report.generation == self.generation and report.failed
+            if (report := self.workers[m].end_report) is not None
+            and report.generation == self.generation
+            and report.failed
         ]
         if dead or failed:
             self._abort_sent = self.generation
@@ -424,8 +504,7 @@ class Membership:
             info = self.workers.get(worker_id)
             if streak < self.config.formation_attempts or info is None or info.status.is_gone():
                 continue
-            info.status = WorkerStatus.DEAD
-            info.reason = f"evicted: did not show up to form {streak} generations in a row"
+            info.become(WorkerStatus.DEAD, f"evicted: did not show up to form {streak} generations in a row")
             self._assign(info, Assignment(AssignAction.LEAVE, reason=info.reason))
 
     def _maybe_want(self, now: float) -> None:
@@ -457,31 +536,30 @@ class Membership:
         if waiting and now - self._ending_since < self.config.report_timeout_s:
             return
         for info in waiting:
-            info.status = WorkerStatus.DEAD
-            info.reason = f"did not report within report_timeout_s={self.config.report_timeout_s}"
-        reports = [m.report for m in members if m.report is not None and m.report.generation == self.generation]
+            info.become(WorkerStatus.DEAD, f"did not report within report_timeout_s={self.config.report_timeout_s}")
+        reports = [r for m in members if (r := m.end_report) is not None and r.generation == self.generation]
         self._evict_no_shows(reports)
         # A member that died mid-step may have left the others' state half-updated: roll back. A member that
         # failed with an error of its own (e.g. a joiner whose model does not match) left the state untouched.
         rollback = any(r.failed for r in reports) or any(m.status is WorkerStatus.DEAD for m in members)
-        survivors = [m for m in members if m.status is WorkerStatus.REPORTED]
+        survivors = [Survivor(m, m.standing.report) for m in members if isinstance(m.standing, Reported)]
         handover = self._handover(survivors)
-        leavers = [m for m in survivors if m.leave_requested and m is not handover]
+        leavers = [s.info for s in survivors if s.info.leave_requested and s is not handover]
         # Every member leaves here and none failed (a stop, a time limit): the state would be lost, so each first
         # writes its shard of a final disk checkpoint (runtime/checkpoint.py; nothing when the job writes none).
         final = not rollback and len(leavers) == len(members)
         for info in leavers:
-            info.status, info.reason = WorkerStatus.LEFT, "leave requested"
+            info.become(WorkerStatus.LEFT, "leave requested")
             self._assign(info, Assignment(AssignAction.LEAVE, reason="leave requested", checkpoint=final))
-        survivors = [m for m in survivors if m not in leavers]
-        holds = any(m.report is not None and m.report.committed_step >= 0 for m in survivors)
+        survivors = [s for s in survivors if s.info not in leavers]
+        holds = any(s.holds_state() for s in survivors)
         # A generation that started from the workers' initial state (no start step: the first one) and failed before
         # any member committed (the runtime commits as it enters a generation) trained nothing: start it over.
         fresh = not holds and self.plan.start_step is None and bool(survivors)
         if not holds and not fresh:
             self._finish(now, f"no worker of generation {self.generation} that holds the state is left", Phase.LOST)
             return
-        pool = self._ready_pool({m.worker_id for m in survivors})
+        pool = self._ready_pool({s.info.worker_id for s in survivors})
         size = self._target_size(len(survivors) + len(pool))
         if size == 0:
             self._finish(now, f"no allowed world size fits {len(survivors)} workers", Phase.LOST)
@@ -489,42 +567,45 @@ class Membership:
         if fresh:  # nothing to roll back to, and nobody to hand over: no survivor holds a commit
             reason, rollback = "first generation again: the last one failed before it trained", False
         else:
-            reason = f"{handover.worker_id} hands the state over before it leaves" if handover else ""
-        self._form((survivors + pool)[:size], survivors=survivors, now=now, reason=reason, rollback=rollback)
+            reason = f"{handover.info.worker_id} hands the state over before it leaves" if handover else ""
+        chosen = ([s.info for s in survivors] + pool)[:size]
+        self._form(chosen, survivors=survivors, now=now, reason=reason, rollback=rollback)
 
-    def _handover(self, survivors: list[WorkerInfo]) -> WorkerInfo | None:
+    def _handover(self, survivors: list[Survivor]) -> Survivor | None:
         """A leaving member kept for one more generation, as the source that hands the state to warm joiners, when
         every survivor holding the state is leaving (else the job would be lost); it leaves at the next boundary."""
-        holders = [m for m in survivors if m.report is not None and m.report.committed_step >= 0]
-        if not holders or not all(m.leave_requested for m in holders):
+        holders = [s for s in survivors if s.holds_state()]
+        if not holders or not all(s.info.leave_requested for s in holders):
             return None
-        if not self._ready_pool({m.worker_id for m in survivors}):
+        if not self._ready_pool({s.info.worker_id for s in survivors}):
             return None
-        return max(holders, key=lambda m: (m.report.committed_step, m.report.step))  # type: ignore[union-attr]
+        return max(holders, key=lambda s: (s.report.committed_step, s.report.step))
 
     def _form(
         self,
         chosen: list[WorkerInfo],
         *,
-        survivors: list[WorkerInfo],
+        survivors: list[Survivor],
         now: float,
         reason: str,
         rollback: bool = False,
     ) -> None:
         # A reporter without a commit never received the state (its generation failed while forming): a joiner.
-        staying = [s for s in survivors if s in chosen and s.report is not None and s.report.committed_step >= 0]
-        joiners = [c.worker_id for c in chosen if c not in staying]
+        staying = [s for s in survivors if s.info in chosen and s.holds_state()]
+        joiners = [c.worker_id for c in chosen if c not in [s.info for s in staying]]
+        source: WorkerInfo
         if staying:
-            assert all(s.report is not None for s in staying)
             if rollback:
-                source = max(staying, key=lambda s: (s.report.committed_step, -staying.index(s)))  # type: ignore[union-attr]
-                start: int | None = source.report.committed_step  # type: ignore[union-attr]
+                first = max(staying, key=lambda s: (s.report.committed_step, -staying.index(s)))
+                start: int | None = first.report.committed_step
             else:
-                source = staying[0]
-                start = source.report.step  # type: ignore[union-attr]
+                first = staying[0]
+                start = first.report.step
+            source = first.info
             # A member at another step than the source's holds no valid state either: it receives it like a joiner.
-            at = {s.worker_id: s.report.committed_step if rollback else s.report.step for s in staying}  # type: ignore[union-attr]
-            joiners = [c.worker_id for c in chosen if c not in staying or at[c.worker_id] != start]
+            at = {s.info.worker_id: s.report.committed_step if rollback else s.report.step for s in staying}
+            staying_infos = [s.info for s in staying]
+            joiners = [c.worker_id for c in chosen if c not in staying_infos or at[c.worker_id] != start]
             sync = bool(joiners)
         else:
             source, start, sync = chosen[0], None, len(chosen) > 1
@@ -552,13 +633,13 @@ class Membership:
         self.phase = Phase.RUNNING
         self.history.append(GenerationRecord(plan=plan, formed_at=now))
         for info in chosen:
-            info.status, info.report = WorkerStatus.MEMBER, None
+            info.become(WorkerStatus.MEMBER)
             self._assign(info, Assignment(AssignAction.JOIN, plan=plan))
-        for info in survivors:
-            if info not in chosen:
-                info.report = None
-                info.status, info.ready_at = WorkerStatus.READY, now
-                self._assign(info, Assignment(AssignAction.STANDBY, reason="the global batch does not fit"))
+        for survivor in survivors:
+            if survivor.info not in chosen:
+                survivor.info.become(WorkerStatus.READY)
+                survivor.info.ready_at = now
+                self._assign(survivor.info, Assignment(AssignAction.STANDBY, reason="the global batch does not fit"))
 
     def _finish(self, now: float, reason: str, phase: Phase) -> None:
         self.phase = phase

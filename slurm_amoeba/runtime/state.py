@@ -7,7 +7,7 @@ When workers join, one member sends its state to the others as tensors over ``to
 structure around the tensors travels as JSON (:func:`encode_tree`) — never pickle (DESIGN.md, layer ``runtime/``).
 
 The state reaches no module global: :func:`slurm_amoeba.runtime.run` binds it to the worker's runtime (a
-:class:`~slurm_amoeba.runtime.topology.StepDriver`) before it calls ``train(state)``, and the state binds its
+:class:`StepDriver`, what the state needs of the runtime) before it calls ``train(state)``, and the state binds its
 sampler to the same topology for the loader.
 """
 
@@ -20,19 +20,16 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from slurm_amoeba.runtime.adaptive import AdaptiveBatch, attach_adaptive
+from slurm_amoeba.runtime.adaptive import AdaptiveBatch
 from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.sampler import ElasticSampler
-from slurm_amoeba.runtime.topology import StepDriver
-
-if TYPE_CHECKING:
-    from slurm_amoeba.runtime.topology import GradientReducer
+from slurm_amoeba.runtime.topology import GradientReducer, Topology
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +230,25 @@ class StateExtras(MutableMapping[str, Any]):
 ResetCallback = Callable[[], None]
 
 
+class StepDriver(Topology, Protocol):
+    """What the state needs from the runtime: the collectives behind ``state.step()``/``sync()``/``commit()``."""
+
+    def apply_step(self, state: TorchState) -> None:
+        """Reduce gradients over the members, step the optimizer, advance the sampler."""
+
+    def reduce_gradients(self) -> None:
+        """Reduce gradients over the members (the first half of a step whose optimizer step the user calls)."""
+
+    def end_step(self, state: TorchState) -> None:
+        """Zero gradients and advance the sampler (the second half)."""
+
+    def agree_on_commit(self, step: int, snapshot: Mapping[str, Any] | None = None) -> None:
+        """Check that every member commits at ``step`` (and write ``snapshot`` to disk when a checkpoint is due)."""
+
+    def before_last_micro_batch(self) -> None:
+        """Start reducing gradient buckets during the step's last backward."""
+
+
 def refuse_wrapped(model: torch.nn.Module) -> None:
     """Refuse a model wrapped in ``DistributedDataParallel`` (or FSDP1), saying what to do instead.
 
@@ -304,7 +320,21 @@ class TorchState:
         self._committed: dict[str, Any] | None = None
         self._copying: _CommitCopy | None = None
         self._driver: StepDriver | None = None
-        self.adaptive = attach_adaptive(self, adaptive)
+        self.adaptive = self._adaptive_controller(adaptive)
+
+    def _adaptive_controller(self, adaptive: AdaptiveBatch | None) -> AdaptiveBatch | None:
+        """The state's adaptive-batch controller: ``adaptive``, a default one for an adaptive sampler, or ``None``
+        (a fixed batch).
+
+        Raises:
+            RuntimeConfigError: see :meth:`~slurm_amoeba.runtime.adaptive.AdaptiveBatch.attach`.
+        """
+        if adaptive is None and not self.sampler.adaptive:
+            return None
+        controller = adaptive if adaptive is not None else AdaptiveBatch()
+        own_reduction = type(self).gradient_reducer is TorchState.gradient_reducer
+        controller.attach(self, own_reduction=own_reduction)
+        return controller
 
     def bind(self, driver: StepDriver | None) -> None:
         """Hand the state the runtime that applies its steps (``run()`` does it; ``None`` detaches).

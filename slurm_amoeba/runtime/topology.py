@@ -1,23 +1,22 @@
-"""What the state and the loader are handed: the current generation, and who applies a step.
+"""What the sampler, the loader and the state are handed: the current generation, and who reduces gradients.
 
 The runtime's user-facing objects (:class:`~slurm_amoeba.runtime.state.TorchState`, the sampler and the
 :class:`~slurm_amoeba.runtime.loader.ElasticDataLoader`) reach no module global: :func:`slurm_amoeba.runtime.run`
 binds the state to the worker's runtime before it calls ``train(state)`` (the state binds its sampler, which the
 loader reads), and a test or a tool can bind them to anything that has the same few methods. This module holds
-those interfaces and :class:`Generation`, the description of one generation as one worker sees it (DESIGN.md,
-layer ``runtime/``, worker side); it imports neither the worker nor the coordinator.
+the interfaces the sampler and the loader read (:class:`Topology`), the gradient reducer's, and
+:class:`Generation`, the description of one generation as one worker sees it (DESIGN.md, layer ``runtime/``, worker
+side); what the state needs of the runtime (:class:`~slurm_amoeba.runtime.state.StepDriver`) is with the state. It
+imports neither the worker, the state nor the coordinator.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
-
-    from slurm_amoeba.runtime.state import TorchState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,22 +84,3 @@ class GradientReducer(Protocol):
 
     def close(self) -> None:
         """Release hooks (the reducer is replaced)."""
-
-
-class StepDriver(Topology, Protocol):
-    """What the state needs from the runtime: the collectives behind ``state.step()``/``sync()``/``commit()``."""
-
-    def apply_step(self, state: TorchState) -> None:
-        """Reduce gradients over the members, step the optimizer, advance the sampler."""
-
-    def reduce_gradients(self) -> None:
-        """Reduce gradients over the members (the first half of a step whose optimizer step the user calls)."""
-
-    def end_step(self, state: TorchState) -> None:
-        """Zero gradients and advance the sampler (the second half)."""
-
-    def agree_on_commit(self, step: int, snapshot: Mapping[str, Any] | None = None) -> None:
-        """Check that every member commits at ``step`` (and write ``snapshot`` to disk when a checkpoint is due)."""
-
-    def before_last_micro_batch(self) -> None:
-        """Start reducing gradient buckets during the step's last backward."""

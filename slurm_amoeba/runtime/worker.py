@@ -8,7 +8,8 @@ generation it is a member of (DESIGN.md, layer ``runtime/``):
 
 * **Step:** :meth:`WorkerRuntime.apply_step` all-reduces every gradient in one flat buffer whose last element is
   the *control word*: each rank adds 1 when it knows of a pending change (its poll thread saw the coordinator ask
-  for one, or it got SIGTERM). All ranks read the same sum, so all agree to switch after the same step.
+  for one, or it got SIGTERM). All ranks read the same sum, so all agree to switch after the same step; each
+  worker keeps where it stands in one :class:`Switch` (running, wanted, agreed in the step, agreed).
 * **Switch:** at the next step boundary every member reports to the coordinator, leavers exit, the rest receive
   the next generation's plan, meet and build a new process group (:mod:`slurm_amoeba.runtime.group`), and the
   plan's source sends the state to the joiners (:mod:`slurm_amoeba.runtime.transfer`).
@@ -29,6 +30,7 @@ import contextlib
 import copy
 import ctypes
 import datetime
+import enum
 import gc
 import json
 import logging
@@ -48,6 +50,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from slurm_amoeba.core.runtime_env import WorkerEnv
 from slurm_amoeba.runtime.auth import COORDINATOR, AuthError, JobAuth, JobKey, join_job
+from slurm_amoeba.runtime.caught import error_fields
 from slurm_amoeba.runtime.checkpoint import Checkpointer, CheckpointJob, CheckpointPolicy, open_checkpoints
 from slurm_amoeba.runtime.errors import (
     BatchPlanError,
@@ -58,7 +61,6 @@ from slurm_amoeba.runtime.errors import (
     StateError,
     WorkerFailure,
 )
-from slurm_amoeba.runtime.failures import error_fields
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.group import (
     FormationFailed,
@@ -159,7 +161,73 @@ def run(
     return get_runtime().run(train, state, checkpoint=checkpoint)
 
 
-# shape: one object per training process; setup, step hooks, commit check and generation loop share its fields
+class SwitchStage(str, enum.Enum):
+    """Where the current generation stands on ending at a step boundary, as one worker sees it (:class:`Switch`).
+
+    Transitions: ``running -> wanted`` (the heartbeat thread saw the coordinator want a change in this generation);
+    ``running | wanted -> agreed_in_step`` (a step's gradient reduce summed a non-zero control word: some member wants
+    the switch); ``agreed_in_step -> agreed`` (that step ended: the next step boundary raises
+    :class:`~slurm_amoeba.runtime.errors.MembershipChanged`); any stage -> ``running`` when the worker enters a new
+    generation. An agreement is not taken back within a generation (the member that asked goes on asking).
+    """
+
+    RUNNING = "running"
+    WANTED = "wanted"
+    AGREED_IN_STEP = "agreed_in_step"
+    AGREED = "agreed"
+
+
+class Switch:
+    """One worker's stage on the current generation's switch (:class:`SwitchStage`); thread-safe, since the heartbeat
+    thread reports the coordinator's wish while the training thread reduces and ends steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._stage = SwitchStage.RUNNING
+
+    @property
+    def stage(self) -> SwitchStage:
+        """The current stage."""
+        return self._stage
+
+    def begin(self, generation: int) -> None:
+        """Enter ``generation``: nothing wanted or agreed yet."""
+        with self._lock:
+            self._generation, self._stage = generation, SwitchStage.RUNNING
+
+    def knows_want(self, generation: int) -> bool:
+        """Whether a change of ``generation`` is already known here (wanted or agreed): no need to look again."""
+        return self._generation == generation and self._stage is not SwitchStage.RUNNING
+
+    def see_want(self, generation: int) -> None:
+        """The coordinator wants ``generation`` to end (read by the heartbeat thread); ignored once the worker has
+        entered another generation, or once the switch is agreed."""
+        with self._lock:
+            if self._generation == generation and self._stage is SwitchStage.RUNNING:
+                self._stage = SwitchStage.WANTED
+
+    def asks(self) -> bool:
+        """Whether this worker's control word asks for the switch (it saw the wish, or agreed to it)."""
+        return self._stage is not SwitchStage.RUNNING
+
+    def reduced(self, agreed: bool) -> None:
+        """A step's reduce summed the members' control words: ``agreed`` when some member asks for the switch."""
+        with self._lock:
+            if agreed and self._stage in (SwitchStage.RUNNING, SwitchStage.WANTED):
+                self._stage = SwitchStage.AGREED_IN_STEP
+
+    def end_step(self) -> None:
+        """The step ended: an agreement made in it holds from the next step boundary on."""
+        with self._lock:
+            if self._stage is SwitchStage.AGREED_IN_STEP:
+                self._stage = SwitchStage.AGREED
+
+    def agreed(self) -> bool:
+        """Whether the members agreed to end the generation at this step boundary."""
+        return self._stage is SwitchStage.AGREED
+
+
 class WorkerRuntime:
     """The elastic runtime of one worker process (see the module docstring); create it with :func:`init`.
 
@@ -181,12 +249,10 @@ class WorkerRuntime:
         self._store: TCPStore | None = None
         self._seq = 0
         self._leave = threading.Event()
-        self._change_seen_in = 0
-        self._switch_agreed = False
+        self._switch = Switch()  # where the current generation stands on ending at a step boundary
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._grad: GradientReducer | None = None
-        self._agreed_now = False
         self._step_time_s = 0.0
         self._samples_per_s = 0.0
         self._last_step_end = 0.0
@@ -276,8 +342,8 @@ class WorkerRuntime:
                         report = json.dumps(self._progress_report(now))
                         store.set(PROGRESS_KEY, self._sealer.seal(PROGRESS_KEY, report))
                 generation = self.generation
-                if generation and self._change_seen_in != generation and self._auth.want(store) == generation:
-                    self._change_seen_in = generation
+                if generation and not self._switch.knows_want(generation) and self._auth.want(store) == generation:
+                    self._switch.see_want(generation)
                 warned = False
             except (RuntimeError, ValueError) as exc:
                 if not warned:
@@ -320,7 +386,7 @@ class WorkerRuntime:
         Raises:
             MembershipChanged: the members agreed to end this generation here.
         """
-        if self._switch_agreed:
+        if self._switch.agreed():
             raise MembershipChanged(f"generation {self.generation} ends at step boundary")
 
     # ----------------------------------------------------------------------------------------------- collectives
@@ -336,7 +402,7 @@ class WorkerRuntime:
         return WorkerFailure(f"{what} failed in generation {self.generation}: {exc}", generation=self.generation)
 
     def _control_word(self) -> float:
-        return 1.0 if self._change_seen_in == self.generation or self._leave.is_set() else 0.0
+        return 1.0 if self._switch.asks() or self._leave.is_set() else 0.0
 
     def before_last_micro_batch(self) -> None:
         """Called by the loader before a step's last micro-batch: reduce gradient buckets as backward fills them."""
@@ -379,7 +445,7 @@ class WorkerRuntime:
         self._finish_send()
         self._mark("sent")
         try:
-            self._agreed_now = grad.finish(self._control_word()) > 0
+            self._switch.reduced(grad.finish(self._control_word()) > 0)
         except RuntimeError as exc:
             raise self._failure("gradient all-reduce", exc) from None
         self._mark("reduced")
@@ -417,7 +483,7 @@ class WorkerRuntime:
             )
         except RuntimeError as exc:
             raise self._failure("gradient reduce", exc) from None
-        self._agreed_now = word > 0
+        self._switch.reduced(word > 0)
         # The state's sends read the parameters and the optimizer's state as they are: done before the optimizer
         # steps (the joiners have received it by now, as a rule). The summed gradient went to them as a copy: it is
         # waited for before the next collective, which they are in.
@@ -443,8 +509,7 @@ class WorkerRuntime:
             self._marks["first_step"] = now
             self.switch_marks.append(self._marks)
         self._progress = state.progress_report()
-        if self._agreed_now:
-            self._switch_agreed = True
+        self._switch.end_step()
 
     def agree_on_commit(self, step: int, snapshot: Mapping[str, Any] | None = None) -> None:
         """Check that every member commits at the same step; write ``snapshot`` to disk when a checkpoint is due.
@@ -559,11 +624,11 @@ class WorkerRuntime:
             StateError: this worker's state does not fit the running workers' (it must leave).
             StateRefused: another member refused the state.
         """
+        self._switch.begin(plan.generation)  # before the generation number the heartbeat thread reads
         self.plan = plan
         self.generation = plan.generation
         self.current = None
         self._state = state
-        self._switch_agreed = False
         state.sampler.planner.check_world_size(plan.world_size)
         started = time.perf_counter()
         self.current = form_group(self.store, plan, self._settings(), self._marks)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from slurm_amoeba.agent.plan import Action, LowerTarget, Observation, SubmitSatellite, new_satellite_group, record
-from slurm_amoeba.runtime.coordinator import CoordinatorView, WorkerView
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.runtime.protocol import PolicyBatch
+from slurm_amoeba.runtime.view import CoordinatorView, WorkerView
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError, StepRecord
 from slurm_amoeba.slurm.script import SubmitOptions
 from slurm_amoeba.slurm.steps import StepOptions

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.agent.agent import Agent, order_move, report_to_daemon
+from slurm_amoeba.agent.agent import Agent
 from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.groups import GroupState
 from slurm_amoeba.agent.status import adaptive_fields
@@ -268,11 +268,11 @@ def test_an_adaptive_jobs_report_carries_its_statistics_bounded(parts: Parts, mo
     sent: list[dict[str, object]] = []
     monkeypatch.setattr(agent.link, "endpoint", "tcp://127.0.0.1:1")
     monkeypatch.setattr(agent.link, "report", lambda body: sent.append(dict(body)))
-    report_to_daemon(agent, coordinator.view())
+    agent.report_to_daemon(coordinator.view())
     assert "adaptive" not in sent[-1], "a fixed-batch job reports no statistics"
     many = [[w, b, 0.01 * w, w + b] for w in range(1, 9) for b in (32, 64, 128, 256, 512)]
     coordinator.progress = {"adaptive": {**ADAPTIVE_PROGRESS, "step_time_s": many, "noise_scale": 1e300}}
-    report_to_daemon(agent, coordinator.view())
+    agent.report_to_daemon(coordinator.view())
     adaptive = sent[-1]["adaptive"]
     assert isinstance(adaptive, dict)
     assert adaptive["global_batch"] == 64 and adaptive["noise_scale"] == MAX_NOISE_SCALE
@@ -297,7 +297,7 @@ def test_a_move_directive_vacates_the_node_once_and_keeps_the_size(parts: Parts)
     assert agent.groups[1].nodes == ("n3",)
     reply = decode(encode(Message("resize", {"job_id": str(PARENT), "target": 4, "reason": "r", "vacate": "n3"})))
     agent.resize(int(reply.body["target"]), str(reply.body["reason"]))
-    order_move(agent, str(reply.body["vacate"]), str(reply.body["reason"]))
+    agent.order_move(str(reply.body["vacate"]), str(reply.body["reason"]))
     rounds(agent, clock)
     assert coordinator.leave_requests == ["g1-0", "g1-1"] and agent.target == 4
     moved = slurm.submissions[-1].script

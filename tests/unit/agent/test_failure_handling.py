@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from slurm_amoeba.runtime.coordinator import CoordinatorView
 from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.runtime.view import CoordinatorView
 from slurm_amoeba.slurm import JobState
 from tests.unit.agent import test_agent
 from tests.unit.agent.fakes import FakeCoordinator

@@ -16,7 +16,7 @@ from slurm_amoeba.agent.agent import Agent
 from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.entry import parent_alive, parent_started
 from slurm_amoeba.agent.groups import GroupState, WorkerGroup, worker_ids
-from slurm_amoeba.agent.lifecycle import ENDED_BY_SIGNAL, checkpoint_directory, resume_history
+from slurm_amoeba.agent.lifecycle import ENDED_BY_SIGNAL, checkpoint_directory
 from slurm_amoeba.agent.plan import (
     CoordinatorSeen,
     JobFailed,
@@ -190,7 +190,8 @@ def test_the_job_requeues_itself_at_most_max_requeues_times_counting_its_earlier
     (state / AGENT_STATUS_FILE).write_text(json.dumps({"job_id": str(PARENT), "history": earlier}))
     agent, slurm, _, _, _ = make_agent(state, max_requeues=2)
     try:
-        agent._requeues = resume_history(agent, {"SLURM_RESTART_COUNT": "2"})
+        agent.life.resume({"SLURM_RESTART_COUNT": "2"})
+        assert agent.life.requeues == 2
         assert events(agent) == ["started", "requeued", "requeued", "resumed"]
         agent.start_main_group()
         agent._on_signal(signal.SIGUSR1, None)
@@ -207,7 +208,8 @@ def test_a_run_after_one_that_ended_without_a_word_says_slurm_restarted_it(tmp_p
     earlier = [{"t": 1.0, "event": "started"}, {"t": 2.0, "event": "generation"}]
     (state / AGENT_STATUS_FILE).write_text(json.dumps({"job_id": str(PARENT), "history": earlier}))
     agent, _, _, _, _ = make_agent(state)
-    assert resume_history(agent, {"SLURM_RESTART_COUNT": "1"}) == 0
+    agent.life.resume({"SLURM_RESTART_COUNT": "1"})
+    assert agent.life.requeues == 0
     assert events(agent) == ["started", "generation", "restarted_by_slurm"]
     assert agent.journal.history[-1]["previous_last_event"] == "generation"
     agent.shutdown()
@@ -215,7 +217,7 @@ def test_a_run_after_one_that_ended_without_a_word_says_slurm_restarted_it(tmp_p
 
 def test_the_executor_hook_may_refuse_a_requeue_and_a_refused_scontrol_is_recorded(parts: Parts) -> None:
     agent, slurm, _, _, _ = parts
-    agent.before_requeue = lambda: "checkpoint function returned None"
+    agent.life.before_requeue = lambda: "checkpoint function returned None"
     agent._on_signal(signal.SIGUSR1, None)
     assert agent.round() == ENDED_BY_SIGNAL
     assert slurm.requeued == [] and agent.journal.history[-1] == {
@@ -243,7 +245,7 @@ def test_a_job_that_lost_every_worker_restarts_from_its_checkpoint_with_a_fresh_
     assert slurm.cancelled == [101]
     assert len(steps.started) == 2 and str(steps.started[1].options.output).endswith("worker-g0-run2-%t.log")
     assert [g.name for g in agent.groups] == ["g0", "g1"] and agent.groups[1].state is GroupState.ENDED
-    assert agent.target == 2 and agent.restarts == 1
+    assert agent.target == 2 and agent.life.restarts == 1
     assert events(agent)[-3:] == ["restarting", "satellite_released", "group_started"]
     restarting = agent.journal.history[-3]
     assert (restarting["event"], restarting["step"], restarting["restart"]) == ("restarting", 20, 1)
@@ -261,7 +263,7 @@ def test_restarts_are_bounded_per_allocation(tmp_path: Path, monkeypatch: pytest
     try:
         agent.start_main_group()
         steps.started[-1].status = 137
-        assert agent.round() is None and agent.restarts == 1
+        assert agent.round() is None and agent.life.restarts == 1
         clock.advance(2)
         steps.started[-1].status = 137
         assert agent.round() == 137, "no restart left: the job ends with the main group's status"
@@ -339,7 +341,8 @@ def test_a_first_run_sets_an_earlier_jobs_checkpoints_aside_and_carries_no_histo
     write_checkpoint_marker(state / "checkpoints", 90)  # an earlier job 42's, before Slurm's ids started again
     (state / AGENT_STATUS_FILE).write_text(json.dumps({"job_id": str(PARENT), "history": [{"t": 1, "event": "x"}]}))
     agent, _, _, _, _ = make_agent(state)
-    assert resume_history(agent, {}) == 0 and events(agent) == []
+    agent.life.resume({})
+    assert agent.life.requeues == 0 and events(agent) == []
     assert not (state / "checkpoints").exists() and len(list(state.glob("checkpoints.earlier-*"))) == 1
     agent.shutdown()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from slurm_amoeba.cli.amoebactl import _parser as amoebactl_parser
 from slurm_amoeba.cli.entry import EXTRA_MODULES
+from slurm_amoeba.core.install import SOURCE_PLACEHOLDER, install_command
 
 BIN = Path(sys.executable).parent
 COMMANDS = ["amoeba-sim", "amoebad", "amoebactl", "amoeba-sbatch", "amoeba-run", "amoeba-local"]
@@ -55,12 +57,12 @@ def test_a_command_whose_extra_is_missing_names_the_pip_extra_in_one_line(entry:
     )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
-    assert f"needs {hidden}" in done.stderr and f"pip install 'slurm-amoeba[{extra}]'" in done.stderr
+    assert f"needs {hidden}" in done.stderr and f"'{extra}' extra: {install_command(extra)}" in done.stderr
 
 
 def test_the_executor_without_submitit_names_the_train_extra() -> None:
     done = _python("import sys\nsys.modules['submitit'] = None\nfrom slurm_amoeba.launcher import ElasticExecutor\n")
-    assert "ElasticExecutor needs submitit (the 'train' extra): pip install 'slurm-amoeba[train]'" in done.stderr
+    assert f"ElasticExecutor needs submitit (the 'train' extra): {install_command('train')}" in done.stderr
 
 
 def test_amoeba_sim_plot_without_matplotlib_fails_before_simulating() -> None:
@@ -69,7 +71,7 @@ def test_amoeba_sim_plot_without_matplotlib_fails_before_simulating() -> None:
         "sys.exit(entry.amoeba_sim(['compare', '--workloads', 'pollux/workloads', '--plot', 'x.png']))\n"
     )
     assert done.returncode == 2
-    assert "--plot needs matplotlib" in done.stderr and "slurm-amoeba[sim]" in done.stderr
+    assert "--plot needs matplotlib" in done.stderr and install_command("sim") in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -90,3 +92,37 @@ def test_amoebactl_takes_its_flags_before_or_after_the_subcommand(argv: list[str
 
 def test_amoebactl_without_json_prints_text() -> None:
     assert amoebactl_parser().parse_args(["jobs"]).json is False
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "line"),
+    [
+        (
+            '{"url": "file:///srv/wheels/slurm_amoeba-0.1.0-py3-none-any.whl", "archive_info": {}}',
+            "pip install 'slurm-amoeba[daemon] @ file:///srv/wheels/slurm_amoeba-0.1.0-py3-none-any.whl'",
+        ),
+        (
+            '{"url": "https://git.example.org/hpc/slurm_amoeba.git", "vcs_info": {"vcs": "git", "commit_id": "0abc"}}',
+            "pip install 'slurm-amoeba[daemon] @ git+https://git.example.org/hpc/slurm_amoeba.git@0abc'",
+        ),
+        (
+            '{"url": "file:///home/me/slurm_amoeba", "dir_info": {"editable": true}}',
+            "pip install -e '/home/me/slurm_amoeba[daemon]'",
+        ),
+        (
+            '{"url": "file:///home/me/slurm_amoeba", "dir_info": {}}',
+            "pip install 'slurm-amoeba[daemon] @ file:///home/me/slurm_amoeba'",
+        ),
+        ("not json", f"pip install 'slurm-amoeba[daemon] @ {SOURCE_PLACEHOLDER}'"),
+    ],
+)
+def test_the_install_line_adds_the_extra_from_where_the_package_came_from(direct_url: str, line: str) -> None:
+    assert install_command("daemon", direct_url) == line
+
+
+def test_no_message_or_manual_says_pip_install_slurm_amoeba_which_no_index_has() -> None:
+    root = Path(__file__).resolve().parents[3]
+    paths = [*root.glob("slurm_amoeba/**/*.py"), *root.glob("docs/*.md"), root / "README.md"]
+    bad = re.compile(r"pip install '?slurm-amoeba(?:\[[a-z,]+\])?(?![\[\w-])'?(?! @)")
+    found = [f"{path.relative_to(root)}: {m.group(0)}" for path in paths for m in bad.finditer(path.read_text())]
+    assert found == []

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from slurm_amoeba.cli import amoebactl
+from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon import Daemon, requests
-from slurm_amoeba.transport.channel import request
+from slurm_amoeba.transport.channel import ChannelServer, request
 from tests.unit.daemon.fakes import FakeSlurm, job, register_body, report_body
 
 Running = tuple[Daemon, threading.Thread]
@@ -143,3 +150,95 @@ def test_jobs_shows_an_adaptive_jobs_batch_and_noise_scale(
     )
     assert ctl(daemon, "--json", "jobs") == 0
     assert json.loads(capsys.readouterr().out)["jobs"][0]["adaptive"]["noise_scale"] == 1234.5
+
+
+def test_watch_shows_each_job_s_size_target_throughput_and_last_event() -> None:
+    data = {
+        "jobs": [
+            {
+                "job_id": "100", "user": "alice", "size": 2, "target": 4, "min_workers": 1, "max_workers": 4,
+                "throughput": {"2": 180.0, "4": 340.0}, "history": [{"event": "started"}, {"event": "grow\x1b[2J"}],
+            }
+        ]
+    }  # fmt: skip
+    screen = amoebactl.watch_screen(data, "tcp://h:1", 2).splitlines()
+    assert screen[0] == "amoebactl watch: tcp://h:1, every 2 s; q quits"
+    assert screen[2].split() == ["JOB", "USER", "SIZE", "TARGET", "RANGE", "SAMPLES/S", "LAST", "EVENT"]
+    assert screen[3].split() == ["100", "alice", "2", "4", "1..4", "180.0", "grow\\u001b[2J"]  # escaped, not obeyed
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10, check=True).stdout
+
+
+def test_watch_redraws_the_jobs_under_tmux_and_quits_on_q(running: Running, tmp_path: Path) -> None:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (scripts/bootstrap installs it)")
+    daemon, _ = running
+    assert daemon.server is not None
+    registered(daemon)
+    session = f"amoeba-watch-{os.getpid()}"
+    done = tmp_path / "exit-status"
+    command = (
+        f"PYTHONPATH={shlex.quote(str(Path.cwd()))} {shlex.quote(sys.executable)} -m slurm_amoeba.cli.amoebactl "
+        f"watch --endpoint {daemon.server.endpoint} --interval 0.3; echo $? > {done}; sleep 30"
+    )
+    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "20", command)
+    try:
+        deadline = time.monotonic() + 20
+        screen = ""
+        while "alice" not in screen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            screen = _tmux("capture-pane", "-p", "-t", session)
+        rows = [line.split() for line in screen.splitlines() if line.strip()]
+        assert rows[0][:2] == ["amoebactl", "watch:"] and rows[1][:4] == ["JOB", "USER", "SIZE", "TARGET"], screen
+        assert rows[2][:5] == ["100", "alice", "2", "2", "2..2"], screen
+        assert rows[2][-1] == "report", screen  # the last event the agent reported
+        _tmux("send-keys", "-t", session, "q")
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert done.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10, check=False)
+
+
+def test_resize_local_reaches_the_jobs_agent_without_a_daemon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shell user resizes their own job: the directive goes to the agent's socket named in its status file."""
+    server = ChannelServer("tcp://127.0.0.1:*")
+    seen: list[tuple[int, dict[str, object]]] = []
+
+    def agent() -> None:  # answers as handle_directive does: the owner may resize within 1..4
+        for _ in range(2):
+            req = server.receive(10)
+            assert req is not None
+            seen.append((req.sender.uid, dict(req.message.body)))
+            target = int(req.message.body["target"])
+            ok = 1 <= target <= 4
+            error = "" if ok else f"resize to {target} workers is outside this job's range 1..4"
+            server.answer(req, req.message.reply(ok=ok, error=error, data={"size": 2, "target": target} if ok else {}))
+
+    thread = threading.Thread(target=agent, daemon=True)
+    thread.start()
+    state = tmp_path / "amoeba-100"
+    state.mkdir()
+    (state / AGENT_STATUS_FILE).write_text(json.dumps({"endpoint": server.endpoint, "size": 2}))
+    try:
+        assert amoebactl.main(["resize", "--local", "--state-dir", str(state), "100", "3", "--timeout", "5"]) == 0
+        assert "job 100: its agent accepted: target 3" in capsys.readouterr().out
+        assert amoebactl.main(["resize", "--local", "--state-dir", str(state), "100", "9", "--timeout", "5"]) == 1
+        assert "outside this job's range 1..4" in capsys.readouterr().err
+    finally:
+        thread.join(10)
+        server.close()
+    assert [(uid, body["job_id"], body["target"]) for uid, body in seen] == [
+        (os.getuid(), "100", 3),
+        (os.getuid(), "100", 9),
+    ]
+
+
+def test_resize_local_without_an_agent_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["resize", "--local", "--state-dir", str(tmp_path / "nowhere"), "100", "3", "--timeout", "0.3"]
+    assert amoebactl.main(argv) == 3
+    assert f"its agent has not started (no {tmp_path / 'nowhere' / AGENT_STATUS_FILE})" in capsys.readouterr().err

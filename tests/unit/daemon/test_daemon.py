@@ -385,6 +385,10 @@ def test_metrics_are_served_in_the_prometheus_text_format(tmp_path: Path, agent:
         assert 'amoeba_decisions_total{kind="grow",source="policy"} 1' in text
         assert "amoeba_policy_seconds_count 1" in text
         assert 'amoeba_resize_latency_seconds_bucket{le="+Inf"} 0' in text
+        # the capacity is a gauge of its own; the states are its parts and add up to it
+        assert "amoeba_gpus_capacity 8.0" in text
+        assert 'amoeba_gpus{state="free"} 6.0' in text and 'amoeba_gpus{state="allocated"} 2.0' in text
+        assert 'state="total"' not in text
     finally:
         d.close()
 

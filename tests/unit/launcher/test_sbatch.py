@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.launcher.sbatch import prepare, submission_env
+from slurm_amoeba.launcher.sbatch import dry_run_release, prepare, submission_env
 from slurm_amoeba.slurm import het_submit_args
-from slurm_amoeba.slurm.release import SlurmRelease
+from slurm_amoeba.slurm.release import SUPPORTED_SERIES, SlurmRelease
 from tests.unit.launcher.test_executor import cluster
 
 PLAIN = "#!/bin/bash\n#SBATCH --elastic=2:8\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run python train.py\n"
@@ -195,3 +198,48 @@ def test_an_option_with_its_value_is_never_taken_as_the_script(
     assert prepared.script == script
     argv = het_submit_args(prepared.shape.components())
     assert [argv[i + 1] for i, word in enumerate(argv) if word == option] == ["gres/gpu:1"]
+
+
+def _slurm_that_logs(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose Slurm programs only write their argv to a log (and fail)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "slurm-calls.log"
+    for program in ("sinfo", "squeue", "sbatch", "scontrol", "sacct", "srun", "scancel"):
+        path = bin_dir / program
+        path.write_text(f'#!/bin/sh\necho "{program} $*" >> {log}\nexit 1\n')
+        path.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(Path.cwd())}
+    env.pop("AMOEBA_SLURM_RELEASE", None)
+    return env, log
+
+
+@pytest.mark.parametrize("release", [[], ["--slurm-release", "22.05"], ["--slurm-release=24.11"]])
+def test_a_dry_run_asks_slurm_nothing_not_even_its_release(tmp_path: Path, script: Path, release: list[str]) -> None:
+    env, log = _slurm_that_logs(tmp_path)
+    argv = [sys.executable, "-m", "slurm_amoeba.launcher.sbatch", "--dry-run", *release, "--elastic", "1:2"]
+    done = subprocess.run([*argv, "-t", "30", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "would submit" in done.stderr and "sbatch" in done.stderr and " -t 30 " in done.stderr
+    assert not log.exists(), log.read_text()
+
+
+def test_without_a_dry_run_the_release_is_asked_of_slurm(tmp_path: Path, script: Path) -> None:
+    env, log = _slurm_that_logs(tmp_path)
+    argv = [sys.executable, "-m", "slurm_amoeba.launcher.sbatch", "--elastic", "1:2", str(script)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and log.read_text().startswith("sinfo --version")
+
+
+def test_the_release_of_a_dry_run_comes_from_the_flag_then_the_environment_then_the_newest(script: Path) -> None:
+    argv = ["--dry-run", "--elastic", "1:2", str(script)]
+    assert dry_run_release(argv, {}) == SlurmRelease.parse(SUPPORTED_SERIES[-1])
+    assert dry_run_release(argv, {"AMOEBA_SLURM_RELEASE": "23.02"}) == SlurmRelease(23, 2)
+    assert dry_run_release(["--slurm-release", "22.05", *argv], {"AMOEBA_SLURM_RELEASE": "23.02"}) == SlurmRelease(
+        22, 5
+    )
+    assert dry_run_release(argv[1:], {"AMOEBA_SLURM_RELEASE": "23.02"}) is None
+    with pytest.raises(SpecError, match="'latest' .* is not a release: write e.g. 23.11"):
+        dry_run_release(["--slurm-release", "latest", *argv], {})
+    with pytest.raises(SpecError, match="goes with --dry-run"):
+        dry_run_release(["--slurm-release", "22.05", *argv[1:]], {})

@@ -128,7 +128,7 @@ def test_the_layer_adds_moves_to_the_inner_answer_for_jobs_it_does_not_act_on_an
     layer = WholeNodeMoves(Answers())
     assert (layer.name, layer.emits) == ("inner", frozenset({Resize, MoveAction}))
     (move,) = layer.decide(snap, 0.0)
-    assert (move.job_id, move.for_job) == ("5", "9")
+    assert isinstance(move, MoveAction) and (move.job_id, move.for_job) == ("5", "9")
     assert WholeNodeMoves(Answers(grow)).decide(snap, 0.0) == [grow], "the inner policy acts on job 5"
     assert WholeNodeMoves(Answers(), recent={"9"}).decide(snap, 0.0) == [], "a node is being vacated for job 9"
     assert WholeNodeMoves(Answers(), recent={"5"}).decide(snap, 0.0) == [], "job 5 moved lately"

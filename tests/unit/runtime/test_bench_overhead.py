@@ -16,9 +16,9 @@ from benchmarks.runtime import (
     steps_by_size,
     switch_pauses,
 )
-from slurm_amoeba.runtime.coordinator import CoordinatorView
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import GenerationPlan
+from slurm_amoeba.runtime.view import CoordinatorView
 
 
 def test_the_median_interval_holds_the_median_narrows_with_more_pairs_and_repeats() -> None:

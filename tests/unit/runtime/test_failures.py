@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from slurm_amoeba.local import LocalJob
+from slurm_amoeba.runtime.caught import classify_exception, failure_message
 from slurm_amoeba.runtime.errors import JobLostError, RuntimeTimeout, StateError, WorkerFailure
 from slurm_amoeba.runtime.failures import (
     ErrorReport,
     FailureClass,
     WorkerExit,
-    classify_exception,
     classify_exit,
     exit_signal,
-    failure_message,
     user_error_verdict,
 )
 

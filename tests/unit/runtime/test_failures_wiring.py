@@ -3,7 +3,8 @@ membership ends the job on a failure that a retry repeats (every member, or agai
 
 from __future__ import annotations
 
-from slurm_amoeba.runtime.failures import TRACEBACK_CHARS, ErrorReport, FailureClass, error_fields
+from slurm_amoeba.runtime.caught import TRACEBACK_CHARS, error_fields
+from slurm_amoeba.runtime.failures import ErrorReport, FailureClass
 from slurm_amoeba.runtime.membership import Membership, MembershipConfig, Phase, WorkerStatus
 from slurm_amoeba.runtime.protocol import EventKind, WorkerEvent
 

@@ -502,8 +502,9 @@ def side_by_side(
         rounds: rounds per side.
 
     Returns:
-        ``rounds`` (every child's figures per side), and per policy each side's median over the rounds of each of
-        :data:`DECISION_FIGURES`, their ratio (this tree / baseline), each side's decision count, and errors.
+        ``samples`` (every child's figures per side), and per policy each side's median over the rounds of each of
+        :data:`DECISION_FIGURES`, their ratio (this tree / baseline), the decision time's ratio round by round (its
+        spread shows the noise), each side's decision count, and errors.
     """
     sides = {"baseline": baseline, "tree": tree}
     samples: dict[str, list[dict[str, dict[str, Any]]]] = {"baseline": [], "tree": []}
@@ -525,6 +526,12 @@ def side_by_side(
             row[side]["decisions"] = runs[-1]["decisions"]
         if all("error" not in row[side] for side in sides):
             row["ratio"] = {key: row["tree"][key] / row["baseline"][key] for key in DECISION_FIGURES}
+            pairs = zip(samples["tree"], samples["baseline"], strict=True)
+            row["round_ratios"] = [
+                after[name]["decision_s"] / before[name]["decision_s"]
+                for after, before in pairs
+                if "decision_s" in after.get(name, {}) and "decision_s" in before.get(name, {})
+            ]
         summary[name] = row
     return {
         "tree": str(tree),
@@ -539,8 +546,8 @@ def _side_by_side_table(result: dict[str, Any]) -> str:
     lines = [
         f"decision time (median of {result['rounds']} alternating rounds, each a median of repetitions), "
         f"baseline {result['baseline']} -> this tree {result['tree']}",
-        f"{'policy':<18} {'before ms':>10} {'after ms':>10} {'after/before':>13} {'snapshot':>9} {'check':>7}"
-        f" {'decisions':>13}",
+        f"{'policy':<18} {'before ms':>10} {'after ms':>10} {'after/before':>13} {'per round':>13} {'snapshot':>9}"
+        f" {'check':>7} {'decisions':>13}",
     ]
     for name, row in result["policies"].items():
         if "ratio" not in row:
@@ -549,7 +556,8 @@ def _side_by_side_table(result: dict[str, Any]) -> str:
         before, after, ratio = row["baseline"], row["tree"], row["ratio"]
         lines.append(
             f"{name:<18} {before['decision_s'] * 1000:>10.2f} {after['decision_s'] * 1000:>10.2f} "
-            f"{ratio['decision_s']:>13.3f} {ratio['snapshot_s']:>9.3f} {ratio['check_s']:>7.3f} "
+            f"{ratio['decision_s']:>13.3f} {min(row['round_ratios']):>6.2f}..{max(row['round_ratios']):<5.2f} "
+            f"{ratio['snapshot_s']:>9.3f} {ratio['check_s']:>7.3f} "
             f"{before['decisions']:>6}/{after['decisions']:<6}"
         )
     return "\n".join(lines)

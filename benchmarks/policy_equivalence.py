@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -123,7 +124,7 @@ def configurations() -> dict[str, Configuration]:
     table = dict(CONFIGURATIONS)
     for name in policy_names():
         if name not in table:
-            table[name] = Configuration(lambda name=name: make_policy(name))
+            table[name] = Configuration(functools.partial(make_policy, name))
     return table
 
 
@@ -350,11 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         workloads = [(load, int(number)) for load, number in (pair.split(":") for pair in args.workloads.split(","))]
     except ValueError:
         parser.error(f"--workloads {args.workloads!r}: give load:number pairs such as 1.0:6,0.5:2")
-    started = time.perf_counter()
+    tree, started = _tree(), time.perf_counter()
     results, seconds = run_all(labels, workloads, args.processes, progress=lambda line: print(line, flush=True))
     wall = time.perf_counter() - started
     output = {
-        "tree": _tree(),
+        "tree": tree,
         "python": platform.python_version(),
         "workloads": [f"{load}x/workload-{number}" for load, number in workloads],
         "wall_s": wall,

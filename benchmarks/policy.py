@@ -471,15 +471,8 @@ def _child_round(tree: Path, argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         RuntimeError: the child failed or printed no JSON.
     """
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.policy", "--decision-child", *argv],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
+    command = [sys.executable, "-m", "benchmarks.policy", "--decision-child", *argv]
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False)
     if done.returncode != 0 or not done.stdout.strip():
         raise RuntimeError(
             f"the decision round in {tree} failed (exit {done.returncode}): {done.stderr[-2000:]}; does that tree's "

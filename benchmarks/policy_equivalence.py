@@ -1,7 +1,7 @@
 """Every policy's simulator results, job by job, to the last digit: the check that a refactoring changes no decision.
 
 ``scripts/check-policy-equivalence`` runs :func:`main`. Each configuration of :data:`CONFIGURATIONS` (every
-registered policy, and the ``slurm`` baseline with the daemon on top in each combination of knobs that
+registered policy, and ``amoebad``, the ``slurm`` baseline with the daemon on top, in each combination of layers that
 ``benchmarks/sim_study.py`` and docs/simulator.md use) runs on a set of the shared Pollux workloads
 (``slurm_amoeba/sim/datafiles/pollux``, :data:`WORKLOADS`). The JSON it writes holds, per configuration label and
 workload, every job's submit, first start, completion and JCT, its resizes, preemptions and restarts, the run's
@@ -59,13 +59,18 @@ class Configuration:
     config: SimConfig = dataclasses.field(default_factory=SimConfig)
 
 
-def _slurm(elastic_fraction: float = 1.0, **knobs: Any) -> Configuration:
-    """The ``slurm`` baseline with these knobs (the daemon's rows: ``grow_elastic`` and its layers)."""
-    return Configuration(lambda: make_policy("slurm", **knobs), elastic_fraction)
+def _slurm(elastic_fraction: float = 1.0) -> Configuration:
+    """The ``slurm`` baseline alone."""
+    return Configuration(lambda: make_policy("slurm"), elastic_fraction)
 
 
-#: The daemon with operator rights (sim_study's ``ADMIT_KNOBS``).
-_ADMIT: dict[str, Any] = {"grow_elastic": True, "admit_at_request": True}
+def _amoebad(elastic_fraction: float = 1.0, **knobs: Any) -> Configuration:
+    """The ``amoebad`` policy (Slurm's baseline with the daemon on top) with these layered knobs."""
+    return Configuration(lambda: make_policy("amoebad", **knobs), elastic_fraction)
+
+
+#: The daemon with operator rights (sim_study's ``ADMIT_SETUP``): the admission layer.
+_ADMIT: dict[str, Any] = {"admission": True}
 
 #: label -> configuration. The labels are the keys the JSON files are compared by: keep them; change the builders.
 CONFIGURATIONS: dict[str, Configuration] = {
@@ -87,24 +92,30 @@ CONFIGURATIONS: dict[str, Configuration] = {
     "goodput, packed with moves": Configuration(lambda: make_policy("goodput", pack=True), adaptive_fraction=1.0),
     # The slurm baseline alone, and with the daemon on top (sim_study's DEFAULT_ROWS and claims rows).
     "slurm": _slurm(elastic_fraction=0.0),
-    "slurm + plain daemon": _slurm(grow_elastic=True),
-    "slurm + plain daemon, half elastic": _slurm(0.5, grow_elastic=True),
-    "slurm + plain daemon, submitted at request": _slurm(grow_elastic=True, submit_at_request=True),
-    "slurm + plain daemon, restore_requests": _slurm(grow_elastic=True, restore_requests=True),
-    "slurm + admission": _slurm(**_ADMIT),
-    "slurm + admission, half elastic": _slurm(0.5, **_ADMIT),
-    "slurm + admission, loans and requests alike": _slurm(**_ADMIT, slurm_takes_loans_only=False),
-    "slurm + admission, unbounded hold": _slurm(**_ADMIT, max_hold_s=0.0),
-    "slurm + admission, restore_requests": _slurm(**_ADMIT, restore_requests=True),
-    "slurm + admission, protect_requests": _slurm(**_ADMIT, protect_requests=True),
-    "slurm + admission, spare_longer_jobs": _slurm(**_ADMIT, spare_longer_jobs=True),
-    "slurm + admission, whole-node starts": _slurm(**_ADMIT, whole_node_starts=True),
-    "slurm + admission, compact admissions": _slurm(**_ADMIT, compact_admissions=True),
-    "slurm + admission + simulator-only rules": _slurm(
-        **_ADMIT, whole_node_starts=True, whole_node_moves_minimum=True, spare_tail_factor=5.0
+    "slurm + plain daemon": _amoebad(),
+    "slurm + plain daemon, half elastic": _amoebad(0.5),
+    "slurm + plain daemon, submitted at request": _amoebad(**{"elastic.submitted_at": "request"}),
+    "slurm + plain daemon, restore_requests": _amoebad(**{"elastic.restore_requests": True}),
+    "slurm + admission": _amoebad(**_ADMIT),
+    "slurm + admission, half elastic": _amoebad(0.5, **_ADMIT),
+    "slurm + admission, loans and requests alike": _amoebad(**_ADMIT, **{"admission.slurm_takes_loans_only": False}),
+    "slurm + admission, unbounded hold": _amoebad(**_ADMIT, **{"admission.max_hold_s": 0.0}),
+    "slurm + admission, restore_requests": _amoebad(**_ADMIT, **{"elastic.restore_requests": True}),
+    "slurm + admission, protect_requests": _amoebad(**_ADMIT, **{"admission.protect_requests": True}),
+    "slurm + admission, spare_longer_jobs": _amoebad(**_ADMIT, **{"admission.spare_longer_jobs": True}),
+    "slurm + admission, whole-node starts": _amoebad(**_ADMIT, whole_node=True),
+    "slurm + admission, compact admissions": _amoebad(**_ADMIT, **{"admission.compact_admissions": True}),
+    "slurm + admission + simulator-only rules": _amoebad(
+        **_ADMIT,
+        whole_node=True,
+        **{"whole_node.moves_minimum": True, "admission.spare_tail_factor": 5.0},
     ),
-    "slurm + admission + LAS order": _slurm(**_ADMIT, las_queue_s=16 * 3600.0),
-    "slurm + plain daemon, loose placement": _slurm(grow_elastic=True, compact_starts=False, compact_growth=False),
+    "slurm + admission + LAS order": _amoebad(
+        **_ADMIT, las_order=True, **{"las_order.thresholds_gpu_s": (16 * 3600.0,)}
+    ),
+    "slurm + plain daemon, loose placement": _amoebad(
+        **{"elastic.compact_starts": False, "elastic.compact_growth": False}
+    ),
 }
 
 #: The shared workloads every configuration runs on, (load, workload number) of the Pollux set: all eight at 0.5x

@@ -14,7 +14,7 @@ from slurm_amoeba.policy import ACTION_TYPES, Action, action_name, make_policy, 
 from slurm_amoeba.sim.executor import SimCluster, SimExecutor
 
 #: Knobs that make a registered policy emit more action types than its defaults (each is configured as well).
-WIDER: list[tuple[str, dict[str, Any]]] = [("slurm", {"grow_elastic": True, "whole_node_starts": True})]
+WIDER: list[tuple[str, dict[str, Any]]] = [("amoebad", {"admission": True, "whole_node": True})]
 
 
 @pytest.mark.parametrize("kind", ACTION_TYPES, ids=[action_name(kind) for kind in ACTION_TYPES])

@@ -87,8 +87,8 @@ def test_a_policy_that_emits_an_action_the_daemon_cannot_apply_is_refused_at_con
     assert REFUSED[refused] in str(caught.value)
 
 
-def test_the_slurm_baselines_whole_node_places_are_refused_and_its_plain_form_is_not() -> None:
-    knobs = {"grow_elastic": True, "whole_node_starts": True}
+def test_the_amoebad_policys_whole_node_places_are_refused_and_its_plain_form_is_not() -> None:
+    knobs = {"admission": True, "whole_node": True}
     with pytest.raises(ConfigError, match="its place actions cannot be applied live"):
-        compose_policy(DaemonConfig(policy="slurm", policy_knobs=knobs))
-    assert Place not in compose_policy(DaemonConfig(policy="slurm")).emits
+        compose_policy(DaemonConfig(policy="amoebad", policy_knobs=knobs))
+    assert Place not in compose_policy(DaemonConfig(policy="amoebad")).emits

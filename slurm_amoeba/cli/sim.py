@@ -125,6 +125,9 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="read only the first N jobs of a Philly trace")
     parser.add_argument("--processes", type=int, default=None, help="parallel runs (default: the CPUs)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_daemon_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--daemon-config",
         type=Path,
@@ -152,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a policy setting")
     run.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     _add_cluster_flags(run)
+    _add_daemon_flag(run)
     compare = commands.add_parser("compare", help="several policies on every workload of a folder")
     compare.add_argument("--workloads", required=True, type=Path, help="a folder of workload CSVs, or one CSV")
     compare.add_argument(
@@ -172,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--load", default=None, help="the load for --reference (default: from the folder name)")
     _add_cluster_flags(compare)
+    _add_daemon_flag(compare)
     commands.add_parser("data", help="print the reference data folder and the workload folders in it")
     _add_site_parser(commands)
     return parser

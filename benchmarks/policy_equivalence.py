@@ -64,7 +64,7 @@ def _slurm(elastic_fraction: float = 1.0) -> Configuration:
     return Configuration(lambda: make_policy("slurm"), elastic_fraction)
 
 
-def _amoebad(elastic_fraction: float = 1.0, **knobs: Any) -> Configuration:
+def _amoebad(elastic_fraction: float = 1.0, /, **knobs: Any) -> Configuration:
     """The ``amoebad`` policy (Slurm's baseline with the daemon on top) with these layered knobs."""
     return Configuration(lambda: make_policy("amoebad", **knobs), elastic_fraction)
 

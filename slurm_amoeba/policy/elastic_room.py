@@ -382,7 +382,7 @@ class _Moves:
 
     def on(self, lenders: dict[str, list[JobInfo]], fixed: dict[str, dict[str, int]]) -> dict[str, list[JobInfo]]:
         """Node -> the jobs whose workers may move off it: ``lenders``, or every job in ``movers`` when given
-        (``whole_node_moves_minimum``)."""
+        (the whole-node layer's ``moves_minimum``)."""
         if self.movers is None:
             return lenders
         movers: dict[str, list[JobInfo]] = {}

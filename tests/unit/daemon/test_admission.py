@@ -18,7 +18,7 @@ from slurm_amoeba.daemon.daemon import Daemon, DaemonUser
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.refusals import Refusals
-from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
+from slurm_amoeba.policy.amoebad import AdmissionLayer, AmoebadPolicy
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord, SlurmCommandError
 from slurm_amoeba.slurm.marks import HoldMark, parse_hold_mark
 from tests.unit.daemon.fakes import job, node, satellite
@@ -247,17 +247,17 @@ def test_enabling_without_rights_is_refused_and_the_config_is_read() -> None:
 
 
 def test_the_simulated_default_admission_is_the_shipped_daemon_rule_for_rule() -> None:
-    # docs/simulator.md's figures for "the daemon's default" are the simulator's `slurm` policy with admission at
-    # request and its other settings as they come; they speak of amoebad only while these agree with what it ships.
+    # docs/simulator.md's figures for "the daemon's default" are the simulator's `amoebad` policy with the admission
+    # layer and its other settings as they come; they speak of amoebad only while these agree with what it ships.
     shipped = load_config(Path(__file__).resolve().parents[3] / "configs" / "amoebad.yaml")
-    simulated = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
-    assert simulated.max_hold_s == shipped.admission.max_hold_s
-    assert simulated.whole_node_starts == shipped.whole_node_starts
-    assert (simulated.las_queue_s > 0) == shipped.queue_order.enabled
-    # The simulator's what-ifs without a live counterpart stay off: moving an elastic job at its minimum (a requeue
-    # of its own allocation) and starting an arrival below its request to spare long jobs' loans.
-    assert not simulated.whole_node_moves_minimum
-    assert simulated.spare_tail_factor == 0 and not simulated.spare_longer_jobs and not simulated.compact_admissions
+    simulated = AmoebadPolicy(admission=AdmissionLayer())
+    assert simulated.admission is not None and simulated.admission.max_hold_s == shipped.admission.max_hold_s
+    assert (simulated.whole_node is not None) == shipped.whole_node_starts
+    assert (simulated.las_order is not None) == shipped.queue_order.enabled
+    # The simulator's what-ifs without a live counterpart stay off: starting an arrival below its request to spare
+    # long jobs' loans, or smaller on one node.
+    admission = simulated.admission
+    assert admission.spare_tail_factor == 0 and not admission.spare_longer_jobs and not admission.compact_admissions
 
 
 def test_admission_needs_an_administrator_because_slurm_refuses_an_operator_the_admin_comment() -> None:

@@ -50,7 +50,7 @@ def test_with_a_start_grow_lag_a_job_started_above_its_minimum_trains_at_its_min
     records = {}
     for lag in (None, 50.0, 10.0):
         config = SimConfig(nodes=1, restart_cost=30.0, start_grow_lag=lag)
-        policy = make_policy("slurm", grow_elastic=True)
+        policy = make_policy("amoebad")
         (records[lag],) = Simulator([job], policy, config, trace_models({}, 4)).run().jobs
     start = records[None].first_start
     assert start is not None and records[50.0].first_start == records[10.0].first_start == start

@@ -163,6 +163,8 @@ class Admitter:
         Returns:
             Whether the job is held.
         """
+        if not self.refusals.ready(job_id, now):
+            return False  # Slurm refused it lately: it backs off
         mark = HoldMark(int(now), priority, wanted)
         comment = functools.partial(self.control.set_admin_comment, int(job_id), mark.text())
         if self._call("hold", job_id, comment, now=now):
@@ -182,7 +184,11 @@ class Admitter:
             Whether the release went through (False for a job the daemon does not hold).
         """
         held = self.marks.get(job_id)
-        if held is None or not self._release(job_id, held, "starved" if starved else "release", now):
+        if (
+            held is None
+            or not self.refusals.ready(job_id, now)
+            or not self._release(job_id, held, "starved" if starved else "release", now)
+        ):
             return False
         self._refresh()
         logger.info(

@@ -296,7 +296,8 @@ def unmanaged_job(
         )
     if not all(r.state is SlurmState.PENDING for r in records):
         return None
-    wanted = sum(r.gpus_per_node * max(r.node_count, 1) for r in records)
+    # Per node times nodes, or the requested TRES where a job asks for GPUs per job (``--gpus``).
+    wanted = sum(max(r.gpus_per_node * max(r.node_count, 1), r.gpus_requested) for r in records)
     in_regular = any(_partitions(r) & set(regular_partitions) for r in records)
     if wanted <= 0 or not in_regular:
         return None

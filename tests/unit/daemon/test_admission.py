@@ -12,12 +12,16 @@ import pytest
 
 from slurm_amoeba.cli.amoebactl import _format_status
 from slurm_amoeba.daemon.actuator import operator_rights
-from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitter
+from slurm_amoeba.daemon.admission import Admitter, HeldJob, make_admitter
 from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
 from slurm_amoeba.daemon.daemon import Daemon, DaemonUser
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.refusals import Refusals
+from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.policy import Hold, Release
+from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
+from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.amoebad import AdmissionLayer, AmoebadPolicy
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord, SlurmCommandError
 from slurm_amoeba.slurm.marks import HoldMark, parse_hold_mark
@@ -94,9 +98,70 @@ def cluster(used: int) -> list[NodeRecord]:
     return out
 
 
-def admitter(slurm: MemorySlurm, **settings: object) -> Admitter:
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """What one round of admission did, as a test reads it."""
+
+    held: tuple[str, ...]
+    released: tuple[str, ...]
+    starved: tuple[str, ...]
+    waiting: tuple[HeldJob, ...]
+    failed: tuple[str, ...]
+
+
+class RoundOfAdmission:
+    """The daemon's admission path in one object: snapshot step, the admission layer's verdicts, the Admitter."""
+
+    def __init__(self, slurm: MemorySlurm, settings: Admission) -> None:
+        self.slurm = slurm
+        self.admitter = Admitter(settings, ("batch",), 64, slurm, DaemonMetrics())
+        self.gate = AdmissionGate(
+            FifoPolicy(), slurm_rule(settings.max_hold_s), frozenset(), frozenset(settings.users), 64
+        )
+        self.settings = settings
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.admitter, name)
+
+    def apply(self, view: ClusterView, now: float, lenders: Collection[str] | None = None) -> Round:
+        obs = build_snapshot(
+            view, {}, pinned=(), regular_partitions=("batch",), elastic_partition="elastic", stale_after_s=60.0, now=now
+        )
+        jobs = {info.job_id: info for info in obs.snapshot.jobs}
+        self.admitter.sync(jobs, now)
+        done: dict[str, list[str]] = {"held": [], "released": [], "starved": [], "failed": []}
+        if self.settings.enabled:
+            for action in self.gate.verdicts(obs.snapshot, now):
+                info = jobs[action.job_id]
+                if isinstance(action, Hold):
+                    wanted = self.gate.rule_view(obs.snapshot)
+                    gpus = next(j for j in wanted.jobs if j.job_id == info.job_id)
+                    ok = self.admitter.hold(
+                        info.job_id,
+                        info.owner,
+                        info.priority,
+                        gpus.requested_workers * gpus.gpus_per_worker,
+                        action.reason,
+                        now,
+                    )
+                    key = "held"
+                else:
+                    assert isinstance(action, Release)
+                    ok = self.admitter.release(info.job_id, info.owner, action.reason, now, starved=action.starved)
+                    key = "starved" if action.starved else "released"
+                done[key if ok else "failed"].append(info.job_id)
+        return Round(
+            tuple(done["held"]),
+            tuple(done["released"]),
+            tuple(done["starved"]),
+            self.admitter.waiting,
+            tuple(done["failed"]),
+        )
+
+
+def admitter(slurm: MemorySlurm, **settings: object) -> RoundOfAdmission:
     config = Admission(enabled=True, **settings)  # type: ignore[arg-type]
-    return Admitter(config, ("batch",), 64, slurm, DaemonMetrics())
+    return RoundOfAdmission(slurm, config)
 
 
 def test_held_while_few_gpus_are_free_then_released_with_its_priority_back() -> None:

@@ -53,15 +53,13 @@ class HeldJob:
     Attributes:
         job_id: the job.
         user: its owner.
-        wanted: GPUs of its requested size.
-        available: GPUs free or lendable for it at the last round.
+        wanted: GPUs of its requested size when it was held (the hold mark's).
         since: when the hold began (Unix seconds).
     """
 
     job_id: str
     user: str
     wanted: int
-    available: int
     since: float
 
     def as_dict(self) -> dict[str, object]:
@@ -74,8 +72,6 @@ class Admitter:
 
     Args:
         settings: the ``admission`` section (``enabled`` False: only releases the holds of a previous life, once).
-        partitions: the partitions admitted into.
-        max_workers: the site's cap on an elastic job's workers.
         control: Slurm.
         metrics: the daemon's metrics.
         restore_priority: give a released job the priority it had before the hold (``priority/basic``, where a
@@ -85,7 +81,6 @@ class Admitter:
 
     Attributes:
         marks: job id -> the hold mark of every job the daemon holds (as of its last round).
-        available: GPUs free or lendable at the last round (shown with the held jobs).
         waiting: the held jobs as ``status`` shows them.
         refusals: the per-job backoff of holds, releases and marks Slurm refused (one warning per job, then debug).
     """
@@ -93,8 +88,6 @@ class Admitter:
     def __init__(
         self,
         settings: Admission,
-        partitions: Collection[str],
-        max_workers: int,
         control: AdmissionControl,
         metrics: DaemonMetrics,
         *,
@@ -102,14 +95,11 @@ class Admitter:
         user: str = "amoebad",
     ) -> None:
         self.settings = settings
-        self.partitions = tuple(partitions)
-        self.max_workers = max_workers
         self.control = control
         self.metrics = metrics
         self.restore_priority = restore_priority
         self.marks: dict[str, HoldMark] = {}
         self.waiting: tuple[HeldJob, ...] = ()
-        self.available = 0
         self._owners: dict[str, str] = {}
         self.refusals = Refusals("[daemon/admission]", grant_fix(user, user, ADMIN_LEVELS, "admission.enabled"))
         self._first = True
@@ -151,7 +141,7 @@ class Admitter:
     def _refresh(self) -> None:
         """The held jobs as ``status`` shows them, and the gauge."""
         self.waiting = tuple(
-            HeldJob(job_id, self._owners.get(job_id, ""), mark.gpus, self.available, float(mark.since))
+            HeldJob(job_id, self._owners.get(job_id, ""), mark.gpus, float(mark.since))
             for job_id, mark in sorted(self.marks.items())
         )
         self.metrics.admission_held.set(len(self.waiting))
@@ -171,6 +161,7 @@ class Admitter:
             if self._call("hold", job_id, functools.partial(self.control.hold, int(job_id)), count=True, now=now):
                 self.marks[job_id] = mark
                 self._owners[job_id] = user
+                self.refusals.succeeded(job_id)
                 self._refresh()
                 logger.info("[daemon/admission] job %s (user %s) held: %s", job_id, user, reason)
                 return True
@@ -190,6 +181,7 @@ class Admitter:
             or not self._release(job_id, held, "starved" if starved else "release", now)
         ):
             return False
+        self.refusals.succeeded(job_id)
         self._refresh()
         logger.info(
             "[daemon/admission] job %s (user %s) released after %.0f s: %s", job_id, user, now - held.since, reason
@@ -256,7 +248,6 @@ class Admitter:
 def make_admitter(
     settings: Admission,
     partitions: Collection[str],
-    max_workers: int,
     source: object,
     metrics: DaemonMetrics,
     *,
@@ -286,4 +277,4 @@ def make_admitter(
             priority_type,
             settings.max_hold_s,
         )
-    return Admitter(settings, partitions, max_workers, source, metrics, restore_priority=restore, user=user)
+    return Admitter(settings, source, metrics, restore_priority=restore, user=user)

@@ -166,7 +166,6 @@ class Daemon:
         admitter = make_admitter(
             config.admission,
             config.admission.partitions or config.regular_partitions,
-            config.limits.max_workers,
             slurm,
             self.metrics,
             uid=user.uid,

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import logging
 import queue
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_amoeba.core.messages import Message
@@ -29,6 +29,9 @@ from slurm_amoeba.daemon.config import ConfigError, QueueOrder
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.refusals import Refusals
 from slurm_amoeba.policy.actions import SetPriority
+from slurm_amoeba.policy.common import las_queue
+from slurm_amoeba.policy.queue_order import orders
+from slurm_amoeba.policy.types import JobInfo, JobPhase
 from slurm_amoeba.slurm import SlurmCommandError
 from slurm_amoeba.transport.channel import ChannelError, request
 
@@ -312,7 +315,8 @@ class QueueOrderer:
     Attributes:
         touched: job id -> the priority Slurm had given it before the daemon's first change (pending jobs only;
             the queue-order layer's ``own_priorities``, changed in place).
-        last: what the last round's bound let through.
+        last: what the last round did (the bound's count, then each update's outcome as the Slurm thread
+            applies it).
         refusals: the per-job backoff of updates Slurm refused (one warning per job, then debug).
     """
 
@@ -349,20 +353,22 @@ class QueueOrderer:
         deferred = max(0, len(ready) - limit)
         if deferred:
             self.metrics.queue_deferred.inc(deferred)
-        self.last = QueueRound(
-            len(actions),
-            tuple((a.job_id, a.priority) for a in ready[:limit]),
-            deferred,
-            (),
-            (),
-            tuple(sorted({a.job_id for a in actions} - {a.job_id for a in ready})),
-        )
+        backing_off = tuple(sorted({a.job_id for a in actions} - {a.job_id for a in ready}))
+        self.last = QueueRound(len(actions), (), deferred, (), (), backing_off)
         return ready[:limit]
 
-    def forget(self, pending: Collection[str]) -> None:
-        """Forget the own priorities of jobs that are no longer pending (in place: the layer reads the mapping)."""
+    def sync(self, jobs: Iterable[JobInfo]) -> None:
+        """Bring the record up to a round's snapshot (before the round's actions): forget the own priorities of
+        jobs no longer pending (in place: the layer reads the mapping), count the jobs ordered by LAS queue."""
+        pending = {job.job_id for job in jobs if job.state is JobPhase.PENDING}
         for job_id in [job_id for job_id in self.touched if job_id not in pending]:
             del self.touched[job_id]
+        queues: dict[str, int] = {}
+        for job in jobs:
+            if orders(job, self.partitions, self.settings.users):
+                key = str(las_queue(job.attained_service, self.settings.thresholds_gpu_s))
+                queues[key] = queues.get(key, 0) + 1
+        self.metrics.queue_jobs.replace(({"queue": key}, count) for key, count in queues.items())
 
     def set_priority(self, job_id: str, priority: int, current: int, attained_gpu_s: float, now: float) -> str:
         """Set one pending job's priority (``current`` is the one it has, remembered for :meth:`revert`).
@@ -373,6 +379,13 @@ class QueueOrderer:
         outcome = self._call(
             "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority), now
         )
+        last = self.last or QueueRound(0, (), 0, (), ())
+        if outcome == "ok":
+            self.last = dataclasses.replace(last, changed=(*last.changed, (job_id, priority)))
+        elif outcome == "vanished":
+            self.last = dataclasses.replace(last, vanished=(*last.vanished, job_id))
+        else:
+            self.last = dataclasses.replace(last, failed=(*last.failed, job_id))
         if outcome == "ok":
             self.refusals.succeeded(job_id)
             self.touched.setdefault(job_id, current)

@@ -174,7 +174,7 @@ class LiveExecutor:
         if self.admitter is not None:
             self.admitter.sync(jobs, now)
         if self.orderer is not None:
-            self.orderer.forget({job_id for job_id, info in jobs.items() if not info.state.is_running()})
+            self.orderer.sync(jobs.values())
             priorities = [action for action in actions if isinstance(action, SetPriority)]
             allowed = set(map(id, self.orderer.bounded(priorities, now)))
             skipped += len(priorities) - len(allowed)

@@ -166,6 +166,18 @@ def priority_updates(order: Sequence[JobInfo], wanted: Mapping[str, int]) -> lis
     return [(job.job_id, wanted[job.job_id]) for job in order if job.priority != wanted[job.job_id]]
 
 
+def orders(job: JobInfo, partitions: Collection[str], users: Collection[str]) -> bool:
+    """Whether queue ordering sets a job's priority: pending, not held (priority above 0), of ``partitions`` and
+    ``users`` (empty: all)."""
+    return (
+        job.state is JobPhase.PENDING
+        and not job.held
+        and job.priority > 0
+        and (not partitions or job.partition in partitions)
+        and (not users or job.owner in users)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueOrderLayer:
     """A policy with the priorities of 2D-LAS order added to its answer (live: ``queue_order.enabled``).
@@ -206,16 +218,8 @@ class QueueOrderLayer:
         return self.inner.emits | {SetPriority}
 
     def ordered(self, snapshot: Snapshot) -> list[JobInfo]:
-        """The pending jobs it orders, in 2D-LAS order."""
-        jobs = [
-            job
-            for job in snapshot.jobs
-            if job.state is JobPhase.PENDING
-            and not job.held
-            and job.priority > 0
-            and (not self.partitions or job.partition in self.partitions)
-            and (not self.users or job.owner in self.users)
-        ]
+        """The pending jobs it orders (:func:`orders`), in 2D-LAS order."""
+        jobs = [job for job in snapshot.jobs if orders(job, self.partitions, self.users)]
         return las_order(jobs, self.thresholds_gpu_s)
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:

@@ -123,9 +123,6 @@ class RoundOfAdmission:
         )
         self.settings = settings
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.admitter, name)
-
     def apply(self, view: ClusterView, now: float, agents: Mapping[str, AgentRecord] | None = None) -> Round:
         obs = build_snapshot(
             view,
@@ -254,7 +251,7 @@ def test_the_stop_releases_every_held_job_and_a_crash_leaves_marks_the_next_daem
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
     daemon = admitter(slurm)
     daemon.apply(slurm.view(), 2_000.0)
-    assert daemon.release_all() == 1
+    assert daemon.admitter.release_all() == 1
     assert slurm.records[7].priority == 500 and slurm.records[7].admin_comment == ""
 
 
@@ -263,7 +260,7 @@ def test_a_release_slurm_refuses_is_logged_with_the_command(caplog: pytest.LogCa
     daemon = admitter(slurm)
     daemon.apply(slurm.view(), 2_000.0)
     slurm.refuse = True
-    assert daemon.release_all() == 0
+    assert daemon.admitter.release_all() == 0
     assert "release it with `scontrol release 7`" in caplog.text
 
 
@@ -402,7 +399,7 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
 def test_a_refused_hold_backs_off_per_job_with_one_warning_naming_the_fix(caplog: pytest.LogCaptureFixture) -> None:
     slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12), refuse=True)
     daemon = admitter(slurm, user="amoeba-replayd")
-    caplog.set_level("DEBUG", logger="slurm_amoeba.daemon.refusals")
+    caplog.set_level("DEBUG", logger="slurm_amoeba.daemon.admitter.refusals")
     tried: list[float] = []
     for now in range(2_000, 2_100):  # one round a second, Slurm refusing every call
         before = len(slurm.calls)
@@ -422,7 +419,7 @@ def test_a_refused_hold_backs_off_per_job_with_one_warning_naming_the_fix(caplog
     # Granted the right: the next try holds the job and forgets its refusals; a new refusal warns again.
     slurm.refuse = False
     assert daemon.apply(slurm.view(), 2_170.0).held == ("7", "8")
-    assert daemon.refusals.refusals("7") == 0
+    assert daemon.admitter.refusals.refusals("7") == 0
     slurm.nodes = cluster(used=0)
     slurm.refuse = True
     caplog.clear()
@@ -440,10 +437,10 @@ def test_a_job_that_leaves_is_forgotten_and_another_refusal_names_no_rights_fix(
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12), refuse=True)
     daemon = admitter(slurm)
     daemon.apply(slurm.view(), 2_000.0)
-    assert daemon.refusals.refusals("7") == 1
+    assert daemon.admitter.refusals.refusals("7") == 1
     del slurm.records[7]
     daemon.apply(slurm.view(), 2_001.0)
-    assert daemon.refusals.refusals("7") == 0 and daemon.refusals.waiting(2_001.0) == ()
+    assert daemon.admitter.refusals.refusals("7") == 0 and daemon.admitter.refusals.waiting(2_001.0) == ()
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
 
     def busy(job_id: int, text: str) -> None:
@@ -463,9 +460,9 @@ def test_the_stop_tries_every_held_job_whatever_its_backoff() -> None:
     slurm.nodes = cluster(used=0)
     slurm.refuse = True
     daemon.apply(slurm.view(), 2_001.0)  # the release refused: job 7 backs off
-    assert not daemon.refusals.ready("7", 2_002.0)
+    assert not daemon.admitter.refusals.ready("7", 2_002.0)
     slurm.refuse = False
-    assert daemon.release_all() == 1
+    assert daemon.admitter.release_all() == 1
 
 
 def test_the_backoff_doubles_up_to_its_cap_and_counts_one_step_a_round() -> None:

@@ -4,6 +4,7 @@ releases on a snapshot, the starvation bound counted from submission, reservatio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from slurm_amoeba.policy.actions import Action, Hold, Release
 from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
@@ -14,11 +15,10 @@ from tests.unit.policy.helpers import job, snapshot
 NOW = 1_000.0
 
 
-def elastic(job_id: str, low: int, high: int, **extra: object) -> JobInfo:
-    """A pending elastic job of range ``low..high``, ten minutes' limit, submitted a little before NOW."""
+def elastic(job_id: str, low: int, high: int, *, submit: float = NOW - 10, **extra: Any) -> JobInfo:
+    """A pending elastic job of range ``low..high``, ten minutes' limit unless given, submitted a little before NOW."""
     extra.setdefault("time_limit", 600.0)
-    extra.setdefault("submit", NOW - 10)
-    return job(job_id, low, low=low, high=high, **extra)
+    return job(job_id, low, low=low, high=high, submit=submit, **extra)
 
 
 def running(job_id: str, gpus: int, *, left: float = 300.0) -> JobInfo:

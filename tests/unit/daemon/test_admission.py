@@ -399,7 +399,7 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
 def test_a_refused_hold_backs_off_per_job_with_one_warning_naming_the_fix(caplog: pytest.LogCaptureFixture) -> None:
     slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12), refuse=True)
     daemon = admitter(slurm, user="amoeba-replayd")
-    caplog.set_level("DEBUG", logger="slurm_amoeba.daemon.admitter.refusals")
+    caplog.set_level("DEBUG", logger="slurm_amoeba.daemon.refusals")
     tried: list[float] = []
     for now in range(2_000, 2_100):  # one round a second, Slurm refusing every call
         before = len(slurm.calls)

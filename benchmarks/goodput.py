@@ -7,7 +7,7 @@ about 85 % of the GPUs held. Measured, as medians over repetitions with the spre
 
 - ``decide_s``: ``GoodputPolicy.decide`` (the daemon's budget is 50 ms); ``decide_cpu_s`` its process CPU time
   (less sensitive to other work on the machine than the wall time);
-- ``check_s``: :func:`~slurm_amoeba.policy.check_decisions` on its answer;
+- ``check_s``: :func:`~slurm_amoeba.policy.check_actions` on its answer;
 - ``reference_s``: another registered policy's ``decide`` on the same snapshot (``--reference``, E-Tiresias by
   default), measured interleaved with it, so that a loaded machine slows both alike; ``reference_cpu_s`` its CPU
   time (the ratio of the two CPU times is printed);
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.record import Recording
-from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot, check_decisions, make_policy
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot, check_actions, make_policy
 from slurm_amoeba.policy.goodput import GoodputModel, GoodputPolicy, goodput_rates
 
 
@@ -120,7 +120,7 @@ def run(nodes: int, gpus_per_node: int, jobs: int, repeats: int, seed: int, refe
     for _ in range(repeats):
         decide += _timed(1, lambda: policy.decide(snapshot, now=0.0), decide_cpu)
         versus += _timed(1, lambda: other.decide(snapshot, now=0.0), versus_cpu)
-    check = _timed(repeats, lambda: check_decisions(snapshot, decisions))
+    check = _timed(repeats, lambda: check_actions(snapshot, decisions))
     rates = _timed(max(1, repeats // 3), lambda: [goodput_rates(m, 16) for m in models])
     result: dict[str, Any] = {
         "nodes": nodes,

@@ -4,7 +4,7 @@ Two measurements on a synthetic cluster (1,000 nodes x 8 GPUs and 2,000 jobs by 
 deterministic for a seed):
 
 - **decision time**: Slurm's records and the agents' records -> :func:`build_snapshot` -> ``policy.decide`` ->
-  :func:`check_decisions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
+  :func:`check_actions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
   snapshot and the check are reported beside it);
 - **loop time under load**: the real :class:`Daemon` loop on a real ZeroMQ socket, with every elastic job's agent
   simulated in a separate process that registers, then reports at 1 Hz with munge-signed messages and answers
@@ -13,6 +13,12 @@ deterministic for a seed):
 
 Slurm itself is replaced by the synthetic records (no real cluster has 1,000 nodes here); everything after
 ``squeue``/``sinfo`` is the daemon's real code.
+
+**Two trees side by side** (``--baseline PATH``, with ``--skip-loop``): the decision time of each policy of
+``--policies`` in this checkout and in the one at PATH (say, before a refactoring), in alternating rounds of child
+processes (``python -m benchmarks.policy --decision-child`` run in each tree, with ``PYTHONPATH`` set to it, so each
+side measures its own code on the same seeded cluster); it prints each side's median over the rounds and the ratio
+(this tree / baseline) and writes them as JSON (``--output``). Both trees need this version of the module.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from slurm_amoeba.daemon.config import AGENT_REPORT_S, AgentSettings, DaemonConf
 from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import check_decisions, make_policy
+from slurm_amoeba.policy import check_actions, make_policy, policy_names
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
 from slurm_amoeba.transport.channel import ChannelServer, destination, request
 from slurm_amoeba.transport.munge import seal, unseal
@@ -231,7 +237,7 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
         t1 = time.perf_counter()
         decisions = policy.decide(obs.snapshot, now)
         t2 = time.perf_counter()
-        check_decisions(obs.snapshot, decisions)
+        check_actions(obs.snapshot, decisions)
         t3 = time.perf_counter()
         snap_t.append(t1 - t0)
         decide_t.append(t2 - t1)
@@ -481,6 +487,115 @@ def bench_munge(repeats: int = 300) -> dict[str, float]:
     return {"munge_seal_s": statistics.median(seals), "munge_unseal_s": statistics.median(unseals)}
 
 
+#: The decision figures the side-by-side run compares.
+DECISION_FIGURES = ("decision_s", "snapshot_s", "check_s")
+
+
+def _decision_child(cluster: SyntheticCluster, policies: Sequence[str], repeats: int) -> int:
+    """One round of the side-by-side run, in the tree under test: every policy's :func:`bench_decision`, as JSON
+    (a policy this tree cannot build or run gets ``{"error": ...}``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in policies:
+        try:
+            out[name] = bench_decision(cluster, name, repeats)
+        except Exception as exc:  # reported beside the other side's figures, not fatal (a renamed policy)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(out))
+    return 0
+
+
+def _child_round(tree: Path, argv: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Run one :func:`_decision_child` round in ``tree`` (its own ``benchmarks.policy``, its own package).
+
+    Raises:
+        RuntimeError: the child failed or printed no JSON.
+    """
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, "-m", "benchmarks.policy", "--decision-child", *argv]
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(
+            f"the decision round in {tree} failed (exit {done.returncode}): {done.stderr[-2000:]}; does that tree's "
+            "benchmarks/policy.py know --decision-child (this version of it)?"
+        )
+    result: dict[str, dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def side_by_side(
+    tree: Path, baseline: Path, argv: Sequence[str], policies: Sequence[str], rounds: int
+) -> dict[str, Any]:
+    """The decision times of two trees, measured in alternating rounds (the first side alternates too).
+
+    Args:
+        tree: this checkout (the side under test, "after").
+        baseline: the other checkout ("before").
+        argv: the cluster's and the repetitions' options, passed to every child.
+        policies: the policies to measure.
+        rounds: rounds per side.
+
+    Returns:
+        ``samples`` (every child's figures per side), and per policy each side's median over the rounds of each of
+        :data:`DECISION_FIGURES`, their ratio (this tree / baseline), the decision time's ratio round by round (its
+        spread shows the noise), each side's decision count, and errors.
+    """
+    sides = {"baseline": baseline, "tree": tree}
+    samples: dict[str, list[dict[str, dict[str, Any]]]] = {"baseline": [], "tree": []}
+    for index in range(rounds):
+        order = ("baseline", "tree") if index % 2 == 0 else ("tree", "baseline")
+        for side in order:
+            samples[side].append(_child_round(sides[side], argv))
+        print(f"round {index + 1}/{rounds} done", file=sys.stderr, flush=True)
+    summary: dict[str, dict[str, Any]] = {}
+    for name in policies:
+        row: dict[str, Any] = {}
+        for side in sides:
+            got = [sample.get(name, {"error": f"{name} was not measured"}) for sample in samples[side]]
+            runs = [run for run in got if "error" not in run]
+            if not runs:
+                row[side] = {"error": "; ".join(sorted({run["error"] for run in got}))}
+                continue
+            row[side] = {key: statistics.median(run[key] for run in runs) for key in DECISION_FIGURES}
+            row[side]["decisions"] = runs[-1]["decisions"]
+        if all("error" not in row[side] for side in sides):
+            row["ratio"] = {key: row["tree"][key] / row["baseline"][key] for key in DECISION_FIGURES}
+            pairs = zip(samples["tree"], samples["baseline"], strict=True)
+            row["round_ratios"] = [
+                after[name]["decision_s"] / before[name]["decision_s"]
+                for after, before in pairs
+                if "decision_s" in after.get(name, {}) and "decision_s" in before.get(name, {})
+            ]
+        summary[name] = row
+    return {
+        "tree": str(tree),
+        "baseline": str(baseline),
+        "rounds": rounds,
+        "policies": summary,
+        "samples": samples,
+    }
+
+
+def _side_by_side_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"decision time (median of {result['rounds']} alternating rounds, each a median of repetitions), "
+        f"baseline {result['baseline']} -> this tree {result['tree']}",
+        f"{'policy':<18} {'before ms':>10} {'after ms':>10} {'after/before':>13} {'per round':>13} {'snapshot':>9}"
+        f" {'check':>7} {'decisions':>13}",
+    ]
+    for name, row in result["policies"].items():
+        if "ratio" not in row:
+            lines.append(f"{name:<18} {row['baseline'].get('error', '-')} | {row['tree'].get('error', '-')}")
+            continue
+        before, after, ratio = row["baseline"], row["tree"], row["ratio"]
+        lines.append(
+            f"{name:<18} {before['decision_s'] * 1000:>10.2f} {after['decision_s'] * 1000:>10.2f} "
+            f"{ratio['decision_s']:>13.3f} {min(row['round_ratios']):>6.2f}..{max(row['round_ratios']):<5.2f} "
+            f"{ratio['snapshot_s']:>9.3f} {ratio['check_s']:>7.3f} "
+            f"{before['decisions']:>6}/{after['decisions']:<6}"
+        )
+    return "\n".join(lines)
+
+
 def _table(rows: Sequence[tuple[str, str]]) -> str:
     width = max(len(key) for key, _ in rows)
     return "\n".join(f"{key.ljust(width)}  {value}" for key, value in rows)
@@ -506,11 +621,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--short", action="store_true", help="a small cluster (50 nodes, 100 jobs, 3 repeats, a 5 s loop): a check"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="TREE",
+        help="with --skip-loop: measure the decision time of this checkout and of TREE side by side, alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="with --baseline: alternating rounds per side")
+    parser.add_argument(
+        "--policies",
+        default=",".join(policy_names()),
+        help="with --baseline: the policies to measure, comma-separated (default: every registered one)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("bench-policy-side-by-side.json"),
+        help="with --baseline: where to write the JSON",
+    )
+    parser.add_argument("--decision-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(args_list)
     if args.short:
         args.nodes, args.jobs, args.agents, args.repeats, args.interval, args.duration = 50, 100, 50, 3, 1.0, 5.0
     recording = Recording("policy" if not args.skip_loop else "policy-decision", vars(args))
+    cluster_args = ["--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node), "--jobs", str(args.jobs)]
+    cluster_args += ["--agents", str(args.agents), "--repeats", str(args.repeats), "--policies", args.policies]
+    policies = [name for name in args.policies.split(",") if name]
+    if args.baseline is not None:
+        if not args.skip_loop:
+            parser.error("--baseline compares decision times only; add --skip-loop")
+        if not (args.baseline / "benchmarks" / "policy.py").is_file():
+            parser.error(f"--baseline {args.baseline}: no benchmarks/policy.py there; give a checkout's root")
+        tree = Path(__file__).resolve().parent.parent
+        compared = side_by_side(tree, args.baseline.resolve(), cluster_args, policies, args.rounds)
+        compared.update(nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, agents=args.agents)
+        compared.update(repeats=args.repeats, load_average=os.getloadavg())
+        args.output.write_text(json.dumps(compared, indent=1) + "\n")
+        print(_side_by_side_table(compared))
+        print(f"wrote {args.output}")
+        return 0
     cluster = synthetic_cluster(args.nodes, args.gpus_per_node, args.jobs, args.agents / max(args.jobs, 1))
+    if args.decision_child:
+        return _decision_child(cluster, policies, args.repeats)
     result: dict[str, Any] = {
         "nodes": args.nodes,
         "gpus_per_node": args.gpus_per_node,

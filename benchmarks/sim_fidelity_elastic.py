@@ -22,8 +22,8 @@ overhead (its run time minus its sleep), an elastic job's start latency (Slurm s
 latency (last step -> Slurm end), the agent's registration with the daemon, the grow lag (the daemon's grow
 directive -> first step at the new size) and the switch pause (the step gap at a resize beyond the old step time);
 their medians go into that run's simulation (:func:`costs_from`). Then it simulates both runs with the ``slurm``
-policy (the cluster's slurm.conf, 1 s interval: its ``bf_interval``), the second with ``grow_elastic`` (the
-daemon's elastic backfill on top), the third with ``grow_elastic`` and ``admit_at_request`` (the simulator's
+policy (the cluster's slurm.conf, 1 s interval: its ``bf_interval``), the second with the ``amoebad`` policy (the
+daemon's elastic backfill on top of the same Slurm model), the third with its admission layer too (the simulator's
 admission, elastic jobs requesting their maximum), and compares per job: JCT and start error, pairwise start order,
 resizes, mean/p50/p99 JCT and queueing, and the gain of each run over the rigid one, live and simulated. Prints a
 table, writes JSON and a PNG.
@@ -452,14 +452,14 @@ def simulate(
     elastic: bool,
     admission: Mapping[str, object] | None = None,
 ) -> SimResult:
-    """The workload through the ``slurm`` policy (with the daemon's elastic backfill on top when ``elastic``).
+    """The workload through the ``slurm`` policy (the ``amoebad`` policy, the daemon on top, when ``elastic``).
 
     Args:
         workload: the jobs.
         submits: each job's submit second as the live run recorded it (relative to the first submission).
         costs: the measured costs (:func:`costs_from`).
         conf: the cluster's slurm.conf.
-        elastic: elastic jobs get 1..4 workers and the policy grows them (``grow_elastic``); else they keep one.
+        elastic: elastic jobs get 1..4 workers and the ``amoebad`` policy grows them; else they keep one.
         admission: with ``elastic``, the simulator's admission: these knobs on top (:data:`ADMISSION_KNOBS`), elastic
             jobs request their maximum (what the live daemon admits them at) and become eligible
             :data:`ADMISSION_DELAY_S` after their submission (``--begin``; :func:`compare` counts their JCT from the
@@ -501,15 +501,17 @@ def simulate(
         start_grow_lag=costs["start_grow_lag_s"],
         grace_time=site.grace_time,
     )
-    policy = make_policy("slurm", **{**site.knobs, "grow_elastic": elastic, **(admission or {})})
+    policy = (
+        make_policy("amoebad", **site.knobs, **(admission or {})) if elastic else make_policy("slurm", **site.knobs)
+    )
     return Simulator(specs, policy, config, models).run()
 
 
-#: The simulator's counterpart of ``admission.enabled`` (benchmarks/sim_study.py's ``ADMIT_KNOBS``).
-ADMISSION_KNOBS: Mapping[str, object] = {"admit_at_request": True}
+#: The simulator's counterpart of ``admission.enabled`` (benchmarks/sim_study.py's ``ADMIT_SETUP``).
+ADMISSION_KNOBS: Mapping[str, object] = {"admission": True}
 #: The same as the live daemon lends: a job Slurm starts may take any satellite, not only the loans above requests
-#: (live, every satellite runs in the preemptible partition; ``slurm_takes_loans_only`` is not built live).
-ADMISSION_KNOBS_AS_LIVE: Mapping[str, object] = {**ADMISSION_KNOBS, "slurm_takes_loans_only": False}
+#: (live, every satellite runs in the preemptible partition; ``admission.slurm_takes_loans_only`` is not built live).
+ADMISSION_KNOBS_AS_LIVE: Mapping[str, object] = {**ADMISSION_KNOBS, "admission.slurm_takes_loans_only": False}
 
 
 def costs_from(measured: Mapping[str, Sequence[float]], interval_s: float = DAEMON_INTERVAL_S) -> dict[str, float]:

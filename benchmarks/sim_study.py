@@ -7,7 +7,7 @@
 - *Claims*: every policy against the ``slurm`` baseline (first row), Tiresias and Pollux's 0.764 h at 1.0x load,
   with the artifact's 30 s resize cost and with the runtime's measured pause and grow lag (``RUNTIME_RESIZE_COST_S``,
   ``RUNTIME_GROW_LAG_S``); elastic backfill also against itself without elastic jobs, and on top of the ``slurm``
-  baseline (``grow_elastic``).
+  baseline (the ``amoebad`` policy).
 - *Default*: the daemon's default on top of the ``slurm`` baseline against the baseline alone, per workload family
   and load (avg and p99 JCT, workloads that lose), the rigid jobs' wait when half the jobs are elastic, and the
   what-if of a queue in 2D-LAS order.
@@ -145,7 +145,7 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
     for cost, lag in ((ARTIFACT_RESTART_COST_S, 0.0), (RUNTIME_RESIZE_COST_S, RUNTIME_GROW_LAG_S)):
         variants += [
             Variant("slurm (baseline)", "slurm", cost, lag, 0.0),
-            Variant("slurm + elastic backfill", "slurm", cost, lag, 1.0, (("grow_elastic", True),)),
+            Variant("slurm + elastic backfill", "amoebad", cost, lag, 1.0),
             Variant("tiresias", "tiresias", cost, lag, 0.0),
             Variant("e-tiresias", "e-tiresias", cost, lag),
             Variant("elastic-backfill", "elastic-backfill", cost, lag),
@@ -220,39 +220,47 @@ def claims(processes: int | None, plot_path: Path | None) -> str:
     return "\n".join(lines)
 
 
-#: The daemon's default on top of the ``slurm`` baseline (what a site running amoebad gets), and the what-if of a
-#: daemon that also orders Slurm's queue by attained service (Tiresias's 16 GPU-hour threshold).
-DEFAULT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True),)
-#: The daemon with operator rights: elastic jobs held until their requested size is available (``admit_at_request``).
-ADMIT_KNOBS: tuple[tuple[str, object], ...] = (("grow_elastic", True), ("admit_at_request", True))
-LAS_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("las_queue_s", 16 * 3600.0))
+#: A row's policy: a registered name and its knobs (``make_policy(name, **dict(knobs))``).
+Setup = tuple[str, tuple[tuple[str, object], ...]]
+
+#: The ``slurm`` baseline alone.
+SLURM_SETUP: Setup = ("slurm", ())
+#: The daemon's default on top of the ``slurm`` baseline (what a site running amoebad gets): the ``amoebad`` policy.
+DEFAULT_SETUP: Setup = ("amoebad", ())
+#: The daemon with operator rights: elastic jobs held until their requested size is available (the admission layer).
+ADMIT_SETUP: Setup = ("amoebad", (("admission", True),))
+#: The what-if of a daemon that also orders Slurm's queue by attained service (Tiresias's 16 GPU-hour threshold).
+LAS_SETUP: Setup = ("amoebad", (*ADMIT_SETUP[1], ("las_order", True), ("las_order.thresholds_gpu_s", (16 * 3600.0,))))
 #: Admission with the what-if of regrowing jobs below and behind their request first.
-RESTORE_KNOBS: tuple[tuple[str, object], ...] = (*ADMIT_KNOBS, ("restore_requests", True))
-#: Admission with the simulator's what-ifs that the live daemon lacks (the default until 26 Nov, fifth session):
-#: whole-node starts that may move an elastic job at its minimum, and arrivals started smaller to spare long jobs.
-WHATIF_KNOBS: tuple[tuple[str, object], ...] = (
-    *ADMIT_KNOBS,
-    ("whole_node_starts", True),
-    ("whole_node_moves_minimum", True),
-    ("spare_tail_factor", 5.0),
+RESTORE_SETUP: Setup = ("amoebad", (*ADMIT_SETUP[1], ("elastic.restore_requests", True)))
+#: Admission with the simulator's what-ifs that the live daemon lacks: whole-node starts that may move an elastic
+#: job at its minimum, and arrivals started smaller to spare long jobs.
+WHATIF_SETUP: Setup = (
+    "amoebad",
+    (
+        *ADMIT_SETUP[1],
+        ("whole_node", True),
+        ("whole_node.moves_minimum", True),
+        ("admission.spare_tail_factor", 5.0),
+    ),
 )
 #: The plain daemon that submits elastic jobs at their requested size and only lends idle GPUs above requests.
-SUBMIT_KNOBS: tuple[tuple[str, object], ...] = (*DEFAULT_KNOBS, ("submit_at_request", True))
+SUBMIT_SETUP: Setup = ("amoebad", (("elastic.submitted_at", "request"),))
 
 #: The GraceTime the rigid jobs' added wait is read against: the local cluster's elastic partition (10 s), where
 #: the daemon's extras live; the Pollux runs model no partition, so a lent GPU goes back in the same round.
 GRACE_TIME_S = 10.0
 
 
-#: The default section's rows: label, share of the jobs elastic, knobs of the ``slurm`` policy.
-DEFAULT_ROWS: tuple[tuple[str, float, tuple[tuple[str, object], ...]], ...] = (
-    ("slurm (baseline)", 0.0, ()),
-    ("plain daemon", 1.0, DEFAULT_KNOBS),
-    ("plain daemon, submitted at request", 1.0, SUBMIT_KNOBS),
-    ("+ admission at request", 1.0, ADMIT_KNOBS),
-    ("+ admission + simulator-only rules (what-if)", 1.0, WHATIF_KNOBS),
-    ("+ admission, restore_requests (what-if)", 1.0, RESTORE_KNOBS),
-    ("+ admission + LAS order", 1.0, LAS_KNOBS),
+#: The default section's rows: label, share of the jobs elastic, policy and knobs.
+DEFAULT_ROWS: tuple[tuple[str, float, Setup], ...] = (
+    ("slurm (baseline)", 0.0, SLURM_SETUP),
+    ("plain daemon", 1.0, DEFAULT_SETUP),
+    ("plain daemon, submitted at request", 1.0, SUBMIT_SETUP),
+    ("+ admission at request", 1.0, ADMIT_SETUP),
+    ("+ admission + simulator-only rules (what-if)", 1.0, WHATIF_SETUP),
+    ("+ admission, restore_requests (what-if)", 1.0, RESTORE_SETUP),
+    ("+ admission + LAS order", 1.0, LAS_SETUP),
 )
 
 
@@ -279,15 +287,14 @@ def _versus(runs: Sequence[RunOutcome], base: Sequence[RunOutcome]) -> str:
     return " | ".join(cells)
 
 
-def _half_elastic(
-    path: Path, knobs: tuple[tuple[str, object], ...], fraction: float
-) -> tuple[float, float, float, list[float]]:
+def _half_elastic(path: Path, setup: Setup, fraction: float) -> tuple[float, float, float, list[float]]:
     """A workload with ``fraction`` of its jobs elastic: average JCT, p99 JCT, the rigid jobs' average wait and the
     finished jobs' JCTs."""
-    spec = RunSpec("slurm", path, SimConfig(), elastic_fraction=fraction, knobs=knobs)
+    policy, knobs = setup
+    spec = RunSpec(policy, path, SimConfig(), elastic_fraction=fraction, knobs=knobs)
     jobs = load_jobs(spec)
     apps = load_applications()
-    result = Simulator(jobs, make_policy("slurm", **dict(knobs)), spec.config, trace_models(apps, 4)).run()
+    result = Simulator(jobs, make_policy(policy, **dict(knobs)), spec.config, trace_models(apps, 4)).run()
     rigid = {job.name for job in jobs if job.min_workers == job.max_workers}
     waits = [r.first_start - r.submit_time for r in result.jobs if r.name in rigid and r.first_start is not None]
     summary = result.summary()
@@ -307,7 +314,11 @@ def default_policy(processes: int | None, with_philly: bool = True, with_pollux:
     rows = DEFAULT_ROWS
     for load in LOADS:
         files = _workloads(load)
-        specs = [RunSpec("slurm", path, SimConfig(), elastic_fraction=f, knobs=k) for _, f, k in rows for path in files]
+        specs = [
+            RunSpec(policy, path, SimConfig(), elastic_fraction=f, knobs=k)
+            for _, f, (policy, k) in rows
+            for path in files
+        ]
         outcomes = run_many(specs, processes)
         base = outcomes[: len(files)]
         for index, (label, _, _) in enumerate(rows):
@@ -320,14 +331,14 @@ def default_policy(processes: int | None, with_philly: bool = True, with_pollux:
     return "\n".join(lines)
 
 
-def _philly_families(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]], processes: int | None) -> str:
+def _philly_families(rows: Sequence[tuple[str, float, Setup]], processes: int | None) -> str:
     """Lines: the rigid Philly family and the half-elastic one, for the rows named in ``PHILLY_ROWS`` (all runs in
     ``processes`` processes). The rigid trace has no elastic job: every row but one with the LAS order equals the
     baseline by construction, so only those run."""
     shown = [row for row in rows if row[0] in PHILLY_ROWS]
-    ordered = [(label, knobs) for label, _, knobs in shown if dict(knobs).get("las_queue_s")]
-    tasks: list[tuple[str, float, tuple[tuple[str, object], ...]]] = [("rigid", 0.0, ())]
-    tasks += [("rigid", 0.0, knobs) for _, knobs in ordered] + [("half", f, k) for _, f, k in shown]
+    ordered = [(label, setup) for label, _, setup in shown if dict(setup[1]).get("las_order")]
+    tasks: list[tuple[str, float, Setup]] = [("rigid", 0.0, SLURM_SETUP)]
+    tasks += [("rigid", 0.0, setup) for _, setup in ordered] + [("half", f, setup) for _, f, setup in shown]
     count = min(processes or len(os.sched_getaffinity(0)), len(tasks))
     if count > 1:
         with multiprocessing.get_context("fork").Pool(count) as pool:
@@ -359,14 +370,14 @@ def _philly_families(rows: Sequence[tuple[str, float, tuple[tuple[str, object], 
     return "\n".join(lines)
 
 
-def _philly_run(task: tuple[str, float, tuple[tuple[str, object], ...]]) -> dict[str, float]:
+def _philly_run(task: tuple[str, float, Setup]) -> dict[str, float]:
     """One run of a Philly family (``rigid``: the first ``PHILLY_RIGID`` jobs on 64 x 8 GPUs; ``half``: the first
     ``PHILLY_ELASTIC`` with half of them elastic when the fraction is not 0): average and p99 JCT, and the rigid
     jobs' average wait (s) in the half-elastic family."""
-    family, fraction, knobs = task
+    family, fraction, (policy, knobs) = task
     trace = data_dir() / "pollux" / "traces" / "philly.csv"
     if family == "rigid":
-        spec = RunSpec("slurm", trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=knobs)
+        spec = RunSpec(policy, trace, SimConfig(nodes=64, gpus_per_node=8), philly_limit=PHILLY_RIGID, knobs=knobs)
         (outcome,) = run_many([spec], 1)
         return {"avg": outcome.summary["avg_jct_s"], "p99": outcome.summary["p99_jct_s"], "wait": math.nan}
     config = SimConfig(nodes=PHILLY_ELASTIC_NODES, gpus_per_node=8)
@@ -374,20 +385,20 @@ def _philly_run(task: tuple[str, float, tuple[tuple[str, object], ...]]) -> dict
     elastic = make_elastic(jobs, {}, 0.5, 2.0, config.total_gpus, duration_jobs=True)
     rigid = {job.name for job in elastic if job.min_workers == job.max_workers}
     models = trace_models({}, config.gpus_per_node, DEFAULT_SCALING_EXPONENT)
-    result = Simulator(elastic if fraction else jobs, make_policy("slurm", **dict(knobs)), config, models).run()
+    result = Simulator(elastic if fraction else jobs, make_policy(policy, **dict(knobs)), config, models).run()
     summary = result.summary()
     waits = [r.first_start - r.submit_time for r in result.jobs if r.name in rigid and r.first_start is not None]
     return {"avg": summary["avg_jct_s"], "p99": summary["p99_jct_s"], "wait": sum(waits) / len(waits)}
 
 
-def _rigid_waits(rows: Sequence[tuple[str, float, tuple[tuple[str, object], ...]]]) -> list[str]:
+def _rigid_waits(rows: Sequence[tuple[str, float, Setup]]) -> list[str]:
     """Lines: per load, half the jobs elastic: each row's avg and p99 JCT against the baseline (per workload, %), the
     p99 of the 8 workloads' jobs pooled, and the rigid jobs' added wait per workload (their mean wait minus theirs
     under the baseline, minutes), read against ``GRACE_TIME_S``."""
     lines = []
     for load in LOADS:
         half = _workloads(load)
-        runs = [[_half_elastic(path, knobs, 0.5) for path in half] for _, _, knobs in rows]
+        runs = [[_half_elastic(path, setup, 0.5) for path in half] for _, _, setup in rows]
         base = runs[0]
         pooled = pooled_p99([r[3] for r in base])
         lines.append(

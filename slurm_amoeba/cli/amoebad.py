@@ -28,7 +28,7 @@ from types import FrameType
 import zmq
 
 from slurm_amoeba.cli.entry import add_version_flag
-from slurm_amoeba.daemon import ConfigError, Daemon, DaemonConfig, load_config
+from slurm_amoeba.daemon import ConfigError, Daemon, DaemonConfig, compose_policy, load_config
 from slurm_amoeba.daemon.lease import Lease, LeaseError
 from slurm_amoeba.daemon.standby import Standby, make_lease
 from slurm_amoeba.slurm import CliSlurmClient
@@ -151,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)
+        compose_policy(config)  # a policy the daemon cannot apply live is refused here, --check included
     except ConfigError as exc:
         print(f"amoebad: {exc}", file=sys.stderr)
         return 2

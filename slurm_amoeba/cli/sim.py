@@ -3,7 +3,9 @@
 ``amoeba-sim run --policy P --workload FILE [--nodes 16 --gpus-per-node 4 --interval 60 --resize-cost S] --json OUT``
 runs one simulation; ``amoeba-sim compare --workloads DIR --policies P1,P2,... --json OUT --plot OUT.png
 [--reference DIR]`` runs every policy on every workload of a folder, in parallel, with a progress bar, and prints a
-table (beside the Pollux artifact's numbers with ``--reference``). The logic lives in ``slurm_amoeba.sim``.
+table (beside the Pollux artifact's numbers with ``--reference``). ``--daemon-config FILE`` (an amoebad YAML) runs
+Slurm's baseline with exactly that daemon on top (the ``amoebad`` policy, :mod:`slurm_amoeba.cli.sim_daemon`): the
+policy of ``run``, a row named after the file in ``compare``. The logic lives in ``slurm_amoeba.sim``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_amoeba.cli.entry import add_version_flag, extra_missing
 from slurm_amoeba.core.errors import AmoebaError
@@ -38,6 +41,9 @@ from slurm_amoeba.sim.report import (
 from slurm_amoeba.sim.runner import RunOutcome, RunSpec, run_all
 from slurm_amoeba.sim.site import SiteOptions, compare_site
 from slurm_amoeba.sim.slurmconf import SlurmSite, read_slurm_conf
+
+if TYPE_CHECKING:
+    from slurm_amoeba.cli.sim_daemon import DaemonRun
 
 
 def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +127,17 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _add_daemon_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--daemon-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="an amoebad configuration (e.g. configs/amoebad.yaml): simulate Slurm's baseline with exactly that "
+        "daemon on top (policy amoebad: its policy knobs, admission, whole_node_starts, queue_order)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amoeba-sim",
@@ -131,15 +148,21 @@ def _parser() -> argparse.ArgumentParser:
     add_version_flag(parser, "amoeba-sim")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one policy on one workload")
-    run.add_argument("--policy", required=True, help=f"one of {', '.join(policy_names())}")
+    run.add_argument(
+        "--policy", default=None, help=f"one of {', '.join(policy_names())} (or give --daemon-config instead)"
+    )
     run.add_argument("--workload", required=True, type=Path, help="a workload CSV (Pollux or philly.csv)")
     run.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a policy setting")
     run.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     _add_cluster_flags(run)
+    _add_daemon_flag(run)
     compare = commands.add_parser("compare", help="several policies on every workload of a folder")
     compare.add_argument("--workloads", required=True, type=Path, help="a folder of workload CSVs, or one CSV")
     compare.add_argument(
-        "--policies", default=",".join(_default_policies()), help="comma-separated policies (default: all, slurm first)"
+        "--policies",
+        default=None,
+        help="comma-separated policies (default: all, slurm first; with --daemon-config: slurm alone), "
+        "the --daemon-config row after them",
     )
     compare.add_argument(
         "--keep-going",
@@ -153,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--load", default=None, help="the load for --reference (default: from the folder name)")
     _add_cluster_flags(compare)
+    _add_daemon_flag(compare)
     commands.add_parser("data", help="print the reference data folder and the workload folders in it")
     _add_site_parser(commands)
     return parser
@@ -215,6 +239,10 @@ def _default_policies() -> list[str]:
     return ["slurm", *[name for name in names if name != "slurm"]] if "slurm" in names else names
 
 
+#: The policies that run on the simulator's model of Slurm: they take ``--slurm-conf``'s knobs and grace time.
+_ON_SLURM = ("slurm", "amoebad")
+
+
 def _parse_knob(policy: str, text: str) -> tuple[str, object]:
     """One ``--knob NAME=VALUE``, its value checked against the type of the knob's default.
 
@@ -243,6 +271,13 @@ def _parse_knob(policy: str, text: str) -> tuple[str, object]:
         if isinstance(default, int) and value != int(value):
             raise SimError(f"--knob {text!r}: {name} of policy {policy} is a whole number (default {default})")
         return name, int(value) if isinstance(default, int) else value
+    if isinstance(default, str):
+        return name, raw.strip()
+    if isinstance(default, tuple) and all(isinstance(item, float) for item in default):
+        try:
+            return name, tuple(float(item) for item in raw.split(","))
+        except ValueError:
+            raise SimError(f"--knob {text!r}: {name} of policy {policy} is numbers separated by commas") from None
     raise SimError(f"--knob {text!r}: {name} of policy {policy} cannot be set on the command line; use --slurm-conf")
 
 
@@ -261,7 +296,7 @@ def _config(args: argparse.Namespace, policy: str = "", site: SlurmSite | None =
         restart_cost=args.restart_cost,
         horizon=args.horizon,
         time_limit_factor=args.time_limit_factor,
-        grace_time=grace if policy == "slurm" else 0.0,
+        grace_time=grace if policy in _ON_SLURM else 0.0,
         queue_depth=args.queue_depth,
     )
 
@@ -301,8 +336,9 @@ def _common_spec(
     workload: Path,
     knobs: tuple[tuple[str, object], ...],
     site: SlurmSite | None = None,
+    label: str = "",
 ) -> RunSpec:
-    if policy == "slurm" and site is not None:
+    if policy in _ON_SLURM and site is not None:
         knobs = tuple({**site.knobs, **dict(knobs)}.items())  # --knob overrides the slurm.conf
     return RunSpec(
         policy=policy,
@@ -314,17 +350,39 @@ def _common_spec(
         adaptive_fraction=args.adaptive_fraction,
         philly_limit=args.limit,
         knobs=knobs,
+        label=label,
     )
 
 
+def _daemon(args: argparse.Namespace) -> DaemonRun | None:
+    """The ``--daemon-config`` file as a run of the ``amoebad`` policy (its notes printed), or ``None``."""
+    if args.daemon_config is None:
+        return None
+    from slurm_amoeba.cli.sim_daemon import daemon_run  # the daemon's loader, only when asked for
+
+    run = daemon_run(args.daemon_config)
+    make_policy("amoebad", **run.knobs)
+    for note in run.notes:
+        print(f"amoeba-sim: note: {args.daemon_config}: {note}", file=sys.stderr)
+    return run
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    knobs = tuple(_parse_knob(args.policy, text) for text in args.knob)
-    make_policy(args.policy, **dict(knobs))
+    daemon = _daemon(args)
+    if daemon is not None and args.policy not in (None, "amoebad"):
+        raise SimError(f"--policy {args.policy} and --daemon-config both name the policy; give one of them")
+    if daemon is None and args.policy is None:
+        raise SimError("give --policy NAME or --daemon-config FILE")
+    policy = "amoebad" if daemon is not None else args.policy
+    knobs = tuple(_parse_knob(policy, text) for text in args.knob)
+    if daemon is not None:
+        knobs = tuple({**daemon.knobs, **dict(knobs)}.items())  # --knob overrides the file
+    make_policy(policy, **dict(knobs))
     site = _site(args)
     args.workload = resolve(args.workload)
     if not args.workload.is_file():
         raise SimError(f"--workload {args.workload} is not a file, here or in the data folder {data_dir()}")
-    spec = _common_spec(args, args.policy, args.workload, knobs, site)
+    spec = _common_spec(args, policy, args.workload, knobs, site, daemon.label if daemon is not None else "")
     outcomes = _run([spec], True, 1)
     print(summary_table(outcomes))
     if args.json is not None:
@@ -333,8 +391,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    policies = [name.strip() for name in args.policies.split(",") if name.strip()]
-    if not policies:
+    daemon = _daemon(args)
+    default = ["slurm"] if daemon is not None else _default_policies()
+    policies = default if args.policies is None else [name.strip() for name in args.policies.split(",")]
+    policies = [name for name in policies if name]
+    if not policies and daemon is None:
         raise SimError("--policies is empty; name at least one of " + ", ".join(policy_names()))
     for name in policies:
         make_policy(name)
@@ -349,6 +410,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         reference = load_reference(args.reference, args.load or infer_load(folder))
     site = _site(args)
     specs = [_common_spec(args, policy, path, (), site) for policy in policies for path in files]
+    if daemon is not None:
+        knobs = tuple(daemon.knobs.items())
+        specs += [_common_spec(args, "amoebad", path, knobs, site, daemon.label) for path in files]
     outcomes = _run(specs, args.quiet, args.processes, args.keep_going)
     print(workload_table(outcomes, reference))
     print()

@@ -118,7 +118,8 @@ class Admission:
 
     Attributes:
         enabled: whether the daemon holds pending elastic jobs until their requested size is free or lendable.
-        max_hold_s: a job held this long is released anyway and starts at its minimum (the starvation bound).
+        max_hold_s: a job pending this long since its submission is released anyway and starts at its minimum (the
+            starvation bound).
         partitions: the partitions whose pending jobs it admits into; empty: the regular partitions.
         users: only these users' elastic jobs are held (user names); empty: every user's.
     """
@@ -185,7 +186,7 @@ class DaemonConfig:
         orphan_grace_s: a satellite whose parent is gone is reported after this long.
         whole_node_starts: a pending job that fits on one node but finds no node with enough free GPUs, while
             satellites hold the rest of one, makes those satellites move to free GPUs on other nodes (the
-            elastic jobs keep their size; :mod:`slurm_amoeba.daemon.moves`). Off by default: measured live, Slurm's
+            elastic jobs keep their size; :mod:`slurm_amoeba.policy.moves`). Off by default: measured live, Slurm's
             own preemption of those satellites and the daemon's regrow did as well (docs/admin.md, section 8d).
         queue_order: ordering Slurm's queue by attained service.
         admission: admitting elastic jobs at their requested size.

@@ -23,17 +23,21 @@ anything about its job, and the state file keeps the resizes the previous daemon
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
+import pwd
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_amoeba.daemon.actuator import Actuator
+from slurm_amoeba.daemon.actuator import Actuator, make_queue_orderer
+from slurm_amoeba.daemon.admission import make_admitter
 from slurm_amoeba.daemon.agents import AgentRecord
 from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, load_config
+from slurm_amoeba.daemon.executor import LiveExecutor, live_refusal
 from slurm_amoeba.daemon.lease import Lease, Role
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics, MetricsServer
@@ -42,7 +46,10 @@ from slurm_amoeba.daemon.requests import RequestHandler
 from slurm_amoeba.daemon.rounds import REFRESH_MIN_S, RoundLoop, RoundSummary
 from slurm_amoeba.daemon.standby import FencedActuator, show_role
 from slurm_amoeba.daemon.state import DaemonState
-from slurm_amoeba.policy import JobInfo, make_policy
+from slurm_amoeba.policy import DrainPolicy, JobInfo, Policy, make_policy
+from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
+from slurm_amoeba.policy.moves import WholeNodeMoves
+from slurm_amoeba.policy.queue_order import QueueOrderLayer
 from slurm_amoeba.transport.channel import ChannelServer, Request
 from slurm_amoeba.transport.munge import Credential
 
@@ -52,14 +59,82 @@ logger = logging.getLogger(__name__)
 BATCH = 256
 
 
+@dataclasses.dataclass(frozen=True)
+class DaemonUser:
+    """The user the daemon runs as (its uid may act on every job; its name goes into Slurm's rights checks).
+
+    Attributes:
+        uid: its uid.
+        name: its user name (the uid as text where the password database has none).
+    """
+
+    uid: int
+    name: str
+
+    @classmethod
+    def current(cls) -> DaemonUser:
+        """The user this process runs as (read once, at the daemon's entry)."""
+        uid = os.getuid()
+        try:
+            return cls(uid, pwd.getpwuid(uid).pw_name)
+        except KeyError:
+            return cls(uid, str(uid))
+
+
+def compose_policy(
+    config: DaemonConfig, moves: Collection[str] = frozenset(), own_priorities: Mapping[str, int] | None = None
+) -> DrainPolicy:
+    """The daemon's policy: the configured one with the layers the configuration turns on (whole-node moves,
+    queue order, admission, from the inside out), the drain outermost (built once, at the daemon's entry; the
+    drain's switch is set each round from the ledger).
+
+    Args:
+        config: the validated configuration.
+        moves: the jobs a whole-node move was ordered of or for lately (the ledger's record), read by the
+            whole-node moves layer at each call.
+        own_priorities: job id -> the priority Slurm had given a job before the daemon set one (the executor's
+            record, read by the queue-order layer at each call).
+
+    Returns:
+        The composed policy, its drain off.
+
+    Raises:
+        ConfigError: the policy (with its layers) can answer with an action the daemon cannot apply live
+            (:func:`~slurm_amoeba.daemon.executor.live_refusal`'s sentence).
+    """
+    policy: Policy = make_policy(config.policy, **config.effective_knobs())
+    if config.whole_node_starts:
+        policy = WholeNodeMoves(policy, moves)
+    queue = config.queue_order
+    if queue.enabled:
+        partitions = frozenset(queue.partitions or config.regular_partitions)
+        owned = {} if own_priorities is None else own_priorities
+        policy = QueueOrderLayer(policy, tuple(queue.thresholds_gpu_s), partitions, frozenset(queue.users), owned)
+    admission = config.admission
+    if admission.enabled:
+        rule = slurm_rule(admission.max_hold_s)
+        partitions = frozenset(admission.partitions or config.regular_partitions)
+        policy = AdmissionGate(policy, rule, partitions, frozenset(admission.users), config.limits.max_workers)
+    refusal = live_refusal(config.policy, policy.emits)
+    if refusal:
+        raise ConfigError(f"{config.source}: policy.name: {refusal}")
+    return DrainPolicy(policy, draining=False)
+
+
 class Daemon:
     """The control daemon (see the module docstring): its lifecycle, its loop, and what ``status`` shows.
 
     Args:
         config: the validated configuration.
-        slurm: where jobs and nodes are read from.
+        slurm: where jobs and nodes are read from (and, for queue ordering and admission, jobs held, released and
+            reprioritised).
         clock: the wall clock (Unix seconds); tests pass their own.
         lease: the lease this daemon holds as the active one of a standby pair; None: it runs alone.
+        user: the user the daemon runs as (default: this process's).
+
+    Raises:
+        ConfigError: the policy emits an action the daemon cannot apply live (:func:`compose_policy`), or queue
+            ordering or admission is enabled but the daemon's user may not do it.
 
     Attributes:
         ledger: the registered jobs and the persistent state.
@@ -76,14 +151,15 @@ class Daemon:
         *,
         clock: Callable[[], float] = time.time,
         lease: Lease | None = None,
+        user: DaemonUser | None = None,
     ) -> None:
         self.config = config
         self.lease = lease
         self.slurm = slurm
         self.clock = clock
-        self.policy = make_policy(config.policy, **config.effective_knobs())
         self.metrics = DaemonMetrics()
-        self.uid = os.getuid()
+        user = user or DaemonUser.current()
+        self.uid = user.uid
         self.metrics_server: MetricsServer | None = None
         agents = config.agents
         self.actuator = actuator = (
@@ -92,7 +168,32 @@ class Daemon:
             else FencedActuator(agents.parallel, agents.timeout_s, agents.retries, lease)
         )
         self.ledger = ledger = Ledger(config, self.metrics, clock)
-        self.round_loop = RoundLoop(config, slurm, self.policy, ledger, self.metrics, actuator, clock)
+        orderer = make_queue_orderer(
+            config.queue_order,
+            config.queue_order.partitions or config.regular_partitions,
+            slurm,
+            self.metrics,
+            uid=user.uid,
+            user=user.name,
+        )
+        admitter = make_admitter(
+            config.admission,
+            config.admission.partitions or config.regular_partitions,
+            slurm,
+            self.metrics,
+            uid=user.uid,
+            user=user.name,
+        )
+        self.policy = compose_policy(config, ledger.moves, orderer.touched if orderer is not None else None)
+        self.executor = LiveExecutor(
+            ledger,
+            actuator,
+            self.metrics,
+            admitter=admitter,
+            orderer=orderer,
+            revert_on_stop=config.queue_order.revert_on_stop,
+        )
+        self.round_loop = RoundLoop(config, slurm, self.policy, ledger, self.metrics, self.executor, clock)
 
         def order(agent: AgentRecord, target: int, reason: str, source: str, token: Any) -> None:
             actuator.send(ledger.order(agent, target, reason, source, token))
@@ -171,6 +272,10 @@ class Daemon:
         kept = f"amoebad keeps running with {running.source} (sha256 {running.digest or '-'})"
         try:
             new = load_config(running.source)
+            orderer = self.executor.orderer
+            policy = compose_policy(
+                new, self.ledger.moves, orderer.touched if orderer is not None else None
+            )  # a policy the daemon cannot apply live is refused
         except ConfigError as exc:
             self.metrics.config_reloads.inc(labels={"outcome": "invalid"})
             logger.error("[daemon/config] reload refused: %s; %s", exc, kept)
@@ -186,7 +291,6 @@ class Daemon:
                 kept,
             )
             return False
-        policy = make_policy(new.policy, **new.effective_knobs())  # the file's knobs were checked when it was read
         self.config = self.round_loop.config = self.ledger.config = self.requests.config = new
         self.policy = self.round_loop.policy = self.requests.policy = policy
         if new.log_level != running.log_level:

@@ -50,6 +50,9 @@ class Ledger:
         recovered: acknowledged resizes of the previous daemon whose agents have not registered again yet.
         failing_nodes: job id -> nodes its agent reported failing under it repeatedly -> how often (its
             ``node_failing`` history events; shown by ``amoebactl jobs``).
+        moves: job id -> when a whole-node move was ordered of it or for it (a pending job whose node is being
+            vacated); kept for ``resize_timeout_s`` (by then the move has arrived or was abandoned), read by the
+            whole-node moves layer (:class:`~slurm_amoeba.policy.moves.WholeNodeMoves`), which leaves them alone.
     """
 
     def __init__(self, config: DaemonConfig, metrics: DaemonMetrics, clock: Callable[[], float]) -> None:
@@ -61,6 +64,7 @@ class Ledger:
         self.state: DaemonState = load_state(self.state_path)
         self.recovered: dict[str, InFlight] = dict(self.state.in_flight)
         self.failing_nodes: dict[str, dict[str, int]] = {}
+        self.moves: dict[str, float] = {}
         self._dirty = False
         if self.recovered or self.state.pinned or self.state.draining:
             logger.info(
@@ -214,6 +218,7 @@ class Ledger:
         token: Any = None,
         batch: int | None = None,
         vacate: str = "",
+        for_job: str = "",
     ) -> Directive:
         """Record a resize as in flight and return the directive that carries it to the agent.
 
@@ -225,7 +230,9 @@ class Ledger:
             token: handed back with the outcome (a deferred ``amoebactl`` request).
             batch: the global batch the policy chose for ``target`` workers (an adaptive job), sent along; a
                 directive to the job's current size that carries only a new batch is counted as ``batch``.
-            vacate: a node the job's satellites move off, the size kept (counted as ``move``; :mod:`.moves`).
+            vacate: a node the job's satellites move off, the size kept (counted as ``move``); the job and
+                ``for_job``, the pending job the node is vacated for, are kept in :attr:`moves`.
+            for_job: see ``vacate``.
 
         Returns:
             The directive, for the actuator.
@@ -234,6 +241,10 @@ class Ledger:
         size = agent.report.size if agent.report else 0
         kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
         kind = "move" if vacate else kind
+        if vacate:
+            self.moves[agent.job_id] = now
+            if for_job:
+                self.moves[for_job] = now
         agent.in_flight = InFlight(target, now, source, reason, batch=batch, batch_only=kind == "batch")
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
         with_batch = ("" if batch is None else f", global batch {batch}") + (f", off {vacate}" if vacate else "")
@@ -281,7 +292,11 @@ class Ledger:
                 agent.backoff_until = self.clock() + self.config.agents.backoff_s
 
     def expire_resizes(self, now: float) -> None:
-        """Give up on acknowledged resizes older than ``resize_timeout_s``; their jobs are left alone for a backoff."""
+        """Give up on acknowledged resizes older than ``resize_timeout_s``; their jobs are left alone for a backoff.
+        Moves older than that are forgotten (:attr:`moves`)."""
+        timeout = self.config.resize_timeout_s
+        for job_id in [job_id for job_id, at in self.moves.items() if now - at >= timeout]:
+            del self.moves[job_id]
         for agent in self.agents.values():
             flight = agent.in_flight
             if flight is None or not flight.acknowledged or now - flight.ordered_at <= self.config.resize_timeout_s:

@@ -267,6 +267,11 @@ class DaemonMetrics:
         self.admission_held = r.gauge(
             "amoeba_admission_held", "Pending elastic jobs the daemon holds until their requested size is available."
         )
+        self.slurm_actions = r.counter(
+            "amoeba_slurm_actions_total",
+            "Starts and preemptions the policy answered with, which Slurm does itself (recorded, not sent).",
+            ["action"],
+        )
         self.config_loaded = r.gauge(
             "amoeba_config_loaded",
             "1 for the configuration the daemon runs with: its file and the SHA-256 of its text (first 12 digits).",

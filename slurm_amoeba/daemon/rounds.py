@@ -1,12 +1,14 @@
 """The daemon's round: observe -> snapshot -> decide -> act, once every ``interval_s`` (DESIGN.md, control flow).
 
 Each step is a function of the previous one's result: :func:`~slurm_amoeba.daemon.observer.observe` reads Slurm,
-:func:`~slurm_amoeba.daemon.snapshot.build_snapshot` (pure) turns that and the agents' reports into the policy's
-snapshot, :func:`decide` (pure but for timing the policy) asks the policy, wrapped in the operator's drain
-(:class:`~slurm_amoeba.policy.drain.DrainPolicy`), and keeps the resizes of managed jobs, and :meth:`RoundLoop.act`
-hands them to the actuator. Bookkeeping (the ledger's expired resizes and forgotten jobs, satellite warnings, the
-state file, metrics, the rounds kept for ``status``) happens between the steps, in :class:`RoundLoop`, never inside
-them.
+:func:`~slurm_amoeba.daemon.snapshot.build_snapshot` (pure) turns that, the agents' reports and the service book
+(:class:`~slurm_amoeba.daemon.observer.ServiceBook`, the GPU-seconds every job attained) into the policy's snapshot,
+:func:`decide` (pure but for timing the policy) asks the composed policy (the configured one with its
+layers, the operator's drain outermost: :func:`~slurm_amoeba.daemon.daemon.compose_policy`) and checks its actions
+(:func:`~slurm_amoeba.policy.check.check_actions`), and :meth:`RoundLoop.act` hands them to the executor
+(:class:`~slurm_amoeba.daemon.executor.LiveExecutor`). Bookkeeping (the ledger's expired resizes and moves and
+forgotten jobs, satellite warnings, the state file, metrics, the rounds kept for ``status``) happens between the
+steps, in :class:`RoundLoop`, never inside them.
 
 Reading Slurm can hang (a slurmctld that does not answer holds squeue for ``slurm.timeout_s``), so the live loop
 never reads it on its own thread: :meth:`RoundLoop.begin_round` starts the observe step on a thread of its own and
@@ -18,27 +20,29 @@ early round and is told to retry).
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
-import functools
 import logging
-import os
-import pwd
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 from slurm_amoeba.core.errors import ParseError
-from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer, QueueRound, make_queue_orderer
-from slurm_amoeba.daemon.admission import AdmissionRound, Admitter, make_admitter
-from slurm_amoeba.daemon.batches import policy_batches
+from slurm_amoeba.daemon.actuator import QueueOrderer, QueueRound
+from slurm_amoeba.daemon.admission import Admitter
 from slurm_amoeba.daemon.config import DaemonConfig
+from slurm_amoeba.daemon.executor import Executed, LiveExecutor
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.moves import satellites_on_nodes, whole_node_moves
-from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
+from slurm_amoeba.daemon.observer import (
+    ClusterSource,
+    ClusterView,
+    Observation,
+    ServiceBook,
+    SubmissionBook,
+    observe,
+)
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import Decision, DrainPolicy, JobInfo, Policy, PolicyError, check_decisions
+from slurm_amoeba.policy import Action, DrainPolicy, PolicyError, check_actions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 
 logger = logging.getLogger(__name__)
@@ -73,71 +77,39 @@ class Plan:
     """What the decide step wants done.
 
     Attributes:
-        targets: managed job id -> the size to order.
-        reasons: job id -> why (sent to the agent).
+        actions: the composed policy's (checked) actions; every one without a reason carries the policy's name.
         source: ``policy``, or ``drain`` while an operator's drain is on.
         policy_s: how long the policy took.
         error: why nothing may be done (the policy broke an invariant), or "".
-        batches: job id -> the global batch sent with its directive (``goodput``'s adaptive jobs, daemon/batches.py).
     """
 
-    targets: Mapping[str, int]
-    reasons: Mapping[str, str]
+    actions: tuple[Action, ...]
     source: str
     policy_s: float
     error: str = ""
-    batches: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
-def resize_targets(
-    managed: Mapping[str, JobInfo], decisions: Sequence[Decision], default_reason: str
-) -> tuple[dict[str, int], dict[str, str]]:
-    """The decisions the daemon acts on: resizes of the managed elastic jobs that may be resized now.
-
-    Slurm starts and preempts jobs itself; the daemon only resizes the elastic jobs whose agents registered.
+def decide(policy: DrainPolicy, obs: Observation, now: float) -> Plan:
+    """The decide step: the composed policy (drain outermost) on the snapshot, its answer checked.
 
     Args:
-        managed: job id -> the managed jobs as the snapshot shows them.
-        decisions: the policy's (checked) decisions.
-        default_reason: the reason of a decision that gives none (the policy's name).
-
-    Returns:
-        job id -> target size, and job id -> reason.
-    """
-    targets: dict[str, int] = {}
-    reasons: dict[str, str] = {}
-    for decision in decisions:
-        info = managed.get(decision.job_id)
-        if info is None or not info.is_resizable or decision.workers in (0, info.workers):
-            continue
-        targets[decision.job_id] = decision.workers
-        reasons[decision.job_id] = decision.reason or default_reason
-    return targets, reasons
-
-
-def decide(policy: Policy, obs: Observation, now: float, *, draining: bool) -> Plan:
-    """The decide step: the policy (behind the drain switch) on the snapshot, checked, narrowed to resizes.
-
-    Args:
-        policy: the configured policy.
+        policy: the composed policy, its drain switch set as the operator left it.
         obs: the snapshot step's result.
         now: the daemon's clock.
-        draining: whether an operator's drain is on.
 
     Returns:
-        The plan; with ``error`` set and no targets when the decisions broke an invariant.
+        The plan; with ``error`` set and no actions when the answer broke an invariant.
     """
-    source = "drain" if draining else "policy"
+    source = "drain" if policy.draining else "policy"
     tick = time.perf_counter()
-    decisions = DrainPolicy(policy, draining).decide(obs.snapshot, now)
+    actions = policy.decide(obs.snapshot, now)
     policy_s = time.perf_counter() - tick
     try:
-        check_decisions(obs.snapshot, decisions)
+        check_actions(obs.snapshot, actions)
     except PolicyError as exc:
-        return Plan({}, {}, source, policy_s, f"policy error: {exc}")
-    targets, reasons = resize_targets(obs.managed, decisions, policy.name)
-    targets, reasons, batches = policy_batches(policy.name, obs.managed, targets, reasons)
-    return Plan(targets, reasons, source, policy_s, batches=batches)
+        return Plan((), source, policy_s, f"policy error: {exc}")
+    named = tuple(action if action.reason else dataclasses.replace(action, reason=policy.name) for action in actions)
+    return Plan(named, source, policy_s)
 
 
 class RoundLoop:
@@ -146,10 +118,11 @@ class RoundLoop:
     Args:
         config: the daemon's configuration.
         slurm: where jobs and nodes are read from.
-        policy: the configured policy.
+        policy: the composed policy (drain outermost; its switch is set from the ledger each round).
         ledger: the registered jobs and the persistent state.
         metrics: the daemon's metrics.
-        actuator: where directives go.
+        executor: applies the round's actions (directives to agents; holds, releases and priorities in Slurm, on
+            its Slurm thread), built at the daemon's entry with the daemon's user and Slurm controls.
         clock: the daemon's wall clock.
 
     Attributes:
@@ -163,10 +136,10 @@ class RoundLoop:
         self,
         config: DaemonConfig,
         slurm: ClusterSource,
-        policy: Policy,
+        policy: DrainPolicy,
         ledger: Ledger,
         metrics: DaemonMetrics,
-        actuator: Actuator,
+        executor: LiveExecutor,
         clock: Callable[[], float],
     ) -> None:
         self.config = config
@@ -174,7 +147,7 @@ class RoundLoop:
         self.policy = policy
         self.ledger = ledger
         self.metrics = metrics
-        self.actuator = actuator
+        self.executor = executor
         self.clock = clock
         self.view: ClusterView | None = None
         self.last_observation: Observation | None = None
@@ -184,28 +157,18 @@ class RoundLoop:
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
-        self._moved: dict[str, float] = {}  # job id -> when a move was ordered for it or to it (:meth:`move`)
-        uid = os.getuid()
-        self.queue: QueueOrderer | None = make_queue_orderer(
-            config.queue_order,
-            config.queue_order.partitions or config.regular_partitions,
-            slurm,
-            metrics,
-            uid=uid,
-            user=_user_name(uid),
-        )
-        self.admission: Admitter | None = make_admitter(
-            config.admission,
-            config.admission.partitions or config.regular_partitions,
-            config.limits.max_workers,
-            slurm,
-            metrics,
-            uid=uid,
-            user=_user_name(uid),
-        )
-        self._queue_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="amoebad-queue")
-        self._queue_run: concurrent.futures.Future[QueueRound] | None = None
-        self._admission_run: concurrent.futures.Future[AdmissionRound] | None = None
+        orderer = executor.orderer
+        self.service = ServiceBook(orderer.control.past_service if orderer is not None else None)
+
+    @property
+    def queue(self) -> QueueOrderer | None:
+        """Queue ordering (the executor's priority control), or None when it is off."""
+        return self.executor.orderer
+
+    @property
+    def admission(self) -> Admitter | None:
+        """Admission (the executor's hold control), or None when the Slurm source cannot hold jobs."""
+        return self.executor.admitter
 
     def begin_round(self) -> bool:
         """Start a round: read Slurm on a thread of its own (see the module docstring).
@@ -260,75 +223,23 @@ class RoundLoop:
         self.ledger.expire_resizes(now)  # before the snapshot, which shows jobs with a resize in flight as resizing
         obs = self.snapshot(view, now)
         self._book_observation(obs, view, now)
-        plan = decide(self.policy, obs, now, draining=self.ledger.state.draining)
+        plan = decide(dataclasses.replace(self.policy, draining=self.ledger.state.draining), obs, now)
         self.metrics.policy_time.observe(plan.policy_s)
         if plan.error:
             logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
-        self.act(plan)
-        self.move(obs, view, plan, now)
-        self.order_queue(view, now)
-        self.admit(view, now, frozenset(obs.managed))
+        executed = self.act(plan, obs, now)
         update_gauges(self.metrics, obs, self.ledger)
-        return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(plan.targets))
-
-    def move(self, obs: Observation, view: ClusterView, plan: Plan, now: float) -> None:
-        """Whole-node starts (``whole_node_starts``, :mod:`.moves`): order the moves that let a pending job start on
-        one node, to jobs the policy does not resize this round; neither that pending job nor a moved job is moved
-        for again within ``resize_timeout_s`` (the node is being vacated)."""
-        if not self.config.whole_node_starts or plan.source != "policy":
-            return
-        timeout = self.config.resize_timeout_s
-        self._moved = {job_id: at for job_id, at in self._moved.items() if now - at < timeout}
-        movable = [
-            job
-            for job_id, job in obs.managed.items()
-            if job.is_resizable and job_id not in plan.targets and job_id not in self._moved
-        ]
-        satellites = satellites_on_nodes(view, {job.job_id for job in movable})
-        for move in whole_node_moves(obs.snapshot, movable, satellites, skip=self._moved):
-            agent = self.ledger.agents[move.job_id]
-            target = agent.report.target if agent.report else obs.managed[move.job_id].workers
-            self.actuator.send(self.ledger.order(agent, target, move.reason, "policy", vacate=move.node))
-            self._moved[move.job_id] = self._moved[move.for_job] = now
-
-    def order_queue(self, view: ClusterView, now: float) -> None:
-        """Queue ordering's round (when enabled), on a thread of its own: ``scontrol`` may hang as ``squeue`` may.
-
-        A round whose previous ordering has not finished skips it.
-        """
-        if self.queue is None or (self._queue_run is not None and not self._queue_run.done()):
-            return
-        self._queue_run = self._queue_pool.submit(self.queue.apply, view, now)
-        self._queue_run.add_done_callback(functools.partial(_log_failure, "queue ordering"))
-
-    def admit(self, view: ClusterView, now: float, lenders: frozenset[str]) -> None:
-        """Admission's round (docs/admin.md 8c), on the queue ordering's thread (one ``scontrol`` at a time);
-        ``lenders`` are the managed jobs, whose satellites the daemon takes back.
-
-        A round whose previous admission has not finished skips it.
-        """
-        if self.admission is None or (self._admission_run is not None and not self._admission_run.done()):
-            return
-        self._admission_run = self._queue_pool.submit(self.admission.apply, view, now, lenders)
-        self._admission_run.add_done_callback(functools.partial(_log_failure, "admission"))
+        return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(executed.ordered))
 
     @property
     def last_queue_round(self) -> QueueRound | None:
-        """What the last finished queue ordering did (None before the first, or when it failed)."""
-        run = self._queue_run
-        if run is None or not run.done() or run.exception() is not None:
-            return None
-        return run.result()
+        """What the last round's priorities were (None before the first, or with queue ordering off)."""
+        return self.queue.last if self.queue is not None else None
 
     def close(self) -> None:
-        """Wait for queue ordering and admission under way, then (``queue_order.revert_on_stop``) undo what queue
-        ordering changed and release every job admission holds."""
-        self._queue_pool.shutdown(wait=True, cancel_futures=True)
-        if self.queue is not None and self.config.queue_order.revert_on_stop:
-            self.queue.revert()
-        if self.admission is not None:
-            self.admission.release_all()
+        """Stop the executor: wait for its Slurm calls, undo queue ordering's changes, release admission's holds."""
+        self.executor.close()
 
     def snapshot(self, view: ClusterView, now: float) -> Observation:
         """The snapshot step; while an operator's drain is on no job shows pinned (a drain outranks a pin)."""
@@ -342,14 +253,13 @@ class RoundLoop:
             stale_after_s=self.config.agents.stale_after_s,
             now=now,
             make_room_after_s=self.config.make_room_after_s,
+            service=self.service.update(view, now),
         )
 
-    def act(self, plan: Plan) -> None:
-        """The act step: one directive per target, recorded in the ledger as in flight."""
-        for job_id, target in plan.targets.items():
-            agent = self.ledger.agents[job_id]
-            batch = plan.batches.get(job_id)
-            self.actuator.send(self.ledger.order(agent, target, plan.reasons[job_id], plan.source, batch=batch))
+    def act(self, plan: Plan, obs: Observation, now: float) -> Executed:
+        """The act step: the plan's actions to the executor (a directive is in flight from then on)."""
+        jobs = {info.job_id: info for info in obs.snapshot.jobs}
+        return self.executor.apply(plan.actions, jobs, obs.managed, source=plan.source, now=now)
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs
@@ -402,19 +312,6 @@ class _Observing:
         if self._view is None:
             raise RuntimeError("the read of Slurm has not finished; wait for done")
         return self._view
-
-
-def _log_failure(what: str, run: concurrent.futures.Future[QueueRound | AdmissionRound]) -> None:
-    """A done-callback of the queue thread's work (bound to ``what`` with ``functools.partial``)."""
-    if not run.cancelled() and run.exception() is not None:
-        logger.error("[daemon] %s failed this round: %r; the next round tries again", what, run.exception())
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:

@@ -24,8 +24,9 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 
+from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import base_size, distribute_spare, priority_key, realize, speedup_gain
-from slurm_amoeba.policy.types import Decision, JobInfo, PolicyError, Snapshot
+from slurm_amoeba.policy.types import JobInfo, PolicyError, Snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,14 @@ class ElasticBackfillPolicy:
         if self.min_gain < 0:
             raise PolicyError(f"min_gain={self.min_gain} must be 0 or more")
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: resizes, preemptions (of a job sharing the GPUs of a job that shrinks)
+        and, with ``start_pending``, starts."""
+        kinds: frozenset[type[Action]] = frozenset({Resize, Preempt})
+        return kinds | {Start} if self.start_pending else kinds
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Make room for pending jobs out of elastic extras, then grow elastic jobs into what is left.
 
         Args:
@@ -74,7 +82,7 @@ class ElasticBackfillPolicy:
         reclaimable = sum((job.workers - job.min_workers) * job.gpus_per_worker for _, _, job in extras)
         reasons: dict[str, str] = {}
         started: list[JobInfo] = []
-        for job in sorted(snapshot.pending(), key=priority_key):
+        for job in sorted(snapshot.startable(), key=priority_key):
             need = base_size(job) * job.gpus_per_worker
             if need > free + reclaimable:
                 continue

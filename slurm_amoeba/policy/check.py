@@ -1,8 +1,8 @@
-"""Invariants every set of decisions must keep, checked in one place.
+"""Invariants every set of actions must keep, checked in one place.
 
-Both callers of a policy run :func:`check_decisions` before acting (the daemon before sending directives, the
-simulator before applying them), and the policy tests run it on random snapshots. A violation is a bug in a policy,
-so it raises :class:`~slurm_amoeba.policy.types.PolicyError` with the offending job and numbers.
+Both callers of a policy run :func:`check_actions` before acting (the daemon before its executor applies the
+actions, the simulator before its executor does), and the policy tests run it on random snapshots. A violation is a
+bug in a policy, so it raises :class:`~slurm_amoeba.policy.types.PolicyError` with the offending job and numbers.
 """
 
 from __future__ import annotations
@@ -10,100 +10,212 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.actions import (
+    Action,
+    Hold,
+    Move,
+    Place,
+    Preempt,
+    Release,
+    Resize,
+    SetPriority,
+    Share,
+    Start,
+    action_name,
+)
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
+
+#: The actions that change which GPUs a job holds, as the check sees them.
+_Sized = Start | Resize | Preempt | Place | Share
 
 
-def check_decisions(snapshot: Snapshot, decisions: Sequence[Decision]) -> None:
-    """Raise if applying ``decisions`` to ``snapshot`` would break an invariant.
+def check_actions(snapshot: Snapshot, actions: Sequence[Action]) -> None:
+    """Raise if applying ``actions`` to ``snapshot`` would break an invariant.
 
-    The invariants: every decision names a job of the snapshot, at most once; no job is sized outside
-    ``min_workers..max_workers`` (0 preempts); a non-elastic, pinned, resizing or sharing job is never resized;
-    a placement names known nodes and adds up to the size; no node and no cluster ends up with more GPUs held
-    than it has; a sharing job shares with a job that runs exclusively afterwards, on a subset of its nodes, one
-    sharer per job.
+    The invariants: every action names a job of the snapshot; a job gets at most one action that changes its size
+    or nodes (start, resize, preempt, place, share, move) and at most one of hold and release; a start, hold,
+    release or set-priority is for a pending job, a resize, preempt, place or move for a running one; no job is
+    sized outside ``min_workers..max_workers``; a non-elastic, pinned, resizing or sharing job is never resized; a
+    place keeps the job's size; a move names a node where the job runs and at most its workers there, for a job of
+    the snapshot; a placement names known nodes and adds up to the size; no node and no cluster ends up with more
+    GPUs held than it has; a sharing job shares with a job that runs exclusively afterwards, on a subset of its
+    nodes, one sharer per job.
 
     Args:
-        snapshot: the cluster the decisions were made for.
-        decisions: the policy's answer.
+        snapshot: the cluster the actions were decided for.
+        actions: the policy's answer.
 
     Raises:
         PolicyError: the first broken invariant, named with the job and the numbers.
     """
     jobs = {job.job_id: job for job in snapshot.jobs}
-    nodes = {node.name: node for node in snapshot.nodes}
-    seen: set[str] = set()
-    free = {name: node.gpus_free for name, node in nodes.items()}
-    unplaced_gpus = 0
-    for decision in decisions:
-        job = jobs.get(decision.job_id)
+    gpus = _GpuLedger(snapshot)
+    placed: set[str] = set()
+    queued: set[str] = set()
+    sized: dict[str, _Sized] = {}
+    for action in actions:
+        job = jobs.get(action.job_id)
         if job is None:
-            raise PolicyError(f"decision for job {decision.job_id!r}, which is not in the snapshot")
-        if decision.job_id in seen:
-            raise PolicyError(f"two decisions for job {decision.job_id!r}; a policy answers once per job")
-        seen.add(decision.job_id)
-        _check_size(job, decision)
-        placement = dict(decision.placement)
+            raise PolicyError(f"{action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot")
+        _check_phase(job, action)
+        if isinstance(action, (Hold, Release, SetPriority)):
+            if isinstance(action, (Hold, Release)):
+                if action.job_id in queued:
+                    raise PolicyError(f"job {job.job_id} is both held and released (or twice) in one answer")
+                queued.add(action.job_id)
+            continue
+        if action.job_id in placed:
+            raise PolicyError(
+                f"two actions change the size or nodes of job {action.job_id!r}; a policy answers once per job"
+            )
+        placed.add(action.job_id)
+        if isinstance(action, Move):
+            _check_move(job, action, jobs)
+            gpus.move(job, action)
+            continue
+        sized[action.job_id] = action
+        workers, placement = _size_after(action)
+        _check_size(job, action, workers)
+        gpus.check_placement(job, workers, placement)
+        gpus.size(job, workers, placement, shares=isinstance(action, Share))
+    gpus.check()
+    _check_sharing(jobs, sized)
+
+
+class _GpuLedger:
+    """Free GPUs per node, and GPUs asked for without a placement, as the actions are applied one by one."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.nodes = {node.name: node for node in snapshot.nodes}
+        self.free = {name: node.gpus_free for name, node in self.nodes.items()}
+        self.unplaced = 0
+
+    def _release(self, job: JobInfo, release: Mapping[str, int]) -> None:
+        """The GPUs a job gives up (none for a job on another job's GPUs)."""
+        if job.shared_with is not None:
+            return
+        for name, count in release.items():
+            if name in self.free:
+                self.free[name] += count * job.gpus_per_worker
+        if not job.placement:
+            self.unplaced -= job.gpus
+
+    def move(self, job: JobInfo, move: Move) -> None:
+        """A move: its workers leave the node and take as many GPUs on nodes the executor picks."""
+        self._release(job, {move.node: move.workers})
+        self.unplaced += move.workers * job.gpus_per_worker
+
+    def size(self, job: JobInfo, workers: int, placement: Mapping[str, int], shares: bool) -> None:
+        """A size action: the job gives up what it holds and takes its new placement (not when it shares)."""
+        self._release(job, job.placement)
+        if shares:
+            return
         for name, count in placement.items():
-            if name not in nodes:
+            self.free[name] -= count * job.gpus_per_worker
+        if not placement:
+            self.unplaced += workers * job.gpus_per_worker
+
+    def check_placement(self, job: JobInfo, workers: int, placement: Mapping[str, int]) -> None:
+        """A placement names known nodes, puts workers on each, and adds up to the size."""
+        for name, count in placement.items():
+            if name not in self.nodes:
                 raise PolicyError(f"job {job.job_id}: placement names node {name!r}, which is not in the snapshot")
             if count <= 0:
                 raise PolicyError(f"job {job.job_id}: placement puts {count} workers on node {name}")
-        if placement and sum(placement.values()) != decision.workers:
+        if placement and sum(placement.values()) != workers:
             raise PolicyError(
-                f"job {job.job_id}: placement {placement} holds {sum(placement.values())} workers, "
-                f"not the decided {decision.workers}"
+                f"job {job.job_id}: placement {dict(placement)} holds {sum(placement.values())} workers, "
+                f"not the decided {workers}"
             )
-        if job.shared_with is None:
-            for name, count in job.placement.items():
-                if name in free:
-                    free[name] += count * job.gpus_per_worker
-            if not job.placement:
-                unplaced_gpus -= job.gpus
-        if decision.share_with is None:
-            for name, count in placement.items():
-                free[name] -= count * job.gpus_per_worker
-            if not placement:
-                unplaced_gpus += decision.workers * job.gpus_per_worker
-    for name, left in free.items():
-        if left < 0:
+
+    def check(self) -> None:
+        """No node and no cluster holds more GPUs than it has."""
+        for name, left in self.free.items():
+            if left < 0:
+                raise PolicyError(
+                    f"node {name} would hold {self.nodes[name].gpus_total - left} GPUs after these actions "
+                    f"but has {self.nodes[name].gpus_total}"
+                )
+        if self.unplaced > sum(self.free.values()):
             raise PolicyError(
-                f"node {name} would hold {nodes[name].gpus_total - left} GPUs after these decisions "
-                f"but has {nodes[name].gpus_total}"
+                f"the actions ask for {self.unplaced} GPUs without a placement but only {sum(self.free.values())} "
+                f"would be free"
             )
-    if unplaced_gpus > sum(free.values()):
+
+
+def _size_after(action: _Sized) -> tuple[int, Mapping[str, int]]:
+    """The job's size and placement after a size action."""
+    if isinstance(action, Preempt):
+        return 0, {}
+    return action.workers, action.placement
+
+
+def _check_phase(job: JobInfo, action: Action) -> None:
+    """Starts, holds, releases and priorities are for pending jobs; resizes, preemptions, places and moves for
+    running ones."""
+    for_pending = (Start, Hold, Release, SetPriority)
+    for_running = (Resize, Preempt, Place, Move)
+    if isinstance(action, for_pending) and job.state is not JobPhase.PENDING:
         raise PolicyError(
-            f"the decisions ask for {unplaced_gpus} GPUs without a placement but only {sum(free.values())} "
-            f"would be free"
+            f"job {job.job_id} is running; a {action_name(type(action))} is only for a pending job"
+            + ("" if not isinstance(action, Start) else " (resize it instead)")
         )
-    _check_sharing(jobs, {decision.job_id: decision for decision in decisions})
-
-
-def _check_size(job: JobInfo, decision: Decision) -> None:
-    if decision.workers == 0:
-        if job.state is JobPhase.PENDING:
-            raise PolicyError(f"job {job.job_id} is pending and cannot be preempted (decision for 0 workers)")
-        return
-    resized = job.state is JobPhase.RUNNING and decision.workers != job.workers
-    if resized and not job.is_elastic:
-        raise PolicyError(f"job {job.job_id} is not elastic and cannot be resized to {decision.workers} workers")
-    if not job.min_workers <= decision.workers <= job.max_workers:
+    if isinstance(action, for_running) and job.state is not JobPhase.RUNNING:
         raise PolicyError(
-            f"job {job.job_id}: {decision.workers} workers lies outside its range {job.min_workers}:{job.max_workers}"
+            f"job {job.job_id} is pending; a {action_name(type(action))} is only for a running job"
+            + ("" if not isinstance(action, Resize) else " (start it instead)")
+        )
+
+
+def _check_size(job: JobInfo, action: _Sized, workers: int) -> None:
+    if isinstance(action, Preempt):
+        return
+    if isinstance(action, Place) and workers != job.workers:
+        raise PolicyError(
+            f"job {job.job_id}: a place keeps the job's {job.workers} workers but its placement holds {workers}"
+        )
+    resized = job.state is JobPhase.RUNNING and workers != job.workers
+    if resized and not job.is_elastic:
+        raise PolicyError(f"job {job.job_id} is not elastic and cannot be resized to {workers} workers")
+    if not job.min_workers <= workers <= job.max_workers:
+        raise PolicyError(
+            f"job {job.job_id}: {workers} workers lies outside its range {job.min_workers}:{job.max_workers}"
         )
     if resized and (job.pinned or job.resizing or job.shared_with is not None):
         why = "pinned by an operator" if job.pinned else "still resizing" if job.resizing else "sharing GPUs"
-        raise PolicyError(f"job {job.job_id} is {why} and cannot be resized to {decision.workers} workers")
+        raise PolicyError(f"job {job.job_id} is {why} and cannot be resized to {workers} workers")
 
 
-def _check_sharing(jobs: dict[str, JobInfo], decided: dict[str, Decision]) -> None:
+def _check_move(job: JobInfo, move: Move, jobs: Mapping[str, JobInfo]) -> None:
+    there = job.placement.get(move.node, 0)
+    if there == 0:
+        raise PolicyError(
+            f"job {job.job_id}: a move off node {move.node!r}, where it runs no worker "
+            f"(it runs on {dict(job.placement)})"
+        )
+    if not 1 <= move.workers <= there:
+        raise PolicyError(
+            f"job {job.job_id}: a move of {move.workers} workers off node {move.node}, where it runs {there}"
+        )
+    if job.shared_with is not None or job.pinned or job.resizing:
+        why = "pinned by an operator" if job.pinned else "still resizing" if job.resizing else "sharing GPUs"
+        raise PolicyError(f"job {job.job_id} is {why} and cannot move off node {move.node}")
+    if move.for_job not in jobs:
+        raise PolicyError(
+            f"job {job.job_id} moves off node {move.node} for job {move.for_job!r}, which is not in the snapshot"
+        )
+
+
+def _check_sharing(jobs: dict[str, JobInfo], decided: dict[str, _Sized]) -> None:
     def final(job_id: str) -> tuple[int, Mapping[str, int], str | None]:
-        decision = decided.get(job_id)
-        if decision is not None:
-            return decision.workers, decision.placement, decision.share_with
+        action = decided.get(job_id)
+        if action is not None:
+            workers, placement = _size_after(action)
+            return workers, placement, action.host if isinstance(action, Share) else None
         job = jobs[job_id]
         return job.workers, job.placement, job.shared_with
 
-    sharers = [key for key, decision in decided.items() if decision.share_with is not None]
+    sharers = [key for key, action in decided.items() if isinstance(action, Share)]
     sharers += [job.job_id for job in jobs.values() if job.shared_with is not None and job.job_id not in decided]
     partners: Counter[str] = Counter()
     for job_id in sharers:

@@ -1,16 +1,49 @@
-"""Building blocks the policies share: placement on nodes, queue orders, and turning target sizes into decisions.
+"""Building blocks the policies share: placement on nodes, queue orders, and turning target sizes into actions.
 
 Every policy in this package decides *target sizes* (workers per job, 0 for preempted or still pending) and hands
 them to :func:`realize`, which frees what shrinks first, then places growth and starts on the nodes with the most
-free GPUs. Keeping this in one place means one placement rule for all policies and one place to test it.
+free GPUs, and answers with typed actions (:func:`size_action`: start, resize, preempt or place). Keeping this in
+one place means one placement rule for all policies and one place to test it.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeAlias
 
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, Snapshot
+from slurm_amoeba.policy.actions import Place, Preempt, Resize, Start
+from slurm_amoeba.policy.types import JobInfo, JobPhase, Snapshot
+
+#: The actions a size decision turns into (what :func:`realize` answers with).
+SizeAction: TypeAlias = Start | Resize | Preempt | Place
+
+#: The action types :func:`realize` emits.
+SIZE_CHANGES: frozenset[type[SizeAction]] = frozenset({Start, Resize, Preempt, Place})
+
+
+def size_action(job: JobInfo, workers: int, placement: Mapping[str, int], reason: str) -> SizeAction:
+    """The action that gives ``job`` (as the snapshot shows it) ``workers`` workers on ``placement``.
+
+    A pending job starts; a running job goes to 0 (preempted), to another size (resized) or, at its size, to new
+    nodes (placed).
+
+    Args:
+        job: the job.
+        workers: its size afterwards (0: preempted).
+        placement: node name -> workers afterwards; empty when the executor picks the nodes.
+        reason: why.
+
+    Returns:
+        The action.
+    """
+    if job.state is JobPhase.PENDING:
+        return Start(job.job_id, workers, placement, reason)
+    if workers == 0:
+        return Preempt(job.job_id, reason)
+    if workers == job.workers:
+        return Place(job.job_id, placement, reason)
+    return Resize(job.job_id, workers, placement, reason)
 
 
 def place_most_free(free: Mapping[str, int], workers: int, gpus_per_worker: int = 1) -> dict[str, int] | None:
@@ -173,6 +206,12 @@ def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
     return targets
 
 
+def schedulable(snapshot: Snapshot) -> list[JobInfo]:
+    """The jobs a policy orders and sizes: all but those on another job's GPUs (they follow their host) and the held
+    ones (they may not start until released, as in Slurm)."""
+    return [job for job in snapshot.jobs if job.shared_with is None and not job.held]
+
+
 def managed_capacity(snapshot: Snapshot) -> int:
     """GPUs the policy may hand out: the free ones plus those its running jobs hold exclusively.
 
@@ -288,8 +327,8 @@ def realize(
     order: Iterable[JobInfo],
     reason: Mapping[str, str],
     fixed: Mapping[str, Mapping[str, int]] | None = None,
-) -> list[Decision]:
-    """Turn target sizes into decisions with placements.
+) -> list[SizeAction]:
+    """Turn target sizes into actions with placements (:func:`size_action`).
 
     Shrinks and preemptions free their GPUs first; then running jobs grow and pending jobs start, in ``order``,
     on their own nodes first and then the nodes with the most free GPUs. A job whose growth or start does not fit
@@ -299,16 +338,16 @@ def realize(
         snapshot: the cluster now.
         targets: job id -> target size (0 = preempt or stay pending); jobs not named keep their size.
         order: the jobs in the order in which growth and starts are placed.
-        reason: job id -> why (for the decision's ``reason``); a missing entry gives an empty reason.
+        reason: job id -> why (for the action's ``reason``); a missing entry gives an empty reason.
         fixed: job id -> the placement it gets, for jobs whose nodes the policy chose itself (a shrink off given
             nodes, a start on given nodes); these are applied before any other growth or start. A fixed start or
             growth that the free GPUs cannot hold falls back to the default placement.
 
     Returns:
-        One decision per job whose size changes.
+        One action per job whose size (or, for a fixed placement, whose nodes) changes.
     """
     free = FreeGpus(snapshot.free_by_node())
-    decisions: list[Decision] = []
+    decisions: list[SizeAction] = []
     by_id = {job.job_id: job for job in snapshot.jobs}
     guests = {job.shared_with: job.job_id for job in snapshot.jobs if job.shared_with is not None}
     releases = dict(targets)
@@ -331,7 +370,7 @@ def realize(
         if job.shared_with is None:  # a fixed shrink may also move workers to nodes the job was not on
             for name in {**job.placement, **new}:
                 free.change(name, (job.placement.get(name, 0) - new.get(name, 0)) * job.gpus_per_worker)
-        decisions.append(Decision(job_id, target, new, reason.get(job_id, "")))
+        decisions.append(size_action(job, target, new, reason.get(job_id, "")))
     pinned = _place_fixed(free, by_id, releases, fixed or {}, reason, decisions)
     for job in order:
         target = releases.get(job.job_id, job.workers)
@@ -343,7 +382,7 @@ def realize(
             grown = free.place(target, job.gpus_per_worker)
         if grown is None:
             continue
-        decisions.append(Decision(job.job_id, target, grown, reason.get(job.job_id, "")))
+        decisions.append(size_action(job, target, grown, reason.get(job.job_id, "")))
     return decisions
 
 
@@ -353,7 +392,7 @@ def _place_fixed(
     targets: Mapping[str, int],
     fixed: Mapping[str, Mapping[str, int]],
     reason: Mapping[str, str],
-    decisions: list[Decision],
+    decisions: list[SizeAction],
 ) -> set[str]:
     """Apply the growth and starts whose placement the policy chose; returns the ids placed so."""
     placed: set[str] = set()
@@ -376,6 +415,6 @@ def _place_fixed(
         for name, count in added.items():
             if count:
                 free.change(name, -count * job.gpus_per_worker)
-        decisions.append(Decision(job_id, target, dict(placement), reason.get(job_id, "")))
+        decisions.append(size_action(job, target, dict(placement), reason.get(job_id, "")))
         placed.add(job_id)
     return placed

@@ -1,7 +1,8 @@
-"""The daemon's elastic backfill on top of the ``slurm`` baseline (``grow_elastic``): which extras go back for the
-jobs Slurm starts or the daemon admits, where those jobs land, and who grows into the GPUs left idle.
+"""The daemon's elastic backfill on top of the ``slurm`` baseline: which extras go back for the jobs Slurm starts or
+the daemon admits, where those jobs land, and who grows into the GPUs left idle.
 
-Split from ``policy/slurm_baseline.py`` (which decides what Slurm alone would); the knobs are that policy's.
+The pass after Slurm's of the ``amoebad`` policy (:class:`~slurm_amoeba.policy.amoebad.AmoebadPolicy`, whose layers
+hold the knobs read here); ``policy/slurm_baseline.py`` decides what Slurm alone would.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from slurm_amoeba.policy.common import distribute_spare, marginal_efficiency, speedup_gain
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, Snapshot
+from slurm_amoeba.policy.actions import Resize
+from slurm_amoeba.policy.common import SizeAction, distribute_spare, marginal_efficiency, speedup_gain
+from slurm_amoeba.policy.types import JobInfo, Snapshot
 
 if TYPE_CHECKING:
-    from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
+    from slurm_amoeba.policy.amoebad import AmoebadPolicy
 
 #: How far above its request's GPU-seconds a job must be to count as ahead of it (1%: a job that held exactly its
 #: request is not ahead, whatever the rounding of the caller's clocks).
@@ -23,7 +25,7 @@ AHEAD_MARGIN = 0.01
 
 
 def elastic_layer(
-    policy: SlurmBaselinePolicy,
+    policy: AmoebadPolicy,
     snapshot: Snapshot,
     now: float,
     running: Sequence[JobInfo],
@@ -44,21 +46,23 @@ def elastic_layer(
     ]
     fixed: dict[str, dict[str, int]] = {}
     compacted: set[str] = set()
-    if policy.compact_starts:
+    if policy.elastic.compact_starts:
         nodes = dict(snapshot.free_by_node())
         for job in running:
             if job.job_id in victims:
                 for name, count in job.placement.items():
                     nodes[name] = nodes.get(name, 0) + count * job.gpus_per_worker
         for job in started:
-            gated = policy.gated(job, now)
+            gated = policy.held_for_admission(job, now)
             keep = _start_keeps(policy, job, targets[job.job_id], nodes, lenders, sizes, snapshot, now)
             moves = None
-            if policy.whole_node_starts and policy.admit_at_request and not gated:
+            if policy.whole_node is not None and not gated:
+                minimum = policy.whole_node.moves_minimum
                 movers = [o for o in running if o.job_id in sizes and o.is_resizable]
-                floor = (lambda _: 0) if policy.whole_node_moves_minimum else policy.daemon_floor
-                moves = _Moves(floor, _node_gpus(snapshot), movers if policy.whole_node_moves_minimum else None)
-            fit = (job.min_workers, _node_gpus(snapshot)) if gated and policy.compact_admissions else None
+                floor = (lambda _: 0) if minimum else policy.daemon_floor
+                moves = _Moves(floor, _node_gpus(snapshot), movers if minimum else None)
+            compact = gated and policy.admission is not None and policy.admission.compact_admissions
+            fit = (job.min_workers, _node_gpus(snapshot)) if compact else None
             placed = _make_room(job, targets[job.job_id], nodes, lenders, sizes, fixed, reasons, keep, moves, fit)
             if placed is not None and placed != targets[job.job_id]:
                 targets[job.job_id] = placed
@@ -82,16 +86,16 @@ def elastic_layer(
     growers = [job for job in running if job.job_id in sizes and job.job_id not in reasons]
     growers += [job for job in started if job.job_id not in compacted]
     before = dict(sizes)
-    if policy.restore_requests:
+    if policy.elastic.restore_requests:
         free = _restore_requests(growers, sizes, free)
-    distribute_spare(growers, sizes, max(free, 0), policy.min_gain, policy.grow_by_service)
+    distribute_spare(growers, sizes, max(free, 0), policy.elastic.min_gain, policy.elastic.grow_by_service)
     held = {job.job_id: job.workers for job in running}
     for key, size in sizes.items():
         if size != before[key]:
             fixed.pop(key, None)
             reasons[key] = (
                 "slurm+elastic-backfill: idle GPUs, least attained service first"
-                if policy.grow_by_service
+                if policy.elastic.grow_by_service
                 else "slurm+elastic-backfill: idle GPUs, largest speedup gain"
             )
         if key in targets or size != held.get(key, 0):
@@ -100,7 +104,7 @@ def elastic_layer(
 
 
 def _start_keeps(
-    policy: SlurmBaselinePolicy,
+    policy: AmoebadPolicy,
     job: JobInfo,
     workers: int,
     nodes: dict[str, int],
@@ -112,18 +116,19 @@ def _start_keeps(
     """The fewest workers each lender keeps when ``job`` starts at ``workers``: its Slurm floor for a job Slurm
     starts; for an admission its minimum (:func:`admission_keeps` with ``protect_requests``; :func:`admission_spares`
     when the free GPUs and the extras above it hold the job, else its minimum)."""
-    if not policy.gated(job, now):
+    if not policy.held_for_admission(job, now):
         return policy.slurm_floor
     spared = admission_spares(policy, job, snapshot, now)
     if spared is not None:
         room = sum(nodes.values()) + sum(max(sizes[o.job_id] - spared(o), 0) * o.gpus_per_worker for o in lenders)
         if room >= workers * job.gpus_per_worker:
             return spared
-    return admission_keeps(policy.min_gain) if policy.protect_requests else policy.daemon_floor
+    protect = policy.admission is not None and policy.admission.protect_requests
+    return admission_keeps(policy.elastic.min_gain) if protect else policy.daemon_floor
 
 
 def admission_spares(
-    policy: SlurmBaselinePolicy, job: JobInfo, snapshot: Snapshot, now: float
+    policy: AmoebadPolicy, job: JobInfo, snapshot: Snapshot, now: float
 ) -> Callable[[JobInfo], int] | None:
     """For an elastic job the daemon admits: the fewest workers each running job keeps for it when the free GPUs and
     the others' extras hold it, or ``None`` (no such rule: every elastic job down to its minimum).
@@ -131,19 +136,20 @@ def admission_spares(
     ``spare_tail_factor``: :func:`spares_tail`, while the other pending jobs ask for at most
     ``spare_tail_queue_share`` of the cluster's GPUs; ``spare_longer_jobs``: :func:`spares`.
     """
-    if not policy.gated(job, now):
+    admission = policy.admission
+    if admission is None or not policy.held_for_admission(job, now):
         return None
-    if policy.spare_tail_factor > 0:
+    if admission.spare_tail_factor > 0:
         queued = sum(o.requested_workers * o.gpus_per_worker for o in snapshot.pending() if o.job_id != job.job_id)
-        if queued <= policy.spare_tail_queue_share * snapshot.total_gpus:
-            return spares_tail(policy.time_left, policy.spare_tail_factor * policy.time_left(job))
-    if policy.spare_longer_jobs:
-        return spares(policy.min_gain, policy.time_left, policy.time_left(job))
+        if queued <= admission.spare_tail_queue_share * snapshot.total_gpus:
+            return spares_tail(policy.time_left, admission.spare_tail_factor * policy.time_left(job))
+    if admission.spare_longer_jobs:
+        return spares(policy.elastic.min_gain, policy.time_left, policy.time_left(job))
     return None
 
 
 def spared_size(
-    policy: SlurmBaselinePolicy, job: JobInfo, snapshot: Snapshot, running: Sequence[JobInfo], taken: int, now: float
+    policy: AmoebadPolicy, job: JobInfo, snapshot: Snapshot, running: Sequence[JobInfo], taken: int, now: float
 ) -> int | None:
     """The size an elastic job admitted at its request starts at under :func:`admission_spares` (``None`` when no
     such rule applies): its request when the free GPUs (less ``taken`` this round) and the extras the running jobs
@@ -245,17 +251,18 @@ def _give_back_key(job: JobInfo, size: int) -> tuple[bool, bool, float]:
     return (below, below and not ahead_of_request(job), speedup_gain(job, size - 1))
 
 
-def compact_growth(decision: Decision, job: JobInfo, node_gpus: int) -> Decision | None:
-    """A growth kept on as few nodes as the job's new size needs (or no more nodes than it spans now); otherwise
-    only its part on the job's own nodes (``None`` when that adds nothing)."""
-    if job.state is not JobPhase.RUNNING or decision.workers <= job.workers or not decision.placement:
-        return decision
-    fewest = -(-decision.workers * job.gpus_per_worker // max(node_gpus, 1))
-    if len(decision.placement) <= max(fewest, len(job.placement)):
-        return decision
-    own = {name: count for name, count in decision.placement.items() if name in job.placement}
+def compact_growth(action: SizeAction, job: JobInfo, node_gpus: int) -> SizeAction | None:
+    """A growth (a :class:`~slurm_amoeba.policy.actions.Resize` above the job's size) kept on as few nodes as the
+    job's new size needs (or no more nodes than it spans now); otherwise only its part on the job's own nodes
+    (``None`` when that adds nothing). Any other action is returned as it is."""
+    if not isinstance(action, Resize) or action.workers <= job.workers or not action.placement:
+        return action
+    fewest = -(-action.workers * job.gpus_per_worker // max(node_gpus, 1))
+    if len(action.placement) <= max(fewest, len(job.placement)):
+        return action
+    own = {name: count for name, count in action.placement.items() if name in job.placement}
     workers = sum(own.values())
-    return dataclasses.replace(decision, workers=workers, placement=own) if workers > job.workers else None
+    return dataclasses.replace(action, workers=workers, placement=own) if workers > job.workers else None
 
 
 def _make_room(
@@ -375,7 +382,7 @@ class _Moves:
 
     def on(self, lenders: dict[str, list[JobInfo]], fixed: dict[str, dict[str, int]]) -> dict[str, list[JobInfo]]:
         """Node -> the jobs whose workers may move off it: ``lenders``, or every job in ``movers`` when given
-        (``whole_node_moves_minimum``)."""
+        (the whole-node layer's ``moves_minimum``)."""
         if self.movers is None:
             return lenders
         movers: dict[str, list[JobInfo]] = {}

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from slurm_amoeba.policy.actions import Action, Start
 from slurm_amoeba.policy.common import arrival_key, realize
-from slurm_amoeba.policy.types import Decision, Snapshot
+from slurm_amoeba.policy.types import Snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,12 @@ class FifoPolicy:
     name: str = dataclasses.field(default="fifo", init=False)
     decides_on_events_only: bool = dataclasses.field(default=True, init=False)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts only."""
+        return frozenset({Start})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Start pending jobs in submit order while the head of the queue fits.
 
         Args:
@@ -37,7 +43,7 @@ class FifoPolicy:
         """
         free = snapshot.free_gpus
         targets: dict[str, int] = {}
-        order = sorted(snapshot.pending(), key=arrival_key)
+        order = sorted(snapshot.startable(), key=arrival_key)
         for job in order:
             need = job.requested_workers * job.gpus_per_worker
             if need > free:

@@ -25,7 +25,14 @@ simulator, since the daemon leaves node choice to Slurm.
 For adaptive jobs, :class:`GoodputModel` turns the runtime's report (the noise scale and the measured step times,
 ``slurm_amoeba.runtime.adaptive``) into goodput per size and the batch to use there (:meth:`GoodputModel.best`);
 the daemon and the simulator put :func:`goodput_rates` into ``JobInfo.throughput``, so the policy itself sees one
-rate table per job, whatever the job. Pure: imports only ``core`` and ``policy``.
+rate table per job, whatever the job. Its answer carries the batches (:func:`with_batches`): a resize of a job whose
+snapshot shows a goodput model (``JobInfo.adaptive``) and a batch (``JobInfo.batch``) carries the model's best batch
+at the new size, and a running job the answer leaves at its size gets a resize to the same size carrying only a new
+batch when its own has drifted from the model's best by :data:`REBATCH_FACTOR` or more (the noise scale grows as
+training goes on), unless it is pinned, resizing or sharing GPUs (a job of fixed size gets such batch-only resizes
+too). Jobs with a fixed batch, or whose user sets the batch (``JobInfo.batch`` None), never get one; other policies
+weigh sizes only and send none (the job's runtime keeps choosing its own, docs/runtime.md section 12). Pure: imports
+only ``core`` and ``policy``.
 """
 
 from __future__ import annotations
@@ -37,11 +44,23 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from slurm_amoeba.core.efficiency import efficiency
-from slurm_amoeba.policy.common import base_size, las_queue, managed_capacity, realize, shrink_placement
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
+from slurm_amoeba.policy.common import (
+    SizeAction,
+    base_size,
+    las_queue,
+    managed_capacity,
+    realize,
+    schedulable,
+    shrink_placement,
+    size_action,
+)
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: Attained GPU-seconds at which a job drops to the next LAS queue (1 and 16 GPU-hours).
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 16 * 3600.0)
+#: A job the policy keeps at its size is sent a new batch only when its own differs by this factor or more.
+REBATCH_FACTOR = 1.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +231,12 @@ class GoodputPolicy:
         """The job's place in LAS order: queue, then first come, first served."""
         return (float(las_queue(job.attained_service, self.thresholds_gpu_s)), job.submit_time, job.job_id)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts, preempts and resizes."""
+        return frozenset({Start, Preempt, Resize})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit in LAS order at minimum sizes, then grow by the largest fair-speedup gain per GPU.
 
         Args:
@@ -223,7 +247,7 @@ class GoodputPolicy:
             Start, preempt, grow and shrink decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = sorted((job for job in snapshot.jobs if job.shared_with is None), key=self.queue_key)
+        order = sorted(schedulable(snapshot), key=self.queue_key)
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:
@@ -239,8 +263,8 @@ class GoodputPolicy:
         by_id = {job.job_id: job for job in snapshot.jobs}
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
-            return realize_packed(snapshot, targets, admitted, reasons)
-        return realize(snapshot, targets, admitted, reasons)
+            return with_batches(snapshot, realize_packed(snapshot, targets, admitted, reasons))
+        return with_batches(snapshot, realize(snapshot, targets, admitted, reasons))
 
     def _weight(self, job: JobInfo) -> float:
         """How much a job's utility counts: ``(1 + attained / service_scale) ** -service_weight`` (LAS-like)."""
@@ -419,9 +443,40 @@ class _Packer:
         return own
 
 
+def with_batches(snapshot: Snapshot, actions: Sequence[SizeAction]) -> list[SizeAction]:
+    """The answer with the policy's global batches (see the module docstring).
+
+    Args:
+        snapshot: the cluster now (an adaptive job's ``adaptive`` model and ``batch``).
+        actions: the sizes decided.
+
+    Returns:
+        ``actions`` with each adaptive job's resize carrying its batch, then the batch-only resizes of drifted jobs.
+    """
+    by_id = {job.job_id: job for job in snapshot.jobs}
+    out: list[SizeAction] = []
+    for action in actions:
+        job = by_id[action.job_id]
+        if isinstance(action, Resize) and job.adaptive is not None and job.batch is not None:
+            action = dataclasses.replace(action, batch=job.adaptive.best(action.workers)[0])
+        out.append(action)
+    acted = {action.job_id for action in actions}
+    for job in snapshot.running():
+        model = job.adaptive
+        if job.job_id in acted or model is None or job.batch is None:
+            continue
+        if job.pinned or job.resizing or job.shared_with is not None:  # its size need not be elastic
+            continue
+        best = model.best(job.workers)[0]
+        if max(best, job.batch) >= REBATCH_FACTOR * min(best, job.batch):
+            reason = f"goodput: global batch {best} at {job.workers} workers (it runs {job.batch})"
+            out.append(Resize(job.job_id, job.workers, reason=reason, batch=best))
+    return out
+
+
 def realize_packed(
     snapshot: Snapshot, targets: Mapping[str, int], order: Sequence[JobInfo], reasons: Mapping[str, str]
-) -> list[Decision]:
+) -> list[SizeAction]:
     """:func:`~slurm_amoeba.policy.common.realize` with placements on as few nodes as possible (:class:`_Packer`).
 
     Shrinks and preemptions free their GPUs first; growth and starts follow ``order``. A grown job may move to one
@@ -431,7 +486,7 @@ def realize_packed(
     """
     packer = _Packer(snapshot.free_by_node(), max((node.gpus_total for node in snapshot.nodes), default=0))
     by_id = {job.job_id: job for job in snapshot.jobs}
-    decisions: list[Decision] = []
+    decisions: list[SizeAction] = []
     for job_id, target in targets.items():
         job = by_id[job_id]
         if job.state is not JobPhase.RUNNING or target >= job.workers:
@@ -440,7 +495,7 @@ def realize_packed(
         for name, count in job.placement.items():
             if name in packer.free:
                 packer.change(name, (count - new.get(name, 0)) * job.gpus_per_worker)
-        decisions.append(Decision(job_id, target, new, reasons.get(job_id, "")))
+        decisions.append(size_action(job, target, new, reasons.get(job_id, "")))
     for job in order:
         target = targets.get(job.job_id, job.workers)
         if target <= job.workers:
@@ -448,7 +503,7 @@ def realize_packed(
         running = job.state is JobPhase.RUNNING
         grown = packer.grow(job, target) if running else packer.place(target, job.gpus_per_worker)
         if grown is not None:
-            decisions.append(Decision(job.job_id, target, grown, reasons.get(job.job_id, "")))
+            decisions.append(size_action(job, target, grown, reasons.get(job.job_id, "")))
     return decisions
 
 

@@ -1,7 +1,8 @@
 """The policies by name, for configuration files and command lines.
 
 ``make_policy("e-tiresias", min_gain=0.2)`` builds a policy; an unknown name or an unknown knob fails loudly with
-the valid names or knobs (and their defaults).
+the valid names or knobs (and their defaults). ``amoebad`` (Slurm's baseline with the daemon on top) takes layered
+knobs: ``make_policy("amoebad", admission=True, **{"admission.max_hold_s": 0.0})`` (:mod:`slurm_amoeba.policy.amoebad`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurm_amoeba.core.errors import unknown_key_message
+from slurm_amoeba.policy.amoebad import amoebad_knobs, make_amoebad
 from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.goodput import GoodputPolicy
@@ -29,16 +31,31 @@ def _sjf_bsbf(**knobs: Any) -> Policy:
     return SjfSharingPolicy(best_benefit=True, **knobs)
 
 
-_FACTORIES: dict[str, tuple[Callable[..., Policy], type]] = {
-    "fifo": (FifoPolicy, FifoPolicy),
-    "srtf": (SrtfPolicy, SrtfPolicy),
-    "tiresias": (TiresiasPolicy, TiresiasPolicy),
-    "e-tiresias": (ElasticTiresiasPolicy, ElasticTiresiasPolicy),
-    "elastic-backfill": (ElasticBackfillPolicy, ElasticBackfillPolicy),
-    "sjf-ffs": (_sjf_ffs, SjfSharingPolicy),
-    "sjf-bsbf": (_sjf_bsbf, SjfSharingPolicy),
-    "slurm": (SlurmBaselinePolicy, SlurmBaselinePolicy),
-    "goodput": (GoodputPolicy, GoodputPolicy),
+def _fields(cls: type) -> Callable[[], dict[str, object]]:
+    """The knobs of a policy dataclass: its init fields with their defaults."""
+
+    def knobs() -> dict[str, object]:
+        return {
+            field.name: field.default
+            for field in dataclasses.fields(cls)
+            if field.init and field.name != "best_benefit"
+        }
+
+    return knobs
+
+
+#: name -> (factory, the knobs it takes with their defaults).
+_FACTORIES: dict[str, tuple[Callable[..., Policy], Callable[[], dict[str, object]]]] = {
+    "fifo": (FifoPolicy, _fields(FifoPolicy)),
+    "srtf": (SrtfPolicy, _fields(SrtfPolicy)),
+    "tiresias": (TiresiasPolicy, _fields(TiresiasPolicy)),
+    "e-tiresias": (ElasticTiresiasPolicy, _fields(ElasticTiresiasPolicy)),
+    "elastic-backfill": (ElasticBackfillPolicy, _fields(ElasticBackfillPolicy)),
+    "sjf-ffs": (_sjf_ffs, _fields(SjfSharingPolicy)),
+    "sjf-bsbf": (_sjf_bsbf, _fields(SjfSharingPolicy)),
+    "slurm": (SlurmBaselinePolicy, _fields(SlurmBaselinePolicy)),
+    "amoebad": (make_amoebad, amoebad_knobs),
+    "goodput": (GoodputPolicy, _fields(GoodputPolicy)),
 }
 
 #: The policy the daemon uses when its configuration names none.
@@ -62,12 +79,8 @@ def policy_knobs(name: str) -> dict[str, object]:
     Raises:
         PolicyError: the name is not registered.
     """
-    _, cls = _lookup(name)
-    knobs: dict[str, object] = {}
-    for field in dataclasses.fields(cls):
-        if field.init and field.name != "best_benefit":
-            knobs[field.name] = field.default
-    return knobs
+    _, knobs = _lookup(name)
+    return knobs()
 
 
 def make_policy(name: str, **knobs: Any) -> Policy:
@@ -91,7 +104,7 @@ def make_policy(name: str, **knobs: Any) -> Policy:
     return factory(**knobs)
 
 
-def _lookup(name: str) -> tuple[Callable[..., Policy], type]:
+def _lookup(name: str) -> tuple[Callable[..., Policy], Callable[[], dict[str, object]]]:
     try:
         return _FACTORIES[name]
     except KeyError:

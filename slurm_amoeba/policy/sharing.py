@@ -19,9 +19,10 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+from slurm_amoeba.policy.actions import Action, Preempt, Share, Start
 from slurm_amoeba.policy.common import realize
 from slurm_amoeba.policy.srtf import admit_shortest_first
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The fraction of its solo speed a job keeps on a shared GPU when the pair was never measured (time slicing).
 UNMEASURED_COLOCATION = 0.5
@@ -77,7 +78,12 @@ class SjfSharingPolicy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", "sjf-bsbf" if self.best_benefit else "sjf-ffs")
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts, preempts and GPU shares."""
+        return frozenset({Start, Preempt, Share})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit jobs shortest first; place the ones left waiting on a partner's GPUs where allowed.
 
         Args:
@@ -89,7 +95,7 @@ class SjfSharingPolicy:
         """
         targets, order = admit_shortest_first(snapshot)
         reasons = {key: f"{self.name}: admitted by remaining time" for key, size in targets.items() if size}
-        decisions = realize(snapshot, targets, order, reasons)
+        decisions: list[Action] = list(realize(snapshot, targets, order, reasons))
         decided = {decision.job_id: decision for decision in decisions}
         hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
         partners = [
@@ -106,12 +112,12 @@ class SjfSharingPolicy:
                 continue
             partners.remove(partner)
             decisions.append(
-                Decision(
+                Share(
                     job.job_id,
+                    partner.job_id,
                     job.requested_workers,
                     _subset(partner.placement, job.requested_workers),
                     f"{self.name}: shares the GPUs of {partner.job_id}",
-                    share_with=partner.job_id,
                 )
             )
         return decisions

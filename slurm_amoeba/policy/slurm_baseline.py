@@ -21,12 +21,11 @@ A model of Slurm 22.05 with ``PriorityType=priority/multifactor``, ``SchedulerTy
   it keeps its GPUs for the grace time (the caller enforces it: the simulator's ``grace_time``) and the preemptor
   holds a reservation until then. Without a grace time the preemptor starts in the same round.
 
-With ``grow_elastic`` the policy adds the daemon's ``elastic-backfill`` on top: elastic jobs start at their minimum
-(the daemon's jobs are submitted so), their loans above their request count as free GPUs for Slurm's decisions
-(they live in a preemptible partition; ``slurm_takes_loans_only``), are given back, least useful first, when a job
-Slurm starts needs them, and the GPUs left idle go to the elastic jobs with the least attained service first. This
-is what a site running ``amoebad`` would see. ``las_queue_s`` is a what-if on top: Slurm's queue in 2D-LAS order, as
-a daemon with operator rights could set it through job priorities (not built).
+The baseline models Slurm and nothing more. The daemon on top of it (``amoebad``, :mod:`slurm_amoeba.policy.amoebad`)
+is a subclass that fills the hooks this class leaves neutral: which GPUs of a running job Slurm counts as taken
+(:meth:`SlurmBaselinePolicy.slurm_holds`), the size a job starts at (:meth:`~SlurmBaselinePolicy.start_size`),
+which pending jobs are held for admission (:meth:`~SlurmBaselinePolicy.held_for_admission`), the queue order, and
+the pass after Slurm's (:meth:`~SlurmBaselinePolicy.after_slurm`, :meth:`~SlurmBaselinePolicy.finish`).
 
 Each knob is a ``slurm.conf`` parameter; ``slurm_amoeba.sim.slurmconf`` reads them from a slurm.conf-like file.
 """
@@ -38,12 +37,12 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-from slurm_amoeba.policy.common import base_size, realize
-from slurm_amoeba.policy.elastic_room import admission_keeps, compact_growth, elastic_layer, spared_size
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.actions import Action, Preempt, Start
+from slurm_amoeba.policy.common import SizeAction, realize
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: How long the daemon holds an elastic job for its requested size before it lets it start at its minimum: the live
-#: daemon's ``admission.max_hold_s`` and the simulated default's ``max_hold_s`` (docs/simulator.md, the default).
+#: daemon's ``admission.max_hold_s`` and the ``amoebad`` policy's ``admission.max_hold_s`` (docs/simulator.md).
 DEFAULT_MAX_HOLD_S = 8 * 3600.0
 #: Slurm's default ``PriorityMaxAge`` (7 days).
 DEFAULT_MAX_AGE_S = 7 * 86400.0
@@ -154,88 +153,6 @@ class SlurmBaselinePolicy:
         default_time_s: the time limit of a job without one (``DefaultTime``/``MaxTime``).
         partitions: the partitions' tiers, preempt modes and grace times; unnamed partitions get tier 1 and
             ``PreemptMode=off``.
-        grow_elastic: run the daemon's elastic backfill on top (see the module).
-        min_gain: with ``grow_elastic``, the smallest marginal efficiency worth a grow (as ``elastic-backfill``).
-        grow_by_service: with ``grow_elastic``, idle GPUs go to the elastic jobs with the least attained service
-            first (``False``: the largest speedup gain), as ``elastic-backfill`` does.
-        admit_at_request: with ``grow_elastic``, an elastic job is admitted only once its *requested* size is
-            available now (free GPUs and other jobs' extras above their minimum, without delaying a reservation) and
-            starts at that size; until then it is held and holds no reservation. Its extras above the minimum stay
-            reclaimable for later starts. The daemon needs operator rights for it (``scontrol hold``/``release``);
-            ``False``, the default, is the plain daemon, under which Slurm starts an elastic job at its minimum.
-        protect_requests: with ``admit_at_request``, an admission does not take below its request a running job
-            that cannot use a worker above its request and is not ahead of it (:func:`admission_keeps`); default
-            ``False``: it fixed every p99 at 0.5x but held admissions so long at 1.0x that one workload's average
-            JCT went 43% above Slurm alone (docs/simulator.md). Whatever this knob, extras below requests of jobs
-            ahead of their request go back before those of jobs behind (:func:`_give_back_key`).
-        restore_requests: with ``grow_elastic``, idle GPUs go first to running jobs that are below their requested
-            size *and* behind it (:func:`request_credit` negative), the most behind first, up to their request; the
-            rest as ``grow_by_service`` says. Default ``False``, a measured what-if: it cut the p99 misses at 0.5x
-            but cost 1.0x workload 6 half its gain (-45% -> -23% avg, p99 +7%) and the half-elastic family more
-            (docs/simulator.md).
-        submit_at_request: with ``grow_elastic``, elastic jobs are submitted at their requested size (a plain
-            daemon's choice, no operator rights needed): Slurm starts each at that size, with its own reservation,
-            and counts it as taken; the daemon only lends idle GPUs above requests and takes back only those. No job
-            ever runs below its request. ``False``: submitted at their minimum (Slurm starts them as soon as that
-            fits).
-        slurm_takes_loans_only: with ``admit_at_request``, a job Slurm starts (a rigid one) may take only the loans
-            above running elastic jobs' requests: their workers up to the request count as taken, as in Slurm alone
-            (live: those satellites run in a partition Slurm does not preempt; only the loans run in the preemptible
-            one). Only the daemon's own admissions take a job below its request. ``False``: every extra above a
-            job's minimum is Slurm's to take (the rule before this round: a 48-GPU rigid job started on an elastic
-            job's workers below its request left that job at half size for hours and 28 jobs waited behind both).
-            The plain daemon (no ``admit_at_request``) keeps the rule before: with it, its 1.0x average went from
-            -20% to +6% against Slurm alone (docs/simulator.md).
-        compact_starts: with ``grow_elastic``, the extras given back for a job Slurm starts are taken on the nodes
-            where the job then fits on the fewest nodes (best fit), instead of the least useful extras wherever they
-            run: a job spread over nodes whose GPUs were lent out trains up to 2.5x slower (measured placements).
-        compact_growth: with ``grow_elastic``, a job grows only onto as few nodes as its new size needs (or no more
-            nodes than it spans already): a worker count's measured speed assumes a compact placement, and a job
-            regrown across nodes after a shrink can train slower than before its growth.
-        whole_node_starts: with ``admit_at_request`` and ``compact_starts``, a job Slurm starts that fits on one node
-            but finds no node whole with free GPUs and loans is put on one node by moving elastic jobs' workers above
-            their minimum off it to free GPUs elsewhere (same size, one move each; live, a satellite given back and
-            one lent on another node): spread over nodes it trains up to 2.6x slower (measured placements). Measured
-            over the study's families it changed no average for the worse and removed p99 misses
-            (docs/simulator.md). Default ``False``, as the live daemon's ``whole_node_starts`` (off there: no gain
-            on the test cluster, docs/admin.md 8d), so that the simulated default is the daemon a site runs.
-        compact_admissions: with ``admit_at_request`` and ``compact_starts``, an elastic job admitted at its request
-            that fits on one node but finds none whole starts smaller on the node with the most room (at least its
-            minimum) instead of spread. A measured what-if, off: p99 misses 6 -> 5 of 64, but single workloads swing
-            both ways (docs/simulator.md).
-        whole_node_moves_minimum: with ``whole_node_starts``, the workers that may move off a node for such a start
-            are every worker of the running elastic jobs there, not only those above their minimum (a moved job
-            keeps its size and pays one move): with every elastic job at its minimum, a rigid job was spread 2 + 2
-            and trained at less than half speed. Measured over the study's families it changed no average or p99
-            to worse than the baseline and removed two p99 misses (docs/simulator.md). Live this is a requeue of
-            the elastic job's own allocation, which the daemon does not do: a what-if, ``False`` by default (only
-            satellites move, as live).
-        spare_longer_jobs: with ``admit_at_request``, an admission takes below its request no running job that
-            cannot use a worker above it and is not ahead of it (:func:`admission_keeps`) and has more time left
-            than the arrival's time limit (:func:`spares`): the arrival starts smaller instead (at least its
-            minimum), or, when even its minimum does not fit so, takes from every job as without the rule. A
-            measured what-if, off: p99 misses 6 -> 4 of 64, but a new one and single workloads swing both ways
-            (docs/simulator.md).
-        spare_tail_factor: with ``admit_at_request``, while the other pending jobs ask for at most
-            ``spare_tail_queue_share`` of the cluster's GPUs (a light load), an admission takes below its request no
-            running job with more than this many times the arrival's time limit left (:func:`spares_tail`): the
-            arrival starts smaller instead (at least its minimum), or, when even its minimum does not fit so, takes
-            from every job as without the rule. Such a long job may be the workload's tail, which the baseline never
-            shrinks. A what-if of the simulator, 0 (off) by default: the live admission does not start an arrival
-            smaller to spare such jobs. At 5, with ``whole_node_starts`` and ``whole_node_moves_minimum``, holding
-            without bound: p99 misses 4 -> 1 of 64, no average worse than the baseline (3 and 10 did worse); with
-            the 8 h ``max_hold_s``: 5 -> 3 (docs/simulator.md).
-        spare_tail_queue_share: with ``spare_tail_factor``, the largest share of the cluster's GPUs the other pending
-            jobs may ask for while the rule applies (without this bound, at factor 5: 3 p99 misses instead of 1 and
-            single averages up to +67% against the last default, docs/simulator.md).
-        max_hold_s: with ``admit_at_request``, a pending elastic job submitted this many seconds ago or more is no
-            longer held: Slurm starts it at its minimum with its own reservation, as the live daemon's
-            ``admission.max_hold_s`` releases it. Default 8 h, the live default (at 1 h, 7 of the 64 Pollux
-            workload-loads were worse than the baseline on average; docs/simulator.md); 0 holds without bound.
-        las_queue_s: when positive, the pending jobs of a partition tier are tested in 2D-LAS order instead of by
-            multifactor priority: those below this many attained GPU-seconds first, each group by submit time. A
-            what-if: the order a daemon with operator rights would set through job priorities (Tiresias's queue
-            without its preemptions); 0, the default, is Slurm's own order.
         name: ``"slurm"``.
         decides_on_events_only: ``False``: priorities age with time.
     """
@@ -251,24 +168,6 @@ class SlurmBaselinePolicy:
     bf_reservations: int = 0
     default_time_s: float = UNLIMITED_S
     partitions: tuple[SlurmPartition, ...] = ()
-    grow_elastic: bool = False
-    min_gain: float = 0.1
-    grow_by_service: bool = True
-    las_queue_s: float = 0.0
-    admit_at_request: bool = False
-    protect_requests: bool = False
-    restore_requests: bool = False
-    submit_at_request: bool = False
-    slurm_takes_loans_only: bool = True
-    compact_starts: bool = True
-    compact_growth: bool = True
-    whole_node_starts: bool = False
-    compact_admissions: bool = False
-    whole_node_moves_minimum: bool = False
-    spare_longer_jobs: bool = False
-    spare_tail_factor: float = 0.0
-    spare_tail_queue_share: float = 0.25
-    max_hold_s: float = DEFAULT_MAX_HOLD_S
     name: str = dataclasses.field(default="slurm", init=False)
     decides_on_events_only: bool = dataclasses.field(default=False, init=False)
 
@@ -278,11 +177,6 @@ class SlurmBaselinePolicy:
             "weight_job_size",
             "weight_fairshare",
             "weight_partition",
-            "min_gain",
-            "las_queue_s",
-            "spare_tail_factor",
-            "spare_tail_queue_share",
-            "max_hold_s",
         ):
             if not getattr(self, knob) >= 0:
                 raise PolicyError(f"{knob}={getattr(self, knob)} must be 0 or more")
@@ -348,22 +242,68 @@ class SlurmBaselinePolicy:
         return {owner: 2.0 ** (-(used / total) / share) for owner, used in usage.items()}
 
     def queue_order(self, snapshot: Snapshot, now: float) -> list[JobInfo]:
-        """The pending jobs in the order Slurm tests them: partition tier, priority, submit time, id."""
-        if self.las_queue_s > 0:
-            return sorted(
-                snapshot.pending(),
-                key=lambda job: (
-                    -self._partition(job).priority_tier,
-                    job.attained_service >= self.las_queue_s,
-                    job.submit_time,
-                    job.job_id,
-                ),
-            )
+        """The pending jobs in the order Slurm tests them: partition tier, priority, submit time, id (a held job is
+        not tested, as in Slurm)."""
         priority = self.priorities(snapshot, now)
         return sorted(
-            snapshot.pending(),
+            snapshot.startable(),
             key=lambda job: (-self._partition(job).priority_tier, -priority[job.job_id], job.submit_time, job.job_id),
         )
+
+    # -- hooks: what the daemon on top changes (``amoebad``); neutral here ------------------------------------
+
+    def slurm_holds(self, job: JobInfo) -> int:
+        """GPUs of a running job that Slurm counts as taken: all of them (the daemon counts an elastic job's loans
+        as free)."""
+        return job.gpus
+
+    def admission_holds(self) -> Callable[[JobInfo], int] | None:
+        """GPUs of each running job that an admission held for its request cannot take, when that differs from
+        :meth:`slurm_holds` (a second profile is kept for admissions); ``None``: no such difference."""
+        return None
+
+    def start_size(self, job: JobInfo, now: float) -> int:
+        """The workers a pending job starts with when Slurm starts it: its requested size."""
+        return job.requested_workers
+
+    def held_for_admission(self, job: JobInfo, now: float) -> bool:
+        """Whether a pending job is held until its requested size is available now (never, under Slurm alone): a
+        held job starts only when that size is free now, and holds no reservation."""
+        return False
+
+    def lendable_for_admissions(self, snapshot: Snapshot, running: Sequence[JobInfo]) -> float:
+        """GPUs a job held for admission may take now beyond what the profile says: no bound here."""
+        return math.inf
+
+    def admission_size(
+        self, job: JobInfo, snapshot: Snapshot, running: Sequence[JobInfo], taken: int, now: float
+    ) -> int | None:
+        """The size a job held for admission starts at when it is admitted now (``taken``: GPUs started this round),
+        or ``None`` for the size :meth:`start_size` gave."""
+        return None
+
+    def after_slurm(
+        self,
+        snapshot: Snapshot,
+        now: float,
+        running: Sequence[JobInfo],
+        started: Sequence[JobInfo],
+        victims: set[str],
+        targets: dict[str, int],
+        reasons: dict[str, str],
+    ) -> dict[str, dict[str, int]]:
+        """The pass after Slurm's starts and preemptions: may change ``targets`` (job id -> workers) and ``reasons``;
+        returns the placements it chose (job id -> node -> workers). Nothing, under Slurm alone."""
+        return {}
+
+    def finish(self, actions: list[SizeAction], snapshot: Snapshot) -> list[SizeAction]:
+        """The last look at the realized actions (the daemon keeps growths compact); here they stay as they are."""
+        return actions
+
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: Slurm's starts and preemptions."""
+        return frozenset({Start, Preempt})
 
     # -- decisions ------------------------------------------------------------------------------------------
 
@@ -372,71 +312,41 @@ class SlurmBaselinePolicy:
         limit = self.default_time_s if job.time_limit is None else job.time_limit
         return max(limit - job.executed_time, 1.0)
 
-    def _held(self, job: JobInfo) -> int:
-        """GPUs of a running job that Slurm counts as taken (an elastic job's extras are free under the daemon)."""
-        if self.grow_elastic and job.is_resizable:
-            return min(self.slurm_floor(job), job.workers) * job.gpus_per_worker
-        return job.gpus
-
-    def slurm_floor(self, job: JobInfo) -> int:
-        """The workers of a running elastic job that a job Slurm starts cannot take: its request with
-        ``slurm_takes_loans_only`` (under ``admit_at_request``) or ``submit_at_request``, else its minimum."""
-        if (self.slurm_takes_loans_only and self.admit_at_request) or self.submit_at_request:
-            return max(job.requested_workers, job.min_workers)
-        return job.min_workers
-
-    def daemon_floor(self, job: JobInfo) -> int:
-        """The fewest workers the daemon leaves a running elastic job: its minimum, or with ``submit_at_request``
-        its requested size (Slurm allocated that much; only the loans above it are the daemon's)."""
-        return max(job.requested_workers, job.min_workers) if self.submit_at_request else job.min_workers
-
-    def gated(self, job: JobInfo, now: float) -> bool:
-        """Whether the daemon holds this job until its requested size is available (``admit_at_request``); with
-        ``max_hold_s`` not a pending job submitted that long before ``now``."""
-        if 0 < self.max_hold_s <= now - job.submit_time and job.state is JobPhase.PENDING:
-            return False
-        return self.grow_elastic and self.admit_at_request and job.is_elastic
-
-    def _start_size(self, job: JobInfo, now: float) -> int:
-        if not self.grow_elastic or self.gated(job, now) or self.submit_at_request:
-            return job.requested_workers
-        return base_size(job)
-
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
-        """Start, reserve and preempt as Slurm would; with ``grow_elastic`` also shrink and grow elastic jobs.
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        """Start, reserve and preempt as Slurm would, then run the pass after Slurm's (:meth:`after_slurm`).
 
         Args:
             snapshot: the cluster now.
             now: the current time (priorities age with it; reservations are placed on its clock).
 
         Returns:
-            Start and preempt decisions (and shrink/grow decisions with ``grow_elastic``).
+            Starts and preemptions (and what the pass after Slurm's adds).
         """
         running = [job for job in snapshot.running() if job.shared_with is None]
-        profile = self._profile(snapshot, running, now, self._held)
+        profile = self._profile(snapshot, running, now, self.slurm_holds)
         admissions = profile
-        loans_only = self.grow_elastic and self.admit_at_request and self.slurm_takes_loans_only
-        if loans_only and not self.submit_at_request:
-            admissions = self._profile(snapshot, running, now, lambda job: self.daemon_floor(job) * job.gpus_per_worker)
+        admission_holds = self.admission_holds()
+        if admission_holds is not None:
+            admissions = self._profile(snapshot, running, now, admission_holds)
         targets: dict[str, int] = {}
         reasons: dict[str, str] = {}
         victims: set[str] = set()
         started: list[JobInfo] = []
         reserved = 0
-        lendable = self._lendable_for_admissions(snapshot, running)
+        lendable = self.lendable_for_admissions(snapshot, running)
         taken = 0
         for job in self.queue_order(snapshot, now)[: self.bf_max_job_test]:
-            size = self._start_size(job, now)
+            size = self.start_size(job, now)
             need = size * job.gpus_per_worker
             if need > snapshot.total_gpus:
                 continue
             duration = self.time_left(job)
-            gated = self.gated(job, now)
+            gated = self.held_for_admission(job, now)
             at = (admissions if gated else profile).earliest(need, duration, now + self.bf_window_s)
             if at is not None and gated and need > lendable:
                 at = None
             admitted_now = gated and at is not None and at <= now
-            spared = spared_size(self, job, snapshot, running, taken, now) if admitted_now else None
+            spared = self.admission_size(job, snapshot, running, taken, now) if admitted_now else None
             if spared is not None:
                 size, need = spared, spared * job.gpus_per_worker
             if at is None or at > now:
@@ -458,31 +368,14 @@ class SlurmBaselinePolicy:
                 reserved += 1
         for key in victims:
             targets[key] = 0
-        fixed = (
-            elastic_layer(self, snapshot, now, running, started, victims, targets, reasons) if self.grow_elastic else {}
-        )
+        fixed = self.after_slurm(snapshot, now, running, started, victims, targets, reasons)
         by_id = {job.job_id: job for job in snapshot.jobs}
         changed = {key: size for key, size in targets.items() if size != by_id[key].workers}
         for key, placement in fixed.items():
             if key not in changed and by_id[key].state is JobPhase.RUNNING and placement != by_id[key].placement:
-                changed[key] = by_id[key].workers  # a move (``whole_node_starts``)
+                changed[key] = by_id[key].workers  # a move (the daemon's whole-node starts)
         order = [job for job in running if job.job_id in changed] + started
-        decisions = realize(snapshot, changed, order, reasons, fixed)
-        if self.grow_elastic and self.compact_growth:
-            node_gpus = max((node.gpus_total for node in snapshot.nodes), default=1)
-            kept = (compact_growth(decision, by_id[decision.job_id], node_gpus) for decision in decisions)
-            decisions = [decision for decision in kept if decision is not None]
-        return decisions
-
-    def _lendable_for_admissions(self, snapshot: Snapshot, running: Sequence[JobInfo]) -> float:
-        """GPUs an elastic job admitted at its request may take now: free ones and running jobs' extras above what
-        they keep (their minimum; with ``protect_requests``, :func:`admission_keeps`). Infinite when the rule is
-        off (the profile alone decides)."""
-        if not self.protect_requests:
-            return math.inf
-        keep = admission_keeps(self.min_gain)
-        extras = sum(max(job.workers - keep(job), 0) * job.gpus_per_worker for job in running if job.is_resizable)
-        return snapshot.free_gpus + extras
+        return self.finish(realize(snapshot, changed, order, reasons, fixed), snapshot)
 
     def _profile(
         self, snapshot: Snapshot, running: Sequence[JobInfo], now: float, held: Callable[[JobInfo], int]
@@ -526,7 +419,7 @@ class SlurmBaselinePolicy:
         grace = 0.0
         for victim in candidates:
             grace = max(grace, self._partition(victim).grace_time)
-            trial.add(now + self._partition(victim).grace_time, now + self.time_left(victim), self._held(victim))
+            trial.add(now + self._partition(victim).grace_time, now + self.time_left(victim), self.slurm_holds(victim))
             chosen.append(victim)
             at = trial.earliest(need, duration, now + grace)
             if at is not None:

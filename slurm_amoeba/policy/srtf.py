@@ -12,8 +12,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from slurm_amoeba.policy.common import admit_in_order, managed_capacity, realize
-from slurm_amoeba.policy.types import Decision, JobInfo, Snapshot
+from slurm_amoeba.policy.actions import Action, Preempt, Start
+from slurm_amoeba.policy.common import admit_in_order, managed_capacity, realize, schedulable
+from slurm_amoeba.policy.types import JobInfo, Snapshot
 
 
 def _remaining_key(job: JobInfo) -> tuple[float, float, str]:
@@ -24,7 +25,7 @@ def _remaining_key(job: JobInfo) -> tuple[float, float, str]:
 def admit_shortest_first(snapshot: Snapshot) -> tuple[dict[str, int], list[JobInfo]]:
     """Target sizes of preemptive shortest-remaining-time-first with requested sizes.
 
-    Jobs sharing another job's GPUs are left out (they follow their host).
+    Jobs sharing another job's GPUs are left out (they follow their host), and held jobs.
 
     Args:
         snapshot: the cluster now.
@@ -33,7 +34,7 @@ def admit_shortest_first(snapshot: Snapshot) -> tuple[dict[str, int], list[JobIn
         (job id -> target size for the jobs that change, the jobs in admission order).
     """
     capacity = managed_capacity(snapshot)
-    order = sorted((job for job in snapshot.jobs if job.shared_with is None), key=_remaining_key)
+    order = sorted(schedulable(snapshot), key=_remaining_key)
     return admit_in_order(order, capacity), order
 
 
@@ -54,7 +55,12 @@ class SrtfPolicy:
         """The job's place in the admission order (see :class:`slurm_amoeba.policy.types.AdmitsInOrder`)."""
         return _remaining_key(job)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts and preempts."""
+        return frozenset({Start, Preempt})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit jobs shortest-remaining first; preempt running jobs that lose their place.
 
         Args:

@@ -17,8 +17,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from slurm_amoeba.policy.common import admit_in_order, base_size, distribute_spare, managed_capacity, realize
-from slurm_amoeba.policy.types import Decision, JobInfo, JobPhase, PolicyError, Snapshot
+from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
+from slurm_amoeba.policy.common import (
+    admit_in_order,
+    base_size,
+    distribute_spare,
+    managed_capacity,
+    realize,
+    schedulable,
+)
+from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The artifact's threshold between the two queues: 16 GPU-hours of attained service.
 DEFAULT_QUEUE_THRESHOLD_GPU_S = 16 * 3600.0
@@ -69,7 +77,12 @@ class TiresiasPolicy:
         """The job's place in 2D-LAS order (see :class:`slurm_amoeba.policy.types.AdmitsInOrder`)."""
         return (float(job.attained_service >= self.threshold_gpu_s), job.submit_time, job.job_id)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts and preempts."""
+        return frozenset({Start, Preempt})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit jobs in 2D-LAS order with their requested size; preempt the running jobs left out.
 
         Args:
@@ -80,7 +93,7 @@ class TiresiasPolicy:
             Start and preempt decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
+        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
         targets = admit_in_order(order, capacity)
         reasons = {
             key: "tiresias: admitted in 2D-LAS order" if size else "tiresias: preempted by higher-priority jobs"
@@ -116,7 +129,12 @@ class ElasticTiresiasPolicy:
         """The demotion threshold: the only attained service at which the answer changes between events."""
         return (self.threshold_gpu_s,)
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types it answers with: starts, preempts and resizes."""
+        return frozenset({Start, Preempt, Resize})
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Admit at minimum sizes in 2D-LAS order, keep current sizes where GPUs remain, grow by gain.
 
         Args:
@@ -127,7 +145,7 @@ class ElasticTiresiasPolicy:
             Start, preempt, grow and shrink decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = las_order([job for job in snapshot.jobs if job.shared_with is None], self.threshold_gpu_s)
+        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:

@@ -1,9 +1,9 @@
 """The typed inputs and outputs of every scheduling policy.
 
-A policy sees a :class:`Snapshot` of the cluster (nodes and jobs) and the current time, and answers with
-:class:`Decision` objects (DESIGN.md, the control and simulation flows). Both worlds build these types: the live
-daemon from ``squeue``/``sinfo`` and the agents' reports (node names, partitions, Slurm job ids as strings), the
-simulator from its own state. Nothing here knows which world it is in.
+A policy sees a :class:`Snapshot` of the cluster (nodes and jobs) and the current time, and answers with typed
+actions (:mod:`slurm_amoeba.policy.actions`; DESIGN.md, the control and simulation flows). Both worlds build these
+types: the live daemon from ``squeue``/``sinfo`` and the agents' reports (node names, partitions, Slurm job ids as
+strings), the simulator from its own state. Nothing here knows which world it is in.
 
 Sizes are counted in *workers*; a worker holds ``gpus_per_worker`` GPUs of one node. Node capacities are counted in
 GPUs.
@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.policy.actions import Action
 
 
 class PolicyError(AmoebaError, ValueError):
-    """A policy was misconfigured, or a set of decisions breaks an invariant of the cluster."""
+    """A policy was misconfigured, or a set of actions breaks an invariant of the cluster."""
 
 
 @runtime_checkable
@@ -90,6 +91,14 @@ class JobInfo:
             before the runtime measured anything). ``throughput`` then holds its goodput per size.
         batch: the global batch an adaptive job runs with, or the policy's batch it is moving to; ``None`` for a
             fixed batch, or where the user sets the batch (the job then ignores a policy's).
+        lent: node name -> workers the job runs there in satellites that hold one node each (the daemon's managed
+            jobs; what whole-node moves can move off a node); empty elsewhere.
+        held: a pending job is held (a :class:`~slurm_amoeba.policy.actions.Hold`, Slurm's ``scontrol hold``): it
+            may not start until released, and policies pass it over as Slurm does (:meth:`Snapshot.startable`).
+        held_since: when the daemon's admission hold of this pending job began (the hold mark in its
+            ``AdminComment``, :mod:`slurm_amoeba.slurm.marks`); ``None`` for a job the daemon does not hold. A job
+            with it set has as ``priority`` the priority Slurm had given it before the hold (Slurm shows 0 while
+            it is held); with ``held`` False the mark outlived its hold and is cleared by the daemon's executor.
     """
 
     job_id: str
@@ -115,6 +124,9 @@ class JobInfo:
     shared_with: str | None = None
     adaptive: BatchModel | None = None
     batch: int | None = None
+    lent: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    held: bool = False
+    held_since: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -129,6 +141,8 @@ class JobInfo:
             )
         if self.gpus_per_worker < 1:
             raise PolicyError(f"job {self.job_id}: gpus_per_worker={self.gpus_per_worker} must be at least 1")
+        if self.held and self.state is JobPhase.RUNNING:
+            raise PolicyError(f"job {self.job_id} is running and held; only a pending job is held")
         if (self.workers > 0) != (self.state is JobPhase.RUNNING):
             raise PolicyError(
                 f"job {self.job_id}: state {self.state.value} does not match workers={self.workers}; "
@@ -261,55 +275,9 @@ class Snapshot:
         """The pending jobs, in snapshot order."""
         return [job for job in self.jobs if job.state is JobPhase.PENDING]
 
-
-class DecisionKind(str, enum.Enum):
-    """What a decision does to a job, derived from the job's state and the decision's size."""
-
-    START = "start"
-    PREEMPT = "preempt"
-    GROW = "grow"
-    SHRINK = "shrink"
-    MOVE = "move"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    """One order of a policy: the size (and, where the policy chose them, the nodes) a job should have.
-
-    Attributes:
-        job_id: the job the decision is for.
-        workers: the job's new size; 0 preempts a running job.
-        placement: node name -> workers on it after the decision; empty when ``workers`` is 0 or when the
-            executor (Slurm, for a satellite allocation) picks the nodes.
-        reason: a short sentence for logs (why the policy decided so).
-        share_with: for GPU sharing: the job whose GPUs this job runs on; ``placement`` then lists a subset of that
-            job's nodes and the GPUs are not counted twice.
-    """
-
-    job_id: str
-    workers: int
-    placement: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    reason: str = ""
-    share_with: str | None = None
-
-    def kind(self, job: JobInfo) -> DecisionKind:
-        """What this decision does to ``job`` (the job it is for, as the snapshot shows it).
-
-        Args:
-            job: the job's current information.
-
-        Returns:
-            The kind of the decision.
-        """
-        if job.workers == 0:
-            return DecisionKind.START
-        if self.workers == 0:
-            return DecisionKind.PREEMPT
-        if self.workers > job.workers:
-            return DecisionKind.GROW
-        if self.workers < job.workers:
-            return DecisionKind.SHRINK
-        return DecisionKind.MOVE
+    def startable(self) -> list[JobInfo]:
+        """The pending jobs a policy may start: not held, in snapshot order."""
+        return [job for job in self.jobs if job.state is JobPhase.PENDING and not job.held]
 
 
 @runtime_checkable
@@ -336,7 +304,13 @@ class Policy(Protocol):
         """Whether only arrivals, departures and size changes can change the policy's answer."""
         ...
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The action types the policy can answer with (the daemon refuses a policy that emits one it cannot apply,
+        when it is configured)."""
+        ...
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """Decide what should change.
 
         Args:
@@ -344,7 +318,8 @@ class Policy(Protocol):
             now: the current time in seconds, in the clock of ``JobInfo.submit_time``.
 
         Returns:
-            At most one decision per job; jobs without a decision keep what they have.
+            The actions (:func:`~slurm_amoeba.policy.check.check_actions` says which sets are valid: at most one
+            size-changing action per job); jobs without an action keep what they have.
         """
         ...
 

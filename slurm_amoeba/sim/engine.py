@@ -2,7 +2,7 @@
 
 Simulation flow (DESIGN.md): workload -> engine -> ``policy.decide(snapshot, now)`` -> metrics. The engine knows
 nothing about any particular policy: at every scheduling tick (multiples of ``interval``) it builds the same
-``Snapshot`` the daemon builds, asks the policy, checks the answer with ``check_decisions`` and applies it.
+``Snapshot`` the daemon builds, asks the policy, checks the answer with ``check_actions`` and applies it.
 
 Between ticks jobs progress analytically: a running job's speed is constant within an epoch, so its finish time
 is known in advance and kept in a heap; arrivals and finishes are events. A policy that declares
@@ -28,11 +28,24 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Policy, Snapshot, check_decisions
+from slurm_amoeba.policy import (
+    Action,
+    JobInfo,
+    JobPhase,
+    NodeInfo,
+    Place,
+    Policy,
+    Preempt,
+    Resize,
+    Snapshot,
+    Start,
+    check_actions,
+)
 from slurm_amoeba.policy.common import place_most_free
 from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.application import Application
 from slurm_amoeba.sim.data import SimError
+from slurm_amoeba.sim.executor import SimExecutor
 from slurm_amoeba.sim.metrics import JobRecord, SimResult
 from slurm_amoeba.sim.workload import JobSpec
 
@@ -100,7 +113,7 @@ class SimConfig:
         grow_lag: seconds from a grow order until the new workers train; the job keeps its old speed meanwhile
             (modelled as the equivalent pause at the new speed). The artifact's setting has none.
         restart_cost: seconds without progress when a job starts, resumes after preemption or moves.
-        check: run ``check_decisions`` on every answer (a policy bug then stops the run with its message).
+        check: run ``check_actions`` on every answer (a policy bug then stops the run with its message).
         horizon: stop at this simulated time (jobs not done by then are reported as unfinished); ``None`` runs
             until every job is done.
         time_limit_factor: for jobs without a time limit, the limit is this many times their real wall time
@@ -289,6 +302,7 @@ class _Job:
         "executed",
         "first_start",
         "grace_until",
+        "held",
         "host_of",
         "info",
         "key",
@@ -296,6 +310,7 @@ class _Job:
         "pause_until",
         "placement",
         "preemptions",
+        "priority",
         "progress",
         "rate",
         "resizes",
@@ -313,6 +328,8 @@ class _Job:
         self.model = model
         self.time_limit = time_limit
         self.grace_until: float | None = None
+        self.held = False
+        self.priority = 0
         self.key = (spec.submit_time, spec.name)  # submit order, the order of every snapshot
         self.placement: dict[str, int] = {}
         self.workers = 0
@@ -442,6 +459,8 @@ def _job_info(job: _Job) -> JobInfo:
         partition=spec.partition,
         job_type=job.model.job_type,
         shared_with=job.shared_with,
+        priority=job.priority,
+        held=job.held,
     )
     job.info = info
     return info
@@ -581,6 +600,7 @@ class _Crossings:
         return math.inf
 
 
+# shape: one object per run; the event loop and the cluster state its executor changes (SimCluster) share its fields
 class Simulator:
     """One simulation run: a workload, a policy and a cluster."""
 
@@ -631,6 +651,7 @@ class Simulator:
         self._used = 0
         self._usage: list[tuple[float, int]] = []
         self._decisions = 0
+        self._executor = SimExecutor(self)
 
     # -- progress -------------------------------------------------------------------------------------------
 
@@ -760,11 +781,58 @@ class Simulator:
         self._queue.sync(job)
         self._record_usage(now)
 
-    def _apply(self, decision: Decision, now: float) -> None:
-        job = self._jobs[decision.job_id]
+    # -- the state the executor changes (sim/executor.py's SimCluster) ----------------------------------------
+
+    def workers_of(self, job_id: str) -> int:
+        """Workers the job holds now."""
+        return self._jobs[job_id].workers
+
+    def placement_of(self, job_id: str) -> Mapping[str, int]:
+        """Node -> the job's workers there."""
+        return self._jobs[job_id].placement
+
+    def free_by_node(self) -> Mapping[str, int]:
+        """Node -> free GPUs now."""
+        return self._free
+
+    def mark_held(self, job_id: str, held: bool) -> None:
+        """Hold a pending job (policies pass it over) or release it."""
+        job = self._jobs[job_id]
+        job.held = held
+        job.info = None
+
+    def set_priority(self, job_id: str, priority: int) -> None:
+        """Set a pending job's priority (what the policy sees in ``JobInfo.priority``)."""
+        job = self._jobs[job_id]
+        job.priority = priority
+        job.info = None
+
+    def size_job(
+        self,
+        job_id: str,
+        workers: int,
+        placement: Mapping[str, int],
+        host_id: str | None,
+        now: float,
+        moved: bool = False,
+    ) -> None:
+        """Give a job ``workers`` workers on ``placement`` and charge what the change costs.
+
+        Args:
+            job_id: the job.
+            workers: its new size; 0 preempts it (after ``grace_time``).
+            placement: node -> workers; empty: the nodes with the most free GPUs.
+            host_id: the job whose GPUs it shares, or ``None``.
+            now: the current time.
+            moved: a move at the same size, which costs a resize instead of a restart.
+
+        Raises:
+            SimError: the workers do not fit (a policy over-committed).
+        """
+        job = self._jobs[job_id]
         self._advance(job, now)  # a pending job's clock catches up, so its waiting time never counts as service
         before = job.workers
-        if decision.workers == 0 and before > 0 and self.config.grace_time > 0:
+        if workers == 0 and before > 0 and self.config.grace_time > 0:
             # Slurm's GraceTime: the job is signalled now and leaves when the grace time is over.
             if job.grace_until is None:
                 job.grace_until = now + self.config.grace_time
@@ -773,27 +841,25 @@ class Simulator:
         job.grace_until = None
         old_speed = self._speed(job) if before else 0.0
         # A host that keeps running keeps its guest (the policy placed the guest inside the host's new nodes).
-        guest = job.host_of if decision.workers > 0 else None
+        guest = job.host_of if workers > 0 else None
         if before > 0:
             job.host_of = None
             self._release(job, now)
             job.host_of = guest
-        if decision.workers == 0:
+        if workers == 0:
             job.preemptions += 1
             self._predict(job)
             self._queue.sync(job)
             return
-        placement = dict(decision.placement)
+        placement = dict(placement)
         if not placement:
-            found = place_most_free(self._free, decision.workers)
+            found = place_most_free(self._free, workers)
             if found is None:
-                raise SimError(
-                    f"job {job.spec.name}: no room for {decision.workers} workers; the policy over-committed"
-                )
+                raise SimError(f"job {job.spec.name}: no room for {workers} workers; the policy over-committed")
             placement = found
         job.place(placement)
-        if decision.share_with is not None:
-            host = self._jobs[decision.share_with]
+        if host_id is not None:
+            host = self._jobs[host_id]
             self._advance(host, now)
             job.shared_with = host.spec.name
             host.host_of = job.spec.name
@@ -803,32 +869,37 @@ class Simulator:
         else:
             for name, count in placement.items():
                 self._set_free(name, -count)
-        if before == 0:
-            cost = self.config.restart_cost
-            if self.config.start_grow_lag is not None and decision.workers > job.spec.min_workers:
-                cost += self._start_growth_cost(job, decision.workers)
-                job.resizes += 1  # the daemon's grow of a job Slurm started at its minimum
-            if job.first_start is None:
-                job.first_start = now
-            else:
-                job.restarts += 1
-        elif decision.workers != before:
-            cost = self.config.resize_cost
-            job.resizes += 1
-            new_speed = self._speed(job)
-            if decision.workers > before and new_speed > old_speed > 0.0:
-                # Training goes on at the old speed until the new workers join: the same progress as pausing for
-                # this long at the new speed.
-                cost += self.config.grow_lag * (1.0 - old_speed / new_speed)
-        else:
-            cost = self.config.restart_cost
-            job.restarts += 1
+        cost = self._change_cost(job, before, workers, old_speed, now, moved)
         job.pause_until = now + cost
         job.rate = self._speed(job)
         job.info = None
         self._predict(job)
         self._queue.sync(job)
         self._record_usage(now)
+
+    def _change_cost(self, job: _Job, before: int, workers: int, old_speed: float, now: float, moved: bool) -> float:
+        """The pause a start, resize, move or restart costs the job, counted in its record."""
+        if before == 0:
+            cost = self.config.restart_cost
+            if self.config.start_grow_lag is not None and workers > job.spec.min_workers:
+                cost += self._start_growth_cost(job, workers)
+                job.resizes += 1  # the daemon's grow of a job Slurm started at its minimum
+            if job.first_start is None:
+                job.first_start = now
+            else:
+                job.restarts += 1
+        elif workers != before or moved:
+            cost = self.config.resize_cost
+            job.resizes += 1
+            new_speed = self._speed(job)
+            if workers > before and new_speed > old_speed > 0.0:
+                # Training goes on at the old speed until the new workers join: the same progress as pausing for
+                # this long at the new speed.
+                cost += self.config.grow_lag * (1.0 - old_speed / new_speed)
+        else:
+            cost = self.config.restart_cost
+            job.restarts += 1
+        return cost
 
     def _start_growth_cost(self, job: _Job, workers: int) -> float:
         """With ``start_grow_lag``: the pause equivalent to training at the minimum until the extras join."""
@@ -870,16 +941,18 @@ class Simulator:
         infos = [_job_info(every[name]) for _, name in keys]
         return Snapshot(self._nodes_tuple, tuple(infos), self.colocation), hidden
 
-    def _ask(self, now: float) -> tuple[Snapshot, Sequence[Decision]]:
+    def _ask(self, now: float) -> tuple[Snapshot, Sequence[Action]]:
         """One round: the snapshot and the policy's answer (asked again with every pending job when needed)."""
         snapshot, hidden = self._snapshot()
         decisions = self.policy.decide(snapshot, now)
         self._decisions += 1
         if hidden:
             free = self.config.total_gpus - self._used
-            for decision in decisions:
-                if decision.share_with is None:
-                    free -= decision.workers - self._jobs[decision.job_id].workers
+            for action in decisions:
+                if isinstance(action, Preempt):
+                    free += self._jobs[action.job_id].workers
+                elif isinstance(action, (Start, Resize, Place)):
+                    free -= action.workers - self._jobs[action.job_id].workers
             if free >= min(self._queue.needs):  # a hidden job might have started: ask with all of them
                 snapshot, _ = self._snapshot(everything=True)
                 decisions = self.policy.decide(snapshot, now)
@@ -931,9 +1004,9 @@ class Simulator:
                     self._advance(job, now)
                 snapshot, decisions = self._ask(now)
                 if self.config.check:
-                    check_decisions(snapshot, decisions)
-                for decision in sorted(decisions, key=self._apply_order):
-                    self._apply(decision, now)
+                    check_actions(snapshot, decisions)
+                for action in sorted(decisions, key=self._executor.order):
+                    self._executor.apply(action, now)
                 dirty = bool(decisions)
                 if not decisions and next_arrival == total and not self._queue.running:
                     raise SimError(
@@ -944,12 +1017,6 @@ class Simulator:
                 progress(done / total)
             now = self._next_tick(now, next_arrival, dirty)
         return self._result(time.perf_counter() - started)
-
-    def _apply_order(self, decision: Decision) -> int:
-        """Releases first (so that nodes never look over-full), then exclusive starts and growth, then sharers."""
-        if decision.workers < self._jobs[decision.job_id].workers:
-            return 0
-        return 1 if decision.share_with is None else 2
 
     def _next_tick(self, now: float, next_arrival: int, dirty: bool) -> float:
         interval = self.config.interval

@@ -39,6 +39,8 @@ class RunSpec:
         adaptive_fraction: share of the Pollux jobs whose global batch adapts to each allocation (a stable hash of
             the name picks them; ``sim/adaptive.py``); 0 keeps every batch fixed. An adaptive job's range may reach
             as many workers as its largest batch allows (not only its initial one).
+        label: the row the outcome is reported under (default: the policy's name), e.g. the stem of the daemon
+            configuration an ``amoebad`` run was built from.
     """
 
     policy: str
@@ -50,6 +52,12 @@ class RunSpec:
     philly_limit: int | None = None
     knobs: tuple[tuple[str, object], ...] = ()
     adaptive_fraction: float = 0.0
+    label: str = ""
+
+    @property
+    def row(self) -> str:
+        """The row the outcome is reported under: ``label``, or the policy's name."""
+        return self.label or self.policy
 
     @property
     def workload_name(self) -> str:
@@ -164,9 +172,9 @@ def run_one(spec: RunSpec) -> RunOutcome:
     except AmoebaError as exc:
         if str(spec.workload) in str(exc):
             raise
-        raise SimError(f"{spec.workload} under policy {spec.policy}: {exc}") from None
+        raise SimError(f"{spec.workload} under policy {spec.row}: {exc}") from None
     return RunOutcome(
-        policy=spec.policy,
+        policy=spec.row,
         workload=spec.workload_name,
         summary=result.summary(),
         jcts=result.jcts(),

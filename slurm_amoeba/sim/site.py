@@ -3,7 +3,7 @@
 Simulation flow (DESIGN.md): an accounting export (:mod:`slurm_amoeba.sim.accounting`) -> the same jobs twice through
 the engine: once under the ``slurm`` baseline (what the site's Slurm did, modelled), once with a share of the jobs
 given a worker range and the daemon's elastic backfill running on top of the same Slurm model
-(``grow_elastic=True``) -> figures side by side (``amoeba-sim site``).
+(the ``amoebad`` policy) -> figures side by side (``amoeba-sim site``).
 
 Elastic jobs that never ran elastic speed up or slow down by the scaling model of
 :class:`~slurm_amoeba.sim.engine.WorkModel` (``(size / requested) ** scaling_exponent``, default
@@ -49,7 +49,8 @@ class SiteOptions:
         fraction: share of the jobs given a worker range (picked by a hash of the job id, stable across runs).
         factor: a range runs from ``requested / factor`` to ``requested * factor`` GPUs (capped by the cluster).
         scaling_exponent: the scaling model of jobs that never ran elastic.
-        knobs: the ``slurm`` policy's settings (from ``--slurm-conf`` and ``--knob``), the same in both runs.
+        knobs: the ``slurm`` policy's settings (from ``--slurm-conf`` and ``--knob``), the same in both runs (the
+            ``amoebad`` policy of the elastic run takes them too).
     """
 
     fraction: float = 0.5
@@ -130,7 +131,7 @@ def compare_site(history: History, config: SimConfig, options: SiteOptions, name
     models = trace_models({}, config.gpus_per_node, options.scaling_exponent)
     outcomes = []
     for label, workload, grow in ((BASELINE, jobs, False), (ELASTIC, elastic, True)):
-        policy = make_policy("slurm", **{**options.knobs, "grow_elastic": grow})
+        policy = make_policy("amoebad" if grow else "slurm", **options.knobs)
         result = Simulator(workload, policy, config, models).run()
         summary = result.summary()
         waits = [

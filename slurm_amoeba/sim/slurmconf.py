@@ -65,7 +65,8 @@ class SlurmSite:
     """What a slurm.conf says about scheduling.
 
     Attributes:
-        knobs: the ``slurm`` policy's knobs (``make_policy("slurm", **knobs)``).
+        knobs: the ``slurm`` policy's knobs (``make_policy("slurm", **knobs)``; the ``amoebad`` policy takes the
+            same ones beside its layers).
         grace_time: the longest ``GraceTime`` of a preemptible partition (the simulator's ``grace_time``).
         nodes: GPU nodes, or ``None`` when the file names none or they differ in GPUs.
         gpus_per_node: GPUs of each of them, or ``None``.

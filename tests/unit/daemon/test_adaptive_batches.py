@@ -14,10 +14,10 @@ import pytest
 
 from slurm_amoeba.daemon import Daemon
 from slurm_amoeba.daemon.agents import AdaptiveStats, AgentMessageError, Report
-from slurm_amoeba.daemon.batches import REBATCH_FACTOR, policy_batches
 from slurm_amoeba.daemon.snapshot import DENSE_SIZES, adaptive_inputs
-from slurm_amoeba.policy.goodput import GoodputModel, goodput_rates, model_from_report
-from slurm_amoeba.policy.types import JobInfo, JobPhase
+from slurm_amoeba.policy import Resize
+from slurm_amoeba.policy.goodput import REBATCH_FACTOR, GoodputModel, goodput_rates, model_from_report, with_batches
+from slurm_amoeba.policy.types import JobInfo, JobPhase, Snapshot
 from tests.unit.daemon.fakes import register_body, report_body
 from tests.unit.daemon.test_daemon import FakeAgent, ask, cluster, make_daemon, settle, wait_for
 
@@ -108,10 +108,13 @@ def test_goodputs_directives_carry_the_models_batch_and_a_drifted_job_gets_one_a
         "5": _info("5", 2, model, drifted, pinned=True),  # pinned: left alone
         "6": _info("6", 2, model, None),  # the user sets the batch: nothing
     }
-    targets, reasons, batches = policy_batches("goodput", managed, {"1": 4, "4": 3}, {"1": "grow", "4": "grow"})
-    assert batches == {"1": at4, "3": at2}
-    assert targets == {"1": 4, "4": 3, "3": 2} and f"global batch {at2}" in reasons["3"]
-    assert policy_batches("e-tiresias", managed, {"1": 4}, {"1": "grow"}) == ({"1": 4}, {"1": "grow"}, {})
+    answer = with_batches(Snapshot((), tuple(managed.values())), [Resize("1", 4, reason="grow"), Resize("4", 3)])
+    assert [(a.job_id, a.workers, a.batch) for a in answer if isinstance(a, Resize)] == [
+        ("1", 4, at4),
+        ("4", 3, None),
+        ("3", 2, at2),
+    ]
+    assert len(answer) == 3 and f"global batch {at2}" in answer[2].reason
 
 
 @contextlib.contextmanager

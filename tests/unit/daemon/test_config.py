@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from slurm_amoeba.cli import amoebad
 from slurm_amoeba.daemon import ConfigError, DaemonConfig, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -119,6 +120,17 @@ def test_amoebad_check_exits_2_and_names_the_unknown_key(tmp_path: Path) -> None
     )
     assert good.returncode == 0, good.stderr
     assert "elastic-backfill" in good.stdout
+
+
+def test_amoebad_check_refuses_a_policy_that_shares_gpus_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "amoebad.yaml"
+    path.write_text("policy:\n  name: sjf-bsbf\n")
+    assert amoebad.main(["--config", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "policy 'sjf-bsbf' cannot run in amoebad: its share actions cannot be applied live" in err
+    assert "choose a policy that only resizes" in err
 
 
 def test_the_systemd_unit_runs_the_daemon_unprivileged_after_checking_its_config() -> None:

@@ -509,7 +509,8 @@ def test_a_rigid_job_that_finds_no_whole_node_makes_a_satellite_move_and_the_job
     try:
         assert ask(d, "register", register_body("100", agent.endpoint)).body["ok"]
         assert ask(d, "report", report_body("100", 4, satellites=["200"])).body["ok"]
-        assert d.run_round().ordered == {}  # no resize: the policy leaves the job at 4
+        assert d.run_round().ordered == {"100": 4}  # a move at its size: the policy leaves the job at 4
+        assert set(d.ledger.moves) == {"100", "400"}, "the moved job and the one moved for are held off"
         wait_for("the agent to get the move", lambda: len(agent.directives) == 1)
         body = agent.directives[0].body
         assert (body["target"], body["vacate"]) == (4, "n1") and "job 400 starts on one node" in body["reason"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
 from slurm_amoeba.daemon.observer import ClusterView, Observation, satellite_parent
 from slurm_amoeba.daemon.snapshot import build_snapshot, fit_placement
-from slurm_amoeba.policy import JobPhase, check_decisions, make_policy
+from slurm_amoeba.policy import Action, JobPhase, Resize, check_actions, make_policy
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
 from tests.unit.daemon.fakes import ME, OTHER_UID, job, node, satellite
@@ -145,13 +147,19 @@ def test_fit_placement_always_adds_up_to_the_size() -> None:
     assert fit_placement({}, 1, 2) == {}
 
 
+def resized(actions: Sequence[Action]) -> list[tuple[str, int]]:
+    """(job, size) of each action, every one of which must be a resize."""
+    assert all(isinstance(action, Resize) for action in actions), actions
+    return [(action.job_id, action.workers) for action in actions if isinstance(action, Resize)]
+
+
 def test_the_default_policy_grows_into_idle_gpus_and_shrinks_for_a_pending_regular_job() -> None:
     policy = make_policy("elastic-backfill", start_pending=False)
     nodes = [node("n1", used=2), node("n2")]
     idle = snapshot_of(elastic_job(), nodes, {"100": agent("100")})
     decisions = policy.decide(idle.snapshot, NOW)
-    check_decisions(idle.snapshot, decisions)
-    assert [(d.job_id, d.workers) for d in decisions] == [("100", 8)]  # 2 held + 6 idle GPUs
+    check_actions(idle.snapshot, decisions)
+    assert resized(decisions) == [("100", 8)]  # 2 held + 6 idle GPUs
     jobs = [
         *elastic_job(),
         satellite(200, 100, gpus={"n2": 4}),
@@ -160,8 +168,8 @@ def test_the_default_policy_grows_into_idle_gpus_and_shrinks_for_a_pending_regul
     busy = snapshot_of(jobs, [node("n1", used=2), node("n2", used=4)], {"100": agent("100", size=6)})
     assert busy.snapshot.job("300").state is JobPhase.PENDING
     decisions = policy.decide(busy.snapshot, NOW)
-    check_decisions(busy.snapshot, decisions)
-    assert [(d.job_id, d.workers) for d in decisions] == [("100", 4)]
+    check_actions(busy.snapshot, decisions)
+    assert resized(decisions) == [("100", 4)]
 
 
 def test_gpus_a_job_is_giving_back_are_shown_free_so_nobody_else_shrinks_for_them() -> None:
@@ -188,4 +196,4 @@ def test_a_young_pending_job_asks_only_for_what_is_free_until_it_has_waited_long
     assert policy.decide(fresh.snapshot, NOW) == []
     waited = snapshot_of(jobs, nodes, {"100": agent("100", size=6)}, make_room_after_s=1)
     assert waited.snapshot.job("300").requested_workers == 4
-    assert [(d.job_id, d.workers) for d in policy.decide(waited.snapshot, NOW)] == [("100", 4)]
+    assert resized(policy.decide(waited.snapshot, NOW)) == [("100", 4)]

@@ -63,6 +63,7 @@ def test_a_valid_file_replaces_the_configuration_and_the_policy_and_the_metric_n
     [
         ("interval_s: -1\n", "invalid", "interval_s = -1"),
         ("interval_s: [\n", "invalid", "is not valid YAML"),
+        (BASE.replace("elastic-backfill", "sjf-bsbf"), "invalid", "policy 'sjf-bsbf' cannot run in amoebad"),
         (BASE.replace(f":{PORT}", f":{PORT + 1}"), "needs_restart", "changes listen"),
         (BASE + "queue_order: {enabled: true}\n", "needs_restart", "changes queue_order"),
     ],

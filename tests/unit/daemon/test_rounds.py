@@ -1,4 +1,5 @@
-"""The round's decide step as plain functions: which decisions the daemon acts on, the drain, a broken invariant."""
+"""The round's decide step as a plain function: the composed policy's checked actions, the drain, a broken invariant;
+and what the daemon's composition holds (the layers the configuration turns on, a policy it cannot run refused)."""
 
 from __future__ import annotations
 
@@ -6,24 +7,30 @@ from collections.abc import Sequence
 
 import pytest
 
+from slurm_amoeba.daemon import ConfigError, DaemonConfig, compose_policy
+from slurm_amoeba.daemon.executor import REFUSED
 from slurm_amoeba.daemon.observer import Observation
-from slurm_amoeba.daemon.rounds import decide, resize_targets
-from slurm_amoeba.policy import Decision, JobInfo, Snapshot
+from slurm_amoeba.daemon.rounds import decide
+from slurm_amoeba.policy import Action, DrainPolicy, JobInfo, Move, Place, Resize, Share, Snapshot, Start
 from slurm_amoeba.policy.drain import DRAIN_REASON
+from slurm_amoeba.policy.moves import WholeNodeMoves
 from tests.unit.policy.helpers import job, snapshot
 
 
 class Fixed:
-    """A policy that answers with fixed decisions."""
+    """A policy that answers with fixed actions."""
 
     name = "fixed"
     decides_on_events_only = True
+    emits = frozenset({Start, Resize})
 
-    def __init__(self, *decisions: Decision) -> None:
-        self.decisions = list(decisions)
+    def __init__(self, *actions: Action) -> None:
+        self.actions = list(actions)
+        self.asked = 0
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
-        return self.decisions
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        self.asked += 1
+        return self.actions
 
 
 def observation(jobs: Sequence[JobInfo], managed: Sequence[str]) -> Observation:
@@ -42,48 +49,46 @@ def observation(jobs: Sequence[JobInfo], managed: Sequence[str]) -> Observation:
 ELASTIC = job("e", 1, placement={"n0": 2}, low=1, high=4)
 
 
-@pytest.mark.parametrize(
-    ("info", "is_managed", "decision", "expected"),
-    [
-        (ELASTIC, True, Decision("e", 4, reason="idle GPUs"), {"e": (4, "idle GPUs")}),
-        (ELASTIC, True, Decision("e", 3), {"e": (3, "fixed")}),
-        (ELASTIC, False, Decision("e", 4), {}),
-        (ELASTIC, True, Decision("e", 2), {}),
-        (ELASTIC, True, Decision("e", 0), {}),
-        (job("e", 1, placement={"n0": 2}, low=1, high=4, pinned=True), True, Decision("e", 4), {}),
-        (job("e", 1, placement={"n0": 2}, low=1, high=4, resizing=True), True, Decision("e", 4), {}),
-        (job("r", 2, placement={"n0": 2}), True, Decision("r", 2), {}),
-    ],
-    ids=[
-        "a-grow-with-its-reason",
-        "no-reason-means-the-policys-name",
-        "an-unmanaged-job-is-slurms",
-        "the-same-size-is-no-resize",
-        "a-preemption-is-slurms",
-        "a-pinned-job",
-        "a-resizing-job",
-        "a-fixed-size-job",
-    ],
-)
-def test_the_daemon_acts_only_on_resizes_of_managed_jobs_that_may_resize_now(
-    info: JobInfo, is_managed: bool, decision: Decision, expected: dict[str, tuple[int, str]]
-) -> None:
-    managed = {info.job_id: info} if is_managed else {}
-    targets, reasons = resize_targets(managed, [decision], "fixed")
-    assert {job_id: (targets[job_id], reasons[job_id]) for job_id in targets} == expected
+def test_the_policys_actions_become_the_plan() -> None:
+    plan = decide(DrainPolicy(Fixed(Resize("e", 4, reason="grow")), False), observation([ELASTIC], ["e"]), 0.0)
+    assert (plan.actions, plan.source, plan.error) == ((Resize("e", 4, reason="grow"),), "policy", "")
 
 
-def test_the_policys_resizes_become_the_plan() -> None:
-    plan = decide(Fixed(Decision("e", 4, reason="grow")), observation([ELASTIC], ["e"]), 0.0, draining=False)
-    assert (dict(plan.targets), plan.source, plan.error) == ({"e": 4}, "policy", "")
+def test_an_action_without_a_reason_carries_the_policys_name() -> None:
+    plan = decide(DrainPolicy(Fixed(Resize("e", 3)), False), observation([ELASTIC], ["e"]), 0.0)
+    assert plan.actions == (Resize("e", 3, reason="fixed"),)
 
 
 def test_a_drain_plans_every_managed_job_to_its_minimum_without_asking_the_policy() -> None:
     big = job("e", 1, placement={"n0": 3}, low=1, high=4)
-    plan = decide(Fixed(Decision("e", 4)), observation([big], ["e"]), 0.0, draining=True)
-    assert (dict(plan.targets), dict(plan.reasons), plan.source) == ({"e": 1}, {"e": DRAIN_REASON}, "drain")
+    inner = Fixed(Resize("e", 4))
+    plan = decide(DrainPolicy(inner, True), observation([big], ["e"]), 0.0)
+    assert (plan.actions, plan.source, inner.asked) == ((Resize("e", 1, reason=DRAIN_REASON),), "drain", 0)
 
 
-def test_decisions_that_break_an_invariant_plan_nothing_and_say_why() -> None:
-    plan = decide(Fixed(Decision("e", 9)), observation([ELASTIC], ["e"]), 0.0, draining=False)
-    assert plan.targets == {} and plan.error.startswith("policy error: job e: 9 workers lies outside its range")
+def test_actions_that_break_an_invariant_plan_nothing_and_say_why() -> None:
+    plan = decide(DrainPolicy(Fixed(Resize("e", 9)), False), observation([ELASTIC], ["e"]), 0.0)
+    assert plan.actions == () and plan.error.startswith("policy error: job e: 9 workers lies outside its range")
+
+
+def test_the_composition_puts_the_drain_outermost_and_moves_only_where_configured() -> None:
+    plain = compose_policy(DaemonConfig(policy="elastic-backfill"))
+    assert isinstance(plain, DrainPolicy) and not plain.draining and Move not in plain.emits
+    moving = compose_policy(DaemonConfig(policy="elastic-backfill", whole_node_starts=True), {"7"})
+    assert isinstance(moving.inner, WholeNodeMoves) and moving.inner.recent == {"7"} and Move in moving.emits
+
+
+@pytest.mark.parametrize(("name", "refused"), [("sjf-ffs", Share), ("sjf-bsbf", Share)])
+def test_a_policy_that_emits_an_action_the_daemon_cannot_apply_is_refused_at_configuration(
+    name: str, refused: type[Action]
+) -> None:
+    with pytest.raises(ConfigError, match=rf"policy {name!r} cannot run in amoebad") as caught:
+        compose_policy(DaemonConfig(policy=name))
+    assert REFUSED[refused] in str(caught.value)
+
+
+def test_the_amoebad_policys_whole_node_places_are_refused_and_its_plain_form_is_not() -> None:
+    knobs = {"admission": True, "whole_node": True}
+    with pytest.raises(ConfigError, match="its place actions cannot be applied live"):
+        compose_policy(DaemonConfig(policy="amoebad", policy_knobs=knobs))
+    assert Place not in compose_policy(DaemonConfig(policy="amoebad")).emits

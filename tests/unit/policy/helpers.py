@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurm_amoeba.policy import Decision, JobInfo, JobPhase, NodeInfo, Snapshot
+from slurm_amoeba.policy import Action, JobInfo, JobPhase, NodeInfo, Place, Preempt, Resize, Share, Snapshot, Start
 
 
 def job(
@@ -44,6 +44,23 @@ def snapshot(node_gpus: Sequence[int], jobs: Sequence[JobInfo], **extra: Any) ->
     return Snapshot(nodes, tuple(jobs), **extra)
 
 
-def sizes(decisions: Sequence[Decision]) -> dict[str, int]:
-    """job id -> decided workers."""
-    return {decision.job_id: decision.workers for decision in decisions}
+def sizes(actions: Sequence[Action]) -> dict[str, int]:
+    """job id -> its size after the action (0: preempted), for the actions that size a job."""
+    return {
+        action.job_id: action.workers
+        for action in actions
+        if isinstance(action, (Start, Resize, Preempt, Place, Share))
+    }
+
+
+#: The actions that give a job a size and placement (the ones tests read ``workers`` and ``placement`` of).
+Sized = Start | Resize | Preempt | Place | Share
+
+
+def sized(actions: Sequence[Action]) -> list[Sized]:
+    """The actions, each checked to be one that sizes a job."""
+    result: list[Sized] = []
+    for action in actions:
+        assert isinstance(action, (Start, Resize, Preempt, Place, Share)), f"{action} does not size a job"
+        result.append(action)
+    return result

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError, check_decisions
+from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError, check_actions
 from slurm_amoeba.policy.common import FreeGpus, place_most_free, realize, shrink_placement
 
 from .helpers import job, snapshot
@@ -77,6 +77,6 @@ def test_realize_counts_the_nodes_a_fixed_shrink_moves_workers_to() -> None:
     elastic = job("e", 4, low=1, high=4, placement={"n0": 4})
     cluster = snapshot([4, 4], [elastic, job("x", 2, placement={"n1": 2}), job("p", 6)])
     decisions = realize(cluster, {"e": 2, "p": 6}, cluster.jobs, {}, {"e": {"n1": 2}})
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
     # Only n0's 4 GPUs are free after the move: p (6 workers) does not start.
     assert [(d.job_id, d.workers, dict(d.placement)) for d in decisions] == [("e", 2, {"n1": 2})]

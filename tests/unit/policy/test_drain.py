@@ -7,14 +7,16 @@ from collections.abc import Sequence
 import pytest
 
 from slurm_amoeba.policy import (
-    Decision,
+    Action,
     DrainPolicy,
     ElasticBackfillPolicy,
     FifoPolicy,
     JobInfo,
+    Resize,
     Snapshot,
-    check_decisions,
-    drain_decisions,
+    Start,
+    check_actions,
+    drain_actions,
 )
 from slurm_amoeba.policy.drain import DRAIN_REASON
 
@@ -22,16 +24,17 @@ from .helpers import job, sizes, snapshot
 
 
 class Recording:
-    """A policy that answers with fixed decisions and counts its calls."""
+    """A policy that answers with fixed actions and counts its calls."""
 
     name = "recording"
     decides_on_events_only = True
+    emits: frozenset[type[Action]] = frozenset({Start, Resize})
 
-    def __init__(self, decisions: Sequence[Decision] = ()) -> None:
+    def __init__(self, decisions: Sequence[Action] = ()) -> None:
         self.decisions = list(decisions)
         self.calls = 0
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         self.calls += 1
         return self.decisions
 
@@ -64,23 +67,23 @@ def test_a_drain_shrinks_every_resizable_elastic_job_to_its_minimum(
     jobs: list[JobInfo], expected: dict[str, int]
 ) -> None:
     snap = snapshot([4, 4], jobs)
-    decisions = drain_decisions(snap)
+    decisions = drain_actions(snap)
     assert sizes(decisions) == expected
     assert all(decision.reason == DRAIN_REASON and not decision.placement for decision in decisions)
-    check_decisions(snap, decisions)
+    check_actions(snap, decisions)
 
 
 def test_while_draining_the_wrapped_policy_is_not_asked() -> None:
-    inner = Recording([Decision("e", 4)])
+    inner = Recording([Resize("e", 4)])
     snap = snapshot([4], [job("e", 1, placement={"n0": 2}, low=1, high=4)])
     assert sizes(DrainPolicy(inner).decide(snap, 0.0)) == {"e": 1}
     assert inner.calls == 0
 
 
 def test_with_the_drain_off_the_wrapped_policy_decides_alone() -> None:
-    inner = Recording([Decision("e", 4)])
+    inner = Recording([Resize("e", 4)])
     snap = snapshot([4], [job("e", 1, placement={"n0": 2}, low=1, high=4)])
-    assert DrainPolicy(inner, draining=False).decide(snap, 0.0) == [Decision("e", 4)]
+    assert DrainPolicy(inner, draining=False).decide(snap, 0.0) == [Resize("e", 4)]
     assert inner.calls == 1
 
 
@@ -89,3 +92,7 @@ def test_the_wrapper_goes_by_the_wrapped_policys_name(inner: ElasticBackfillPoli
     wrapped = DrainPolicy(inner)
     assert wrapped.name == inner.name
     assert wrapped.decides_on_events_only == inner.decides_on_events_only
+
+
+def test_the_wrapper_emits_the_wrapped_policys_actions_and_its_resizes() -> None:
+    assert DrainPolicy(FifoPolicy()).emits == {Start, Resize}

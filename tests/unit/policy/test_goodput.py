@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from slurm_amoeba.policy import JobPhase, PolicyError, check_decisions, make_policy
+from slurm_amoeba.policy import JobPhase, PolicyError, check_actions, make_policy
 from slurm_amoeba.policy.common import las_queue
 from slurm_amoeba.policy.goodput import (
     GoodputModel,
@@ -17,7 +17,7 @@ from slurm_amoeba.policy.goodput import (
     goodput_rates,
     model_from_report,
 )
-from tests.unit.policy.helpers import job, sizes, snapshot
+from tests.unit.policy.helpers import job, sized, sizes, snapshot
 
 
 def objective(rates: dict[str, dict[int, float]], alloc: dict[str, int], fairness: float) -> float:
@@ -75,7 +75,7 @@ def test_decisions_respect_the_invariants_on_a_busy_cluster() -> None:
     jobs += [job(f"r{i}", 4, submit=10.0 + i) for i in range(3)]
     snap = snapshot([8, 8, 8], jobs)
     decisions = make_policy("goodput").decide(snap, now=100.0)
-    check_decisions(snap, decisions)
+    check_actions(snap, decisions)
     after = {j.job_id: j.workers for j in jobs} | sizes(decisions)
     assert sum(after[j.job_id] * j.gpus_per_worker for j in jobs) <= 24
 
@@ -126,15 +126,15 @@ def test_packing_puts_a_job_on_the_fullest_node_that_holds_it_and_a_grown_job_mo
     flat = dict.fromkeys(range(1, 5), 1.0)
     fixed = job("fixed", 2, placement={"n0": 2})  # leaves n0 with 2 free; n1 and n2 have 4
     newcomer = job("new", 2, throughput=flat, submit=1.0)
-    decided = GoodputPolicy(pack=True).decide(snapshot([4, 4, 4], [fixed, newcomer]), now=0.0)
+    decided = sized(GoodputPolicy(pack=True).decide(snapshot([4, 4, 4], [fixed, newcomer]), now=0.0))
     assert [(d.job_id, d.placement) for d in decided] == [("new", {"n0": 2})], "best fit, not the emptiest node"
     linear = {w: float(w) for w in range(1, 5)}
     split = job("split", 2, low=1, high=4, placement={"n0": 1, "n1": 1}, throughput=linear)
     nodes = snapshot([4, 4, 4], [split])
-    grown = GoodputPolicy(fairness=1.0, pack=True).decide(nodes, now=0.0)
+    grown = sized(GoodputPolicy(fairness=1.0, pack=True).decide(nodes, now=0.0))
     assert [(d.workers, len(d.placement)) for d in grown] == [(4, 1)], "4 workers fit on one node: no spread"
-    check_decisions(nodes, grown)
-    spread = GoodputPolicy(fairness=1.0, pack=False).decide(nodes, now=0.0)
+    check_actions(nodes, grown)
+    spread = sized(GoodputPolicy(fairness=1.0, pack=False).decide(nodes, now=0.0))
     assert len(spread[0].placement) > 1, "the shared rule (most free first, own nodes first) keeps it spread"
 
 

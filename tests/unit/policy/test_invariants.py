@@ -9,11 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_amoeba.policy import (
-    DecisionKind,
     ElasticBackfillPolicy,
     JobPhase,
+    Place,
+    Preempt,
+    Resize,
+    Share,
     Snapshot,
-    check_decisions,
+    Start,
+    check_actions,
     make_policy,
     policy_names,
 )
@@ -26,22 +30,24 @@ _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Hea
 @pytest.mark.parametrize("name", policy_names())
 @_SETTINGS
 @given(snapshot=snapshots(), now=st.floats(0, 100_000))
-def test_decisions_never_break_an_invariant(name: str, snapshot: Snapshot, now: float) -> None:
-    decisions = make_policy(name).decide(snapshot, now)
-    check_decisions(snapshot, decisions)
+def test_actions_never_break_an_invariant(name: str, snapshot: Snapshot, now: float) -> None:
+    policy = make_policy(name)
+    actions = policy.decide(snapshot, now)
+    check_actions(snapshot, actions)
+    assert {type(action) for action in actions} <= policy.emits, "a policy answers only with the types it declares"
     jobs = {job.job_id: job for job in snapshot.jobs}
     held_after = snapshot.total_gpus - snapshot.free_gpus
-    for decision in decisions:
-        job = jobs[decision.job_id]
-        kind = decision.kind(job)
-        if kind in (DecisionKind.GROW, DecisionKind.SHRINK):
+    for action in actions:
+        assert isinstance(action, (Start, Resize, Preempt, Place, Share)), f"{action} is not a size action"
+        job = jobs[action.job_id]
+        if isinstance(action, Resize) and action.workers != job.workers:
             assert job.is_elastic and not job.pinned and not job.resizing
-        if decision.workers:
-            assert job.min_workers <= decision.workers <= job.max_workers
+        if action.workers:
+            assert job.min_workers <= action.workers <= job.max_workers
         if job.shared_with is None and job.state is JobPhase.RUNNING:
             held_after -= job.gpus
-        if decision.share_with is None:
-            held_after += decision.workers * job.gpus_per_worker
+        if not isinstance(action, Share):
+            held_after += action.workers * job.gpus_per_worker
     assert held_after <= snapshot.total_gpus
 
 
@@ -51,7 +57,7 @@ def test_backfill_in_the_daemon_never_starts_a_job(snapshot: Snapshot, now: floa
     decisions = ElasticBackfillPolicy(start_pending=False).decide(snapshot, now)
     jobs = {job.job_id: job for job in snapshot.jobs}
     assert all(jobs[decision.job_id].state is JobPhase.RUNNING for decision in decisions)
-    check_decisions(snapshot, decisions)
+    check_actions(snapshot, decisions)
 
 
 @pytest.mark.parametrize("name", policy_names())

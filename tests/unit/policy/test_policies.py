@@ -8,15 +8,16 @@ from slurm_amoeba.policy import (
     ElasticBackfillPolicy,
     ElasticTiresiasPolicy,
     FifoPolicy,
+    Share,
     SjfSharingPolicy,
     SrtfPolicy,
     TiresiasPolicy,
-    check_decisions,
+    check_actions,
     sharing_benefit,
 )
 from slurm_amoeba.policy.tiresias import DEFAULT_QUEUE_THRESHOLD_GPU_S
 
-from .helpers import job, sizes, snapshot
+from .helpers import job, sized, sizes, snapshot
 
 LINEAR = {n: float(n) for n in range(1, 17)}
 
@@ -25,12 +26,12 @@ def test_fifo_starts_in_submit_order_and_the_head_blocks_the_rest() -> None:
     snap = snapshot([4, 4], [job("big", 6, submit=1), job("small", 1, submit=2), job("first", 4, submit=0)])
     decisions = FifoPolicy().decide(snap, 10)
     assert sizes(decisions) == {"first": 4}
-    check_decisions(snap, decisions)
+    check_actions(snap, decisions)
 
 
 def test_fifo_places_on_the_nodes_with_most_free_gpus() -> None:
     snap = snapshot([4, 4, 4], [job("run", 3, placement={"n0": 3}), job("new", 5, submit=1)])
-    (decision,) = FifoPolicy().decide(snap, 10)
+    (decision,) = sized(FifoPolicy().decide(snap, 10))
     assert dict(decision.placement) == {"n1": 4, "n2": 1}
 
 
@@ -45,7 +46,7 @@ def test_tiresias_demotes_at_16_gpu_hours_and_preempts_for_the_high_queue() -> N
     old = job("old", 4, placement={"n0": 4}, attained_service=DEFAULT_QUEUE_THRESHOLD_GPU_S, submit=0)
     young = job("young", 4, placement={"n1": 4}, attained_service=DEFAULT_QUEUE_THRESHOLD_GPU_S - 1, submit=1)
     new = job("new", 4, submit=2)
-    decisions = TiresiasPolicy().decide(snapshot([4, 4], [old, young, new]), 100)
+    decisions = sized(TiresiasPolicy().decide(snapshot([4, 4], [old, young, new]), 100))
     assert sizes(decisions) == {"old": 0, "new": 4}
     assert dict(decisions[-1].placement) == {"n0": 4}
 
@@ -60,7 +61,7 @@ def test_e_tiresias_compacts_a_low_priority_elastic_job_before_preempting_it() -
     newcomer = job("new", 4, submit=10)
     decisions = ElasticTiresiasPolicy().decide(snapshot([4, 4], [low_priority, newcomer]), 100)
     assert sizes(decisions) == {"low": 4, "new": 4}
-    check_decisions(snapshot([4, 4], [low_priority, newcomer]), decisions)
+    check_actions(snapshot([4, 4], [low_priority, newcomer]), decisions)
 
 
 def test_e_tiresias_gives_spare_gpus_to_the_largest_speedup_gain() -> None:
@@ -96,7 +97,7 @@ def test_backfill_shrinks_elastic_extras_ahead_of_preemption() -> None:
     regular = job("reg", 4, submit=5)
     decisions = ElasticBackfillPolicy().decide(snapshot([4, 4], [elastic, regular]), 10)
     assert sizes(decisions) == {"el": 4, "reg": 4}
-    check_decisions(snapshot([4, 4], [elastic, regular]), decisions)
+    check_actions(snapshot([4, 4], [elastic, regular]), decisions)
 
 
 def test_backfill_never_touches_a_pinned_job() -> None:
@@ -127,8 +128,10 @@ def _sharing_case(keep: float) -> tuple[list[str], list[str | None]]:
     results = []
     for policy in (SjfSharingPolicy(best_benefit=True), SjfSharingPolicy(best_benefit=False)):
         decisions = policy.decide(snap, 10)
-        check_decisions(snap, decisions)
-        results.append(decisions[0].share_with if decisions else None)
+        check_actions(snap, decisions)
+        shares = [action.host for action in decisions if isinstance(action, Share)]
+        assert len(shares) == len(decisions), "a guest that waits on a full cluster can only share"
+        results.append(shares[0] if shares else None)
     return [p.name for p in (SjfSharingPolicy(True), SjfSharingPolicy(False))], results
 
 

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_amoeba.policy import PolicyError, Snapshot, check_decisions, make_policy
+from slurm_amoeba.policy import PolicyError, Snapshot, check_actions, make_policy
+from slurm_amoeba.policy.amoebad import AdmissionLayer, AmoebadPolicy, ElasticLayer, LasOrderLayer, WholeNodeLayer
 from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy, SlurmPartition
 
-from .helpers import job, sizes, snapshot
+from .helpers import job, sized, sizes, snapshot
 from .strategies import snapshots
 
 # One node of 4 GPUs; R holds 2 of them until t=1000 (its time limit); the top job P needs all 4.
@@ -110,7 +111,7 @@ def test_a_higher_tier_job_preempts_and_waits_out_the_grace_time() -> None:
     cluster = snapshot([4], [low, high])
     decisions = SlurmBaselinePolicy(partitions=_TIERS).decide(cluster, now=60.0)
     assert sizes(decisions) == {"low": 0}  # told to leave; the high job starts once the grace time is over
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
 
 
 def test_without_grace_time_the_preemptor_starts_in_the_same_round() -> None:
@@ -120,7 +121,7 @@ def test_without_grace_time_the_preemptor_starts_in_the_same_round() -> None:
     cluster = snapshot([4], [low, high])
     decisions = SlurmBaselinePolicy(partitions=tiers).decide(cluster, now=60.0)
     assert sizes(decisions) == {"low": 0, "high": 4}
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
 
 
 def test_jobs_of_a_partition_without_preemption_are_never_preempted() -> None:
@@ -139,20 +140,20 @@ def test_preemption_takes_only_as_many_victims_as_needed() -> None:
     assert sizes(decisions) == {"v1": 0}  # the youngest victim is enough with the free GPU
 
 
-def test_grow_elastic_starts_elastic_jobs_at_their_minimum_and_grows_them_into_idle_gpus() -> None:
+def test_amoebad_starts_elastic_jobs_at_their_minimum_and_grows_them_into_idle_gpus() -> None:
     elastic = job("e", 2, low=1, high=4, submit=0.0, time_limit=1000.0)
-    decisions = SlurmBaselinePolicy(grow_elastic=True).decide(snapshot([4], [elastic]), now=0.0)
+    decisions = AmoebadPolicy().decide(snapshot([4], [elastic]), now=0.0)
     assert sizes(decisions) == {"e": 4}
 
 
-def test_grow_elastic_gives_extras_back_for_a_job_slurm_starts() -> None:
+def test_amoebad_gives_extras_back_for_a_job_slurm_starts() -> None:
     # e asked for 2 and holds 4: two loans, which Slurm may take for the rigid job.
     elastic = job("e", 2, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
     rigid = job("r", 2, submit=10.0, time_limit=100.0)
     cluster = snapshot([4], [elastic, rigid])
-    decisions = SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)
+    decisions = AmoebadPolicy().decide(cluster, now=20.0)
     assert sizes(decisions) == {"e": 2, "r": 2}
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
     # Slurm alone would make the rigid job wait for the elastic job's end.
     assert SlurmBaselinePolicy().decide(cluster, now=20.0) == []
 
@@ -162,12 +163,12 @@ def test_slurm_takes_only_the_loans_above_an_elastic_jobs_request() -> None:
     elastic = job("e", 4, low=1, high=4, placement={"n0": 4}, time_limit=10_000.0)
     rigid = job("r", 2, submit=10.0, time_limit=100.0)
     cluster = snapshot([4], [elastic, rigid])
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    admit = AmoebadPolicy(admission=AdmissionLayer())
     assert admit.decide(cluster, now=20.0) == []
     # The rule before (and the plain daemon's): Slurm took them and left e at half its request.
-    loose = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, slurm_takes_loans_only=False)
+    loose = AmoebadPolicy(admission=AdmissionLayer(slurm_takes_loans_only=False))
     assert sizes(loose.decide(cluster, now=20.0)) == {"e": 2, "r": 2}
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=20.0)) == {"e": 2, "r": 2}
+    assert sizes(AmoebadPolicy().decide(cluster, now=20.0)) == {"e": 2, "r": 2}
     # The daemon's own admission at request may still take them (an elastic job admitted at its request).
     arrival = job("p", 2, low=1, high=4, submit=10.0, time_limit=100.0)
     assert sizes(admit.decide(snapshot([4], [elastic, arrival]), now=20.0)) == {"e": 2, "p": 2}
@@ -193,59 +194,62 @@ def test_with_elastic_backfill_and_partitions_no_invariant_breaks(
     snapshot: Snapshot, now: float, easy: bool, admit: bool
 ) -> None:
     tiers = (SlurmPartition("", 2), SlurmPartition("low", 1, "requeue", 30.0))
+    admission = AdmissionLayer() if admit else None
     for grow in (False, True):
-        policy = SlurmBaselinePolicy(
-            grow_elastic=grow, partitions=tiers, bf_reservations=int(easy), admit_at_request=admit
+        policy = (
+            AmoebadPolicy(partitions=tiers, bf_reservations=int(easy), admission=admission)
+            if grow
+            else SlurmBaselinePolicy(partitions=tiers, bf_reservations=int(easy))
         )
-        decisions = policy.decide(snapshot, now)
-        check_decisions(snapshot, decisions)
+        decisions = sized(policy.decide(snapshot, now))
+        check_actions(snapshot, decisions)
         jobs = {job.job_id: job for job in snapshot.jobs}
         for decision in decisions:
             if decision.workers and jobs[decision.job_id].workers and not grow:
                 raise AssertionError(f"Slurm alone resized {decision.job_id}")
 
 
-def test_grow_elastic_gives_idle_gpus_to_the_least_attained_service_first() -> None:
+def test_amoebad_gives_idle_gpus_to_the_least_attained_service_first() -> None:
     linear = {size: float(size) for size in range(1, 9)}
     old = job("old", 2, low=2, high=4, placement={"n1": 2}, throughput=linear, attained_service=50_000.0)
     young = job("young", 2, low=2, high=4, placement={"n0": 2}, throughput=linear, attained_service=600.0, submit=9.0)
     cluster = snapshot([4, 2], [old, young])
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"young": 4}
+    assert sizes(AmoebadPolicy().decide(cluster, now=10.0)) == {"young": 4}
     # By speedup gain the two tie and the first listed grows.
-    by_gain = SlurmBaselinePolicy(grow_elastic=True, grow_by_service=False, compact_growth=False)
+    by_gain = AmoebadPolicy(elastic=ElasticLayer(grow_by_service=False, compact_growth=False))
     assert sizes(by_gain.decide(cluster, now=10.0)) == {"old": 4}
 
 
-def test_las_queue_tests_pending_jobs_by_attained_service_then_submit_time() -> None:
+def test_the_las_order_layer_tests_pending_jobs_by_attained_service_then_submit_time() -> None:
     demoted = job("demoted", 4, submit=0.0, attained_service=10_000.0, time_limit=600.0)
     fresh = job("fresh", 4, submit=5.0, time_limit=600.0)
     cluster = snapshot([4], [demoted, fresh])
     assert sizes(SlurmBaselinePolicy().decide(cluster, now=10.0)) == {"demoted": 4}
-    assert sizes(SlurmBaselinePolicy(las_queue_s=3600.0).decide(cluster, now=10.0)) == {"fresh": 4}
+    assert sizes(AmoebadPolicy(las_order=LasOrderLayer((3600.0,))).decide(cluster, now=10.0)) == {"fresh": 4}
 
 
-def test_admit_at_request_holds_an_elastic_job_without_a_reservation_until_its_size_is_available() -> None:
+def test_the_admission_layer_holds_an_elastic_job_without_a_reservation_until_its_size_is_available() -> None:
     lender = job("e", 2, low=1, high=4, placement={"n0": 3}, time_limit=10_000.0)
     elastic = job("p", 4, low=2, high=4, submit=5.0, time_limit=1000.0)
     rigid = job("q", 1, submit=6.0, time_limit=100_000.0)
     cluster = snapshot([4], [lender, elastic, rigid])
     # The plain daemon: Slurm starts p at its minimum and q beside it, out of the free GPU and e's two extras.
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"e": 1, "p": 2, "q": 1}
+    assert sizes(AmoebadPolicy().decide(cluster, now=10.0)) == {"e": 1, "p": 2, "q": 1}
     # Held until 4 GPUs are free or lent: p holds no reservation, so q starts in the free GPU and e keeps its extras.
-    held = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
+    held = AmoebadPolicy(admission=AdmissionLayer()).decide(cluster, now=10.0)
     assert sizes(held) == {"q": 1}
-    check_decisions(cluster, held)
+    check_actions(cluster, held)
 
 
-def test_admit_at_request_starts_at_the_requested_size_out_of_other_jobs_extras() -> None:
+def test_the_admission_layer_starts_at_the_requested_size_out_of_other_jobs_extras() -> None:
     linear = {size: float(size) for size in range(1, 5)}
     lender = job("e", 2, low=1, high=4, placement={"n0": 4}, throughput=linear, time_limit=10_000.0)
     elastic = job("p", 2, low=1, high=4, submit=5.0, throughput=linear, time_limit=1000.0)
     cluster = snapshot([4], [lender, elastic])
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)) == {"e": 3, "p": 1}
-    decisions = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)
+    assert sizes(AmoebadPolicy().decide(cluster, now=10.0)) == {"e": 3, "p": 1}
+    decisions = AmoebadPolicy(admission=AdmissionLayer()).decide(cluster, now=10.0)
     assert sizes(decisions) == {"e": 2, "p": 2}
-    check_decisions(cluster, decisions)
+    check_actions(cluster, decisions)
 
 
 def test_extras_above_the_request_go_back_before_those_below_it() -> None:
@@ -254,7 +258,7 @@ def test_extras_above_the_request_go_back_before_those_below_it() -> None:
     below = job("below", 4, low=2, high=4, placement={"n1": 3}, throughput=linear, attained_service=1.0)
     rigid = job("r", 1, submit=5.0, time_limit=100.0)
     cluster = snapshot([3, 3], [above, below, rigid])
-    decisions = SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)
+    decisions = AmoebadPolicy().decide(cluster, now=10.0)
     assert sizes(decisions) == {"above": 2, "r": 1}
 
 
@@ -262,10 +266,12 @@ def test_compact_starts_take_extras_back_where_the_started_job_fits_on_one_node(
     spread = job("e", 2, low=2, high=8, placement={"n0": 3, "n1": 3}, time_limit=10_000.0)
     rigid = job("r", 4, submit=5.0, time_limit=100.0)
     cluster = snapshot([4, 4], [spread, rigid])
-    decisions = {d.job_id: d for d in SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0)}
+    decisions = {d.job_id: d for d in sized(AmoebadPolicy().decide(cluster, now=10.0))}
     assert len(decisions["r"].placement) == 1 and decisions["e"].workers == 3
-    check_decisions(cluster, list(decisions.values()))
-    loose = {d.job_id: d for d in SlurmBaselinePolicy(grow_elastic=True, compact_starts=False).decide(cluster, 10.0)}
+    check_actions(cluster, list(decisions.values()))
+    loose = {
+        d.job_id: d for d in sized(AmoebadPolicy(elastic=ElasticLayer(compact_starts=False)).decide(cluster, 10.0))
+    }
     assert len(loose["r"].placement) == 2
 
 
@@ -275,11 +281,11 @@ def test_compact_growth_does_not_spread_a_job_over_more_nodes_than_its_size_need
     other = job("x", 2, placement={"n0": 2}, time_limit=10_000.0)
     filler = job("y", 2, placement={"n1": 2}, time_limit=10_000.0)
     cluster = snapshot([4, 4], [grower, other, filler])
-    assert SlurmBaselinePolicy(grow_elastic=True).decide(cluster, now=10.0) == []
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True, compact_growth=False).decide(cluster, now=10.0)) == {"j": 4}
+    assert AmoebadPolicy().decide(cluster, now=10.0) == []
+    assert sizes(AmoebadPolicy(elastic=ElasticLayer(compact_growth=False)).decide(cluster, now=10.0)) == {"j": 4}
     # Room on its own node: it grows there only.
     roomy = snapshot([5, 4], [grower, other, filler])
-    (decision,) = SlurmBaselinePolicy(grow_elastic=True).decide(roomy, now=10.0)
+    (decision,) = sized(AmoebadPolicy().decide(roomy, now=10.0))
     assert (decision.workers, decision.placement) == (3, {"n0": 3})
 
 
@@ -292,11 +298,9 @@ def test_restore_requests_regrows_a_job_behind_its_request_before_younger_jobs_g
     young = dataclasses.replace(young, executed_time=600.0)
     cluster = snapshot([4, 4], [old, young])
     # By least attained service alone the young job takes every idle GPU, far above its request.
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True, restore_requests=False).decide(cluster, now=10.0)) == {
-        "young": 6
-    }
+    assert sizes(AmoebadPolicy(elastic=ElasticLayer(restore_requests=False)).decide(cluster, now=10.0)) == {"young": 6}
     # Restored first: old back to its request on its own node, young grows into what is left.
-    restore = SlurmBaselinePolicy(grow_elastic=True, restore_requests=True)
+    restore = AmoebadPolicy(elastic=ElasticLayer(restore_requests=True))
     assert sizes(restore.decide(cluster, now=10.0)) == {"old": 4, "young": 4}
 
 
@@ -309,7 +313,7 @@ def test_a_job_ahead_of_its_request_gives_back_before_one_behind_it() -> None:
     late, early = (dataclasses.replace(one, executed_time=3600.0, time_limit=100_000.0) for one in (late, early))
     arrival = job("p", 2, low=1, high=4, submit=5.0, time_limit=100.0)
     # Without compact starts (node choice first), the give-back order alone decides.
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, compact_starts=False)
+    admit = AmoebadPolicy(elastic=ElasticLayer(compact_starts=False), admission=AdmissionLayer())
     decisions = admit.decide(snapshot([4, 4], [early, late, arrival]), now=10.0)
     assert sizes(decisions) == {"late": 2, "p": 2}
     even = dataclasses.replace(late, attained_service=4 * 3600.0)
@@ -322,11 +326,11 @@ def test_protect_requests_keeps_a_job_that_cannot_grow_at_its_request_for_an_adm
     flat = dataclasses.replace(flat, attained_service=4 * 3600.0, executed_time=3600.0, time_limit=100_000.0)
     arrival = job("p", 2, low=1, high=4, submit=5.0, time_limit=1000.0)
     cluster = snapshot([4], [flat, arrival])
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True).decide(cluster, now=10.0)) == {
+    assert sizes(AmoebadPolicy(admission=AdmissionLayer()).decide(cluster, now=10.0)) == {
         "flat": 2,
         "p": 2,
     }
-    protect = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, protect_requests=True)
+    protect = AmoebadPolicy(admission=AdmissionLayer(protect_requests=True))
     assert protect.decide(cluster, now=10.0) == []
     # A job that scales past its request may still lend below it.
     linear = dataclasses.replace(flat, throughput={size: float(size) for size in range(1, 9)})
@@ -336,9 +340,9 @@ def test_protect_requests_keeps_a_job_that_cannot_grow_at_its_request_for_an_adm
 def test_submit_at_request_starts_elastic_jobs_at_their_request_and_lends_only_above_it() -> None:
     linear = {size: float(size) for size in range(1, 9)}
     pending = job("p", 4, low=2, high=8, submit=0.0, throughput=linear, time_limit=1000.0)
-    submit = SlurmBaselinePolicy(grow_elastic=True, submit_at_request=True)
+    submit = AmoebadPolicy(elastic=ElasticLayer(submitted_at="request"))
     # 3 GPUs free: the plain daemon starts p at its minimum and grows it; submitted at its request it waits.
-    assert sizes(SlurmBaselinePolicy(grow_elastic=True).decide(snapshot([3], [pending]), now=10.0)) == {"p": 3}
+    assert sizes(AmoebadPolicy().decide(snapshot([3], [pending]), now=10.0)) == {"p": 3}
     assert submit.decide(snapshot([3], [pending]), now=10.0) == []
     # Running at 6 of its requested 4: a rigid job may take the 2 loans, never the workers up to the request.
     running = job("e", 4, low=2, high=8, placement={"n0": 6}, throughput=linear, time_limit=10_000.0)
@@ -348,23 +352,23 @@ def test_submit_at_request_starts_elastic_jobs_at_their_request_and_lends_only_a
     assert submit.decide(snapshot([6], [running, large]), now=10.0) == []
 
 
-def test_whole_node_starts_move_an_elastic_jobs_workers_so_a_rigid_job_starts_on_one_node() -> None:
+def test_the_whole_node_layer_moves_an_elastic_jobs_workers_so_a_rigid_job_starts_on_one_node() -> None:
     linear = {size: float(size) for size in range(1, 5)}
     # Two nodes of 4 GPUs, 2 free on each: e runs at its request of 3 (2 on n0, 1 on n1), x holds 1 GPU of n1.
     elastic = job("e", 3, low=1, high=4, placement={"n0": 2, "n1": 1}, throughput=linear, time_limit=10_000.0)
     other = job("x", 1, placement={"n1": 1}, time_limit=10_000.0)
     rigid = job("r", 4, submit=5.0, time_limit=100.0)
     cluster = snapshot([4, 4], [elastic, other, rigid])
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=False)
+    admit = AmoebadPolicy(admission=AdmissionLayer())
     # Slurm may not take e below its request: without the rule r starts spread over both nodes (2 + 2).
-    assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
-    assert SlurmBaselinePolicy().whole_node_starts is False, "off by default, as the live daemon's"
-    # With whole_node_starts e keeps its size and moves its 2 workers off n0, where r starts whole.
-    whole = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=True)
-    decisions = {d.job_id: d for d in whole.decide(cluster, now=10.0)}
+    assert len({d.job_id: d for d in sized(admit.decide(cluster, now=10.0))}["r"].placement) == 2
+    assert AmoebadPolicy().whole_node is None, "off by default, as the live daemon's"
+    # With the whole-node layer e keeps its size and moves its 2 workers off n0, where r starts whole.
+    whole = AmoebadPolicy(admission=AdmissionLayer(), whole_node=WholeNodeLayer())
+    decisions = {d.job_id: d for d in sized(whole.decide(cluster, now=10.0))}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (3, {"n1": 3})
-    check_decisions(cluster, list(decisions.values()))
+    check_actions(cluster, list(decisions.values()))
     # A job larger than a node is spread as before (x gone: 5 GPUs free, 2 on n0 and 3 on n1).
     large = snapshot([4, 4], [elastic, job("r", 5, submit=5.0, time_limit=100.0)])
     spread = admit.decide(large, now=10.0)
@@ -382,15 +386,19 @@ def test_compact_admissions_start_an_elastic_job_smaller_on_one_node_instead_of_
             job("p", 4, low=2, high=8, submit=5.0, throughput=linear, time_limit=1000.0),
         ],
     )
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
-    (spread,) = admit.decide(cluster, now=10.0)
+    admit = AmoebadPolicy(admission=AdmissionLayer())
+    (spread,) = sized(admit.decide(cluster, now=10.0))
     assert (spread.workers, len(spread.placement)) == (4, 2)
-    (compact,) = dataclasses.replace(admit, compact_admissions=True).decide(cluster, now=10.0)
+    (compact,) = sized(
+        dataclasses.replace(admit, admission=AdmissionLayer(compact_admissions=True)).decide(cluster, now=10.0)
+    )
     assert (compact.workers, dict(compact.placement)) == (3, {"n0": 3})
     # No node with room for its minimum (one GPU free on each of four nodes): spread at its request, as before.
     held = [job(f"x{i}", 3, placement={f"n{i}": 3}, time_limit=10_000.0) for i in range(4)]
     tight = snapshot([4, 4, 4, 4], [*held, cluster.jobs[2]])
-    assert dataclasses.replace(admit, compact_admissions=True).decide(tight, now=10.0) == admit.decide(tight, 10.0)
+    assert dataclasses.replace(admit, admission=AdmissionLayer(compact_admissions=True)).decide(
+        tight, now=10.0
+    ) == admit.decide(tight, 10.0)
     assert sizes(admit.decide(tight, now=10.0)) == {"p": 4}
 
 
@@ -401,16 +409,16 @@ def test_whole_node_moves_minimum_moves_an_elastic_job_at_its_minimum_so_a_rigid
     cluster = snapshot(
         [4, 4], [elastic, job("x", 2, placement={"n1": 2}, time_limit=10_000.0), job("r", 4, submit=5.0)]
     )
-    # Without the rule whole_node_starts moves only workers above a job's minimum: none here, so r is spread 2 + 2.
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, whole_node_starts=True)
-    assert admit.whole_node_moves_minimum is False, "a what-if: the live daemon moves only satellites"
-    assert len({d.job_id: d for d in admit.decide(cluster, now=10.0)}["r"].placement) == 2
+    # Without the rule the whole-node layer moves only workers above a job's minimum: none here, so r is spread 2 + 2.
+    admit = AmoebadPolicy(admission=AdmissionLayer(), whole_node=WholeNodeLayer())
+    assert admit.whole_node is not None and not admit.whole_node.moves_minimum, "a what-if: live, satellites move"
+    assert len({d.job_id: d for d in sized(admit.decide(cluster, now=10.0))}["r"].placement) == 2
     # With the rule e moves whole to n1 (same size, one move) and r gets n0.
-    moves = dataclasses.replace(admit, whole_node_moves_minimum=True)
-    decisions = {d.job_id: d for d in moves.decide(cluster, now=10.0)}
+    moves = dataclasses.replace(admit, whole_node=WholeNodeLayer(moves_minimum=True))
+    decisions = {d.job_id: d for d in sized(moves.decide(cluster, now=10.0))}
     assert decisions["r"].placement == {"n0": 4}
     assert (decisions["e"].workers, dict(decisions["e"].placement)) == (2, {"n1": 2})
-    check_decisions(cluster, list(decisions.values()))
+    check_actions(cluster, list(decisions.values()))
     # A rigid job is never moved: with x on n0 instead of e, r is spread as before.
     rigid_only = snapshot([4, 4], [job("y", 2, placement={"n0": 2}), job("x", 2, placement={"n1": 2}), job("r", 4)])
     assert moves.decide(rigid_only, now=10.0) == admit.decide(rigid_only, now=10.0)
@@ -421,14 +429,14 @@ def test_spare_longer_jobs_starts_a_shorter_arrival_smaller_instead_of_taking_a_
     flat = job("flat", 4, low=2, high=8, placement={"n0": 4}, throughput={2: 2.0, 3: 3.0, 4: 4.0, 5: 4.0, 6: 4.0})
     flat = dataclasses.replace(flat, attained_service=4 * 3600.0, executed_time=3600.0, time_limit=100_000.0)
     arrival = job("p", 4, low=2, high=8, submit=5.0, time_limit=1000.0)
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True, spare_tail_factor=0.0)
-    spare = dataclasses.replace(admit, spare_longer_jobs=True)
+    admit = AmoebadPolicy(admission=AdmissionLayer(spare_tail_factor=0.0))
+    spare = dataclasses.replace(admit, admission=AdmissionLayer(spare_tail_factor=0.0, spare_longer_jobs=True))
     cluster = snapshot([6], [flat, arrival])
     # Without the rule p starts at its request and flat goes down to 2; with it p starts at 2 beside flat.
     assert sizes(admit.decide(cluster, now=10.0)) == {"flat": 2, "p": 4}
     decisions = spare.decide(cluster, now=10.0)
     assert sizes(decisions) == {"p": 2}
-    check_decisions(cluster, list(decisions))
+    check_actions(cluster, list(decisions))
     # An arrival with more time than flat has left is admitted as without the rule.
     long = dataclasses.replace(arrival, time_limit=200_000.0)
     assert spare.decide(snapshot([6], [flat, long]), now=10.0) == admit.decide(snapshot([6], [flat, long]), 10.0)
@@ -445,15 +453,15 @@ def test_spare_tail_factor_starts_a_short_arrival_smaller_instead_of_taking_a_lo
     short = job("short", 4, low=2, high=8, placement={"n0": 4}, throughput=linear, time_limit=2_000.0)
     arrival = job("p", 4, low=2, high=8, submit=5.0, throughput=linear, time_limit=1_000.0)
     cluster = snapshot([8], [long, short, arrival])
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
-    assert admit.spare_tail_factor == 0.0, "a what-if of the simulator: off by default, not built live"
+    admit = AmoebadPolicy(admission=AdmissionLayer())
+    assert admit.admission is not None and admit.admission.spare_tail_factor == 0.0, "a what-if: off, not live"
     # Without the rule p starts at its request and takes 2 workers from each.
     assert sizes(admit.decide(cluster, now=10.0)) == {"long": 2, "short": 2, "p": 4}
     # With it at 5, long (more than 5 x 1,000 s left) keeps its request; p starts at 2, from short alone.
-    tail = dataclasses.replace(admit, spare_tail_factor=5.0)
+    tail = dataclasses.replace(admit, admission=AdmissionLayer(spare_tail_factor=5.0))
     decisions = tail.decide(cluster, now=10.0)
     assert sizes(decisions) == {"short": 2, "p": 2}
-    check_decisions(cluster, list(decisions))
+    check_actions(cluster, list(decisions))
     # With a queue behind p above spare_tail_queue_share of the cluster (3 of 8 GPUs > 0.25), as without the rule.
     queued = snapshot([8], [long, short, arrival, job("q", 3, submit=6.0, time_limit=1_000.0)])
     assert sizes(tail.decide(queued, now=10.0)) == sizes(admit.decide(queued, now=10.0))
@@ -466,11 +474,11 @@ def test_spare_tail_factor_starts_a_short_arrival_smaller_instead_of_taking_a_lo
 def test_max_hold_s_releases_a_held_elastic_job_to_start_at_its_minimum_as_the_live_daemon_does() -> None:
     # 4 GPUs, a rigid job holds 2 until its limit; p (range 2..4) asks for 4, submitted at 0.
     cluster = snapshot([4], [job("r", 2, placement={"n0": 2}, time_limit=10_000.0), job("p", 4, low=2, high=4)])
-    admit = SlurmBaselinePolicy(grow_elastic=True, admit_at_request=True)
+    admit = AmoebadPolicy(admission=AdmissionLayer())
     # Without the bound p is held (its request is not free) at any age.
     assert admit.decide(cluster, now=7200.0) == []
     # With it, p held for an hour or more starts at its minimum as Slurm would; younger, it is still held.
-    bound = dataclasses.replace(admit, max_hold_s=3600.0)
+    bound = dataclasses.replace(admit, admission=AdmissionLayer(max_hold_s=3600.0))
     assert sizes(bound.decide(cluster, now=7200.0)) == {"p": 2}
     assert bound.decide(cluster, now=1800.0) == []
-    check_decisions(cluster, list(bound.decide(cluster, now=7200.0)))
+    check_actions(cluster, list(bound.decide(cluster, now=7200.0)))

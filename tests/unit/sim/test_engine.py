@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.policy import Decision, PolicyError, Snapshot, make_policy
+from slurm_amoeba.policy import Action, PolicyError, Resize, Share, Snapshot, Start, make_policy
 from slurm_amoeba.sim.application import load_applications
 from slurm_amoeba.sim.data import SimError
 from slurm_amoeba.sim.engine import SimConfig, Simulator, trace_models
@@ -50,7 +50,7 @@ def test_with_a_start_grow_lag_a_job_started_above_its_minimum_trains_at_its_min
     records = {}
     for lag in (None, 50.0, 10.0):
         config = SimConfig(nodes=1, restart_cost=30.0, start_grow_lag=lag)
-        policy = make_policy("slurm", grow_elastic=True)
+        policy = make_policy("amoebad")
         (records[lag],) = Simulator([job], policy, config, trace_models({}, 4)).run().jobs
     start = records[None].first_start
     assert start is not None and records[50.0].first_start == records[10.0].first_start == start
@@ -106,12 +106,11 @@ class _Greedy:
 
     name = "greedy"
     decides_on_events_only = False
+    emits: frozenset[type[Action]] = frozenset({Start})
 
-    def decide(self, snapshot: Snapshot, now: float) -> list[Decision]:
+    def decide(self, snapshot: Snapshot, now: float) -> list[Action]:
         node = snapshot.nodes[0].name
-        return [
-            Decision(job.job_id, job.requested_workers, {node: job.requested_workers}) for job in snapshot.pending()
-        ]
+        return [Start(job.job_id, job.requested_workers, {node: job.requested_workers}) for job in snapshot.pending()]
 
 
 def test_a_policy_that_over_commits_stops_the_run_with_the_invariant() -> None:
@@ -143,8 +142,9 @@ class _Idle:
 
     name = "idle"
     decides_on_events_only = False
+    emits: frozenset[type[Action]] = frozenset()
 
-    def decide(self, snapshot: Snapshot, now: float) -> list[Decision]:
+    def decide(self, snapshot: Snapshot, now: float) -> list[Action]:
         return []
 
 
@@ -159,20 +159,21 @@ class _Script:
 
     name = "script"
     decides_on_events_only = False
+    emits: frozenset[type[Action]] = frozenset({Start, Resize, Share})
 
-    def __init__(self, plan: dict[float, list[Decision]]) -> None:
+    def __init__(self, plan: dict[float, list[Action]]) -> None:
         self.plan = plan
 
-    def decide(self, snapshot: Snapshot, now: float) -> list[Decision]:
+    def decide(self, snapshot: Snapshot, now: float) -> list[Action]:
         return self.plan.get(now, [])
 
 
 def test_a_host_that_grows_keeps_its_guest_and_the_gpus_add_up() -> None:
     jobs = [JobSpec("h", 0, 2, duration=1000, min_workers=2, max_workers=4), JobSpec("g", 0, 2, duration=1000)]
-    plan = {
-        0.0: [Decision("h", 2, {"node000": 2})],
-        60.0: [Decision("g", 2, {"node000": 2}, share_with="h")],
-        120.0: [Decision("h", 4, {"node000": 4})],
+    plan: dict[float, list[Action]] = {
+        0.0: [Start("h", 2, {"node000": 2})],
+        60.0: [Share("g", "h", 2, {"node000": 2})],
+        120.0: [Resize("h", 4, {"node000": 4})],
     }
     sim = Simulator(jobs, _Script(plan), SimConfig(nodes=1, horizon=200), trace_models({}, 4))
     result = sim.run()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from slurm_amoeba.policy import Decision, Policy, Snapshot, make_policy
+from slurm_amoeba.policy import Action, Policy, Snapshot, make_policy
 from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.engine import SimConfig, Simulator, estimated_time_limit, trace_models
 from slurm_amoeba.sim.workload import JobSpec
@@ -34,7 +34,11 @@ class Opaque:
     def decides_on_events_only(self) -> bool:
         return self.inner.decides_on_events_only
 
-    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Decision]:
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        return self.inner.emits
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         return self.inner.decide(snapshot, now)
 
 
@@ -82,7 +86,7 @@ def test_an_elastic_jobs_estimated_limit_covers_a_run_at_its_minimum() -> None:
     rigid = JobSpec("r", 0, 4, duration=1000.0)
     elastic = JobSpec("e", 0, 4, duration=1000.0, min_workers=2, max_workers=8)
     config = SimConfig(nodes=2, gpus_per_node=4, restart_cost=0.0)
-    sim = Simulator([rigid, elastic], make_policy("slurm", grow_elastic=True), config, trace_models({}, 4))
+    sim = Simulator([rigid, elastic], make_policy("amoebad"), config, trace_models({}, 4))
     limits = {name: job.time_limit for name, job in sim._jobs.items()}  # what every snapshot of the job carries
     assert limits["r"] == estimated_time_limit(1000.0, 2.0)
     assert limits["e"] == estimated_time_limit(2000.0, 2.0)  # linear scaling: twice as long at half size

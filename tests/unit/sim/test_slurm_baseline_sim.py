@@ -14,8 +14,10 @@ from slurm_amoeba.sim.metrics import JobRecord
 from slurm_amoeba.sim.workload import JobSpec
 
 
-def _records(jobs: Sequence[JobSpec], config: SimConfig, **knobs: object) -> dict[str, JobRecord]:
-    result = Simulator(jobs, make_policy("slurm", **knobs), config, trace_models({}, config.gpus_per_node)).run()
+def _records(
+    jobs: Sequence[JobSpec], config: SimConfig, policy: str = "slurm", **knobs: object
+) -> dict[str, JobRecord]:
+    result = Simulator(jobs, make_policy(policy, **knobs), config, trace_models({}, config.gpus_per_node)).run()
     return {record.name: record for record in result.jobs}
 
 
@@ -91,9 +93,8 @@ def test_a_job_shrunk_below_its_request_for_an_admission_gets_it_back_before_a_y
         # Admitted at its request out of L's workers below L's request (the cluster is full).
         JobSpec("S", 5000, 2, duration=1200, min_workers=1, max_workers=2, time_limit=3000),
     ]
-    knobs = {"grow_elastic": True, "admit_at_request": True}
-    restored = _records(jobs, config, **knobs, restore_requests=True)
-    left = _records(jobs, config, **knobs)
+    restored = _records(jobs, config, "amoebad", admission=True, **{"elastic.restore_requests": True})
+    left = _records(jobs, config, "amoebad", admission=True)
     assert restored["S"].first_start == left["S"].first_start == 5040.0
     # When S ends, Y has the least attained service and would take the 2 GPUs; L gets them back first instead.
     assert restored["L"].completion is not None and left["L"].completion is not None

@@ -4,7 +4,7 @@ section's cells (the pooled p99) read right."""
 from __future__ import annotations
 
 from benchmarks.sim_study import _versus, decision_times, pooled_p99, synthetic_snapshot
-from slurm_amoeba.policy import check_decisions, make_policy, policy_names
+from slurm_amoeba.policy import check_actions, make_policy, policy_names
 from slurm_amoeba.sim.metrics import percentile
 from slurm_amoeba.sim.runner import RunOutcome
 
@@ -15,7 +15,7 @@ def test_synthetic_snapshots_are_reproducible_and_every_policy_keeps_the_invaria
     held = sum(job.gpus for job in snapshot.running())
     assert held == snapshot.total_gpus - snapshot.free_gpus
     for name in policy_names():
-        check_decisions(snapshot, make_policy(name).decide(snapshot, 1e5))
+        check_actions(snapshot, make_policy(name).decide(snapshot, 1e5))
 
 
 def test_decision_times_cover_every_policy() -> None:

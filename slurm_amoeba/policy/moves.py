@@ -1,20 +1,25 @@
-"""Whole-node starts, live: satellites move off a node so that a pending job starts whole on it (the simulator's
-``whole_node_starts``, :mod:`slurm_amoeba.policy.elastic_room`).
+"""Whole-node moves: a layer composed around a policy that moves satellites off a node so that a pending job starts
+whole on it (DESIGN.md, control flow; the simulator's ``whole_node_starts`` is the same idea inside
+:mod:`slurm_amoeba.policy.elastic_room`).
 
 A job that fits on one node (``--gres=gpu:N``: Slurm places it on one node) may find no node with N free GPUs while
 satellites hold the rest of one. Slurm then starts it by preempting those satellites (a job that ignores the
 SIGTERM keeps its GPUs until the elastic partition's GraceTime; an agent's satellite leaves within seconds), and
-the elastic job loses their workers until the daemon grows it again. With ``whole_node_starts`` (off by default:
-measured, no gain over that on the test cluster, docs/admin.md section 8d), :func:`whole_node_moves` picks, each
-round, the node where the fewest satellite GPUs must go and whose satellites' workers fit in free GPUs on other
-nodes; the daemon orders each of those jobs a move (``vacate``: its satellites on the node leave at a step
-boundary, and the job grows the same workers back in satellites that exclude the node,
-:mod:`slurm_amoeba.agent.plan`). The elastic jobs keep their target; the pending job starts when Slurm sees the
-node free.
+the elastic job loses their workers until it grows again. With amoebad's ``whole_node_starts`` (off by default:
+measured, no gain over that on the test cluster, docs/admin.md section 8d) the round adds to the policy's answer
+:func:`whole_node_moves`: the node where the fewest satellite GPUs
+must go and whose satellites' workers fit in free GPUs on other nodes, and one
+:class:`~slurm_amoeba.policy.actions.Move` per job whose satellites leave it (``JobInfo.lent``: node -> its workers
+in satellites of one node; the job keeps its target and grows the same workers back in satellites that exclude the
+node, :mod:`slurm_amoeba.agent.plan`). The pending job starts when Slurm sees the node free.
 
 What it does not do: move for a job while the free GPUs of the whole cluster are fewer than it needs (the policy
-gives elastic extras back for it then, and Slurm preempts), move a job the policy resizes this round, or split a
-satellite (Slurm frees a satellite's GPUs only when all of it ends).
+gives elastic extras back for it then, and Slurm preempts), move a job the inner policy acts on this round, or split
+a satellite (Slurm frees a satellite's GPUs only when all of it ends).
+
+:class:`WholeNodeMoves` is the layer: the inner policy's actions, then the moves for jobs it does not act on. It
+keeps no state: the jobs a move was ordered of or for lately (their node is being vacated; the daemon's ledger keeps
+them for ``resize_timeout_s``) are its input, a collection the caller owns and passes in.
 """
 
 from __future__ import annotations
@@ -23,58 +28,66 @@ import dataclasses
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from slurm_amoeba.daemon.observer import ClusterView, satellite_parent
-from slurm_amoeba.policy import JobInfo, Snapshot
+from slurm_amoeba.policy.actions import Action, Move
 from slurm_amoeba.policy.common import base_size, priority_key
-from slurm_amoeba.slurm import JobState
+from slurm_amoeba.policy.types import JobInfo, Policy, Snapshot
 
 #: The most of one node's satellite owners tried together when choosing which jobs move (subsets of these).
 MAX_OWNERS = 8
 
 
+def move_reason(workers: int, node: str, for_job: str) -> str:
+    """The sentence a move carries to the job's agent."""
+    return f"amoebad: moves {workers} worker(s) off {node} so that job {for_job} starts on one node"
+
+
 @dataclasses.dataclass(frozen=True)
-class Move:
-    """One elastic job's satellites on ``node`` move elsewhere, for ``for_job``.
+class WholeNodeMoves:
+    """A policy with whole-node moves added to its answer (see the module docstring).
 
     Attributes:
-        job_id: the elastic job that moves.
-        node: the node its satellites leave.
-        workers: its workers there (the same number grows back elsewhere).
-        for_job: the pending job that starts whole on ``node``.
+        inner: the policy whose answer the moves are added to.
+        recent: ids of the jobs a move was ordered of or for lately (the caller's record, read at each call):
+            neither moved again nor moved for again.
     """
 
-    job_id: str
-    node: str
-    workers: int
-    for_job: str
+    inner: Policy
+    recent: Collection[str] = frozenset()
 
     @property
-    def reason(self) -> str:
-        """The sentence sent to the agent."""
-        return f"amoebad: moves {self.workers} worker(s) off {self.node} so that job {self.for_job} starts on one node"
+    def name(self) -> str:
+        """The inner policy's name (moves are a layer, not another policy)."""
+        return self.inner.name
+
+    @property
+    def decides_on_events_only(self) -> bool:
+        """The inner policy's answer."""
+        return self.inner.decides_on_events_only
+
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The inner policy's action types, and moves."""
+        return self.inner.emits | {Move}
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        """The inner policy's actions, then the moves of jobs it does not act on.
+
+        Args:
+            snapshot: the cluster now.
+            now: the current time in seconds.
+
+        Returns:
+            The actions.
+        """
+        answer = list(self.inner.decide(snapshot, now))
+        recent = set(self.recent)
+        acted = {action.job_id for action in answer}
+        return [*answer, *whole_node_moves(snapshot, exclude=acted | recent, skip=recent)]
 
 
-def satellites_on_nodes(view: ClusterView, jobs: Collection[str]) -> dict[str, dict[str, int]]:
-    """Job id -> node -> GPUs its running satellites hold there, for ``jobs``."""
-    held: dict[str, dict[str, int]] = {}
-    for record in view.jobs:
-        parent = satellite_parent(record)
-        if parent is None or parent not in jobs or record.state is not JobState.RUNNING or len(record.nodes) != 1:
-            continue
-        gpus = record.gpus_held
-        if gpus > 0:
-            nodes = held.setdefault(parent, {})
-            nodes[record.nodes[0]] = nodes.get(record.nodes[0], 0) + gpus
-    return held
-
-
-def whole_node_moves(
-    snapshot: Snapshot,
-    movable: Sequence[JobInfo],
-    satellites: Mapping[str, Mapping[str, int]],
-    skip: Collection[str] = (),
-) -> list[Move]:
-    """The moves that let pending jobs start whole on one node (see the module docstring).
+def whole_node_moves(snapshot: Snapshot, exclude: Collection[str] = (), skip: Collection[str] = ()) -> list[Move]:
+    """The moves that let pending jobs start whole on one node (see the module docstring); a held job cannot start
+    and gets none.
 
     Pending jobs are taken in Slurm's priority order; one that a node can hold now takes that node's free GPUs (best
     fit, as Slurm's placement would); one that none can hold, that fits on one node and whose need the free GPUs of
@@ -82,19 +95,20 @@ def whole_node_moves(
     vacated and a job moved at most once a round.
 
     Args:
-        snapshot: the round's snapshot (nodes with free GPUs, pending jobs).
-        movable: the managed elastic jobs that may be ordered now.
-        satellites: job id -> node -> GPUs of its running satellites (:func:`satellites_on_nodes`).
+        snapshot: the round's snapshot (nodes with free GPUs, pending jobs, running jobs with ``lent`` workers).
+        exclude: running jobs not to move (the inner policy acts on them this round, or they moved lately).
         skip: pending jobs not to move for (one was ordered for them lately: their node is being vacated).
 
     Returns:
         The moves, one per job.
     """
+    movable = [job for job in snapshot.running() if job.is_resizable and job.lent and job.job_id not in exclude]
+    satellites = {job.job_id: {node: w * job.gpus_per_worker for node, w in job.lent.items()} for job in movable}
     free = dict(snapshot.free_by_node())
     node_gpus = max((node.gpus_total for node in snapshot.nodes), default=0)
     jobs = {job.job_id: job for job in movable}
     moves: list[Move] = []
-    for pending in sorted(snapshot.pending(), key=priority_key):
+    for pending in sorted(snapshot.startable(), key=priority_key):
         need = base_size(pending) * pending.gpus_per_worker
         if need <= 0 or need > node_gpus or pending.job_id in skip:
             continue
@@ -110,7 +124,7 @@ def whole_node_moves(
         node, owners, room = chosen
         for job_id in owners:
             workers = satellites[job_id][node] // jobs[job_id].gpus_per_worker
-            moves.append(Move(job_id, node, workers, pending.job_id))
+            moves.append(Move(job_id, node, workers, pending.job_id, move_reason(workers, node, pending.job_id)))
             del jobs[job_id]
         free = room
         free[node] += sum(satellites[job_id][node] for job_id in owners) - need

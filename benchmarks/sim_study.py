@@ -259,7 +259,7 @@ DEFAULT_ROWS: tuple[tuple[str, float, Setup], ...] = (
     ("plain daemon, submitted at request", 1.0, SUBMIT_SETUP),
     ("+ admission at request", 1.0, ADMIT_SETUP),
     ("+ admission + simulator-only rules (what-if)", 1.0, WHATIF_SETUP),
-    ("+ admission, restore_requests (what-if)", 1.0, RESTORE_SETUP),
+    ("+ admission, elastic.restore_requests (what-if)", 1.0, RESTORE_SETUP),
     ("+ admission + LAS order", 1.0, LAS_SETUP),
 )
 

@@ -252,7 +252,7 @@ class LiveExecutor:
             return None
         if isinstance(action, Hold):
             priority = info.priority if info is not None else 0
-            wanted = info.requested_workers * info.gpus_per_worker if info is not None else 0
+            wanted = action.wants_gpus or (info.max_workers * info.gpus_per_worker if info is not None else 0)
             return lambda: admitter.hold(job_id, owner, priority, wanted, action.reason, now)
         return lambda: admitter.release(job_id, owner, action.reason, now, starved=action.starved)
 

@@ -137,10 +137,12 @@ class Hold:
     Attributes:
         job_id: the job.
         reason: why.
+        wants_gpus: the GPUs it waits for (its requested size, as the policy counted it); 0 when not stated.
     """
 
     job_id: str
     reason: str = ""
+    wants_gpus: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -133,7 +133,7 @@ class AdmissionGate:
                         Release(job.job_id, f"its requested {wanted} GPUs are free or lendable now ({lendable})")
                     )
             elif not seen.held:
-                out.append(Hold(job.job_id, f"waiting for {wanted} GPUs ({lendable} free or lendable)"))
+                out.append(Hold(job.job_id, f"waiting for {wanted} GPUs ({lendable} free or lendable)", wanted))
         return out
 
     def _starved(self, job: JobInfo, now: float) -> str:

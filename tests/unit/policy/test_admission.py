@@ -90,3 +90,11 @@ def test_jobs_of_other_partitions_and_users_are_not_gated_and_the_inner_answer_p
     both = AdmissionGate(FifoPolicy()).decide(snapshot([4, 4], [running("r", 6), elastic("e", 2, 4)]), NOW)
     assert list(both) == [*inner, *verdicts([running("r", 6), elastic("e", 2, 4)])]
     assert AdmissionGate(FifoPolicy()).emits == FifoPolicy().emits | {Hold, Release}
+
+
+def test_a_hold_states_the_requested_size_the_job_waits_for_not_its_minimum() -> None:
+    (hold,) = verdicts([running("r", 6), elastic("e", 2, 4)])
+    assert isinstance(hold, Hold) and hold.wants_gpus == 4
+    capped = AdmissionGate(FifoPolicy(), max_workers=3)
+    (hold,) = verdicts([running("r", 6), elastic("e", 2, 16)], capped)
+    assert isinstance(hold, Hold) and hold.wants_gpus == 3

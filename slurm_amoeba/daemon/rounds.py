@@ -35,7 +35,7 @@ from slurm_amoeba.daemon.executor import Executed, LiveExecutor
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
-from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
 from slurm_amoeba.policy import Action, DrainPolicy, PolicyError, check_actions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 
@@ -123,6 +123,7 @@ class RoundLoop:
         view: Slurm's jobs and nodes as last read.
         last_observation: the last snapshot step's result.
         last_round: the last round's summary.
+        snapshot_cache: the nodes and unmanaged jobs the snapshot step reuses from round to round.
         rounds: the last :data:`ROUNDS_KEPT` summaries.
     """
 
@@ -148,6 +149,7 @@ class RoundLoop:
         self.last_round: RoundSummary | None = None
         self.rounds: collections.deque[RoundSummary] = collections.deque(maxlen=ROUNDS_KEPT)
         self.watch = SatelliteWatch(config.orphan_grace_s)
+        self.snapshot_cache = SnapshotCache()
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
@@ -273,6 +275,7 @@ class RoundLoop:
             stale_after_s=self.config.agents.stale_after_s,
             now=now,
             make_room_after_s=self.config.make_room_after_s,
+            reuse=self.snapshot_cache,
         )
 
     def act(self, plan: Plan, obs: Observation, now: float) -> Executed:

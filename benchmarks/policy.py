@@ -200,6 +200,16 @@ def _throughput(size: int, high: int) -> dict[int, float]:
     return {n: 100.0 * n**0.9 for n in range(1, high + 1) if n <= size + 1}
 
 
+def agent_records(cluster: SyntheticCluster, now: float) -> dict[str, AgentRecord]:
+    """The daemon's records of the elastic jobs' agents, each with a report received at ``now``."""
+    agents: dict[str, AgentRecord] = {}
+    for job_id, (reg, size) in cluster.elastic.items():
+        record = AgentRecord(registration=reg, uid=os.getuid(), user="bench", registered_at=now)
+        record.accept_report(Report(size, 1, size, _throughput(size, reg.max_workers), (), (), now))
+        agents[job_id] = record
+    return agents
+
+
 def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) -> dict[str, float]:
     """Median times of snapshot building, the policy's decision and the invariant check.
 
@@ -212,11 +222,7 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
         ``snapshot_s``, ``decision_s``, ``check_s`` (medians), ``decisions`` (how many the policy made) and ``jobs``.
     """
     now = time.time()
-    agents: dict[str, AgentRecord] = {}
-    for job_id, (reg, size) in cluster.elastic.items():
-        record = AgentRecord(registration=reg, uid=os.getuid(), user="bench", registered_at=now)
-        record.accept_report(Report(size, 1, size, _throughput(size, reg.max_workers), (), (), now))
-        agents[job_id] = record
+    agents = agent_records(cluster, now)
     knobs: dict[str, Any] = {"start_pending": False} if policy_name == "elastic-backfill" else {}
     policy = make_policy(policy_name, **knobs)
     view = ClusterView(tuple(cluster.jobs), tuple(cluster.nodes), now)
@@ -566,6 +572,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["--agents-child"]:
         return _agents_child(args_list[1], args_list[2], float(args_list[3]))
+    if "--scaling" in args_list:
+        from benchmarks import scaling  # only this mode needs it
+
+        return scaling.main(args_list)
     parser = argparse.ArgumentParser(prog="bench-policy", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus-per-node", type=int, default=8)

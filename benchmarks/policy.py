@@ -25,30 +25,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import zmq
-
-from slurm_amoeba.core.messages import Message, decode, encode
+from benchmarks.loop import bench_loop
+from slurm_amoeba.core.messages import Message, encode
 from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
-from slurm_amoeba.daemon.config import AgentSettings, DaemonConfig
-from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import check_actions, make_policy, policy_names
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
-from slurm_amoeba.transport.channel import ChannelServer, destination, request
 from slurm_amoeba.transport.munge import MungeError, seal, unseal
 
 
@@ -257,182 +251,6 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
     }
 
 
-def bench_loop(cluster: SyntheticCluster, interval_s: float, duration_s: float, policy_name: str) -> dict[str, Any]:
-    """Run the real daemon loop with every elastic job's agent simulated in another process.
-
-    Args:
-        cluster: the synthetic cluster.
-        interval_s: the daemon's round interval.
-        duration_s: how long the agents report (after all have registered).
-        policy_name: the daemon's policy.
-
-    Returns:
-        ``loop_s`` (median round), ``loop_max_s``, ``late_max_s`` (how late the latest round started),
-        ``rounds``, ``reports_per_s`` answered, report reply latency ``report_p50_s``/``report_p99_s``,
-        ``agents`` and ``interval_s``.
-
-    Raises:
-        RuntimeError: the simulated agents failed.
-    """
-    config = DaemonConfig(
-        interval_s=interval_s,
-        listen="tcp://127.0.0.1:*",
-        metrics_port=0,
-        policy=policy_name,
-        agents=AgentSettings(timeout_s=2.0, retries=0, parallel=8, stale_after_s=5.0, backoff_s=30.0),
-    )
-    daemon = Daemon(config, SyntheticSlurm(cluster))
-    daemon.start()
-    assert daemon.server is not None
-    stop = threading.Event()
-    thread = threading.Thread(target=daemon.run, args=(stop,), name="amoebad-loop", daemon=True)
-    thread.start()
-    spec = [
-        {"job_id": job_id, "min": reg.min_workers, "max": reg.max_workers, "gpw": reg.gpus_per_worker, "size": size}
-        for job_id, (reg, size) in cluster.elastic.items()
-    ]
-    spec_path = Path(f"/tmp/amoeba-bench-agents-{os.getpid()}.json")
-    spec_path.write_text(json.dumps(spec))
-    try:
-        child = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.policy",
-                "--agents-child",
-                daemon.server.endpoint,
-                str(spec_path),
-                str(duration_s),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=duration_s + 600,
-            check=False,
-        )
-    finally:
-        spec_path.unlink(missing_ok=True)
-        stop.set()
-        thread.join(30)
-        daemon.close()
-    if child.returncode != 0:
-        raise RuntimeError(f"the simulated agents failed (exit {child.returncode}): {child.stderr[-2000:]}")
-    agents_result = json.loads(child.stdout.strip().splitlines()[-1])
-    start, end = agents_result["reporting_from"], agents_result["reporting_to"]
-    rounds = [r for r in daemon.rounds if start <= r.at <= end]
-    starts = sorted(r.at for r in rounds)
-    late = max((b - a - interval_s for a, b in itertools.pairwise(starts)), default=0.0)
-    durations = [r.duration_s for r in rounds]
-    return {
-        "loop_s": statistics.median(durations) if durations else float("nan"),
-        "loop_max_s": max(durations, default=float("nan")),
-        "late_max_s": max(0.0, late),
-        "rounds": len(rounds),
-        "interval_s": interval_s,
-        "agents": len(spec),
-        **{k: v for k, v in agents_result.items() if k not in ("reporting_from", "reporting_to")},
-    }
-
-
-def _agents_child(endpoint: str, spec_file: str, duration_s: float) -> int:
-    """The simulated agents: register each job, answer directives, report every job once a second."""
-    spec = json.loads(Path(spec_file).read_text())
-    directives = ChannelServer("tcp://127.0.0.1:*")
-    stop = threading.Event()
-    answered = [0]
-
-    def answer_directives() -> None:
-        while not stop.is_set():
-            req = directives.receive(0.1)
-            if req is not None:
-                answered[0] += 1
-                directives.answer(req, req.message.reply(data={"size": 0, "target": int(req.message.body["target"])}))
-
-    responder = threading.Thread(target=answer_directives, daemon=True)
-    responder.start()
-    for job in spec:
-        body = {
-            "job_id": job["job_id"],
-            "endpoint": directives.endpoint,
-            "min_workers": job["min"],
-            "max_workers": job["max"],
-            "gpus_per_worker": job["gpw"],
-            "partition": "batch",
-            "elastic_partition": "elastic",
-        }
-        reply = request(endpoint, Message("register", body), timeout_s=30, retries=0)
-        if not reply.body["ok"]:
-            print(f"registration of {job['job_id']} refused: {reply.body['error']}", file=sys.stderr)
-            return 1
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    sent: dict[str, float] = {}
-    latencies: list[float] = []
-    errors = 0
-    per_report = 1.0 / len(spec)
-    begin = time.time()
-    end = begin + duration_s
-    index = 0
-    while True:
-        now = time.time()
-        if now >= end:
-            break
-        due = begin + index * per_report
-        if now >= due:
-            job = spec[index % len(spec)]
-            size = job["size"]
-            body = {
-                "job_id": job["job_id"],
-                "size": size,
-                "generation": 1,
-                "target": size,
-                "throughput": {str(n): 100.0 * n**0.9 for n in range(1, size + 2)},
-                "history": [{"t": now, "event": "report"}],
-                "satellites": [],
-            }
-            message = Message("report", body)
-            payload = encode(message)
-            sent[message.id] = time.perf_counter()
-            sock.send_multipart([b"", seal(payload, to=destination(endpoint)), payload])
-            index += 1
-        while sock.poll(0):
-            frames = sock.recv_multipart()
-            reply = decode(frames[-1])
-            started = sent.pop(reply.id, None)
-            if started is not None:
-                latencies.append(time.perf_counter() - started)
-            if not reply.body["ok"]:
-                errors += 1
-        if now < due:
-            sock.poll(max(0, int((due - time.time()) * 1000)))
-    drain_until = time.time() + 5
-    while sent and time.time() < drain_until:
-        if sock.poll(100):
-            reply = decode(sock.recv_multipart()[-1])
-            started = sent.pop(reply.id, None)
-            if started is not None:
-                latencies.append(time.perf_counter() - started)
-    stop.set()
-    responder.join(5)
-    sock.close(linger=0)
-    directives.close()
-    latencies.sort()
-    result = {
-        "reporting_from": begin,
-        "reporting_to": end,
-        "reports_sent": index,
-        "reports_per_s": len(latencies) / duration_s,
-        "reports_unanswered": len(sent),
-        "report_errors": errors,
-        "report_p50_s": latencies[len(latencies) // 2] if latencies else float("nan"),
-        "report_p99_s": latencies[int(len(latencies) * 0.99)] if latencies else float("nan"),
-        "directives_answered": answered[0],
-    }
-    print(json.dumps(result))
-    return 0
-
-
 def bench_munge(repeats: int = 300) -> dict[str, float]:
     """Median cost of one munge seal and one unseal of a report-sized message (every request and reply pays both).
 
@@ -570,8 +388,6 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``scripts/bench-policy``: print a table, or JSON with ``--json``."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["--agents-child"]:
-        return _agents_child(args_list[1], args_list[2], float(args_list[3]))
     if "--scaling" in args_list:
         from benchmarks import scaling  # only this mode needs it
 
@@ -585,6 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15, help="decision measurements (median)")
     parser.add_argument("--interval", type=float, default=5.0, help="the daemon's round interval in the loop run")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds the agents report in the loop run")
+    parser.add_argument("--report-every", type=float, default=5.0, help="seconds between an agent's reports")
+    parser.add_argument(
+        "--agents-per-uid", type=int, default=64, help="elastic jobs per simulated user (run as root: one uid each)"
+    )
     parser.add_argument("--skip-loop", action="store_true", help="measure the decision time only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
@@ -641,7 +461,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         **munge,
     }
     if not args.skip_loop:
-        loop = bench_loop(cluster, args.interval, args.duration, args.policy)
+        loop = bench_loop(
+            cluster.jobs,
+            cluster.elastic,
+            lambda records: SyntheticSlurm(dataclasses.replace(cluster, jobs=list(records))),
+            interval_s=args.interval,
+            duration_s=args.duration,
+            policy_name=args.policy,
+            report_s=args.report_every,
+            per_uid=args.agents_per_uid,
+        )
         result.update({key: value for key, value in loop.items() if key not in ("agents",)})
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
@@ -668,15 +497,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{result['late_max_s'] * 1000:.0f} ms ({result['rounds']} rounds)",
             ),
             (
-                "reports answered",
-                f"{result['reports_per_s']:.0f}/s from {result['elastic_jobs']} agents at 1 Hz "
-                f"({result['reports_unanswered']} unanswered, {result['report_errors']} refused)",
+                "agents",
+                f"{result['elastic_jobs']} of {result['uids']} uids in {result['processes']} processes, reporting "
+                f"every {args.report_every:g} s; limits raised: {result['raised_limits'] or 'none'}",
             ),
             (
-                "report latency",
-                f"p50 {result['report_p50_s'] * 1000:.1f} ms, p99 {result['report_p99_s'] * 1000:.1f} ms",
+                "reports answered",
+                f"{result['reports_per_s']:.0f}/s ({result['reports_unanswered']} unanswered, "
+                f"{result['report_errors']} refused); p50 {result['report_p50_s'] * 1000:.1f} ms, "
+                f"p99 {result['report_p99_s'] * 1000:.1f} ms",
+            ),
+            (
+                "amoebactl status",
+                f"p50 {result['status_p50_s'] * 1000:.1f} ms, p99 {result['status_p99_s'] * 1000:.1f} ms "
+                f"({result['status_requests']} requests while the agents reported)",
             ),
         ]
+    if not args.skip_loop and result["errors"]:
+        rows.append(("simulated users failed", "; ".join(result["errors"])[:2000]))
     if "munge_error" in result:
         rows.append(("munge per message", f"not measured: {result['munge_error']}"))
     else:

@@ -6,10 +6,15 @@ deterministic for a seed):
 - **decision time**: Slurm's records and the agents' records -> :func:`build_snapshot` -> ``policy.decide`` ->
   :func:`check_actions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
   snapshot and the check are reported beside it);
-- **loop time under load**: the real :class:`Daemon` loop on a real ZeroMQ socket, with every elastic job's agent
-  simulated in a separate process that registers, then reports at 1 Hz with munge-signed messages and answers
-  directives; ``loop_s`` is the median round time (observe + snapshot + policy + orders), reported with the worst
-  round, how late rounds started, and how many reports per second the daemon answered and how fast.
+- **loop time under load** (:mod:`benchmarks.loop`): the real :class:`Daemon` loop on a real ZeroMQ socket, with
+  every elastic job's agent simulated, registered from its owner's uid (run as root: ``--agents-per-uid`` jobs per
+  simulated user, one forked process each) and reporting every ``--report-every`` seconds with munge-signed
+  messages; ``loop_s`` is the median round time (observe + snapshot + policy + orders), reported with the worst
+  round, how late rounds started, how many reports per second the daemon answered and how fast, ``amoebactl
+  status``'s reply time meanwhile, and the limits the load needed raised.
+
+**Scaling** (``--scaling``, :mod:`benchmarks.scaling`): parse, snapshot and every live policy's decision at 1,000,
+10,000 and 50,000 nodes, as a table, JSON and a log-log plot.
 
 Slurm itself is replaced by the synthetic records (no real cluster has 1,000 nodes here); everything after
 ``squeue``/``sinfo`` is the daemon's real code.

@@ -37,7 +37,7 @@ import zmq
 
 from slurm_amoeba.core.messages import Message, decode, encode
 from slurm_amoeba.daemon.agents import Registration
-from slurm_amoeba.daemon.config import AgentSettings, DaemonConfig, Limits
+from slurm_amoeba.daemon.config import AGENT_REPORT_S, AgentSettings, DaemonConfig, Limits
 from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterSource
 from slurm_amoeba.slurm import JobRecord
@@ -74,10 +74,14 @@ def spread_over_users(
 
 def limits_for(per_uid: int, report_s: float, base: Limits | None = None) -> tuple[Limits, dict[str, float]]:
     """The daemon's limits raised where ``per_uid`` agents of one user reporting every ``report_s`` seconds (and
-    registering all at once) would meet them; returns them and what was raised (setting -> new value)."""
+    registering all at once) would meet them; returns them and what was raised (setting -> new value).
+
+    The rate is what the configuration asks of a site (:data:`~slurm_amoeba.daemon.config.AGENT_REPORT_S`: a real
+    agent reports every 2 s) when that is more, so that the raised limits are ones ``amoebad.yaml`` accepts.
+    """
     base = base or Limits()
     agents = max(base.agents_per_uid, per_uid)
-    rate = max(base.requests_per_s, float(math.ceil(per_uid / report_s) + ROOM_PER_S))
+    rate = max(base.requests_per_s, float(math.ceil(per_uid / min(report_s, AGENT_REPORT_S)) + ROOM_PER_S))
     burst = max(base.burst, per_uid + ROOM_PER_S)
     limits = dataclasses.replace(base, agents_per_uid=agents, requests_per_s=rate, burst=burst)
     raised = {

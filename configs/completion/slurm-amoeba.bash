@@ -31,8 +31,8 @@ declare -gA _slurm_amoeba_amoeba_sbatch=(
 complete -o default -F _slurm_amoeba_complete amoeba-sbatch
 declare -gA _slurm_amoeba_amoeba_sim=(
     [.]='--help --version -h compare data run site'
-    [run]='--adaptive-fraction --elastic-factor --elastic-fraction --format --gpus-per-node --grace-time --grow-lag --help --horizon --interval --json --knob --limit --nodes --policy --processes --queue-depth --quiet --resize-cost --restart-cost --slurm-conf --time-limit-factor --workload -h'
-    [compare]='--adaptive-fraction --elastic-factor --elastic-fraction --format --gpus-per-node --grace-time --grow-lag --help --horizon --interval --json --keep-going --limit --load --nodes --plot --policies --processes --queue-depth --quiet --reference --resize-cost --restart-cost --slurm-conf --time-limit-factor --workloads -h'
+    [run]='--adaptive-fraction --daemon-config --elastic-factor --elastic-fraction --format --gpus-per-node --grace-time --grow-lag --help --horizon --interval --json --knob --limit --nodes --policy --processes --queue-depth --quiet --resize-cost --restart-cost --slurm-conf --time-limit-factor --workload -h'
+    [compare]='--adaptive-fraction --daemon-config --elastic-factor --elastic-fraction --format --gpus-per-node --grace-time --grow-lag --help --horizon --interval --json --keep-going --limit --load --nodes --plot --policies --processes --queue-depth --quiet --reference --resize-cost --restart-cost --slurm-conf --time-limit-factor --workloads -h'
     [data]='--help -h'
     [site]='--elastic-factor --elastic-fraction --gpus-per-node --grace-time --grow-lag --help --history --history-format --horizon --interval --json --knob --nodes --plot --queue-depth --resize-cost --restart-cost --scaling-exponent --slurm-conf --time-limit-factor -h'
 )

@@ -206,8 +206,8 @@ def _format_status(data: Mapping[str, Any]) -> str:
         )
     for job in admission.get("held", []):
         lines.append(
-            f"  job {job['job_id']} (user {job['user']}): held by amoebad: waiting for {job['wanted']} GPUs "
-            f"({job['available']} free or lendable), {float(job.get('held_s', 0)):.0f} s so far"
+            f"  job {job['job_id']} (user {job['user']}): held by amoebad: waiting for {job['wanted']} GPUs, "
+            f"{float(job.get('held_s', 0)):.0f} s so far"
         )
     orphans = data.get("orphans", [])
     lines.append(f"orphans     {len(orphans)}")

@@ -7,11 +7,11 @@ answers everyone else; their outcomes come back through :meth:`Actuator.complete
 sockets are used by one thread each: the pool's sockets never meet the loop's).
 
 :class:`QueueOrderer` is the other actuator (docs/admin.md, "Ordering Slurm's queue by attained service"): where the
-site enables it and the daemon has Slurm operator rights (:func:`operator_rights`), each round it sets the
-priorities of pending jobs (``scontrol update JobId=N Priority=P``, as the daemon's own user) so that Slurm tests
-them in 2D-LAS order (:mod:`slurm_amoeba.policy.queue_order`), changes only what differs, at most a bound per round,
-and gives the jobs it changed their own priority back when the daemon stops. An update Slurm refuses backs
-off per job (:mod:`.refusals`).
+site enables it and the daemon has Slurm operator rights (:func:`operator_rights`), it applies the queue-order
+layer's :class:`~slurm_amoeba.policy.actions.SetPriority` actions (``scontrol update JobId=N Priority=P``, as the
+daemon's own user; the order is :class:`~slurm_amoeba.policy.queue_order.QueueOrderLayer`'s), at most a bound per
+round (:meth:`QueueOrderer.bounded`), and gives the jobs it changed their own priority back when the daemon stops.
+An update Slurm refuses backs off per job (:mod:`.refusals`).
 """
 
 from __future__ import annotations
@@ -21,23 +21,17 @@ import dataclasses
 import functools
 import logging
 import queue
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon.config import ConfigError, QueueOrder
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.observer import ClusterView, queued_jobs, run_samples
 from slurm_amoeba.daemon.refusals import Refusals
+from slurm_amoeba.policy.actions import SetPriority
 from slurm_amoeba.policy.common import las_queue
-from slurm_amoeba.policy.queue_order import (
-    JobService,
-    QueuedJob,
-    account,
-    las_order,
-    las_priorities,
-    priority_updates,
-)
+from slurm_amoeba.policy.queue_order import orders
+from slurm_amoeba.policy.types import JobInfo, JobPhase
 from slurm_amoeba.slurm import SlurmCommandError
 from slurm_amoeba.transport.channel import ChannelError, request
 
@@ -178,8 +172,6 @@ class QueueControl(Protocol):
         ...
 
 
-#: The most pending jobs whose past runs the first round reads from accounting (one sacct call).
-SEED_MOST = 5000
 #: What Slurm answers for a job that finished, started or left between the round's read and its update.
 VANISHED = ("Invalid job id", "already finished", "no longer pending", "Job is pending execution")
 
@@ -308,7 +300,7 @@ class QueueRound:
 
 
 class QueueOrderer:
-    """Sets pending jobs' priorities each round so that Slurm tests them in 2D-LAS order (see the module docstring).
+    """Applies the queue-order layer's priorities (see the module docstring).
 
     Args:
         settings: the ``queue_order`` section.
@@ -321,8 +313,10 @@ class QueueOrderer:
         user: the daemon's user (named in the fix of a refused update).
 
     Attributes:
-        book: job -> the service it attained (its runs Slurm shows, banked runs of requeued jobs and satellites).
-        touched: job id -> the priority Slurm had given it before the daemon's first change (pending jobs only).
+        touched: job id -> the priority Slurm had given it before the daemon's first change (pending jobs only;
+            the queue-order layer's ``own_priorities``, changed in place).
+        last: what the last round did (the bound's count, then each update's outcome as the Slurm thread
+            applies it).
         refusals: the per-job backoff of updates Slurm refused (one warning per job, then debug).
     """
 
@@ -341,51 +335,40 @@ class QueueOrderer:
         self.control = control
         self.metrics = metrics
         self.release_to_restore = release_to_restore
-        self.book: dict[str, JobService] = {}
         self.touched: dict[str, int] = {}
-        self.seeded = False
+        self.last: QueueRound | None = None
         self.refusals = Refusals("[daemon/queue]", grant_fix(user, user, OPERATOR_LEVELS, "queue_order.enabled"))
 
-    def apply(self, view: ClusterView, now: float) -> QueueRound:
-        """Account the view's runs, order the pending jobs, and set the priorities that differ (at most the bound)."""
-        self.book = account(self.book, run_samples(view), now)
-        queued = queued_jobs(view, self.partitions, self.book, self.settings.users)
-        if not self.seeded:
-            self.seeded = True
-            queued = self._seed(view, queued)
-        current = {job.job_id: job.priority for job in queued}
-        self.touched = {job_id: prio for job_id, prio in self.touched.items() if job_id in current}
-        order = las_order(queued, self.settings.thresholds_gpu_s)
-        # The band is the priorities Slurm gave (a changed job's own, not the daemon's): a round cut short by the
-        # bound leaves two jobs with one value for a while, and they must not push the band up.
-        wanted = las_priorities(
-            [dataclasses.replace(j, priority=self.touched.get(j.job_id, j.priority)) for j in order]
-        )
-        # Jobs Slurm refused lately wait out their backoff without taking the bound's places from the others.
-        self.refusals.keep(current)
-        everything, _ = priority_updates(order, wanted, len(order))
-        ready = [change for change in everything if self.refusals.ready(change[0], now)]
+    def bounded(self, actions: Sequence[SetPriority], now: float) -> list[SetPriority]:
+        """The round's priorities to apply: those of jobs not backing off after a refusal, at most
+        ``max_updates_per_round`` (the first in LAS order first; the rest come again in later rounds).
+
+        Args:
+            actions: the queue-order layer's priorities, in LAS order.
+            now: the daemon's clock.
+        """
+        self.refusals.keep({action.job_id for action in actions} | set(self.touched))
+        ready = [action for action in actions if self.refusals.ready(action.job_id, now)]
         limit = self.settings.max_updates_per_round
-        changes, deferred = ready[:limit], max(0, len(ready) - limit)
-        backing_off = tuple(sorted({job_id for job_id, _ in everything} - {job_id for job_id, _ in ready}))
-        queues: dict[str, int] = {}
-        for job in order:
-            key = str(las_queue(job.attained_gpu_s, self.settings.thresholds_gpu_s))
-            queues[key] = queues.get(key, 0) + 1
-        self.metrics.queue_jobs.replace(({"queue": key}, count) for key, count in queues.items())
-        done: list[tuple[str, int]] = []
-        vanished: list[str] = []
-        failed: list[str] = []
-        attained = {job.job_id: job.attained_gpu_s for job in order}
-        for job_id, priority in changes:
-            outcome = self.set_priority(job_id, priority, current[job_id], attained[job_id], now)
-            if outcome == "ok":
-                done.append((job_id, priority))
-            else:
-                (vanished if outcome == "vanished" else failed).append(job_id)
+        deferred = max(0, len(ready) - limit)
         if deferred:
             self.metrics.queue_deferred.inc(deferred)
-        return QueueRound(len(order), tuple(done), deferred, tuple(vanished), tuple(failed), backing_off)
+        backing_off = tuple(sorted({a.job_id for a in actions} - {a.job_id for a in ready}))
+        self.last = QueueRound(len(actions), (), deferred, (), (), backing_off)
+        return ready[:limit]
+
+    def sync(self, jobs: Iterable[JobInfo]) -> None:
+        """Bring the record up to a round's snapshot (before the round's actions): forget the own priorities of
+        jobs no longer pending (in place: the layer reads the mapping), count the jobs ordered by LAS queue."""
+        pending = {job.job_id for job in jobs if job.state is JobPhase.PENDING}
+        for job_id in [job_id for job_id in self.touched if job_id not in pending]:
+            del self.touched[job_id]
+        queues: dict[str, int] = {}
+        for job in jobs:
+            if orders(job, self.partitions, self.settings.users):
+                key = str(las_queue(job.attained_service, self.settings.thresholds_gpu_s))
+                queues[key] = queues.get(key, 0) + 1
+        self.metrics.queue_jobs.replace(({"queue": key}, count) for key, count in queues.items())
 
     def set_priority(self, job_id: str, priority: int, current: int, attained_gpu_s: float, now: float) -> str:
         """Set one pending job's priority (``current`` is the one it has, remembered for :meth:`revert`).
@@ -396,6 +379,13 @@ class QueueOrderer:
         outcome = self._call(
             "priority", job_id, functools.partial(self.control.set_priority, int(job_id), priority), now
         )
+        last = self.last or QueueRound(0, (), 0, (), ())
+        if outcome == "ok":
+            self.last = dataclasses.replace(last, changed=(*last.changed, (job_id, priority)))
+        elif outcome == "vanished":
+            self.last = dataclasses.replace(last, vanished=(*last.vanished, job_id))
+        else:
+            self.last = dataclasses.replace(last, failed=(*last.failed, job_id))
         if outcome == "ok":
             self.refusals.succeeded(job_id)
             self.touched.setdefault(job_id, current)
@@ -407,23 +397,6 @@ class QueueOrderer:
                 attained_gpu_s,
             )
         return outcome
-
-    def _seed(self, view: ClusterView, queued: list[QueuedJob]) -> list[QueuedJob]:
-        """On the first round: the service pending jobs attained before the daemon watched them (earlier runs of
-        requeued jobs, from accounting), so that a restart does not send them back to the first queue."""
-        ids = [int(job.job_id) for job in queued if job.job_id.isdigit()][:SEED_MOST]
-        try:
-            past = self.control.past_service(ids)
-        except SlurmCommandError as exc:
-            logger.warning("[daemon/queue] no past runs from accounting (%s); pending jobs count from now on", exc)
-            return queued
-        for job_id, gpu_s in past.items():
-            key = str(job_id)
-            old = self.book.get(key, JobService())
-            self.book[key] = JobService(old.banked + gpu_s, old.runs)
-        if past:
-            logger.info("[daemon/queue] %d pending job(s) ran before (from accounting)", len(past))
-        return queued_jobs(view, self.partitions, self.book, self.settings.users)
 
     def revert(self) -> int:
         """Give every job the daemon reordered that may still be pending its own priority back; returns how many.
@@ -445,7 +418,7 @@ class QueueOrderer:
         logger.info(
             "[daemon/queue] gave %d of %d reordered pending jobs their own priority back", restored, len(self.touched)
         )
-        self.touched = {}
+        self.touched.clear()
         return restored
 
     def _call(self, action: str, job_id: str, call: Callable[[], None], now: float | None = None) -> str:

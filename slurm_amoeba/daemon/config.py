@@ -116,7 +116,8 @@ class Admission:
 
     Attributes:
         enabled: whether the daemon holds pending elastic jobs until their requested size is free or lendable.
-        max_hold_s: a job held this long is released anyway and starts at its minimum (the starvation bound).
+        max_hold_s: a job pending this long since its submission is released anyway and starts at its minimum (the
+            starvation bound).
         partitions: the partitions whose pending jobs it admits into; empty: the regular partitions.
         users: only these users' elastic jobs are held (user names); empty: every user's.
     """

@@ -26,7 +26,7 @@ import os
 import pwd
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ from slurm_amoeba.daemon.requests import RequestHandler
 from slurm_amoeba.daemon.rounds import REFRESH_MIN_S, RoundLoop, RoundSummary
 from slurm_amoeba.daemon.state import DaemonState
 from slurm_amoeba.policy import DrainPolicy, JobInfo, Policy, make_policy
+from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
 from slurm_amoeba.policy.moves import WholeNodeMoves
+from slurm_amoeba.policy.queue_order import QueueOrderLayer
 from slurm_amoeba.transport.channel import ChannelServer, Request
 from slurm_amoeba.transport.munge import Credential
 
@@ -74,14 +76,19 @@ class DaemonUser:
             return cls(uid, str(uid))
 
 
-def compose_policy(config: DaemonConfig, moves: Collection[str] = frozenset()) -> DrainPolicy:
-    """The daemon's policy: the configured one with the layers the configuration turns on, the drain outermost
-    (built once, at the daemon's entry; the drain's switch is set each round from the ledger).
+def compose_policy(
+    config: DaemonConfig, moves: Collection[str] = frozenset(), own_priorities: Mapping[str, int] | None = None
+) -> DrainPolicy:
+    """The daemon's policy: the configured one with the layers the configuration turns on (whole-node moves,
+    queue order, admission, from the inside out), the drain outermost (built once, at the daemon's entry; the
+    drain's switch is set each round from the ledger).
 
     Args:
         config: the validated configuration.
         moves: the jobs a whole-node move was ordered of or for lately (the ledger's record), read by the
             whole-node moves layer at each call.
+        own_priorities: job id -> the priority Slurm had given a job before the daemon set one (the executor's
+            record, read by the queue-order layer at each call).
 
     Returns:
         The composed policy, its drain off.
@@ -93,6 +100,16 @@ def compose_policy(config: DaemonConfig, moves: Collection[str] = frozenset()) -
     policy: Policy = make_policy(config.policy, **config.effective_knobs())
     if config.whole_node_starts:
         policy = WholeNodeMoves(policy, moves)
+    queue = config.queue_order
+    if queue.enabled:
+        partitions = frozenset(queue.partitions or config.regular_partitions)
+        owned = {} if own_priorities is None else own_priorities
+        policy = QueueOrderLayer(policy, tuple(queue.thresholds_gpu_s), partitions, frozenset(queue.users), owned)
+    admission = config.admission
+    if admission.enabled:
+        rule = slurm_rule(admission.max_hold_s)
+        partitions = frozenset(admission.partitions or config.regular_partitions)
+        policy = AdmissionGate(policy, rule, partitions, frozenset(admission.users), config.limits.max_workers)
     refusal = live_refusal(config.policy, policy.emits)
     if refusal:
         raise ConfigError(f"{config.source}: policy.name: {refusal}")
@@ -138,7 +155,6 @@ class Daemon:
         self.metrics_server: MetricsServer | None = None
         self.actuator = actuator = Actuator(config.agents.parallel, config.agents.timeout_s, config.agents.retries)
         self.ledger = ledger = Ledger(config, self.metrics, clock)
-        self.policy = compose_policy(config, ledger.moves)
         orderer = make_queue_orderer(
             config.queue_order,
             config.queue_order.partitions or config.regular_partitions,
@@ -150,12 +166,12 @@ class Daemon:
         admitter = make_admitter(
             config.admission,
             config.admission.partitions or config.regular_partitions,
-            config.limits.max_workers,
             slurm,
             self.metrics,
             uid=user.uid,
             user=user.name,
         )
+        self.policy = compose_policy(config, ledger.moves, orderer.touched if orderer is not None else None)
         self.executor = LiveExecutor(
             ledger,
             actuator,
@@ -236,7 +252,10 @@ class Daemon:
         kept = f"amoebad keeps running with {running.source} (sha256 {running.digest or '-'})"
         try:
             new = load_config(running.source)
-            policy = compose_policy(new, self.ledger.moves)  # a policy the daemon cannot apply live is refused
+            orderer = self.executor.orderer
+            policy = compose_policy(
+                new, self.ledger.moves, orderer.touched if orderer is not None else None
+            )  # a policy the daemon cannot apply live is refused
         except ConfigError as exc:
             self.metrics.config_reloads.inc(labels={"outcome": "invalid"})
             logger.error("[daemon/config] reload refused: %s; %s", exc, kept)

@@ -11,9 +11,11 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
 - :class:`~slurm_amoeba.policy.actions.Move`: a directive that keeps the job's target and vacates ``node`` (its
   satellites there leave and grow back elsewhere).
 - :class:`~slurm_amoeba.policy.actions.Hold` and :class:`~slurm_amoeba.policy.actions.Release`: ``scontrol
-  hold``/``release`` with the daemon's hold mark in the job's ``AdminComment`` (:class:`~.admission.Admitter`).
+  hold``/``release`` with the daemon's hold mark in the job's ``AdminComment`` (:class:`~.admission.Admitter`, which
+  first takes the round's snapshot as the record of the daemon's holds: :meth:`~.admission.Admitter.sync`).
 - :class:`~slurm_amoeba.policy.actions.SetPriority`: ``scontrol update Priority=`` (:class:`~.actuator.QueueOrderer`,
-  which gives jobs their own priority back when the daemon stops).
+  which lets at most ``queue_order.max_updates_per_round`` through per round, backs off a job Slurm refused, and
+  gives jobs their own priority back when the daemon stops).
 - :class:`~slurm_amoeba.policy.actions.Start` and :class:`~slurm_amoeba.policy.actions.Preempt`: the live world's
   scheduler is Slurm, which starts and preempts jobs itself; they are recorded (a counter, a debug line), nothing is
   sent.
@@ -169,6 +171,14 @@ class LiveExecutor:
         recorded: dict[str, int] = {}
         skipped = 0
         slurm_work: list[Callable[[], object]] = []
+        if self.admitter is not None:
+            self.admitter.sync(jobs, now)
+        if self.orderer is not None:
+            self.orderer.sync(jobs.values())
+            priorities = [action for action in actions if isinstance(action, SetPriority)]
+            allowed = set(map(id, self.orderer.bounded(priorities, now)))
+            skipped += len(priorities) - len(allowed)
+            actions = [a for a in actions if not isinstance(a, SetPriority) or id(a) in allowed]
         for action in actions:
             if isinstance(action, (Start, Preempt)):
                 name = action_name(type(action))

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from slurm_amoeba.policy import JobInfo, Snapshot
-from slurm_amoeba.policy.queue_order import JobService, QueuedJob, RunSample
-from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient
+from slurm_amoeba.policy.queue_order import JobService, RunSample, account
+from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
+
+logger = logging.getLogger(__name__)
+
+#: The most pending jobs whose past runs the first round reads from accounting (one sacct call).
+SEED_MOST = 5000
 
 SATELLITE_COMMENT = re.compile(rf"(?:^|[\s,;]){re.escape(PARENT_COMMENT_PREFIX)}(?P<parent>[0-9]+)(?:$|[\s,;])")
 
@@ -308,33 +314,43 @@ def run_samples(view: ClusterView) -> list[RunSample]:
     ]
 
 
-def queued_jobs(
-    view: ClusterView, partitions: Collection[str], book: Mapping[str, JobService], users: Collection[str] = ()
-) -> list[QueuedJob]:
-    """The pending jobs the daemon may reorder: waiting in the given partitions only, not held, of ``users`` (all
-    users when empty).
+class ServiceBook:
+    """The GPU-seconds every job attained, kept by the daemon's snapshot step from round to round (the queue-order
+    layer's input, ``JobInfo.attained_service``).
 
-    A heterogeneous job is reordered through its leader (offset 0), a satellite through its own id with its
-    parent's service. A job that may run in several partitions is reordered only when all of them are given. A held
-    job (priority 0) is never touched: it is its owner's or an operator's to release.
+    Each round :meth:`update` banks what Slurm shows (:func:`~slurm_amoeba.policy.queue_order.account`); the first
+    round also reads the service pending jobs attained before the daemon watched them (earlier runs of requeued jobs,
+    from accounting: ``past_service``, at most :data:`SEED_MOST` jobs), so that a restart does not send them back
+    to the first LAS queue.
+
+    Args:
+        past_service: the Slurm call that reads earlier runs (job ids -> GPU-seconds), or None (no accounting).
+
+    Attributes:
+        book: job -> the service it attained.
     """
-    allowed = set(partitions)
-    found: list[QueuedJob] = []
-    for record in view.jobs:
-        if record.state is not JobState.PENDING or record.het_job_offset != 0 or record.priority <= 0:
-            continue
-        parts = {part for part in record.partition.split(",") if part}
-        if not parts or not parts <= allowed or record.is_held:
-            continue
-        if users and record.user not in users:
-            continue
-        service = book.get(service_key(record))
-        found.append(
-            QueuedJob(
-                job_id=str(record.job_id),
-                submit_time=float(record.submit_time),
-                attained_gpu_s=service.total if service is not None else 0.0,
-                priority=record.priority,
-            )
-        )
-    return found
+
+    def __init__(self, past_service: Callable[[Collection[int]], Mapping[int, float]] | None = None) -> None:
+        self.book: dict[str, JobService] = {}
+        self._past_service = past_service
+
+    def update(self, view: ClusterView, now: float) -> dict[str, float]:
+        """Bank the view's runs; returns job id -> GPU-seconds attained (a satellite's count for its parent)."""
+        self.book = account(self.book, run_samples(view), now)
+        if self._past_service is not None:
+            read, self._past_service = self._past_service, None
+            self._seed(view, read)
+        return {job: service.total for job, service in self.book.items()}
+
+    def _seed(self, view: ClusterView, read: Callable[[Collection[int]], Mapping[int, float]]) -> None:
+        pending = [r.job_id for r in view.jobs if r.state is JobState.PENDING and r.het_job_offset == 0][:SEED_MOST]
+        try:
+            past = read(pending)
+        except SlurmCommandError as exc:
+            logger.warning("[daemon/queue] no past runs from accounting (%s); pending jobs count from now on", exc)
+            return
+        for job_id, gpu_s in past.items():
+            old = self.book.get(str(job_id), JobService())
+            self.book[str(job_id)] = JobService(old.banked + gpu_s, old.runs)
+        if past:
+            logger.info("[daemon/queue] %d pending job(s) ran before (from accounting)", len(past))

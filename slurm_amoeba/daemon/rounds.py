@@ -1,8 +1,9 @@
 """The daemon's round: observe -> snapshot -> decide -> act, once every ``interval_s`` (DESIGN.md, control flow).
 
 Each step is a function of the previous one's result: :func:`~slurm_amoeba.daemon.observer.observe` reads Slurm,
-:func:`~slurm_amoeba.daemon.snapshot.build_snapshot` (pure) turns that and the agents' reports into the policy's
-snapshot, :func:`decide` (pure but for timing the policy) asks the composed policy (the configured one with its
+:func:`~slurm_amoeba.daemon.snapshot.build_snapshot` (pure) turns that, the agents' reports and the service book
+(:class:`~slurm_amoeba.daemon.observer.ServiceBook`, the GPU-seconds every job attained) into the policy's snapshot,
+:func:`decide` (pure but for timing the policy) asks the composed policy (the configured one with its
 layers, the operator's drain outermost: :func:`~slurm_amoeba.daemon.daemon.compose_policy`) and checks its actions
 (:func:`~slurm_amoeba.policy.check.check_actions`), and :meth:`RoundLoop.act` hands them to the executor
 (:class:`~slurm_amoeba.daemon.executor.LiveExecutor`). Bookkeeping (the ledger's expired resizes and moves and
@@ -19,9 +20,7 @@ early round and is told to retry).
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
-import functools
 import logging
 import threading
 import time
@@ -29,12 +28,19 @@ from collections.abc import Callable
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.daemon.actuator import QueueOrderer, QueueRound
-from slurm_amoeba.daemon.admission import AdmissionRound, Admitter
+from slurm_amoeba.daemon.admission import Admitter
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.executor import Executed, LiveExecutor
 from slurm_amoeba.daemon.ledger import Ledger, SatelliteWatch
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.observer import ClusterSource, ClusterView, Observation, SubmissionBook, observe
+from slurm_amoeba.daemon.observer import (
+    ClusterSource,
+    ClusterView,
+    Observation,
+    ServiceBook,
+    SubmissionBook,
+    observe,
+)
 from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
 from slurm_amoeba.policy import Action, DrainPolicy, PolicyError, check_actions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
@@ -153,8 +159,8 @@ class RoundLoop:
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
-        self._queue_run: concurrent.futures.Future[QueueRound] | None = None
-        self._admission_run: concurrent.futures.Future[AdmissionRound] | None = None
+        orderer = executor.orderer
+        self.service = ServiceBook(orderer.control.past_service if orderer is not None else None)
 
     @property
     def queue(self) -> QueueOrderer | None:
@@ -225,39 +231,13 @@ class RoundLoop:
             logger.error("[daemon/policy] %s: %s; no directives this round", self.policy.name, plan.error)
             return RoundSummary(now, time.perf_counter() - started, plan.policy_s, {}, plan.error)
         executed = self.act(plan, obs, now)
-        self.order_queue(view, now)
-        self.admit(view, now, frozenset(obs.managed))
         update_gauges(self.metrics, obs, self.ledger)
         return RoundSummary(now, time.perf_counter() - started, plan.policy_s, dict(executed.ordered))
 
-    def order_queue(self, view: ClusterView, now: float) -> None:
-        """Queue ordering's round (when enabled), on a thread of its own: ``scontrol`` may hang as ``squeue`` may.
-
-        A round whose previous ordering has not finished skips it.
-        """
-        if self.queue is None or (self._queue_run is not None and not self._queue_run.done()):
-            return
-        self._queue_run = self.executor.submit(functools.partial(self.queue.apply, view, now))
-        self._queue_run.add_done_callback(functools.partial(_log_failure, "queue ordering"))
-
-    def admit(self, view: ClusterView, now: float, lenders: frozenset[str]) -> None:
-        """Admission's round (docs/admin.md 8c), on the queue ordering's thread (one ``scontrol`` at a time);
-        ``lenders`` are the managed jobs, whose satellites the daemon takes back.
-
-        A round whose previous admission has not finished skips it.
-        """
-        if self.admission is None or (self._admission_run is not None and not self._admission_run.done()):
-            return
-        self._admission_run = self.executor.submit(functools.partial(self.admission.apply, view, now, lenders))
-        self._admission_run.add_done_callback(functools.partial(_log_failure, "admission"))
-
     @property
     def last_queue_round(self) -> QueueRound | None:
-        """What the last finished queue ordering did (None before the first, or when it failed)."""
-        run = self._queue_run
-        if run is None or not run.done() or run.exception() is not None:
-            return None
-        return run.result()
+        """What the last round's priorities were (None before the first, or with queue ordering off)."""
+        return self.queue.last if self.queue is not None else None
 
     def close(self) -> None:
         """Stop the executor: wait for its Slurm calls, undo queue ordering's changes, release admission's holds."""
@@ -275,6 +255,7 @@ class RoundLoop:
             stale_after_s=self.config.agents.stale_after_s,
             now=now,
             make_room_after_s=self.config.make_room_after_s,
+            service=self.service.update(view, now),
             reuse=self.snapshot_cache,
         )
 
@@ -334,12 +315,6 @@ class _Observing:
         if self._view is None:
             raise RuntimeError("the read of Slurm has not finished; wait for done")
         return self._view
-
-
-def _log_failure(what: str, run: concurrent.futures.Future[QueueRound | AdmissionRound]) -> None:
-    """A done-callback of the queue thread's work (bound to ``what`` with ``functools.partial``)."""
-    if not run.cancelled() and run.exception() is not None:
-        logger.error("[daemon] %s failed this round: %r; the next round tries again", what, run.exception())
 
 
 def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:

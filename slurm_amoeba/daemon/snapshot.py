@@ -16,7 +16,12 @@ is a pure function made of named steps, each pure and tested on its own:
   (:func:`~slurm_amoeba.policy.goodput.goodput_rates`) replace the measured throughput, so that every policy sees
   the job's statistical progress, and the ``goodput`` policy's batch for a size is ``JobInfo.adaptive.best(size)``;
 - :func:`unmanaged_job`: every other job that holds GPUs is a fixed-size running job; every job that waits for GPUs
-  in a regular partition is a pending fixed-size job (the ones elastic extras make room for);
+  in a regular partition is a pending fixed-size job (the ones elastic extras make room for); a pending job that
+  carries the elastic mark (``amoeba-elastic=MIN:MAX`` in its comment, :mod:`slurm_amoeba.slurm.marks`) is a pending
+  elastic job of that range, and one the daemon holds (its hold mark in the ``AdminComment``) shows ``held`` with
+  ``held_since`` and the priority it had before the hold: what the admission layer decides on, even while Slurm
+  keeps it for another reason (``--begin``); every job carries its time limit and the GPU-seconds it attained
+  (``service``: the daemon's service book, :class:`~slurm_amoeba.daemon.observer.ServiceBook`);
 - :func:`show_released` and :func:`cap_young_pending`: the near future rather than the last second (see
   :func:`build_snapshot`).
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from slurm_amoeba.daemon.agents import AdaptiveStats, AgentRecord
@@ -36,6 +42,7 @@ from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
 from slurm_amoeba.policy.goodput import GoodputModel, goodput_rates, model_from_report
 from slurm_amoeba.slurm import JobRecord, NodeRecord
 from slurm_amoeba.slurm import JobState as SlurmState
+from slurm_amoeba.slurm.marks import parse_elastic_comment, parse_hold_mark
 from slurm_amoeba.slurm.reasons import waits_for_resources
 
 #: An adaptive job's goodput is tabled at every size up to this one, beyond it on a grid 1.25 times apart
@@ -104,6 +111,7 @@ def build_snapshot(
     stale_after_s: float,
     now: float,
     make_room_after_s: float = 0.0,
+    service: Mapping[str, float] | None = None,
     reuse: SnapshotCache | None = None,
 ) -> Observation:
     """Turn Slurm's view and the agents' records into the policy's snapshot (see the module docstring).
@@ -129,6 +137,8 @@ def build_snapshot(
         stale_after_s: a managed job whose agent has not reported for this long is left alone.
         now: the daemon's clock (Unix seconds).
         make_room_after_s: see above; 0 makes room for every pending job at once.
+        service: job id -> GPU-seconds it attained, its earlier runs included (the daemon's service book); a job
+            it does not name has attained what its current run has (None: every job).
         reuse: the previous rounds' nodes and unmanaged jobs (:class:`SnapshotCache`): those whose Slurm records
             did not change are taken from it instead of being built again (None: build every one).
 
@@ -151,6 +161,7 @@ def build_snapshot(
             info, leaving = managed_job(
                 key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus=cluster_gpus
             )
+            info = _with_service(info, service)
             managed[key] = info
             for name, gpus in leaving.items():
                 releasing[name] = releasing.get(name, 0) + gpus
@@ -158,7 +169,7 @@ def build_snapshot(
             other = reuse.unmanaged_job(key, records, pinned=key in pins, now=now)
             if other is None:
                 continue
-            info = other
+            info = _with_service(other, service)
         jobs.append(info)
     nodes = show_released(placeable, releasing)
     others = [info for info in jobs if info.job_id not in managed]
@@ -263,19 +274,22 @@ def unmanaged_job(
         now: the daemon's clock.
 
     Returns:
-        A running job where it holds GPUs; a pending job where every component waits, for GPUs, in a regular
-        partition and for no reason free GPUs cannot cure (:func:`~slurm_amoeba.slurm.reasons.waits_for_resources`);
-        None otherwise.
+        A running job where it holds GPUs; a pending job where it asks for GPUs in a regular partition and every
+        component waits for no reason free GPUs cannot cure (:func:`~slurm_amoeba.slurm.reasons.waits_for_resources`),
+        or it carries the elastic mark or the daemon's hold mark (see the module docstring; another's hold leaves
+        it out); None otherwise.
     """
     held = _gpus_by_node(records)
     first = min(records, key=lambda r: r.het_job_offset)
+    limit = None if first.time_limit_s is None else float(first.time_limit_s)
+    priority = max(r.priority for r in records)
     fixed = functools.partial(
         JobInfo,
         job_id=key,
         submit_time=float(first.submit_time),
-        priority=max(r.priority for r in records),
         owner=first.user,
         partition=first.partition,
+        time_limit=limit,
     )
     if held:
         gpus = sum(held.values())
@@ -290,17 +304,40 @@ def unmanaged_job(
             attained_service=ran * gpus,
             executed_time=ran,
             pinned=pinned,
+            priority=priority,
         )
     if not all(r.state is SlurmState.PENDING for r in records):
         return None
-    wanted = sum(r.gpus_per_node * max(r.node_count, 1) for r in records)
-    regular = set(regular_partitions)
-    waits_for_gpus = any(_partitions(r) & regular for r in records) and all(
-        waits_for_resources(r.state_reason) for r in records
-    )
-    if wanted <= 0 or not waits_for_gpus:
+    # Per node times nodes, or the requested TRES where a job asks for GPUs per job (``--gpus``).
+    wanted = sum(max(r.gpus_per_node * max(r.node_count, 1), r.gpus_requested) for r in records)
+    in_regular = any(_partitions(r) & set(regular_partitions) for r in records)
+    if wanted <= 0 or not in_regular:
         return None
-    return fixed(state=JobPhase.PENDING, requested_workers=wanted, min_workers=wanted, max_workers=wanted)
+    hold = parse_hold_mark(first.admin_comment)
+    slurm_holds = first.priority == 0 or any(r.is_held for r in records)
+    elastic = parse_elastic_comment(first.comment)
+    if slurm_holds and hold is None:
+        return None  # its owner's or an admin's hold: not the daemon's to lift, and Slurm will not start it
+    if hold is None and elastic is None and not all(waits_for_resources(r.state_reason) for r in records):
+        return None
+    low, high = elastic if elastic is not None and wanted >= elastic[0] else (wanted, wanted)
+    per_worker = math.ceil(wanted / low)
+    return fixed(
+        state=JobPhase.PENDING,
+        requested_workers=low,
+        min_workers=low,
+        max_workers=high,
+        gpus_per_worker=per_worker,
+        priority=hold.priority if hold is not None else priority,
+        held=slurm_holds,
+        held_since=None if hold is None else float(hold.since),
+    )
+
+
+def _with_service(info: JobInfo, service: Mapping[str, float] | None) -> JobInfo:
+    """The job with the attained service of the daemon's book, where the book has it."""
+    attained = None if service is None else service.get(info.job_id)
+    return info if attained is None else dataclasses.replace(info, attained_service=attained)
 
 
 def run_seconds(first: JobRecord, now: float) -> float:
@@ -338,13 +375,13 @@ def cap_young_pending(
         make_room_after_s: how long a pending job is left to Slurm; 0 leaves every job as it is.
 
     Returns:
-        The jobs, in the same order.
+        The jobs, in the same order; pending elastic jobs as they are (admission decides on their whole range).
     """
     if make_room_after_s <= 0:
         return tuple(jobs)
     kept: list[JobInfo] = []
     for info in jobs:
-        if info.state is not JobPhase.PENDING or now - info.submit_time >= make_room_after_s:
+        if info.state is not JobPhase.PENDING or now - info.submit_time >= make_room_after_s or info.is_elastic:
             kept.append(info)
             continue
         capped = min(info.requested_workers, free_gpus)
@@ -448,6 +485,7 @@ def managed_job(
         partition=reg.partition,
         attained_service=max(0.0, now - started) * workers * reg.gpus_per_worker,
         executed_time=max(0.0, now - started),
+        time_limit=None if first.time_limit_s is None else float(first.time_limit_s),
         resizing=resizing,
         pinned=pinned,
         adaptive=model,

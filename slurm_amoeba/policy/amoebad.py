@@ -35,6 +35,7 @@ from slurm_amoeba.core.errors import unknown_key_message
 from slurm_amoeba.policy.actions import Action, Place, Resize
 from slurm_amoeba.policy.common import SizeAction, base_size
 from slurm_amoeba.policy.elastic_room import admission_keeps, compact_growth, elastic_layer, spared_size
+from slurm_amoeba.policy.queue_order import las_key
 from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S, SlurmBaselinePolicy
 from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
@@ -161,8 +162,9 @@ class WholeNodeLayer:
 @dataclasses.dataclass(frozen=True)
 class LasOrderLayer:
     """Slurm's queue in 2D-LAS order (Tiresias's queue without its preemptions): the pending jobs of a partition
-    tier are tested by how many thresholds their attained GPU-seconds passed, then by submit time. Live:
-    ``queue_order.enabled``, the daemon setting job priorities.
+    tier are tested by how many thresholds their attained GPU-seconds passed, then by submit time, then by id
+    (:func:`~slurm_amoeba.policy.queue_order.las_key`, the live layer's key). Live: ``queue_order.enabled``, the
+    daemon setting job priorities (:class:`~slurm_amoeba.policy.queue_order.QueueOrderLayer`).
 
     Attributes:
         thresholds_gpu_s: attained GPU-seconds at which a job moves to the next queue (increasing, above 0).
@@ -178,10 +180,6 @@ class LasOrderLayer:
                 f"e.g. ({DEFAULT_LAS_THRESHOLD_GPU_S:g},)"
             )
         object.__setattr__(self, "thresholds_gpu_s", thresholds)
-
-    def queue(self, job: JobInfo) -> int:
-        """The 2D-LAS queue a job is in: how many thresholds its attained service reached."""
-        return sum(job.attained_service >= threshold for threshold in self.thresholds_gpu_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,9 +228,10 @@ class AmoebadPolicy(SlurmBaselinePolicy):
         las = self.las_order
         if las is None:
             return super().queue_order(snapshot, now)
+        thresholds = las.thresholds_gpu_s
         return sorted(
             snapshot.startable(),
-            key=lambda job: (-self._partition(job).priority_tier, las.queue(job), job.submit_time, job.job_id),
+            key=lambda job: (-self._partition(job).priority_tier, *las_key(job, thresholds)),
         )
 
     def slurm_holds(self, job: JobInfo) -> int:

@@ -86,7 +86,8 @@ class WholeNodeMoves:
 
 
 def whole_node_moves(snapshot: Snapshot, exclude: Collection[str] = (), skip: Collection[str] = ()) -> list[Move]:
-    """The moves that let pending jobs start whole on one node (see the module docstring).
+    """The moves that let pending jobs start whole on one node (see the module docstring); a held job cannot start
+    and gets none.
 
     Pending jobs are taken in Slurm's priority order; one that a node can hold now takes that node's free GPUs (best
     fit, as Slurm's placement would); one that none can hold, that fits on one node and whose need the free GPUs of
@@ -107,7 +108,7 @@ def whole_node_moves(snapshot: Snapshot, exclude: Collection[str] = (), skip: Co
     node_gpus = max((node.gpus_total for node in snapshot.nodes), default=0)
     jobs = {job.job_id: job for job in movable}
     moves: list[Move] = []
-    for pending in sorted(snapshot.pending(), key=priority_key):
+    for pending in sorted(snapshot.startable(), key=priority_key):
         need = base_size(pending) * pending.gpus_per_worker
         if need <= 0 or need > node_gpus or pending.job_id in skip:
             continue

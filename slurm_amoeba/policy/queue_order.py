@@ -1,32 +1,38 @@
 """Slurm's queue in 2D-LAS order (Tiresias' least attained service), and the job priorities that make Slurm use it.
 
-Pure functions for the daemon's queue ordering (docs/admin.md, "Ordering Slurm's queue by attained service"); the
-clock is passed in, nothing here reads Slurm. Three steps:
+The daemon's queue ordering (docs/admin.md, "Ordering Slurm's queue by attained service") is a layer composed around
+its policy, :class:`QueueOrderLayer`, which answers with :class:`~slurm_amoeba.policy.actions.SetPriority` actions;
+the simulator's ``amoebad`` policy orders its modelled queue with the same key (:func:`las_key`,
+:class:`~slurm_amoeba.policy.amoebad.LasOrderLayer`). The clock is passed in, nothing here reads Slurm. Three steps:
 
 1. :func:`account`: each job's **attained service**, in GPU-seconds, from what Slurm shows of its runs (a run is one
    record: an ordinary job, a heterogeneous component, or a satellite of an elastic job, counted for its parent):
    elapsed time of the run times the GPUs it holds, plus what the job's earlier runs attained (a requeued job keeps
    its service: the run is banked when Slurm stops showing it running). The book is the caller's state, handed in
-   and returned, so that the function stays pure.
-2. :func:`las_order`: the pending jobs in 2D-LAS order, as ``las_queue_s`` orders them in the simulator's ``slurm``
-   baseline: by queue (the number of thresholds the job's attained service has reached; one threshold of 16
-   GPU-hours is the Pollux artifact's Tiresias), then by submit time, then by job id.
+   and returned, so that the function stays pure (the daemon keeps it in its snapshot step and hands it in as
+   ``JobInfo.attained_service``).
+2. :func:`las_order`: the pending jobs in 2D-LAS order (:func:`las_key`): by queue (the number of thresholds the
+   job's attained service has reached; one threshold of 16 GPU-hours is the Pollux artifact's Tiresias), then by
+   submit time, then by job id.
 3. :func:`las_priorities`: priorities along that order that Slurm's scheduler (``priority/basic`` or
    ``priority/multifactor``: both test jobs in priority order within a partition tier) turns back into it. The jobs'
    own current priorities are *permuted*: the highest one goes to the first job in LAS order, the next to the
    second, and so on (ties are spread so that every job's value is distinct, never below 1: 0 would hold the job).
    The band of values the ordered jobs hold stays what Slurm gave them, so jobs the daemon leaves alone (other
    partitions, held jobs) keep their place relative to the band. :func:`priority_updates` lists the changes that
-   remain, first in LAS order, at most a bound per round, and none while the queue is in order already.
+   remain, first in LAS order, and none while the queue is in order already. The per-round bound and the backoff
+   of a job Slurm refused are the daemon's executor's (:mod:`slurm_amoeba.daemon.executor`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from slurm_amoeba.policy.actions import Action, SetPriority
 from slurm_amoeba.policy.common import las_queue
+from slurm_amoeba.policy.types import JobInfo, JobPhase, Policy, Snapshot
 
 #: The Pollux artifact's Tiresias threshold between its two queues: 16 GPU-hours.
 DEFAULT_THRESHOLDS_GPU_S = (16 * 3600.0,)
@@ -104,35 +110,25 @@ def account(book: Mapping[str, JobService], samples: Iterable[RunSample], now: f
     return fresh
 
 
-@dataclasses.dataclass(frozen=True)
-class QueuedJob:
-    """A pending job the daemon may reorder.
-
-    Attributes:
-        job_id: the Slurm id its priority is set through (a heterogeneous job's leader).
-        submit_time: when it was submitted (seconds).
-        attained_gpu_s: the service its job has attained (:func:`account`).
-        priority: its priority in Slurm now.
-    """
-
-    job_id: str
-    submit_time: float
-    attained_gpu_s: float
-    priority: int
-
-
 def _id_key(job_id: str) -> tuple[int, str]:
     return (int(job_id), "") if job_id.isdigit() else (-1, job_id)
 
 
-def las_order(jobs: Iterable[QueuedJob], thresholds_gpu_s: Sequence[float]) -> list[QueuedJob]:
-    """The pending jobs in 2D-LAS order: by queue, then by submit time, then by job id."""
-    return sorted(
-        jobs, key=lambda job: (las_queue(job.attained_gpu_s, thresholds_gpu_s), job.submit_time, _id_key(job.job_id))
-    )
+def las_key(job: JobInfo, thresholds_gpu_s: Sequence[float]) -> tuple[int, float, tuple[int, str]]:
+    """A pending job's place in 2D-LAS order: its queue, then its submit time, then its id (numeric ids by number).
+
+    The one LAS key of the project: the live layer (:class:`QueueOrderLayer`) and the simulator's ``amoebad`` policy
+    (:class:`~slurm_amoeba.policy.amoebad.LasOrderLayer`) both sort by it.
+    """
+    return (las_queue(job.attained_service, thresholds_gpu_s), job.submit_time, _id_key(job.job_id))
 
 
-def las_priorities(order: Sequence[QueuedJob]) -> dict[str, int]:
+def las_order(jobs: Iterable[JobInfo], thresholds_gpu_s: Sequence[float]) -> list[JobInfo]:
+    """The pending jobs in 2D-LAS order (:func:`las_key`)."""
+    return sorted(jobs, key=lambda job: las_key(job, thresholds_gpu_s))
+
+
+def las_priorities(order: Sequence[JobInfo]) -> dict[str, int]:
     """Distinct priorities, decreasing along ``order``, made of the jobs' own priorities (see the module docstring).
 
     The current values sorted from high to low are handed out along the order; where two are equal (or too low to
@@ -154,21 +150,87 @@ def las_priorities(order: Sequence[QueuedJob]) -> dict[str, int]:
     return {job.job_id: value for job, value in zip(order, out, strict=True)}
 
 
-def priority_updates(
-    order: Sequence[QueuedJob], wanted: Mapping[str, int], limit: int
-) -> tuple[list[tuple[str, int]], int]:
-    """The priority changes still to make, first in LAS order, at most ``limit`` of them; none while the current
-    priorities already decrease strictly along the order (a job leaving the queue costs no update).
+def priority_updates(order: Sequence[JobInfo], wanted: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The priority changes still to make, first in LAS order; none while the current priorities already decrease
+    strictly along the order (a job leaving the queue costs no update).
 
     Args:
         order: the jobs in LAS order, with their current priorities.
         wanted: job id -> the priority it should have (:func:`las_priorities`).
-        limit: the most changes to make now.
 
     Returns:
-        The changes (job id, priority), and how many more were left for later rounds.
+        The changes (job id, priority).
     """
     if all(first.priority > second.priority >= 1 for first, second in itertools.pairwise(order)):
-        return [], 0
-    changes = [(job.job_id, wanted[job.job_id]) for job in order if job.priority != wanted[job.job_id]]
-    return changes[:limit], max(0, len(changes) - limit)
+        return []
+    return [(job.job_id, wanted[job.job_id]) for job in order if job.priority != wanted[job.job_id]]
+
+
+def orders(job: JobInfo, partitions: Collection[str], users: Collection[str]) -> bool:
+    """Whether queue ordering sets a job's priority: pending, not held (priority above 0), of ``partitions`` and
+    ``users`` (empty: all)."""
+    return (
+        job.state is JobPhase.PENDING
+        and not job.held
+        and job.priority > 0
+        and (not partitions or job.partition in partitions)
+        and (not users or job.owner in users)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueOrderLayer:
+    """A policy with the priorities of 2D-LAS order added to its answer (live: ``queue_order.enabled``).
+
+    The pending jobs it orders are those Slurm does not hold, with a priority above 0, of ``partitions`` and
+    ``users``; their ``attained_service`` is the daemon's service book. The band of priorities is the one Slurm gave
+    them: a job whose priority the daemon set already counts with its own (``own_priorities``), so that a round cut
+    short by the executor's bound does not push the band up.
+
+    Attributes:
+        inner: the policy whose answer the priorities are added to.
+        thresholds_gpu_s: attained GPU-seconds at which a job moves to the next queue.
+        partitions: the partitions whose pending jobs it orders (empty: every partition).
+        users: only these users' jobs (empty: everyone's).
+        own_priorities: job id -> the priority Slurm had given it before the daemon set one (the executor's
+            record, read at each call).
+    """
+
+    inner: Policy
+    thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S
+    partitions: Collection[str] = frozenset()
+    users: Collection[str] = frozenset()
+    own_priorities: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The inner policy's name (queue order is a layer, not another policy)."""
+        return self.inner.name
+
+    @property
+    def decides_on_events_only(self) -> bool:
+        """False: attained service grows with time."""
+        return False
+
+    @property
+    def emits(self) -> frozenset[type[Action]]:
+        """The inner policy's action types, and priorities."""
+        return self.inner.emits | {SetPriority}
+
+    def ordered(self, snapshot: Snapshot) -> list[JobInfo]:
+        """The pending jobs it orders (:func:`orders`), in 2D-LAS order."""
+        jobs = [job for job in snapshot.jobs if orders(job, self.partitions, self.users)]
+        return las_order(jobs, self.thresholds_gpu_s)
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        """The inner policy's actions, then one priority per pending job whose priority differs from its place in
+        LAS order, first in that order (none while the queue is in order already)."""
+        order = self.ordered(snapshot)
+        band = [dataclasses.replace(job, priority=self.own_priorities.get(job.job_id, job.priority)) for job in order]
+        wanted = las_priorities(band)
+        queues = {job.job_id: las_queue(job.attained_service, self.thresholds_gpu_s) for job in order}
+        priorities = [
+            SetPriority(job_id, priority, f"LAS queue {queues[job_id]}")
+            for job_id, priority in priority_updates(order, wanted)
+        ]
+        return [*self.inner.decide(snapshot, now), *priorities]

@@ -95,6 +95,10 @@ class JobInfo:
             jobs; what whole-node moves can move off a node); empty elsewhere.
         held: a pending job is held (a :class:`~slurm_amoeba.policy.actions.Hold`, Slurm's ``scontrol hold``): it
             may not start until released, and policies pass it over as Slurm does (:meth:`Snapshot.startable`).
+        held_since: when the daemon's admission hold of this pending job began (the hold mark in its
+            ``AdminComment``, :mod:`slurm_amoeba.slurm.marks`); ``None`` for a job the daemon does not hold. A job
+            with it set has as ``priority`` the priority Slurm had given it before the hold (Slurm shows 0 while
+            it is held); with ``held`` False the mark outlived its hold and is cleared by the daemon's executor.
     """
 
     job_id: str
@@ -122,6 +126,7 @@ class JobInfo:
     batch: int | None = None
     lent: Mapping[str, int] = dataclasses.field(default_factory=dict)
     held: bool = False
+    held_since: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:

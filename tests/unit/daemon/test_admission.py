@@ -5,23 +5,28 @@ that lives in memory)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pytest
 
 from slurm_amoeba.cli.amoebactl import _format_status
 from slurm_amoeba.daemon.actuator import operator_rights
-from slurm_amoeba.daemon.admission import Admitter, admission_input, make_admitter
+from slurm_amoeba.daemon.admission import Admitter, HeldJob, make_admitter
+from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
 from slurm_amoeba.daemon.config import Admission, ConfigError, load_config, parse_config
 from slurm_amoeba.daemon.daemon import Daemon, DaemonUser
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.refusals import Refusals
+from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.policy import Hold
+from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
 from slurm_amoeba.policy.amoebad import AdmissionLayer, AmoebadPolicy
+from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, NodeRecord, SlurmCommandError
 from slurm_amoeba.slurm.marks import HoldMark, parse_hold_mark
-from tests.unit.daemon.fakes import job, node, satellite
+from tests.unit.daemon.fakes import ME, job, node
 
 PENDING = JobState.PENDING
 ELASTIC = "amoeba-elastic=2:8 my own note"
@@ -94,12 +99,74 @@ def cluster(used: int) -> list[NodeRecord]:
     return out
 
 
-def admitter(slurm: MemorySlurm, **settings: object) -> Admitter:
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """What one round of admission did, as a test reads it."""
+
+    held: tuple[str, ...]
+    released: tuple[str, ...]
+    starved: tuple[str, ...]
+    waiting: tuple[HeldJob, ...]
+    failed: tuple[str, ...]
+    backing_off: tuple[str, ...]
+
+
+class RoundOfAdmission:
+    """The daemon's admission path in one object: the snapshot step, the admission layer's verdicts, the Admitter
+    (as the executor calls it)."""
+
+    def __init__(self, slurm: MemorySlurm, settings: Admission, user: str = "amoebad") -> None:
+        self.slurm = slurm
+        self.admitter = Admitter(settings, slurm, DaemonMetrics(), user=user)
+        self.gate = AdmissionGate(
+            FifoPolicy(), slurm_rule(settings.max_hold_s), frozenset(), frozenset(settings.users), 64
+        )
+        self.settings = settings
+
+    def apply(self, view: ClusterView, now: float, agents: Mapping[str, AgentRecord] | None = None) -> Round:
+        obs = build_snapshot(
+            view,
+            agents or {},
+            pinned=(),
+            regular_partitions=("batch",),
+            elastic_partition="elastic",
+            stale_after_s=60.0,
+            now=now,
+        )
+        jobs = {info.job_id: info for info in obs.snapshot.jobs}
+        self.admitter.sync(jobs, now)
+        done: dict[str, list[str]] = {"held": [], "released": [], "starved": [], "failed": [], "backing_off": []}
+        if self.settings.enabled:
+            wanted = {job.job_id: job for job in self.gate.rule_view(obs.snapshot).jobs}
+            for action in self.gate.verdicts(obs.snapshot, now):
+                info = jobs[action.job_id]
+                if not self.admitter.refusals.ready(info.job_id, now):
+                    done["backing_off"].append(info.job_id)
+                    continue
+                if isinstance(action, Hold):
+                    gpus = wanted[info.job_id].requested_workers * info.gpus_per_worker
+                    ok = self.admitter.hold(info.job_id, info.owner, info.priority, gpus, action.reason, now)
+                    key = "held"
+                else:
+                    ok = self.admitter.release(info.job_id, info.owner, action.reason, now, starved=action.starved)
+                    key = "starved" if action.starved else "released"
+                done[key if ok else "failed"].append(info.job_id)
+        return Round(
+            tuple(done["held"]),
+            tuple(done["released"]),
+            tuple(done["starved"]),
+            self.admitter.waiting,
+            tuple(done["failed"]),
+            tuple(done["backing_off"]),
+        )
+
+
+def admitter(slurm: MemorySlurm, *, user: str = "amoebad", **settings: object) -> RoundOfAdmission:
     config = Admission(enabled=True, **settings)  # type: ignore[arg-type]
-    return Admitter(config, ("batch",), 64, slurm, DaemonMetrics())
+    return RoundOfAdmission(slurm, config, user)
 
 
-def test_held_while_few_gpus_are_free_then_released_with_its_priority_back() -> None:
+def test_held_while_few_gpus_are_free_released_with_its_priority_back_and_held_again_when_it_stops_fitting() -> None:
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
     daemon = admitter(slurm)
     first = daemon.apply(slurm.view(), 2_000.0)
@@ -107,7 +174,7 @@ def test_held_while_few_gpus_are_free_then_released_with_its_priority_back() -> 
     assert slurm.calls[:2] == [("comment", 7, HoldMark(2000, 500, 8).text()), ("hold", 7, None)]  # mark first
     record = slurm.records[7]
     assert record.priority == 0 and parse_hold_mark(record.admin_comment) == HoldMark(2000, 500, 8)
-    assert [(h.job_id, h.wanted, h.available) for h in first.waiting] == [("7", 8, 4)]
+    assert [(h.job_id, h.wanted) for h in first.waiting] == [("7", 8)]
     assert daemon.apply(slurm.view(), 2_005.0).waiting[0].since == 2000.0  # still waiting: nothing called
     assert len(slurm.calls) == 2
     slurm.nodes = cluster(used=8)
@@ -115,26 +182,54 @@ def test_held_while_few_gpus_are_free_then_released_with_its_priority_back() -> 
     assert second.released == ("7",)
     assert slurm.calls[2:] == [("release", 7, None), ("comment", 7, ""), ("priority", 7, 500)]
     assert slurm.records[7].admin_comment == "" and slurm.records[7].priority == 500
-    slurm.nodes = cluster(used=16)  # admitted once: never held again while it waits for Slurm
-    assert daemon.apply(slurm.view(), 2_011.0).held == ()
+    # Released but not started yet, it no longer fits: no memory of the release, the rule holds it again.
+    slurm.nodes = cluster(used=16)
+    assert daemon.apply(slurm.view(), 2_011.0).held == ("7",)
+    assert parse_hold_mark(slurm.records[7].admin_comment) == HoldMark(2011, 500, 8)
 
 
-def test_loans_count_as_available_and_a_job_with_room_is_never_held() -> None:
-    records = {7: elastic_job(), 20: satellite(20, 3, gpus={"n1": 4})}
-    slurm = MemorySlurm(records, cluster(used=12))
-    assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"3"}).held == ()
+def managed(job_id: int, workers: int, low: int = 2) -> tuple[list[JobRecord], dict[str, AgentRecord]]:
+    """A running elastic job the daemon manages: ``workers`` GPUs on node n1 (its allocation), its agent's record."""
+    records = [
+        job(job_id, het_job_id=job_id, het_job_offset=0, gpus={}),
+        job(job_id + 1, het_job_id=job_id, het_job_offset=1, gpus={"n1": workers}),
+    ]
+    reg = Registration(str(job_id), "tcp://127.0.0.1:5000", low, 8, 1, "batch", "elastic")
+    record = AgentRecord(registration=reg, uid=ME, user="alice", registered_at=1_900.0)
+    record.accept_report(Report(workers, 1, workers, {}, (), (), 1_999.0))
+    return records, {str(job_id): record}
+
+
+def test_running_managed_jobs_workers_above_their_minimum_are_lendable_and_a_job_with_room_is_not_held() -> None:
+    lender, agents = managed(3, workers=4, low=2)
+    slurm = MemorySlurm({7: elastic_job(7, comment="amoeba-elastic=2:6")}, cluster(used=12))
+    for record in lender:
+        slurm.records[record.job_id] = record
+    # 4 free GPUs and 2 workers of job 3 above its minimum: 6, the requested size.
+    assert admitter(slurm).apply(slurm.view(), 2_000.0, agents).held == ()
     assert slurm.calls == []
-    # Satellites of a job the daemon does not manage are not its to take back.
-    assert admitter(slurm).apply(slurm.view(), 2_000.0, lenders={"4"}).held == ("7",)
+    # Without its agent job 3 is a fixed-size job: nothing lendable, and job 7 waits held.
+    assert admitter(slurm).apply(slurm.view(), 2_000.0).held == ("7",)
+    # At its minimum, it lends nothing either.
+    lender, agents = managed(3, workers=4, low=4)
+    slurm = MemorySlurm({7: elastic_job(7, comment="amoeba-elastic=2:6")}, cluster(used=12))
+    for record in lender:
+        slurm.records[record.job_id] = record
+    assert admitter(slurm).apply(slurm.view(), 2_000.0, agents).held == ("7",)
 
 
-def test_the_starvation_bound_releases_a_job_held_too_long() -> None:
-    slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
-    daemon = admitter(slurm, max_hold_s=30.0)
-    daemon.apply(slurm.view(), 2_000.0)
+def test_the_starvation_bound_counts_from_submission_and_releases_a_job_pending_too_long() -> None:
+    slurm = MemorySlurm({7: elastic_job(submit_time=1_990)}, cluster(used=12))
+    daemon = admitter(slurm, max_hold_s=40.0)
+    assert daemon.apply(slurm.view(), 2_000.0).held == ("7",)
     assert daemon.apply(slurm.view(), 2_029.0).starved == ()
-    assert daemon.apply(slurm.view(), 2_030.0).starved == ("7",)
+    assert daemon.apply(slurm.view(), 2_030.0).starved == ("7",)  # 40 s since its submission, 30 s held
     assert slurm.records[7].priority == 500 and slurm.records[7].admin_comment == ""
+    assert daemon.apply(slurm.view(), 2_031.0).held == ()  # an ordinary pending job now
+    # A job pending longer than the bound when the daemon first sees it is never held.
+    slurm = MemorySlurm({8: elastic_job(8, submit_time=1_000)}, cluster(used=12))
+    assert admitter(slurm, max_hold_s=40.0).apply(slurm.view(), 2_000.0).held == ()
+    assert slurm.calls == []
 
 
 def test_the_stop_releases_every_held_job_and_a_crash_leaves_marks_the_next_daemon_finds() -> None:
@@ -142,21 +237,21 @@ def test_the_stop_releases_every_held_job_and_a_crash_leaves_marks_the_next_daem
     daemon = admitter(slurm)
     assert daemon.apply(slurm.view(), 2_000.0).held == ("7", "8")
     # A crash: a new daemon with admission on keeps the holds (and their hold time) ...
-    again = admitter(slurm, max_hold_s=100.0)
+    again = admitter(slurm, max_hold_s=1_100.0)
     kept = again.apply(slurm.view(), 2_050.0)
     assert kept.held == () and {h.job_id: h.since for h in kept.waiting} == {"7": 2000.0, "8": 2000.0}
-    assert again.apply(slurm.view(), 2_100.0).starved == ("7", "8")
+    assert again.apply(slurm.view(), 2_100.0).starved == ("7",)  # 1100 s since its submission
+    assert again.apply(slurm.view(), 2_101.0).starved == ("8",)
     # ... and one with admission off releases them on its first round.
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
     admitter(slurm).apply(slurm.view(), 2_000.0)
-    off = Admitter(Admission(enabled=False), ("batch",), 64, slurm, DaemonMetrics())
-    off.apply(slurm.view(), 2_001.0)
+    RoundOfAdmission(slurm, Admission(enabled=False)).apply(slurm.view(), 2_001.0)
     assert slurm.records[7].priority == 500 and slurm.records[7].state_reason == "None"
     # The stop.
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
     daemon = admitter(slurm)
     daemon.apply(slurm.view(), 2_000.0)
-    assert daemon.release_all() == 1
+    assert daemon.admitter.release_all() == 1
     assert slurm.records[7].priority == 500 and slurm.records[7].admin_comment == ""
 
 
@@ -165,7 +260,7 @@ def test_a_release_slurm_refuses_is_logged_with_the_command(caplog: pytest.LogCa
     daemon = admitter(slurm)
     daemon.apply(slurm.view(), 2_000.0)
     slurm.refuse = True
-    assert daemon.release_all() == 0
+    assert daemon.admitter.release_all() == 0
     assert "release it with `scontrol release 7`" in caplog.text
 
 
@@ -190,15 +285,26 @@ def test_a_mark_left_on_a_released_job_is_cleared() -> None:
 
 
 def test_the_requested_size_is_the_marks_max_capped_by_the_site_and_the_cluster() -> None:
-    records = {
-        7: elastic_job(7, gpus=4, comment="amoeba-elastic=2:8"),  # 2 GPUs per worker
-        8: elastic_job(8, gpus=2, comment="amoeba-elastic=2:64"),
-    }
-    seen = admission_input(ClusterView(tuple(records.values()), tuple(cluster(0)), 0.0), ("batch",), (), 6, ())
-    wanted = {job.job_id: job.request_gpus for job in seen.queue}
-    assert wanted == {"7": 12, "8": 6}  # 7: 6 workers (the site's cap) x 2; 8: 6 x 1
-    seen = admission_input(ClusterView(tuple(records.values()), tuple(cluster(0)), 0.0), ("batch",), (), 64, ())
-    assert {job.job_id: job.request_gpus for job in seen.queue} == {"7": 16, "8": 16}  # the cluster's 16
+    records = (
+        elastic_job(7, gpus=4, comment="amoeba-elastic=2:8"),  # 2 GPUs per worker
+        elastic_job(8, gpus=2, comment="amoeba-elastic=2:64"),
+    )
+    obs = build_snapshot(
+        ClusterView(records, tuple(cluster(0)), 0.0),
+        {},
+        pinned=(),
+        regular_partitions=("batch",),
+        elastic_partition="elastic",
+        stale_after_s=60.0,
+        now=0.0,
+    )
+
+    def wanted(max_workers: int) -> dict[str, int]:
+        view = AdmissionGate(FifoPolicy(), max_workers=max_workers).rule_view(obs.snapshot)
+        return {job.job_id: job.requested_workers * job.gpus_per_worker for job in view.jobs}
+
+    assert wanted(6) == {"7": 12, "8": 6}  # 7: 6 workers (the site's cap) x 2; 8: 6 x 1
+    assert wanted(64) == {"7": 16, "8": 16}  # the cluster's 16
 
 
 def test_status_shows_a_held_job_as_held_by_amoebad() -> None:
@@ -220,21 +326,21 @@ def test_status_shows_a_held_job_as_held_by_amoebad() -> None:
             "enabled": True,
             "max_hold_s": 3600.0,
             "held_count": 1,
-            "held": [{"job_id": "7", "user": "alice", "wanted": 8, "available": 4, "since": 1.0, "held_s": 12.0}],
+            "held": [{"job_id": "7", "user": "alice", "wanted": 8, "since": 1.0, "held_s": 12.0}],
         },
     }
     text = _format_status(data)
-    assert "job 7 (user alice): held by amoebad: waiting for 8 GPUs (4 free or lendable), 12 s so far" in text
+    assert "job 7 (user alice): held by amoebad: waiting for 8 GPUs, 12 s so far" in text
 
 
 def test_enabling_without_rights_is_refused_and_the_config_is_read() -> None:
     slurm = MemorySlurm({}, [])
     with pytest.raises(ConfigError, match=r"admission.enabled refused: .*or set admission.enabled: false"):
-        make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=1003, user="amoeba")
+        make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoeba")
     with pytest.raises(ConfigError, match="cannot hold jobs"):
-        make_admitter(Admission(enabled=True), ("batch",), 64, object(), DaemonMetrics(), uid=0, user="root")
-    assert make_admitter(Admission(), ("batch",), 64, object(), DaemonMetrics(), uid=1003, user="x") is None
-    made = make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=0, user="root")
+        make_admitter(Admission(enabled=True), ("batch",), object(), DaemonMetrics(), uid=0, user="root")
+    assert make_admitter(Admission(), ("batch",), object(), DaemonMetrics(), uid=1003, user="x") is None
+    made = make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=0, user="root")
     assert made is not None and made.restore_priority
     assert parse_config({}).admission == Admission()
     config = parse_config({"admission": {"enabled": True, "max_hold_s": 60, "partitions": ["batch"], "users": ["a"]}})
@@ -265,12 +371,12 @@ def test_admission_needs_an_administrator_because_slurm_refuses_an_operator_the_
     # "Access/permission denied" (hold, release and Priority= went through), so no job was ever held.
     slurm = MemorySlurm({}, [], level="Operator")
     with pytest.raises(ConfigError) as refused:
-        make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=1003, user="amoebad")
+        make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoebad")
     text = str(refused.value)
     assert "AdminLevel Operator" in text and "sacctmgr modify user amoebad set adminlevel=Administrator" in text
     assert "only administrators set the AdminComment" in text and text.endswith("or set admission.enabled: false")
     slurm.level = "Administrator"
-    made = make_admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), uid=1003, user="amoebad")
+    made = make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoebad")
     assert made is not None
     slurm.level = "Operator"  # queue ordering only sets priorities: an Operator still may
     assert operator_rights(slurm, 1003, "amoebad") == ("AdminLevel Operator", "")
@@ -292,7 +398,7 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
 
 def test_a_refused_hold_backs_off_per_job_with_one_warning_naming_the_fix(caplog: pytest.LogCaptureFixture) -> None:
     slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12), refuse=True)
-    daemon = Admitter(Admission(enabled=True), ("batch",), 64, slurm, DaemonMetrics(), user="amoeba-replayd")
+    daemon = admitter(slurm, user="amoeba-replayd")
     caplog.set_level("DEBUG", logger="slurm_amoeba.daemon.refusals")
     tried: list[float] = []
     for now in range(2_000, 2_100):  # one round a second, Slurm refusing every call
@@ -313,7 +419,7 @@ def test_a_refused_hold_backs_off_per_job_with_one_warning_naming_the_fix(caplog
     # Granted the right: the next try holds the job and forgets its refusals; a new refusal warns again.
     slurm.refuse = False
     assert daemon.apply(slurm.view(), 2_170.0).held == ("7", "8")
-    assert daemon.refusals.refusals("7") == 0
+    assert daemon.admitter.refusals.refusals("7") == 0
     slurm.nodes = cluster(used=0)
     slurm.refuse = True
     caplog.clear()
@@ -331,10 +437,10 @@ def test_a_job_that_leaves_is_forgotten_and_another_refusal_names_no_rights_fix(
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12), refuse=True)
     daemon = admitter(slurm)
     daemon.apply(slurm.view(), 2_000.0)
-    assert daemon.refusals.refusals("7") == 1
+    assert daemon.admitter.refusals.refusals("7") == 1
     del slurm.records[7]
     daemon.apply(slurm.view(), 2_001.0)
-    assert daemon.refusals.refusals("7") == 0 and daemon.refusals.waiting(2_001.0) == ()
+    assert daemon.admitter.refusals.refusals("7") == 0 and daemon.admitter.refusals.waiting(2_001.0) == ()
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
 
     def busy(job_id: int, text: str) -> None:
@@ -354,9 +460,9 @@ def test_the_stop_tries_every_held_job_whatever_its_backoff() -> None:
     slurm.nodes = cluster(used=0)
     slurm.refuse = True
     daemon.apply(slurm.view(), 2_001.0)  # the release refused: job 7 backs off
-    assert not daemon.refusals.ready("7", 2_002.0)
+    assert not daemon.admitter.refusals.ready("7", 2_002.0)
     slurm.refuse = False
-    assert daemon.release_all() == 1
+    assert daemon.admitter.release_all() == 1
 
 
 def test_the_backoff_doubles_up_to_its_cap_and_counts_one_step_a_round() -> None:

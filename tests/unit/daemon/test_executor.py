@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slurm_amoeba.daemon.actuator import Actuator, Directive, QueueOrderer
@@ -56,7 +58,7 @@ class World:
         self.ledger.agents["e"].report = Report(2, 1, 3, {}, (), (), NOW)
         self.slurm = MemorySlurm({7: job(7, state=JobState.PENDING, priority=500)}, [node("n0")])
         self.actuator = RecordingActuator()
-        self.admitter = Admitter(Admission(enabled=True), ("batch",), 64, self.slurm, self.metrics)
+        self.admitter = Admitter(Admission(enabled=True), self.slurm, self.metrics)
         self.orderer = QueueOrderer(QueueOrder(enabled=True), ("batch",), self.slurm, self.metrics)
         self.executor = LiveExecutor(
             self.ledger, self.actuator, self.metrics, admitter=self.admitter, orderer=self.orderer
@@ -134,9 +136,10 @@ def test_a_hold_marks_then_holds_and_a_release_releases_and_clears_the_mark() ->
     assert world.slurm.calls == [("comment", 7, HoldMark(int(NOW), 500, 2).text()), ("hold", 7, None)]
     assert "7" in world.admitter.marks
     world.slurm.calls.clear()
+    world.jobs["7"] = dataclasses.replace(world.jobs["7"], held=True, held_since=NOW)  # the next round's snapshot
     world.apply(Release("7", reason="free now"))
-    assert world.slurm.calls[:2] == [("release", 7, None), ("comment", 7, "")]
-    assert "7" not in world.admitter.marks and "7" in world.admitter.admitted
+    assert world.slurm.calls == [("release", 7, None), ("comment", 7, ""), ("priority", 7, 500)]
+    assert "7" not in world.admitter.marks
 
 
 def test_a_release_of_a_job_the_daemon_does_not_hold_calls_nothing() -> None:

@@ -6,15 +6,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_amoeba.cli import amoebad
-from slurm_amoeba.daemon.actuator import QueueOrderer, make_queue_orderer, operator_rights
-from slurm_amoeba.daemon.config import ConfigError, QueueOrder, load_config, parse_config
+from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer, QueueRound, make_queue_orderer, operator_rights
+from slurm_amoeba.daemon.config import ConfigError, DaemonConfig, QueueOrder, load_config, parse_config
 from slurm_amoeba.daemon.daemon import Daemon, DaemonUser
+from slurm_amoeba.daemon.executor import LiveExecutor
+from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.observer import ClusterView, ServiceBook
+from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.policy.fifo import FifoPolicy
+from slurm_amoeba.policy.queue_order import QueueOrderLayer
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, SlurmCommandError
 from slurm_amoeba.slurm.parsers import parse_past_service
 from tests.unit.daemon.fakes import job, satellite
@@ -75,9 +81,52 @@ def view(records: list[JobRecord], control: FakeControl, now: float = 2_000.0) -
     return ClusterView(tuple(shown), (), now)
 
 
-def orderer(control: FakeControl, **settings: object) -> QueueOrderer:
-    config = QueueOrder(enabled=True, thresholds_gpu_s=(100.0,), **settings)  # type: ignore[arg-type]
-    return QueueOrderer(config, ("batch",), control, DaemonMetrics())
+def pending(job_id: int, **kwargs: Any) -> JobRecord:
+    """A pending job of one GPU in partition batch."""
+    return job(job_id, state=PENDING, gpus_per_node=1, **kwargs)
+
+
+class Ordering:
+    """The daemon's queue-ordering path in one object: the service book and the snapshot step, the queue-order
+    layer, the executor with its QueueOrderer (as Daemon composes them)."""
+
+    def __init__(self, control: FakeControl, queue: QueueOrderer) -> None:
+        self.orderer = queue
+        settings = queue.settings
+        self.layer = QueueOrderLayer(
+            FifoPolicy(),
+            settings.thresholds_gpu_s,
+            frozenset(queue.partitions),
+            frozenset(settings.users),
+            queue.touched,
+        )
+        self.book = ServiceBook(control.past_service)
+        ledger = Ledger(DaemonConfig(), queue.metrics, lambda: 0.0)
+        self.executor = LiveExecutor(ledger, Actuator(1, 1.0, 0), queue.metrics, orderer=queue, revert_on_stop=False)
+
+    def apply(self, shown: ClusterView, now: float) -> QueueRound:
+        obs = build_snapshot(
+            shown,
+            {},
+            pinned=(),
+            regular_partitions=("batch",),
+            elastic_partition="elastic",
+            stale_after_s=60.0,
+            now=now,
+            service=self.book.update(shown, now),
+        )
+        jobs = {info.job_id: info for info in obs.snapshot.jobs}
+        self.executor.apply(self.layer.decide(obs.snapshot, now), jobs, (), source="policy", now=now)
+        self.executor.wait()
+        assert self.orderer.last is not None
+        return self.orderer.last
+
+
+def orderer(control: FakeControl, *, release_to_restore: bool = False, **settings: object) -> Ordering:
+    settings.setdefault("thresholds_gpu_s", (100.0,))
+    config = QueueOrder(enabled=True, **settings)  # type: ignore[arg-type]
+    queue = QueueOrderer(config, ("batch",), control, DaemonMetrics(), release_to_restore=release_to_restore)
+    return Ordering(control, queue)
 
 
 def test_a_job_with_much_attained_service_goes_behind_fresh_ones_and_nothing_changes_twice() -> None:
@@ -85,50 +134,52 @@ def test_a_job_with_much_attained_service_goes_behind_fresh_ones_and_nothing_cha
     queue = orderer(control)
     old = job(1, gpus={"n1": 4}, submit_time=1_000, priority=30)  # started at 1001
     queue.apply(view([old], control, now=1_101.0), 1_101.0)  # 400 GPU-s attained
-    requeued = job(1, state=PENDING, submit_time=1_000, priority=30)
+    requeued = pending(1, submit_time=1_000, priority=30)
     fresh = [
-        job(2, state=PENDING, submit_time=1_050, priority=20),
-        job(3, state=PENDING, submit_time=1_060, priority=10),
+        pending(2, submit_time=1_050, priority=20),
+        pending(3, submit_time=1_060, priority=10),
     ]
     records = [requeued, *fresh]
     done = queue.apply(view(records, control), 2_000.0)
     assert control.priorities == {2: 30, 3: 20, 1: 10}
     assert done.changed == (("2", 30), ("3", 20), ("1", 10)) and done.pending == 3
-    assert queue.touched == {"2": 20, "3": 10, "1": 30}
+    assert queue.orderer.touched == {"2": 20, "3": 10, "1": 30}
     control.calls.clear()
     again = queue.apply(view(records, control), 2_005.0)
     assert control.calls == [] and again.changed == ()
-    assert queue.metrics.queue_updates.value({"action": "priority", "outcome": "ok"}) == 3
-    assert queue.metrics.queue_jobs.value({"queue": "1"}) == 1
+    assert queue.orderer.metrics.queue_updates.value({"action": "priority", "outcome": "ok"}) == 3
+    assert queue.orderer.metrics.queue_jobs.value({"queue": "1"}) == 1
 
 
 def test_in_submit_order_with_nobody_served_it_changes_nothing() -> None:
     control = FakeControl()
-    records = [job(i, state=PENDING, submit_time=1_000 + i, priority=100 - i) for i in range(1, 5)]
+    records = [pending(i, submit_time=1_000 + i, priority=100 - i) for i in range(1, 5)]
     assert orderer(control).apply(view(records, control), 2_000.0).changed == ()
     assert control.calls == []
 
 
-def test_a_satellite_waits_with_its_parents_service() -> None:
+def test_a_pending_satellite_is_the_daemons_own_extra_and_never_reordered() -> None:
     control = FakeControl()
     queue = orderer(control)
     parent = job(5, gpus={"n1": 4}, submit_time=1_000, partition="batch")
-    waiting_sat = satellite(8, parent=5, state=PENDING, submit_time=1_900, priority=50, partition="batch")
-    other = job(9, state=PENDING, submit_time=1_950, priority=40)
-    queue.apply(view([parent, waiting_sat, other], control), 2_000.0)  # the parent attained ~4000 GPU-s
-    assert control.priorities == {9: 50, 8: 40}
+    waiting_sat = satellite(
+        8, parent=5, state=PENDING, gpus_per_node=1, submit_time=1_900, priority=50, partition="batch"
+    )
+    others = [pending(9, submit_time=1_950, priority=40), pending(10, submit_time=1_940, priority=30)]
+    queue.apply(view([parent, waiting_sat, *others], control), 2_000.0)
+    assert control.priorities == {10: 40, 9: 30}
 
 
 def test_held_jobs_other_partitions_and_other_users_are_never_touched() -> None:
     control = FakeControl()
     queue = orderer(control, users=("alice",))
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=0, reason="JobHeldUser"),
-        job(2, state=PENDING, submit_time=1_010, priority=5, partition="elastic"),
-        job(3, state=PENDING, submit_time=1_020, priority=6, partition="batch,elastic"),
-        job(4, state=PENDING, submit_time=1_030, priority=7, user="bob"),
-        job(5, state=PENDING, submit_time=1_040, priority=1),
-        job(6, state=PENDING, submit_time=1_050, priority=2),
+        pending(1, submit_time=1_000, priority=0, reason="JobHeldUser"),
+        pending(2, submit_time=1_010, priority=5, partition="elastic"),
+        pending(3, submit_time=1_020, priority=6, partition="batch,elastic"),
+        pending(4, submit_time=1_030, priority=7, user="bob"),
+        pending(5, submit_time=1_040, priority=1),
+        pending(6, submit_time=1_050, priority=2),
     ]
     queue.apply(view(records, control), 2_000.0)
     assert {call[1] for call in control.calls} == {5, 6}
@@ -136,9 +187,9 @@ def test_held_jobs_other_partitions_and_other_users_are_never_touched() -> None:
 
 def test_a_heterogeneous_job_is_reordered_through_its_leader_only() -> None:
     control = FakeControl()
-    leader = job(10, state=PENDING, het_job_id=10, het_job_offset=0, submit_time=1_000, priority=1)
-    member = job(11, state=PENDING, het_job_id=10, het_job_offset=1, submit_time=1_000, priority=1)
-    later = job(12, state=PENDING, submit_time=1_100, priority=2)
+    leader = pending(10, het_job_id=10, het_job_offset=0, submit_time=1_000, priority=1)
+    member = pending(11, het_job_id=10, het_job_offset=1, submit_time=1_000, priority=1)
+    later = pending(12, submit_time=1_100, priority=2)
     orderer(control).apply(view([leader, member, later], control), 2_000.0)
     assert {call[1] for call in control.calls} == {10, 12}
 
@@ -146,71 +197,65 @@ def test_a_heterogeneous_job_is_reordered_through_its_leader_only() -> None:
 def test_the_bound_defers_the_rest_to_later_rounds_first_jobs_first() -> None:
     control = FakeControl()
     queue = orderer(control, max_updates_per_round=2)
-    records = [job(i, state=PENDING, submit_time=1_000 + i, priority=i) for i in range(1, 6)]  # reversed
+    records = [pending(i, submit_time=1_000 + i, priority=i) for i in range(1, 6)]  # reversed
     first = queue.apply(view(records, control), 2_000.0)
     assert [c[1] for c in control.calls] == [1, 2] and first.deferred == 2  # 3 has its place already
     for _ in range(5):
         queue.apply(view(records, control), 2_000.0)
     shown = view(records, control).jobs
     assert [r.job_id for r in sorted(shown, key=lambda r: -r.priority)] == [1, 2, 3, 4, 5]
-    assert queue.metrics.queue_deferred.value() == 2
+    assert queue.orderer.metrics.queue_deferred.value() == 2
 
 
 def test_a_job_that_vanished_before_its_update_is_counted_and_forgotten() -> None:
     control = FakeControl(gone={1})
     queue = orderer(control)
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=1),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
+        pending(1, submit_time=1_000, priority=1),
+        pending(2, submit_time=1_010, priority=2),
     ]
     done = queue.apply(view(records, control), 2_000.0)
     assert done.vanished == ("1",) and done.changed == (("2", 1),)
-    assert queue.metrics.queue_updates.value({"action": "priority", "outcome": "vanished"}) == 1
+    assert queue.orderer.metrics.queue_updates.value({"action": "priority", "outcome": "vanished"}) == 1
     queue.apply(view([records[1]], control), 2_005.0)  # 1 is gone from Slurm's view too
-    assert "1" not in queue.touched
+    assert "1" not in queue.orderer.touched
 
 
 def test_a_refusal_is_counted_as_a_failure() -> None:
     control = FakeControl(refuse=True)
     queue = orderer(control)
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=1),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
+        pending(1, submit_time=1_000, priority=1),
+        pending(2, submit_time=1_010, priority=2),
     ]
     assert queue.apply(view(records, control), 2_000.0).failed == ("1", "2")
-    assert queue.touched == {}
+    assert queue.orderer.touched == {}
 
 
 def test_revert_sets_the_priorities_slurm_had_given_under_priority_basic() -> None:
     control = FakeControl()
     queue = orderer(control)
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=1),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
+        pending(1, submit_time=1_000, priority=1),
+        pending(2, submit_time=1_010, priority=2),
     ]
     queue.apply(view(records, control), 2_000.0)
     assert control.priorities == {1: 2, 2: 1}
-    assert queue.revert() == 2
-    assert control.priorities == {1: 1, 2: 2} and queue.touched == {}
+    assert queue.orderer.revert() == 2
+    assert control.priorities == {1: 1, 2: 2} and queue.orderer.touched == {}
 
 
 def test_revert_holds_and_releases_under_priority_multifactor() -> None:
     control = FakeControl()
-    queue = QueueOrderer(
-        QueueOrder(enabled=True, thresholds_gpu_s=(100.0,)),
-        ("batch",),
-        control,
-        DaemonMetrics(),
-        release_to_restore=True,
-    )
+    queue = orderer(control, release_to_restore=True)
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=1),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
+        pending(1, submit_time=1_000, priority=1),
+        pending(2, submit_time=1_010, priority=2),
     ]
     queue.apply(view(records, control), 2_000.0)
     control.calls.clear()
     control.gone = {2}  # started meanwhile
-    assert queue.revert() == 1
+    assert queue.orderer.revert() == 1
     assert control.calls == [("hold", 1, 0), ("release", 1, 0), ("hold", 2, 0)]
 
 
@@ -287,8 +332,8 @@ def test_after_a_restart_the_first_round_reads_requeued_jobs_past_runs_from_acco
     control = FakeControl(past={1: 500.0})
     queue = orderer(control)
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=3),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
+        pending(1, submit_time=1_000, priority=3),
+        pending(2, submit_time=1_010, priority=2),
     ]
     queue.apply(view(records, control), 2_000.0)
     assert control.asked == [[1, 2]]
@@ -301,8 +346,8 @@ def test_without_accounting_the_daemon_counts_from_its_own_start() -> None:
     control = FakeControl(past={1: 500.0}, refuse=True)
     queue = orderer(control)
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=3),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
+        pending(1, submit_time=1_000, priority=3),
+        pending(2, submit_time=1_010, priority=2),
     ]
     assert queue.apply(view(records, control), 2_000.0).changed == ()
 
@@ -347,17 +392,20 @@ def test_a_refused_update_backs_off_without_taking_the_bounds_places(caplog: pyt
         original(job_id, priority)
 
     control.set_priority = set_priority  # type: ignore[method-assign]
-    queue = QueueOrderer(
-        QueueOrder(enabled=True, thresholds_gpu_s=(100.0,), max_updates_per_round=1),
-        ("batch",),
+    queue = Ordering(
         control,
-        DaemonMetrics(),
-        user="amoebad",
+        QueueOrderer(
+            QueueOrder(enabled=True, thresholds_gpu_s=(100.0,), max_updates_per_round=1),
+            ("batch",),
+            control,
+            DaemonMetrics(),
+            user="amoebad",
+        ),
     )
     records = [
-        job(1, state=PENDING, submit_time=1_000, priority=1),
-        job(2, state=PENDING, submit_time=1_010, priority=2),
-        job(3, state=PENDING, submit_time=1_020, priority=3),
+        pending(1, submit_time=1_000, priority=1),
+        pending(2, submit_time=1_010, priority=2),
+        pending(3, submit_time=1_020, priority=3),
     ]
     first = queue.apply(view(records, control), 2_000.0)
     assert first.failed == ("1",) and first.changed == ()
@@ -371,4 +419,25 @@ def test_a_refused_update_backs_off_without_taking_the_bounds_places(caplog: pyt
     queue.apply(view(records, control), 2_005.0)
     assert [c[1] for c in control.calls if c[1] == 1] == [1]  # not tried again before its 10 s
     assert queue.apply(view(records, control), 2_010.0).changed == (("1", 3),)
-    assert queue.refusals.refusals("1") == 0 and control.priorities == {1: 3, 3: 1}
+    assert queue.orderer.refusals.refusals("1") == 0 and control.priorities == {1: 3, 3: 1}
+
+
+def test_the_requeued_job_of_the_e2e_scenario_goes_behind_the_fresh_ones_once_it_waits_for_resources() -> None:
+    # tests/e2e/test_queue_order.py: A (whole cluster) runs ~3 s, is requeued and keeps the highest priority; X
+    # runs while A, B and C wait (whole-cluster jobs of the test's own user, threshold 20 GPU-s).
+    control = FakeControl()
+    queue = orderer(control, thresholds_gpu_s=(20.0,), users=("amoeba-las",))
+    whole = {"gpus_per_node": 4, "node_count": 4, "user": "amoeba-las"}
+    cluster = {f"n{i}": 4 for i in range(1, 5)}
+    queue.apply(view([job(1, gpus=cluster, user="amoeba-las")], control), 1_004.0)  # 3 s x 16 GPUs
+    blocker = job(2, gpus=cluster, submit_time=1_004, user="amoeba-las")
+    fresh = [
+        job(3, state=PENDING, submit_time=1_004, priority=99, reason="Priority", **whole),  # type: ignore[arg-type]
+        job(4, state=PENDING, submit_time=1_004, priority=98, reason="Priority", **whole),  # type: ignore[arg-type]
+    ]
+    requeued = job(1, state=PENDING, priority=100, reason="BeginTime", **whole)  # type: ignore[arg-type]
+    queue.apply(view([requeued, blocker, *fresh], control), 1_005.0)
+    assert control.calls == []  # A cannot start before its begin time: not ordered, B and C are in order
+    requeued = dataclasses.replace(requeued, state_reason="Resources")  # `scontrol update StartTime=now`
+    done = queue.apply(view([requeued, blocker, *fresh], control), 1_006.0)
+    assert done.changed == (("3", 100), ("4", 99), ("1", 98))

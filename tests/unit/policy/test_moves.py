@@ -73,6 +73,15 @@ def test_no_move_when_a_node_is_whole_the_cluster_lacks_gpus_or_the_workers_fit_
     assert whole_node_moves_of(snapshot({"n1": 1, "n2": 3, "n3": 3, "n4": 3}, rigid("9", 5)), job, sats) == []
 
 
+def test_no_move_is_made_for_a_held_job_which_cannot_start() -> None:
+    free = {"n1": 1, "n2": 2, "n3": 3, "n4": 0}
+    held = dataclasses.replace(rigid("9", 4), held=True)
+    assert whole_node_moves_of(snapshot(free, held), [elastic("5", 4)], {"5": {"n1": 3}}) == []
+    assert whole_node_moves_of(snapshot(free, held, rigid("8", 4)), [elastic("5", 4)], {"5": {"n1": 3}}) == [
+        Move("5", "n1", 3, "8")
+    ]
+
+
 def test_the_node_needing_the_fewest_gpus_moved_wins_and_each_node_and_job_moves_once() -> None:
     free = {"n1": 1, "n2": 2, "n3": 3, "n4": 3}
     jobs = [elastic("5", 4), elastic("6", 3)]

@@ -2,28 +2,45 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from slurm_amoeba.policy.actions import SetPriority, Start
 from slurm_amoeba.policy.common import las_queue
+from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.queue_order import (
     DEFAULT_THRESHOLDS_GPU_S,
     MAX_PRIORITY,
     JobService,
-    QueuedJob,
+    QueueOrderLayer,
     RunSample,
     account,
     las_order,
     las_priorities,
     priority_updates,
 )
+from slurm_amoeba.policy.types import JobInfo, JobPhase
+from tests.unit.policy.helpers import snapshot
 
 
 def run(job: str, record: str, start: float, gpus: int, running: bool = True) -> RunSample:
     return RunSample(job=job, record=record, running=running, start_time=start, gpus=gpus)
 
 
-def queued(job_id: str, submit: float, attained: float = 0.0, priority: int = 100) -> QueuedJob:
-    return QueuedJob(job_id=job_id, submit_time=submit, attained_gpu_s=attained, priority=priority)
+def queued(job_id: str, submit: float, attained: float = 0.0, priority: int = 100, **extra: object) -> JobInfo:
+    """A pending job of one GPU."""
+    return JobInfo(
+        job_id=job_id,
+        state=JobPhase.PENDING,
+        submit_time=submit,
+        requested_workers=1,
+        min_workers=1,
+        max_workers=1,
+        attained_service=attained,
+        priority=priority,
+        **extra,  # type: ignore[arg-type]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- accounting
@@ -119,11 +136,10 @@ def test_an_empty_queue_has_no_priorities() -> None:
     assert las_priorities([]) == {}
 
 
-def test_only_the_differences_are_updated_first_in_las_order_and_bounded() -> None:
+def test_only_the_differences_are_updated_first_in_las_order() -> None:
     order = [queued("b", 2.0, priority=5), queued("c", 3.0, priority=6), queued("d", 4.0, priority=3)]
     wanted = {"b": 6, "c": 5, "d": 3}
-    assert priority_updates(order, wanted, limit=10) == ([("b", 6), ("c", 5)], 0)
-    assert priority_updates(order, wanted, limit=1) == ([("b", 6)], 1)
+    assert priority_updates(order, wanted) == [("b", 6), ("c", 5)]
 
 
 def test_once_applied_the_order_is_stable() -> None:
@@ -131,12 +147,51 @@ def test_once_applied_the_order_is_stable() -> None:
     jobs = [queued("1", 1.0, 500.0, priority=30), queued("2", 2.0, priority=20), queued("3", 3.0, priority=10)]
     order = las_order(jobs, thresholds)
     wanted = las_priorities(order)
-    applied = [queued(j.job_id, j.submit_time, j.attained_gpu_s, wanted[j.job_id]) for j in jobs]
+    applied = [queued(j.job_id, j.submit_time, j.attained_service, wanted[j.job_id]) for j in jobs]
     order_again = las_order(applied, thresholds)
-    assert priority_updates(order_again, las_priorities(order_again), limit=10) == ([], 0)
+    assert priority_updates(order_again, las_priorities(order_again)) == []
     assert sorted(applied, key=lambda j: -j.priority) == order_again
 
 
 def test_a_queue_already_in_order_is_left_alone_even_when_its_values_are_not_the_permutation() -> None:
     order = [queued("b", 2.0, priority=9), queued("c", 3.0, priority=4)]  # a job between them left the queue
-    assert priority_updates(order, {"b": 9, "c": 7}, limit=10) == ([], 0)
+    assert priority_updates(order, {"b": 9, "c": 7}) == []
+
+
+# ---------------------------------------------------------------------------------------------------- the layer
+
+
+def test_the_layer_adds_priorities_in_las_order_to_the_inner_policys_answer() -> None:
+    jobs = [queued("1", 1.0, 500.0, priority=30), queued("2", 2.0, priority=20), queued("3", 3.0, priority=10)]
+    actions = QueueOrderLayer(FifoPolicy(), (100.0,)).decide(snapshot([4], jobs), 10.0)
+    assert [type(a) for a in actions[:2]] == [Start, Start]  # FIFO's answer first, unchanged
+    assert [(a.job_id, a.priority) for a in actions if isinstance(a, SetPriority)] == [
+        ("2", 30),
+        ("3", 20),
+        ("1", 10),
+    ]
+    assert all(a.reason.startswith("LAS queue") for a in actions if isinstance(a, SetPriority))
+
+
+def test_the_layer_leaves_held_jobs_other_partitions_and_other_users_alone() -> None:
+    jobs = [
+        queued("1", 1.0, 500.0, priority=30, owner="alice"),
+        queued("2", 2.0, priority=0, owner="alice"),  # Slurm holds it (priority 0)
+        queued("3", 3.0, priority=25, owner="alice", held=True, held_since=0.0),  # the daemon holds it
+        queued("4", 4.0, priority=40, owner="alice", partition="other"),
+        queued("5", 5.0, priority=50, owner="bob"),
+        queued("6", 6.0, priority=10, owner="alice"),
+    ]
+    layer = QueueOrderLayer(FifoPolicy(), (100.0,), partitions=frozenset({"batch"}), users=frozenset({"alice"}))
+    jobs = [job if job.partition == "other" else dataclasses.replace(job, partition="batch") for job in jobs]
+    assert [job.job_id for job in layer.ordered(snapshot([0], jobs))] == ["6", "1"]
+    priorities = [(a.job_id, a.priority) for a in layer.decide(snapshot([0], jobs), 10.0) if isinstance(a, SetPriority)]
+    assert priorities == [("6", 30), ("1", 10)]
+
+
+def test_a_job_whose_priority_the_daemon_set_counts_with_its_own_in_the_band() -> None:
+    # Job 2's 35 is the daemon's; Slurm had given it 20: the band stays 30 and 20, it does not climb.
+    jobs = [queued("1", 1.0, 500.0, priority=30), queued("2", 2.0, priority=35), queued("3", 3.0, priority=10)]
+    layer = QueueOrderLayer(FifoPolicy(), (100.0,), own_priorities={"2": 20})
+    priorities = [(a.job_id, a.priority) for a in layer.decide(snapshot([0], jobs), 10.0) if isinstance(a, SetPriority)]
+    assert priorities == [("2", 30), ("3", 20), ("1", 10)]

@@ -37,16 +37,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.loop import bench_loop
 from slurm_amoeba.core.messages import Message, encode
 from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
-from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.observer import ClusterView, Observation
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import check_actions, make_policy, policy_names
+from slurm_amoeba.policy import Policy, check_actions, make_policy, policy_names
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
 from slurm_amoeba.transport.munge import MungeError, seal, unseal
 
@@ -209,6 +209,28 @@ def agent_records(cluster: SyntheticCluster, now: float) -> dict[str, AgentRecor
     return agents
 
 
+def bench_policy(name: str) -> Policy:
+    """The policy as the benchmarks run it (``elastic-backfill`` without starting pending jobs, as the daemon does)."""
+    knobs: dict[str, Any] = {"start_pending": False} if name == "elastic-backfill" else {}
+    return make_policy(name, **knobs)
+
+
+def snapshot_of(
+    view: ClusterView, agents: Mapping[str, AgentRecord], now: float, stale_after_s: float = 60.0, **options: Any
+) -> Observation:
+    """:func:`build_snapshot` of the synthetic cluster's partitions (``options``: its further keywords)."""
+    return build_snapshot(
+        view,
+        agents,
+        pinned=(),
+        regular_partitions=("batch",),
+        elastic_partition="elastic",
+        stale_after_s=stale_after_s,
+        now=now,
+        **options,
+    )
+
+
 def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) -> dict[str, float]:
     """Median times of snapshot building, the policy's decision and the invariant check.
 
@@ -222,22 +244,13 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
     """
     now = time.time()
     agents = agent_records(cluster, now)
-    knobs: dict[str, Any] = {"start_pending": False} if policy_name == "elastic-backfill" else {}
-    policy = make_policy(policy_name, **knobs)
+    policy = bench_policy(policy_name)
     view = ClusterView(tuple(cluster.jobs), tuple(cluster.nodes), now)
     snap_t, decide_t, check_t = [], [], []
     made = 0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        obs = build_snapshot(
-            view,
-            agents,
-            pinned=(),
-            regular_partitions=("batch",),
-            elastic_partition="elastic",
-            stale_after_s=60.0,
-            now=now,
-        )
+        obs = snapshot_of(view, agents, now)
         t1 = time.perf_counter()
         decisions = policy.decide(obs.snapshot, now)
         t2 = time.perf_counter()

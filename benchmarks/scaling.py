@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.policy import SyntheticCluster, agent_records, synthetic_cluster
+from benchmarks.policy import SyntheticCluster, agent_records, bench_policy, snapshot_of, synthetic_cluster
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import check_actions, make_policy
+from slurm_amoeba.policy import check_actions
 from slurm_amoeba.slurm.parsers import parse_squeue_json
 
 #: The policies the daemon can run live.
@@ -96,8 +96,7 @@ def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> di
     """
     now = time.time()
     agents = agent_records(cluster, now)
-    knobs: dict[str, Any] = {"start_pending": False} if policy_name == "elastic-backfill" else {}
-    policy = make_policy(policy_name, **knobs)
+    policy = bench_policy(policy_name)
     rng = random.Random(1)
     options: dict[str, Any] = {}
     if "reuse" in inspect.signature(build_snapshot).parameters:
@@ -112,16 +111,7 @@ def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> di
         at = now + 5.0 * index
         view = next_view(cluster, rng, at)
         c0, t0 = time.thread_time(), time.perf_counter()
-        obs = build_snapshot(
-            view,
-            agents,
-            pinned=(),
-            regular_partitions=("batch",),
-            elastic_partition="elastic",
-            stale_after_s=3600.0,
-            now=at,
-            **options,
-        )
+        obs = snapshot_of(view, agents, at, stale_after_s=3600.0, **options)
         c1, t1 = time.thread_time(), time.perf_counter()
         if index == 0:
             first = t1 - t0

@@ -6,10 +6,15 @@ deterministic for a seed):
 - **decision time**: Slurm's records and the agents' records -> :func:`build_snapshot` -> ``policy.decide`` ->
   :func:`check_actions`, each timed, median over repetitions (``decision_s`` is the policy's ``decide``; the
   snapshot and the check are reported beside it);
-- **loop time under load**: the real :class:`Daemon` loop on a real ZeroMQ socket, with every elastic job's agent
-  simulated in a separate process that registers, then reports at 1 Hz with munge-signed messages and answers
-  directives; ``loop_s`` is the median round time (observe + snapshot + policy + orders), reported with the worst
-  round, how late rounds started, and how many reports per second the daemon answered and how fast.
+- **loop time under load** (:mod:`benchmarks.loop`): the real :class:`Daemon` loop on a real ZeroMQ socket, with
+  every elastic job's agent simulated, registered from its owner's uid (run as root: ``--agents-per-uid`` jobs per
+  simulated user, one forked process each) and reporting every ``--report-every`` seconds with munge-signed
+  messages; ``loop_s`` is the median round time (observe + snapshot + policy + orders), reported with the worst
+  round, how late rounds started, how many reports per second the daemon answered and how fast, ``amoebactl
+  status``'s reply time meanwhile, and the limits the load needed raised.
+
+**Scaling** (``--scaling``, :mod:`benchmarks.scaling`): parse, snapshot and every live policy's decision at 1,000,
+10,000 and 50,000 nodes, as a table, JSON and a log-log plot.
 
 Slurm itself is replaced by the synthetic records (no real cluster has 1,000 nodes here); everything after
 ``squeue``/``sinfo`` is the daemon's real code.
@@ -25,31 +30,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import zmq
-
+from benchmarks.loop import bench_loop
 from benchmarks.record import Recording
-from slurm_amoeba.core.messages import Message, decode, encode
+from slurm_amoeba.core.messages import Message, encode
 from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
-from slurm_amoeba.daemon.config import AGENT_REPORT_S, AgentSettings, DaemonConfig, Limits
-from slurm_amoeba.daemon.daemon import Daemon
-from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.observer import ClusterView, Observation
 from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import check_actions, make_policy, policy_names
+from slurm_amoeba.policy import Policy, check_actions, make_policy, policy_names
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
-from slurm_amoeba.transport.channel import ChannelServer, destination, request
 from slurm_amoeba.transport.munge import seal, unseal
 
 
@@ -201,6 +200,38 @@ def _throughput(size: int, high: int) -> dict[int, float]:
     return {n: 100.0 * n**0.9 for n in range(1, high + 1) if n <= size + 1}
 
 
+def agent_records(cluster: SyntheticCluster, now: float) -> dict[str, AgentRecord]:
+    """The daemon's records of the elastic jobs' agents, each with a report received at ``now``."""
+    agents: dict[str, AgentRecord] = {}
+    for job_id, (reg, size) in cluster.elastic.items():
+        record = AgentRecord(registration=reg, uid=os.getuid(), user="bench", registered_at=now)
+        record.accept_report(Report(size, 1, size, _throughput(size, reg.max_workers), (), (), now))
+        agents[job_id] = record
+    return agents
+
+
+def bench_policy(name: str) -> Policy:
+    """The policy as the benchmarks run it (``elastic-backfill`` without starting pending jobs, as the daemon does)."""
+    knobs: dict[str, Any] = {"start_pending": False} if name == "elastic-backfill" else {}
+    return make_policy(name, **knobs)
+
+
+def snapshot_of(
+    view: ClusterView, agents: Mapping[str, AgentRecord], now: float, stale_after_s: float = 60.0, **options: Any
+) -> Observation:
+    """:func:`build_snapshot` of the synthetic cluster's partitions (``options``: its further keywords)."""
+    return build_snapshot(
+        view,
+        agents,
+        pinned=(),
+        regular_partitions=("batch",),
+        elastic_partition="elastic",
+        stale_after_s=stale_after_s,
+        now=now,
+        **options,
+    )
+
+
 def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) -> dict[str, float]:
     """Median times of snapshot building, the policy's decision and the invariant check.
 
@@ -213,27 +244,14 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
         ``snapshot_s``, ``decision_s``, ``check_s`` (medians), ``decisions`` (how many the policy made) and ``jobs``.
     """
     now = time.time()
-    agents: dict[str, AgentRecord] = {}
-    for job_id, (reg, size) in cluster.elastic.items():
-        record = AgentRecord(registration=reg, uid=os.getuid(), user="bench", registered_at=now)
-        record.accept_report(Report(size, 1, size, _throughput(size, reg.max_workers), (), (), now))
-        agents[job_id] = record
-    knobs: dict[str, Any] = {"start_pending": False} if policy_name == "elastic-backfill" else {}
-    policy = make_policy(policy_name, **knobs)
+    agents = agent_records(cluster, now)
+    policy = bench_policy(policy_name)
     view = ClusterView(tuple(cluster.jobs), tuple(cluster.nodes), now)
     snap_t, decide_t, check_t = [], [], []
     made = 0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        obs = build_snapshot(
-            view,
-            agents,
-            pinned=(),
-            regular_partitions=("batch",),
-            elastic_partition="elastic",
-            stale_after_s=60.0,
-            now=now,
-        )
+        obs = snapshot_of(view, agents, now)
         t1 = time.perf_counter()
         decisions = policy.decide(obs.snapshot, now)
         t2 = time.perf_counter()
@@ -250,221 +268,6 @@ def bench_decision(cluster: SyntheticCluster, policy_name: str, repeats: int) ->
         "decisions": made,
         "jobs": len(obs.snapshot.jobs),
     }
-
-
-#: How often each simulated agent reports (twice as often as a real agent: the loop is measured under more load).
-SIMULATED_REPORT_S = 1.0
-
-
-def site_limits(agents: int, base: Limits | None = None) -> tuple[Limits, list[str]]:
-    """The daemon's limits for a loop run whose agents all come from this benchmark's one uid, and what was raised.
-
-    Every simulated agent signs its messages with munge, and munge vouches for the uid of the process that asks it:
-    without root, one process speaks for one uid. At a site, 1,000 elastic jobs belong to many users, each far below
-    ``limits.agents_per_uid`` and ``limits.requests_per_s``; here they share one uid, so those two limits (and the
-    burst) are raised to what the agents need, and the run says so. Nothing else differs from the shipped defaults.
-
-    Args:
-        agents: the simulated agents (one per elastic job).
-        base: the limits to start from (the shipped defaults when ``None``).
-
-    Returns:
-        The limits, and one sentence per raised setting (``name: old -> new``).
-    """
-    base = base or Limits()
-    # the simulated agents report once a second (a real agent every AGENT_REPORT_S); half again as much for slack
-    needed_rate = 1.5 * agents / min(AGENT_REPORT_S, SIMULATED_REPORT_S)
-    limits = dataclasses.replace(
-        base,
-        agents_per_uid=max(base.agents_per_uid, agents),
-        requests_per_s=max(base.requests_per_s, needed_rate),
-        burst=max(base.burst, 2 * agents),
-    )
-    changes = [
-        f"limits.{name}: {getattr(base, name):g} -> {getattr(limits, name):g}"
-        for name in ("agents_per_uid", "requests_per_s", "burst")
-        if getattr(limits, name) != getattr(base, name)
-    ]
-    return limits, changes
-
-
-def bench_loop(cluster: SyntheticCluster, interval_s: float, duration_s: float, policy_name: str) -> dict[str, Any]:
-    """Run the real daemon loop with every elastic job's agent simulated in another process.
-
-    Args:
-        cluster: the synthetic cluster.
-        interval_s: the daemon's round interval.
-        duration_s: how long the agents report (after all have registered).
-        policy_name: the daemon's policy.
-
-    Returns:
-        ``loop_s`` (median round), ``loop_max_s``, ``late_max_s`` (how late the latest round started),
-        ``rounds``, ``reports_per_s`` answered, report reply latency ``report_p50_s``/``report_p99_s``,
-        ``agents`` and ``interval_s``.
-
-    Raises:
-        RuntimeError: the simulated agents failed.
-    """
-    limits, raised = site_limits(len(cluster.elastic))
-    config = DaemonConfig(
-        interval_s=interval_s,
-        listen="tcp://127.0.0.1:*",
-        metrics_port=0,
-        policy=policy_name,
-        agents=AgentSettings(timeout_s=2.0, retries=0, parallel=8, stale_after_s=5.0, backoff_s=30.0),
-        limits=limits,
-    )
-    daemon = Daemon(config, SyntheticSlurm(cluster))
-    daemon.start()
-    assert daemon.server is not None
-    stop = threading.Event()
-    thread = threading.Thread(target=daemon.run, args=(stop,), name="amoebad-loop", daemon=True)
-    thread.start()
-    spec = [
-        {"job_id": job_id, "min": reg.min_workers, "max": reg.max_workers, "gpw": reg.gpus_per_worker, "size": size}
-        for job_id, (reg, size) in cluster.elastic.items()
-    ]
-    spec_path = Path(f"/tmp/amoeba-bench-agents-{os.getpid()}.json")
-    spec_path.write_text(json.dumps(spec))
-    try:
-        child = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.policy",
-                "--agents-child",
-                daemon.server.endpoint,
-                str(spec_path),
-                str(duration_s),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=duration_s + 600,
-            check=False,
-        )
-    finally:
-        spec_path.unlink(missing_ok=True)
-        stop.set()
-        thread.join(30)
-        daemon.close()
-    if child.returncode != 0:
-        raise RuntimeError(f"the simulated agents failed (exit {child.returncode}): {child.stderr[-2000:]}")
-    agents_result = json.loads(child.stdout.strip().splitlines()[-1])
-    start, end = agents_result["reporting_from"], agents_result["reporting_to"]
-    rounds = [r for r in daemon.rounds if start <= r.at <= end]
-    starts = sorted(r.at for r in rounds)
-    late = max((b - a - interval_s for a, b in itertools.pairwise(starts)), default=0.0)
-    durations = [r.duration_s for r in rounds]
-    return {
-        "loop_s": statistics.median(durations) if durations else float("nan"),
-        "loop_max_s": max(durations, default=float("nan")),
-        "late_max_s": max(0.0, late),
-        "rounds": len(rounds),
-        "interval_s": interval_s,
-        "agents": len(spec),
-        "limits_raised": raised,
-        **{k: v for k, v in agents_result.items() if k not in ("reporting_from", "reporting_to")},
-    }
-
-
-def _agents_child(endpoint: str, spec_file: str, duration_s: float) -> int:
-    """The simulated agents: register each job, answer directives, report every job once a second."""
-    spec = json.loads(Path(spec_file).read_text())
-    directives = ChannelServer("tcp://127.0.0.1:*")
-    stop = threading.Event()
-    answered = [0]
-
-    def answer_directives() -> None:
-        while not stop.is_set():
-            req = directives.receive(0.1)
-            if req is not None:
-                answered[0] += 1
-                directives.answer(req, req.message.reply(data={"size": 0, "target": int(req.message.body["target"])}))
-
-    responder = threading.Thread(target=answer_directives, daemon=True)
-    responder.start()
-    for job in spec:
-        body = {
-            "job_id": job["job_id"],
-            "endpoint": directives.endpoint,
-            "min_workers": job["min"],
-            "max_workers": job["max"],
-            "gpus_per_worker": job["gpw"],
-            "partition": "batch",
-            "elastic_partition": "elastic",
-        }
-        reply = request(endpoint, Message("register", body), timeout_s=30, retries=0)
-        if not reply.body["ok"]:
-            print(f"registration of {job['job_id']} refused: {reply.body['error']}", file=sys.stderr)
-            return 1
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    sent: dict[str, float] = {}
-    latencies: list[float] = []
-    errors = 0
-    per_report = SIMULATED_REPORT_S / len(spec)
-    begin = time.time()
-    end = begin + duration_s
-    index = 0
-    while True:
-        now = time.time()
-        if now >= end:
-            break
-        due = begin + index * per_report
-        if now >= due:
-            job = spec[index % len(spec)]
-            size = job["size"]
-            body = {
-                "job_id": job["job_id"],
-                "size": size,
-                "generation": 1,
-                "target": size,
-                "throughput": {str(n): 100.0 * n**0.9 for n in range(1, size + 2)},
-                "history": [{"t": now, "event": "report"}],
-                "satellites": [],
-            }
-            message = Message("report", body)
-            payload = encode(message)
-            sent[message.id] = time.perf_counter()
-            sock.send_multipart([b"", seal(payload, to=destination(endpoint)), payload])
-            index += 1
-        while sock.poll(0):
-            frames = sock.recv_multipart()
-            reply = decode(frames[-1])
-            started = sent.pop(reply.id, None)
-            if started is not None:
-                latencies.append(time.perf_counter() - started)
-            if not reply.body["ok"]:
-                errors += 1
-        if now < due:
-            sock.poll(max(0, int((due - time.time()) * 1000)))
-    drain_until = time.time() + 5
-    while sent and time.time() < drain_until:
-        if sock.poll(100):
-            reply = decode(sock.recv_multipart()[-1])
-            started = sent.pop(reply.id, None)
-            if started is not None:
-                latencies.append(time.perf_counter() - started)
-    stop.set()
-    responder.join(5)
-    sock.close(linger=0)
-    directives.close()
-    latencies.sort()
-    result = {
-        "reporting_from": begin,
-        "reporting_to": end,
-        "reports_sent": index,
-        "reports_per_s": len(latencies) / duration_s,
-        "reports_unanswered": len(sent),
-        "report_errors": errors,
-        "report_p50_s": latencies[len(latencies) // 2] if latencies else float("nan"),
-        "report_p99_s": latencies[int(len(latencies) * 0.99)] if latencies else float("nan"),
-        "directives_answered": answered[0],
-    }
-    print(json.dumps(result))
-    return 0
 
 
 def bench_munge(repeats: int = 300) -> dict[str, float]:
@@ -604,8 +407,10 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``scripts/bench-policy``: print a table, or JSON with ``--json``."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["--agents-child"]:
-        return _agents_child(args_list[1], args_list[2], float(args_list[3]))
+    if "--scaling" in args_list:
+        from benchmarks import scaling  # only this mode needs it
+
+        return scaling.main(args_list)
     parser = argparse.ArgumentParser(prog="bench-policy", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus-per-node", type=int, default=8)
@@ -615,6 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15, help="decision measurements (median)")
     parser.add_argument("--interval", type=float, default=5.0, help="the daemon's round interval in the loop run")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds the agents report in the loop run")
+    parser.add_argument("--report-every", type=float, default=5.0, help="seconds between an agent's reports")
+    parser.add_argument(
+        "--agents-per-uid", type=int, default=64, help="elastic jobs per simulated user (run as root: one uid each)"
+    )
     parser.add_argument("--skip-loop", action="store_true", help="measure the decision time only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None, help="also write the result document here")
@@ -674,7 +483,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if not args.skip_loop:  # the loop and munge's cost need munged (the local cluster's, or the site's)
         result.update(bench_munge())
-        loop = bench_loop(cluster, args.interval, args.duration, args.policy)
+        loop = bench_loop(
+            cluster.jobs,
+            cluster.elastic,
+            lambda records: SyntheticSlurm(dataclasses.replace(cluster, jobs=list(records))),
+            interval_s=args.interval,
+            duration_s=args.duration,
+            policy_name=args.policy,
+            report_s=args.report_every,
+            per_uid=args.agents_per_uid,
+        )
         result.update({key: value for key, value in loop.items() if key not in ("agents",)})
     if args.out is not None:
         recording.write(args.out, result)
@@ -703,16 +521,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{result['late_max_s'] * 1000:.0f} ms ({result['rounds']} rounds)",
             ),
             (
-                "reports answered",
-                f"{result['reports_per_s']:.0f}/s from {result['elastic_jobs']} agents at 1 Hz "
-                f"({result['reports_unanswered']} unanswered, {result['report_errors']} refused)",
+                "agents",
+                f"{result['elastic_jobs']} of {result['uids']} uids in {result['processes']} processes, reporting "
+                f"every {args.report_every:g} s; limits raised: {result['raised_limits'] or 'none'}",
             ),
-            ("limits raised for one uid", "; ".join(result["limits_raised"]) or "none"),
             (
-                "report latency",
-                f"p50 {result['report_p50_s'] * 1000:.1f} ms, p99 {result['report_p99_s'] * 1000:.1f} ms",
+                "reports answered",
+                f"{result['reports_per_s']:.0f}/s ({result['reports_unanswered']} unanswered, "
+                f"{result['report_errors']} refused); p50 {result['report_p50_s'] * 1000:.1f} ms, "
+                f"p99 {result['report_p99_s'] * 1000:.1f} ms",
+            ),
+            (
+                "amoebactl status",
+                f"p50 {result['status_p50_s'] * 1000:.1f} ms, p99 {result['status_p99_s'] * 1000:.1f} ms "
+                f"({result['status_requests']} requests while the agents reported)",
             ),
         ]
+    if not args.skip_loop and result["errors"]:
+        rows.append(("simulated users failed", "; ".join(result["errors"])[:2000]))
     if "munge_seal_s" in result:
         rows.append(
             (

@@ -41,7 +41,7 @@ from slurm_amoeba.daemon.observer import (
     SubmissionBook,
     observe,
 )
-from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
 from slurm_amoeba.policy import Action, DrainPolicy, PolicyError, check_actions
 from slurm_amoeba.slurm import JobRecord, SlurmCommandError
 
@@ -129,6 +129,7 @@ class RoundLoop:
         view: Slurm's jobs and nodes as last read.
         last_observation: the last snapshot step's result.
         last_round: the last round's summary.
+        snapshot_cache: the nodes and unmanaged jobs the snapshot step reuses from round to round.
         rounds: the last :data:`ROUNDS_KEPT` summaries.
     """
 
@@ -154,6 +155,7 @@ class RoundLoop:
         self.last_round: RoundSummary | None = None
         self.rounds: collections.deque[RoundSummary] = collections.deque(maxlen=ROUNDS_KEPT)
         self.watch = SatelliteWatch(config.orphan_grace_s)
+        self.snapshot_cache = SnapshotCache()
         self.refresh_wanted = False
         self.submissions = SubmissionBook.for_source(slurm, config.slurm_timeout_s)
         self._pending: _Observing | None = None
@@ -254,6 +256,7 @@ class RoundLoop:
             now=now,
             make_room_after_s=self.config.make_room_after_s,
             service=self.service.update(view, now),
+            reuse=self.snapshot_cache,
         )
 
     def act(self, plan: Plan, obs: Observation, now: float) -> Executed:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from slurm_amoeba.daemon.agents import AdaptiveStats, AgentRecord
 from slurm_amoeba.daemon.observer import ClusterView, Observation, SatelliteInfo, satellite_parent
@@ -112,6 +112,7 @@ def build_snapshot(
     now: float,
     make_room_after_s: float = 0.0,
     service: Mapping[str, float] | None = None,
+    reuse: SnapshotCache | None = None,
 ) -> Observation:
     """Turn Slurm's view and the agents' records into the policy's snapshot (see the module docstring).
 
@@ -138,13 +139,17 @@ def build_snapshot(
         make_room_after_s: see above; 0 makes room for every pending job at once.
         service: job id -> GPU-seconds it attained, its earlier runs included (the daemon's service book); a job
             it does not name has attained what its current run has (None: every job).
+        reuse: the previous rounds' nodes and unmanaged jobs (:class:`SnapshotCache`): those whose Slurm records
+            did not change are taken from it instead of being built again (None: build every one).
 
     Returns:
         The observation.
     """
     pins = set(pinned)
     split = split_satellites(view.active_groups(), agents)
-    placeable = placeable_nodes(view.nodes, regular_partitions, elastic_partition)
+    reuse = SnapshotCache() if reuse is None else reuse
+    reuse.start_round(regular_partitions, elastic_partition)
+    placeable = reuse.placeable_nodes(view.nodes)
     cluster_gpus = sum(node.gpus_total for node in placeable)
     jobs: list[JobInfo] = []
     managed: dict[str, JobInfo] = {}
@@ -161,7 +166,7 @@ def build_snapshot(
             for name, gpus in leaving.items():
                 releasing[name] = releasing.get(name, 0) + gpus
         else:
-            other = unmanaged_job(key, records, pinned=key in pins, regular_partitions=regular_partitions, now=now)
+            other = reuse.unmanaged_job(key, records, pinned=key in pins, now=now)
             if other is None:
                 continue
             info = _with_service(other, service)
@@ -242,11 +247,18 @@ def placeable_nodes(
     regular = set(regular_partitions)
     placeable: dict[str, NodeInfo] = {}
     for node in nodes:
-        parts = [part for part in node.partitions if part in regular or part == elastic_partition]
-        if not parts or node.name in placeable or node.gpus_total <= 0:
-            continue
-        placeable[node.name] = NodeInfo(node.name, node.gpus_total, node.gpus_free, parts[0])
+        info = placeable_node(node, regular, elastic_partition)
+        if info is not None and node.name not in placeable:
+            placeable[node.name] = info
     return tuple(placeable.values())
+
+
+def placeable_node(node: NodeRecord, regular: Collection[str], elastic_partition: str) -> NodeInfo | None:
+    """The node as the policy sees it, named by its first regular or elastic partition; None without GPUs there."""
+    parts = [part for part in node.partitions if part in regular or part == elastic_partition]
+    if not parts or node.gpus_total <= 0:
+        return None
+    return NodeInfo(node.name, node.gpus_total, node.gpus_free, parts[0])
 
 
 def unmanaged_job(
@@ -281,7 +293,7 @@ def unmanaged_job(
     )
     if held:
         gpus = sum(held.values())
-        ran = max(0.0, now - first.start_time) if first.start_time else 0.0
+        ran = run_seconds(first, now)
         return fixed(
             state=JobPhase.RUNNING,
             requested_workers=gpus,
@@ -326,6 +338,11 @@ def _with_service(info: JobInfo, service: Mapping[str, float] | None) -> JobInfo
     """The job with the attained service of the daemon's book, where the book has it."""
     attained = None if service is None else service.get(info.job_id)
     return info if attained is None else dataclasses.replace(info, attained_service=attained)
+
+
+def run_seconds(first: JobRecord, now: float) -> float:
+    """How long a job (its first component's record) has held its GPUs at ``now``."""
+    return max(0.0, now - first.start_time) if first.start_time else 0.0
 
 
 def show_released(nodes: Sequence[NodeInfo], releasing: Mapping[str, int]) -> tuple[NodeInfo, ...]:
@@ -518,3 +535,73 @@ def adaptive_inputs(
     if stats.batch_source == "user":
         return model, rates, None
     return model, rates, stats.policy_batch or stats.global_batch
+
+
+class SnapshotCache:
+    """The nodes and unmanaged jobs of the previous round, reused where Slurm's records did not change.
+
+    Most of a large cluster is the same from one round to the next: a few jobs start, end or resize, a few nodes
+    change. The snapshot step asks this cache for each node and each job the daemon does not manage; a node or job
+    whose records equal (``==``: every field Slurm reported) those it was built from last round is answered with
+    the object built then, and only the others are built again (:func:`placeable_node`, :func:`unmanaged_job`).
+    A reused running job has its time-dependent fields (``attained_service``, ``executed_time``) brought up to
+    ``now`` in place, as :class:`~slurm_amoeba.policy.JobInfo` allows its owner; the snapshot step copies before it
+    changes anything else (the service book, young pending jobs). What a round does not ask for (a job that ended,
+    a node that left) is forgotten at the next one. One cache serves one daemon's rounds, which never overlap.
+
+    Attributes:
+        built: jobs and nodes built in the last round.
+        reused: jobs and nodes reused in the last round.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: tuple[tuple[str, ...], str] = ((), "")
+        self._nodes: dict[str, tuple[NodeRecord, NodeInfo | None]] = {}
+        self._jobs: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
+        self._asked: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
+        self.built = 0
+        self.reused = 0
+
+    def start_round(self, regular_partitions: Sequence[str], elastic_partition: str) -> None:
+        """Begin a round: what the last round did not ask for is forgotten; new partitions (a reload) empty it."""
+        partitions = (tuple(regular_partitions), elastic_partition)
+        if partitions != self._partitions:
+            self._partitions = partitions
+            self._nodes, self._asked = {}, {}
+        self._jobs, self._asked = self._asked, {}
+        self.built = self.reused = 0
+
+    def placeable_nodes(self, nodes: Iterable[NodeRecord]) -> tuple[NodeInfo, ...]:
+        """:func:`placeable_nodes` for this round's partitions, reusing each node whose record did not change."""
+        regular, elastic = set(self._partitions[0]), self._partitions[1]
+        previous, self._nodes = self._nodes, {}
+        placeable: dict[str, NodeInfo] = {}
+        for node in nodes:
+            known = previous.get(node.name)
+            if known is not None and known[0] == node:
+                info = known[1]
+                self.reused += 1
+            else:
+                info = placeable_node(node, regular, elastic)
+                self.built += 1
+            self._nodes[node.name] = (node, info)
+            if info is not None and node.name not in placeable:
+                placeable[node.name] = info
+        return tuple(placeable.values())
+
+    def unmanaged_job(self, key: str, records: Sequence[JobRecord], *, pinned: bool, now: float) -> JobInfo | None:
+        """:func:`unmanaged_job` for this round's partitions, reusing the job built from equal records (and the same
+        pin) last round, its time-dependent fields brought up to ``now``."""
+        known = self._jobs.get(key)
+        if known is not None and known[1] == pinned and known[0] == records:
+            info = known[2]
+            if info is not None and info.state is JobPhase.RUNNING:
+                ran = run_seconds(min(records, key=lambda r: r.het_job_offset), now)
+                info.attained_service = ran * info.workers
+                info.executed_time = ran
+            self.reused += 1
+        else:
+            info = unmanaged_job(key, records, pinned=pinned, regular_partitions=self._partitions[0], now=now)
+            self.built += 1
+        self._asked[key] = (records, pinned, info)
+        return info

@@ -102,7 +102,9 @@ class FreeGpus:
     """Free GPUs per node, with the node that has the most of them always at hand.
 
     A heap keyed by (most free, earlier node) makes each placement cost O(nodes used x log nodes) instead of a sort
-    of all nodes, which keeps decisions on clusters of a thousand nodes within the daemon's budget.
+    of all nodes; a count of nodes by free GPUs answers "do these workers fit at all?" in O(GPUs per node) before
+    any node is looked at, so a job that does not fit (most pending jobs on a full cluster) costs no scan of the
+    nodes. Together they keep a decision over n jobs and m nodes within O((n + m) log m).
     """
 
     def __init__(self, free: Mapping[str, int]) -> None:
@@ -112,14 +114,30 @@ class FreeGpus:
         self._version = dict.fromkeys(self.free, 0)
         self._heap = [(-gpus, self._index[name], 0, name) for name, gpus in self.free.items()]
         heapq.heapify(self._heap)
+        self._nodes_with: dict[int, int] = {}
+        for gpus in self.free.values():
+            self._nodes_with[gpus] = self._nodes_with.get(gpus, 0) + 1
+        self._single_slots = sum(max(gpus, 0) for gpus in self.free.values())
 
     def change(self, name: str, delta: int) -> None:
         """Add ``delta`` GPUs (negative: take) to a node's free count."""
         if name not in self.free:
             return
-        self.free[name] += delta
+        before = self.free[name]
+        self._nodes_with[before] -= 1
+        self.free[name] = before + delta
+        self._single_slots += max(before + delta, 0) - max(before, 0)
+        self._nodes_with[before + delta] = self._nodes_with.get(before + delta, 0) + 1
         self._version[name] += 1
         heapq.heappush(self._heap, (-self.free[name], self._index[name], self._version[name], name))
+
+    def slots(self, gpus_per_worker: int = 1) -> int:
+        """How many workers of ``gpus_per_worker`` GPUs fit on the free GPUs (each worker on one node)."""
+        if gpus_per_worker == 1:
+            return self._single_slots
+        return sum(
+            count * (gpus // gpus_per_worker) for gpus, count in self._nodes_with.items() if gpus >= gpus_per_worker
+        )
 
     def place(self, workers: int, gpus_per_worker: int = 1) -> dict[str, int] | None:
         """Place workers on the nodes with the most free GPUs first, and take those GPUs.
@@ -131,6 +149,8 @@ class FreeGpus:
         Returns:
             node -> workers, or ``None`` (nothing taken) when they do not fit.
         """
+        if self.slots(gpus_per_worker) < workers:
+            return None
         placement: dict[str, int] = {}
         popped: list[tuple[int, int, int, str]] = []
         need = workers
@@ -141,10 +161,8 @@ class FreeGpus:
                 continue
             popped.append(entry)
             slots = -neg // gpus_per_worker
-            if slots == 0:
-                if gpus_per_worker == 1:
-                    break
-                continue
+            if slots == 0:  # every node after this one has no more free GPUs
+                break
             take = min(slots, need)
             placement[name] = take
             need -= take

@@ -47,18 +47,22 @@ class JobState(str, enum.Enum):
 
     def is_active(self) -> bool:
         """Whether the job still holds or waits for resources."""
-        return self in (
-            JobState.PENDING,
-            JobState.RUNNING,
-            JobState.SUSPENDED,
-            JobState.COMPLETING,
-            JobState.REQUEUED,
-            JobState.RESIZING,
-        )
+        return self in _ACTIVE_STATES  # a constant: each member named in here would cost an enum lookup per call
 
     def is_final(self) -> bool:
         """Whether the job has ended and will not run again."""
         return not self.is_active() and self is not JobState.UNKNOWN
+
+
+#: The states of :meth:`JobState.is_active` (the daemon asks it of every job each round).
+_ACTIVE_STATES = (
+    JobState.PENDING,
+    JobState.RUNNING,
+    JobState.SUSPENDED,
+    JobState.COMPLETING,
+    JobState.REQUEUED,
+    JobState.RESIZING,
+)
 
 
 @dataclasses.dataclass(frozen=True)

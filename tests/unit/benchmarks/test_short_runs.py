@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from benchmarks import goodput, policy, sim_speed, sim_study
 
 
@@ -57,18 +55,3 @@ def test_the_philly_speed_benchmark_runs_short_on_a_prefix(tmp_path: Path) -> No
     assert sim_speed.main(["--short", "--sizes", "200", "--policies", "fifo", "--json", str(out)]) == 0
     runs = _document(out, "philly-speed")["figures"]["runs"]
     assert [run["jobs"] for run in runs] == [200], "the short mode runs the prefix only, not the whole trace"
-
-
-@pytest.mark.parametrize(
-    ("agents", "raised"), [(10, []), (64, ["limits.requests_per_s: 50 -> 96", "limits.burst: 100 -> 128"])]
-)
-def test_the_policy_loop_raises_only_the_limits_its_agents_need(agents: int, raised: list[str]) -> None:
-    _, changes = policy.site_limits(agents)
-    assert changes == raised
-
-
-def test_a_thousand_agents_of_one_uid_fit_the_limits_the_policy_loop_sets() -> None:
-    limits, changes = policy.site_limits(1000)
-    assert limits.agents_per_uid >= 1000
-    assert limits.requests_per_s * policy.SIMULATED_REPORT_S >= 1000
-    assert any(change.startswith("limits.agents_per_uid: 64 -> 1000") for change in changes)

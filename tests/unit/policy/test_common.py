@@ -64,6 +64,38 @@ def test_free_gpus_places_like_place_most_free_and_keeps_counts(free: list[int],
         assert all(gpus >= 0 for gpus in index.free.values())
 
 
+def _most_free_gpus_first(free: dict[str, int], workers: int, per_worker: int) -> dict[str, int] | None:
+    """The rule FreeGpus keeps, by brute force: nodes by most free GPUs (earlier on a tie), whole workers each."""
+    placement: dict[str, int] = {}
+    for name in sorted(free, key=lambda node: -free[node]):
+        take = min(free[name] // per_worker, workers - sum(placement.values()))
+        if take > 0:
+            placement[name] = take
+    return placement if sum(placement.values()) == workers else None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 8), min_size=1, max_size=12),
+    steps=st.lists(st.tuples(st.integers(1, 20), st.sampled_from((1, 2, 4, 8)), st.integers(0, 11)), max_size=12),
+)
+def test_free_gpus_counts_slots_and_places_whole_workers_on_the_most_free_gpus_after_releases(
+    free: list[int], steps: list[tuple[int, int, int]]
+) -> None:
+    table = {f"n{i}": gpus for i, gpus in enumerate(free)}
+    index = FreeGpus(table)
+    for workers, per_worker, released in steps:
+        name = f"n{released % len(free)}"
+        index.change(name, 1)  # a shrink elsewhere gives a GPU back
+        table[name] += 1
+        assert index.slots(per_worker) == sum(gpus // per_worker for gpus in table.values())
+        expected = _most_free_gpus_first(table, workers, per_worker)
+        assert index.place(workers, per_worker) == expected
+        for node, count in (expected or {}).items():
+            table[node] -= count * per_worker
+        assert index.free == table
+
+
 def test_free_gpus_grows_on_own_nodes_first_and_takes_nothing_when_it_cannot() -> None:
     index = FreeGpus({"a": 4, "b": 2, "c": 1})
     assert index.grow({"b": 1}, 3) == {"b": 3, "a": 1}

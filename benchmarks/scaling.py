@@ -1,0 +1,239 @@
+"""How the daemon's round grows with the cluster (``scripts/bench-policy --scaling``).
+
+For each cluster size (1,000, 10,000 and 50,000 nodes x 8 GPUs by default, twice as many jobs as nodes, 5% of them
+elastic with a registered agent; :func:`benchmarks.policy.synthetic_cluster`) and each policy the daemon runs live,
+it measures over successive rounds, as the daemon meets them:
+
+- ``parse_s``: Slurm's cost before the snapshot: ``squeue --json`` text of that many jobs (a recorded job of
+  Slurm 24.11 repeated under new ids) turned into records by :func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`,
+  of which ``json_s`` is the JSON decoding alone;
+- ``snapshot_full_s``: the first round's snapshot, built from nothing;
+- ``snapshot_s``: the median of the next rounds' snapshots, each from freshly read records (equal objects, not the
+  same ones) of which :data:`MOVED_SHARE` changed (a priority moved), the clock 5 s later, with the round loop's
+  :class:`~slurm_amoeba.daemon.snapshot.SnapshotCache`;
+- ``decision_s``: the median of the policy's ``decide`` on those snapshots; ``check_s`` the invariant check;
+- ``snapshot_cpu_s`` and ``decision_cpu_s``: the same medians in CPU time of the measuring thread, which a machine
+  shared with other work inflates far less than the wall-clock time (the load average is recorded beside them).
+
+It prints a table, writes JSON (``--json FILE``) and, with ``--plot FILE``, a log-log plot of time against nodes
+per policy (matplotlib). ``--short`` measures small clusters in seconds (the unit test's mode). A tree whose
+``build_snapshot`` has no cache (an older checkout, on ``PYTHONPATH``) is measured with full builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import inspect
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.policy import SyntheticCluster, agent_records, bench_policy, snapshot_of, synthetic_cluster
+from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.policy import check_actions
+from slurm_amoeba.slurm.parsers import parse_squeue_json
+
+#: The policies the daemon can run live.
+LIVE_POLICIES = ("elastic-backfill", "e-tiresias", "tiresias", "goodput", "fifo", "srtf")
+#: Nodes of the clusters measured by default (jobs: twice as many).
+DEFAULT_NODES = (1000, 10_000, 50_000)
+#: The share of jobs whose record changes between two rounds.
+MOVED_SHARE = 0.005
+#: A recorded ``squeue --json`` whose first job is repeated to measure parsing.
+SQUEUE_SAMPLE = (
+    Path(__file__).resolve().parent.parent / "tests" / "data" / "slurm" / "releases" / "24.11" / "squeue.json"
+)
+
+
+def squeue_text(jobs: int) -> str:
+    """``squeue --json`` output with ``jobs`` jobs: the sample's first job under ids 1, 2, ..."""
+    doc = json.loads(SQUEUE_SAMPLE.read_text())
+    sample = doc["jobs"][0]
+    doc["jobs"] = [{**sample, "job_id": index + 1} for index in range(jobs)]
+    return json.dumps(doc)
+
+
+def bench_parse(jobs: int, repeats: int) -> dict[str, float]:
+    """Median seconds to decode ``squeue --json`` of ``jobs`` jobs (``json_s``) and to parse it into records
+    (``parse_s``, decoding included; ``parse_cpu_s`` in CPU time)."""
+    text = squeue_text(jobs)
+    decode_t, parse_t, parse_cpu = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        json.loads(text)
+        c1, t1 = time.thread_time(), time.perf_counter()
+        parse_squeue_json(text)
+        c2, t2 = time.thread_time(), time.perf_counter()
+        decode_t.append(t1 - t0)
+        parse_t.append(t2 - t1)
+        parse_cpu.append(c2 - c1)
+    medians = (statistics.median(decode_t), statistics.median(parse_t), statistics.median(parse_cpu))
+    return dict(zip(("json_s", "parse_s", "parse_cpu_s"), medians, strict=True))
+
+
+def next_view(cluster: SyntheticCluster, rng: random.Random, now: float) -> ClusterView:
+    """Slurm's records as a new read gives them: new objects, :data:`MOVED_SHARE` of the jobs changed."""
+    jobs = [copy.copy(record) for record in cluster.jobs]
+    for index in rng.sample(range(len(jobs)), max(1, int(len(jobs) * MOVED_SHARE))):
+        jobs[index] = dataclasses.replace(jobs[index], priority=jobs[index].priority + 1)
+    return ClusterView(tuple(jobs), tuple(copy.copy(node) for node in cluster.nodes), now)
+
+
+def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> dict[str, float]:
+    """A policy's rounds on a cluster: the first snapshot, then ``rounds`` rounds of snapshot, decision and check.
+
+    Returns:
+        ``snapshot_full_s``, and the medians ``snapshot_s``, ``decision_s``, ``check_s``; ``decisions`` made last.
+    """
+    now = time.time()
+    agents = agent_records(cluster, now)
+    policy = bench_policy(policy_name)
+    rng = random.Random(1)
+    options: dict[str, Any] = {}
+    if "reuse" in inspect.signature(build_snapshot).parameters:
+        from slurm_amoeba.daemon.snapshot import SnapshotCache
+
+        options["reuse"] = SnapshotCache()
+    times: dict[str, list[float]] = {key: [] for key in ("snapshot_s", "decision_s", "check_s")}
+    cpu: dict[str, list[float]] = {"snapshot_cpu_s": [], "decision_cpu_s": []}
+    first = 0.0
+    made = 0
+    for index in range(rounds + 1):
+        at = now + 5.0 * index
+        view = next_view(cluster, rng, at)
+        c0, t0 = time.thread_time(), time.perf_counter()
+        obs = snapshot_of(view, agents, at, stale_after_s=3600.0, **options)
+        c1, t1 = time.thread_time(), time.perf_counter()
+        if index == 0:
+            first = t1 - t0
+            continue
+        decisions = policy.decide(obs.snapshot, at)
+        c2, t2 = time.thread_time(), time.perf_counter()
+        check_actions(obs.snapshot, decisions)
+        t3 = time.perf_counter()
+        times["snapshot_s"].append(t1 - t0)
+        times["decision_s"].append(t2 - t1)
+        times["check_s"].append(t3 - t2)
+        cpu["snapshot_cpu_s"].append(c1 - c0)
+        cpu["decision_cpu_s"].append(c2 - c1)
+        made = len(decisions)
+    medians = {key: statistics.median(values) for key, values in {**times, **cpu}.items()}
+    return {"snapshot_full_s": first, **medians, "decisions": made}
+
+
+def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_share: float) -> dict[str, Any]:
+    """Every policy at every cluster size (see the module docstring); a JSON-ready result."""
+    rows: list[dict[str, Any]] = []
+    for count in nodes:
+        jobs = 2 * count
+        cluster = synthetic_cluster(count, 8, jobs, elastic_share)
+        parse = bench_parse(jobs, max(1, min(rounds, 3)))
+        for name in policies:
+            figures = bench_rounds(cluster, name, rounds)
+            rows.append(
+                {
+                    "nodes": count,
+                    "gpus": 8 * count,
+                    "jobs": jobs,
+                    "elastic": len(cluster.elastic),
+                    "policy": name,
+                    **parse,
+                    **figures,
+                }
+            )
+            print(f"{count} nodes, {name}: done", file=sys.stderr, flush=True)
+    return {
+        "rounds": rounds,
+        "moved_share": MOVED_SHARE,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "python": sys.version.split()[0],
+        "rows": rows,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """The result as a text table, in milliseconds."""
+    head = (
+        f"{'nodes':>7} {'jobs':>7} {'policy':<17} {'parse':>8} {'json':>8} {'snap 1st':>9} {'snapshot':>9} "
+        f"{'decision':>9} {'check':>8} | {'parse':>8} {'snapshot':>9} {'decision':>9}"
+    )
+    title = f"medians of {result['rounds']} rounds, milliseconds: wall clock | CPU time of the measuring thread"
+    lines = [title, head]
+    for row in result["rows"]:
+        lines.append(
+            f"{row['nodes']:>7} {row['jobs']:>7} {row['policy']:<17} {row['parse_s'] * 1e3:>8.1f} "
+            f"{row['json_s'] * 1e3:>8.1f} {row['snapshot_full_s'] * 1e3:>9.1f} {row['snapshot_s'] * 1e3:>9.1f} "
+            f"{row['decision_s'] * 1e3:>9.1f} {row['check_s'] * 1e3:>8.1f} | {row['parse_cpu_s'] * 1e3:>8.1f} "
+            f"{row['snapshot_cpu_s'] * 1e3:>9.1f} {row['decision_cpu_s'] * 1e3:>9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """A log-log plot of decision (one line per policy), snapshot and parse CPU time against nodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 5))
+    rows = result["rows"]
+    for name in dict.fromkeys(row["policy"] for row in rows):
+        mine = [row for row in rows if row["policy"] == name]
+        axes.plot([r["nodes"] for r in mine], [r["decision_cpu_s"] * 1e3 for r in mine], marker="o", label=name)
+    first = [row for row in rows if row["policy"] == rows[0]["policy"]]
+    xs = [r["nodes"] for r in first]
+    axes.plot(xs, [r["snapshot_cpu_s"] * 1e3 for r in first], "k--", marker="s", label="snapshot (incremental)")
+    axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue JSON parse (Slurm's)")
+    axes.axhline(100, color="grey", linewidth=0.8)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("nodes (8 GPUs each; jobs = 2 x nodes)")
+    axes.set_ylabel("CPU milliseconds per round (median)")
+    axes.set_title("amoebad round: decision per policy, snapshot and parse")
+    axes.legend(fontsize=8)
+    axes.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``scripts/bench-policy --scaling``: print the table; write JSON and the plot when asked."""
+    parser = argparse.ArgumentParser(
+        prog="bench-policy --scaling", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--scaling", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), help="cluster sizes, comma-separated")
+    parser.add_argument("--policies", default=",".join(LIVE_POLICIES), help="comma-separated")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds measured per policy and size (median)")
+    parser.add_argument("--elastic-share", type=float, default=0.05, help="share of jobs that are elastic")
+    parser.add_argument("--short", action="store_true", help="small clusters (100 and 300 nodes), 2 rounds")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the result as JSON")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE", help="write a log-log plot (PNG)")
+    args = parser.parse_args(argv)
+    nodes = [100, 300] if args.short else [int(n) for n in args.nodes.split(",") if n]
+    rounds = 2 if args.short else args.rounds
+    result = run(nodes, [p for p in args.policies.split(",") if p], rounds, args.elastic_share)
+    print(table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

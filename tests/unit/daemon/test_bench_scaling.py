@@ -1,0 +1,49 @@
+"""The scaling benchmark's short mode (``scripts/bench-policy --scaling --short``): every size and policy measured,
+JSON and a plot written; the loop benchmark's simulated users and the limits it raises for them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from benchmarks import loop, scaling
+from benchmarks.policy import synthetic_cluster
+from slurm_amoeba.daemon.config import AGENT_REPORT_S, Limits
+
+
+def test_the_short_scaling_run_measures_every_size_and_policy_and_writes_json_and_a_plot(tmp_path: Path) -> None:
+    out, picture = tmp_path / "scaling.json", tmp_path / "scaling.png"
+    assert scaling.main(["--short", "--policies", "fifo,goodput", "--json", str(out), "--plot", str(picture)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((row["nodes"], row["policy"]) for row in rows) == [
+        (100, "fifo"),
+        (100, "goodput"),
+        (300, "fifo"),
+        (300, "goodput"),
+    ]
+    assert all(row["jobs"] == 2 * row["nodes"] and row["snapshot_s"] > 0 and row["parse_s"] > 0 for row in rows)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_squeue_text_parses_into_as_many_jobs_as_asked() -> None:
+    assert scaling.bench_parse(7, 1)["parse_s"] > 0
+    assert json.loads(scaling.squeue_text(7))["jobs"][-1]["job_id"] == 7
+
+
+def test_the_loop_gives_the_elastic_jobs_to_simulated_users_and_leaves_the_others_alone() -> None:
+    cluster = synthetic_cluster(nodes=20, jobs=40, elastic_share=0.5)
+    records, owner = loop.spread_over_users(cluster.jobs, cluster.elastic, per_uid=8)
+    assert sorted(set(owner.values())) == [loop.UID_BASE + i for i in range(math.ceil(len(cluster.elastic) / 8))]
+    by_id = {str(r.job_id): r for r in records}
+    assert all(by_id[job_id].uid == uid for job_id, uid in owner.items())
+    assert all(r.uid == c.uid for r, c in zip(records, cluster.jobs, strict=True) if str(r.job_id) not in owner)
+
+
+def test_the_loop_raises_only_the_limits_its_agents_per_uid_meet_and_says_which() -> None:
+    base = Limits()
+    same, none = loop.limits_for(base.agents_per_uid, 5.0, base)
+    assert none == {} and same == base
+    more, raised = loop.limits_for(400, 5.0, base)
+    assert raised == {"agents_per_uid": 400.0, "requests_per_s": 210.0, "burst": 410.0}
+    assert more.agents_per_uid == 400 and more.requests_per_s * AGENT_REPORT_S >= 400  # what amoebad.yaml accepts

@@ -13,6 +13,9 @@ deterministic for a seed):
   round, how late rounds started, how many reports per second the daemon answered and how fast, ``amoebactl
   status``'s reply time meanwhile, and the limits the load needed raised.
 
+``--out FILE`` writes the result document (:class:`benchmarks.record.Recording`): ``policy-loop``, or
+``policy-decision`` with ``--skip-loop`` (``docs/results.md#policy-loop``, ``#policy-decision``).
+
 **Scaling** (``--scaling``, :mod:`benchmarks.scaling`): parse, snapshot and every live policy's decision at 1,000,
 10,000 and 50,000 nodes, as a table, JSON and a log-log plot.
 
@@ -453,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     if args.short:
         args.nodes, args.jobs, args.agents, args.repeats, args.interval, args.duration = 50, 100, 50, 3, 1.0, 5.0
-    recording = Recording("policy" if not args.skip_loop else "policy-decision", vars(args))
+    recording = Recording("policy-loop" if not args.skip_loop else "policy-decision", vars(args))
     cluster_args = ["--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node), "--jobs", str(args.jobs)]
     cluster_args += ["--agents", str(args.agents), "--repeats", str(args.repeats), "--policies", args.policies]
     policies = [name for name in args.policies.split(",") if name]

@@ -15,9 +15,11 @@ it measures over successive rounds, as the daemon meets them:
 - ``snapshot_cpu_s`` and ``decision_cpu_s``: the same medians in CPU time of the measuring thread, which a machine
   shared with other work inflates far less than the wall-clock time (the load average is recorded beside them).
 
-It prints a table, writes JSON (``--json FILE``) and, with ``--plot FILE``, a log-log plot of time against nodes
-per policy (matplotlib). ``--short`` measures small clusters in seconds (the unit test's mode). A tree whose
-``build_snapshot`` has no cache (an older checkout, on ``PYTHONPATH``) is measured with full builds.
+It prints a table, writes its result document (``--json FILE``: :class:`benchmarks.record.Recording`, named
+``scaling``, its rows as figures and the table in Markdown; ``docs/results.md#scaling``) and, with ``--plot FILE``,
+a log-log plot of time against nodes per policy (matplotlib). ``--short`` measures small clusters in seconds (the
+unit test's mode). A tree whose ``build_snapshot`` has no cache (an older checkout, on ``PYTHONPATH``) is measured
+with full builds.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import copy
 import dataclasses
 import inspect
 import json
-import os
 import random
 import statistics
 import sys
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.policy import SyntheticCluster, agent_records, bench_policy, snapshot_of, synthetic_cluster
+from benchmarks.record import Recording
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import check_actions
@@ -151,31 +153,56 @@ def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_shar
                 }
             )
             print(f"{count} nodes, {name}: done", file=sys.stderr, flush=True)
-    return {
-        "rounds": rounds,
-        "moved_share": MOVED_SHARE,
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "python": sys.version.split()[0],
-        "rows": rows,
-    }
+    return {"rounds": rounds, "moved_share": MOVED_SHARE, "rows": rows}
+
+
+#: The table's columns: heading and the row's key (a key ending in ``_s`` is seconds, shown in milliseconds).
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("nodes", "nodes"),
+    ("jobs", "jobs"),
+    ("policy", "policy"),
+    ("parse", "parse_s"),
+    ("json", "json_s"),
+    ("snap 1st", "snapshot_full_s"),
+    ("snapshot", "snapshot_s"),
+    ("decision", "decision_s"),
+    ("check", "check_s"),
+    ("parse CPU", "parse_cpu_s"),
+    ("snapshot CPU", "snapshot_cpu_s"),
+    ("decision CPU", "decision_cpu_s"),
+)
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    """A row's cells in :data:`COLUMNS`' order: times in milliseconds, counts and names as they are."""
+    return [f"{row[key] * 1e3:.1f}" if key.endswith("_s") else str(row[key]) for _, key in COLUMNS]
+
+
+def title(result: dict[str, Any]) -> str:
+    """What the table's figures are."""
+    return (
+        f"medians of {result['rounds']} rounds in milliseconds: wall clock, and in the columns marked CPU the CPU "
+        "time of the measuring thread"
+    )
 
 
 def table(result: dict[str, Any]) -> str:
     """The result as a text table, in milliseconds."""
-    head = (
-        f"{'nodes':>7} {'jobs':>7} {'policy':<17} {'parse':>8} {'json':>8} {'snap 1st':>9} {'snapshot':>9} "
-        f"{'decision':>9} {'check':>8} | {'parse':>8} {'snapshot':>9} {'decision':>9}"
-    )
-    title = f"medians of {result['rounds']} rounds, milliseconds: wall clock | CPU time of the measuring thread"
-    lines = [title, head]
+    widths = [max(len(heading), 7) for heading, _ in COLUMNS]
+    widths[2] = 17
+    lines = [
+        title(result),
+        " ".join(f"{heading:>{width}}" for (heading, _), width in zip(COLUMNS, widths, strict=True)),
+    ]
     for row in result["rows"]:
-        lines.append(
-            f"{row['nodes']:>7} {row['jobs']:>7} {row['policy']:<17} {row['parse_s'] * 1e3:>8.1f} "
-            f"{row['json_s'] * 1e3:>8.1f} {row['snapshot_full_s'] * 1e3:>9.1f} {row['snapshot_s'] * 1e3:>9.1f} "
-            f"{row['decision_s'] * 1e3:>9.1f} {row['check_s'] * 1e3:>8.1f} | {row['parse_cpu_s'] * 1e3:>8.1f} "
-            f"{row['snapshot_cpu_s'] * 1e3:>9.1f} {row['decision_cpu_s'] * 1e3:>9.1f}"
-        )
+        lines.append(" ".join(f"{cell:>{width}}" for cell, width in zip(_cells(row), widths, strict=True)))
+    return "\n".join(lines)
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """The result as the Markdown table of its document (``docs/results.md#scaling``), in milliseconds."""
+    lines = ["| " + " | ".join(heading for heading, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in result["rows"]]
     return "\n".join(lines)
 
 
@@ -219,15 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds measured per policy and size (median)")
     parser.add_argument("--elastic-share", type=float, default=0.05, help="share of jobs that are elastic")
     parser.add_argument("--short", action="store_true", help="small clusters (100 and 300 nodes), 2 rounds")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the result as JSON")
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="FILE", help="write the result document (benchmarks/record.py)"
+    )
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE", help="write a log-log plot (PNG)")
     args = parser.parse_args(argv)
+    recording = Recording("scaling", vars(args))
     nodes = [100, 300] if args.short else [int(n) for n in args.nodes.split(",") if n]
     rounds = 2 if args.short else args.rounds
     result = run(nodes, [p for p in args.policies.split(",") if p], rounds, args.elastic_share)
     print(table(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        recording.write(args.json, result, tables={title(result): markdown_table(result)})
         print(f"wrote {args.json}")
     if args.plot is not None:
         plot(result, args.plot)

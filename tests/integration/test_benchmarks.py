@@ -84,7 +84,7 @@ def test_bench_policy_runs_its_loop_short(slurm_cluster: ClusterHandle, tmp_path
     """The loop needs munged (the cluster's): its simulated agents sign their reports."""
     out = tmp_path / "policy.json"
     _run(["bench-policy", "--short", "--out", str(out)], slurm_cluster.env, timeout=300)
-    figures = _document(out, "policy")["figures"]
+    figures = _document(out, "policy-loop")["figures"]
     assert figures["report_errors"] == 0, "the daemon refused reports: a limit the run did not raise"
     assert figures["rounds"] >= 1
 

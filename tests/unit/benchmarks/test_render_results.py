@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,14 @@ def test_a_result_shows_its_machine_load_parameters_and_spread(tmp_path: Path) -
     assert "- Machine: " in section and "Load average (1, 5, 15 min) before: " in section
     assert "`rounds=3`" in section
     assert "| `grow_total_s_spread` | 6.7 [6.4..7.05] (6.1..7.4), n=3 |" in section
+
+
+def test_a_converted_result_states_the_load_and_wall_time_it_did_not_record(tmp_path: Path) -> None:
+    document = Recording("scaling", {"rounds": 3}).document({"rounds": 3})
+    document.update(load_before=[], load_after=[7.7, 8.5, 6.9], wall_s=None)
+    (tmp_path / "scaling.json").write_text(json.dumps(document))
+    section = render_results.render(tmp_path).split("## scaling\n", 1)[1].split("\n## ", 1)[0]
+    assert "before: not recorded; after: 7.7 / 8.5 / 6.9; wall time not recorded" in section
 
 
 def test_a_result_the_catalog_does_not_name_is_refused(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The scaling benchmark's short mode (``scripts/bench-policy --scaling --short``): every size and policy measured,
-JSON and a plot written; the loop benchmark's simulated users and the limits it raises for them."""
+its result document (rows and Markdown table) and a plot written; the loop benchmark's simulated users and the
+limits it raises for them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from slurm_amoeba.daemon.config import AGENT_REPORT_S, Limits
 def test_the_short_scaling_run_measures_every_size_and_policy_and_writes_json_and_a_plot(tmp_path: Path) -> None:
     out, picture = tmp_path / "scaling.json", tmp_path / "scaling.png"
     assert scaling.main(["--short", "--policies", "fifo,goodput", "--json", str(out), "--plot", str(picture)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    document = json.loads(out.read_text())
+    assert document["schema"] == 1 and document["benchmark"] == "scaling"
+    assert document["parameters"]["policies"] == "fifo,goodput" and len(document["load_after"]) == 3
+    rows = document["figures"]["rows"]
     assert sorted((row["nodes"], row["policy"]) for row in rows) == [
         (100, "fifo"),
         (100, "goodput"),
@@ -23,6 +27,8 @@ def test_the_short_scaling_run_measures_every_size_and_policy_and_writes_json_an
         (300, "goodput"),
     ]
     assert all(row["jobs"] == 2 * row["nodes"] and row["snapshot_s"] > 0 and row["parse_s"] > 0 for row in rows)
+    (table,) = document["tables"].values()
+    assert table.count("\n| 100 | 200 |") == 2 and table.count("\n| 300 | 600 |") == 2, "a Markdown row per row"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -299,27 +299,27 @@ def distribute_spare(
     Returns:
         A copy of ``sizes``, in its order, with the growth added.
     """
-    sizes = dict(sizes)
+    grown = dict(sizes)
 
     def rank(job: JobInfo, size: int) -> float:
         return job.attained_service if by_service else -speedup_gain(job, size)
 
     heap: list[tuple[float, int, JobInfo]] = []
     for index, job in enumerate(jobs):
-        size = sizes.get(job.job_id, 0)
+        size = grown.get(job.job_id, 0)
         if job.is_resizable and 0 < size < job.max_workers:
             heap.append((rank(job, size), index, job))
     heapq.heapify(heap)
     while heap and spare_gpus > 0:
         _, index, job = heapq.heappop(heap)
-        size = sizes[job.job_id]
+        size = grown[job.job_id]
         if job.gpus_per_worker > spare_gpus or marginal_efficiency(job, size) < min_gain:
             continue
-        sizes[job.job_id] = size + 1
+        grown[job.job_id] = size + 1
         spare_gpus -= job.gpus_per_worker
         if size + 1 < job.max_workers:
             heapq.heappush(heap, (rank(job, size + 1), index, job))
-    return sizes
+    return grown
 
 
 def realize(

@@ -100,8 +100,8 @@ class ElasticBackfillPolicy:
                 reasons[job.job_id] = "elastic-backfill: fits (priority order, first fit)"
                 started.append(job)
         growers = [job for job in snapshot.running() if job.job_id not in reasons] + started
-        before = dict(sizes)
-        distribute_spare(growers, sizes, free, self.min_gain, self.grow_by_service)
+        before = sizes
+        sizes = distribute_spare(growers, sizes, free, self.min_gain, self.grow_by_service)
         for key, size in sizes.items():
             if size != before[key]:
                 reasons[key] = (

@@ -297,7 +297,7 @@ def marginal_efficiency(job: JobInfo, workers: int) -> float:
 
 
 def distribute_spare(
-    jobs: Sequence[JobInfo], sizes: dict[str, int], spare_gpus: int, min_gain: float, by_service: bool = False
+    jobs: Sequence[JobInfo], sizes: Mapping[str, int], spare_gpus: int, min_gain: float, by_service: bool = False
 ) -> dict[str, int]:
     """Give spare GPUs, one worker at a time, to the jobs whose speed gains most per GPU.
 
@@ -307,7 +307,7 @@ def distribute_spare(
 
     Args:
         jobs: the candidates (only resizable jobs with a size below their maximum grow).
-        sizes: job id -> size so far; updated in place and returned.
+        sizes: job id -> size so far (left as it is).
         spare_gpus: GPUs to hand out at most.
         min_gain: the smallest marginal efficiency worth a resize.
         by_service: rank by least attained service instead (the least-attained-service idea of Tiresias applied
@@ -315,28 +315,29 @@ def distribute_spare(
             while its extra workers pass ``min_gain``.
 
     Returns:
-        ``sizes``, with the growth added.
+        A copy of ``sizes``, in its order, with the growth added.
     """
+    grown = dict(sizes)
 
     def rank(job: JobInfo, size: int) -> float:
         return job.attained_service if by_service else -speedup_gain(job, size)
 
     heap: list[tuple[float, int, JobInfo]] = []
     for index, job in enumerate(jobs):
-        size = sizes.get(job.job_id, 0)
+        size = grown.get(job.job_id, 0)
         if job.is_resizable and 0 < size < job.max_workers:
             heap.append((rank(job, size), index, job))
     heapq.heapify(heap)
     while heap and spare_gpus > 0:
         _, index, job = heapq.heappop(heap)
-        size = sizes[job.job_id]
+        size = grown[job.job_id]
         if job.gpus_per_worker > spare_gpus or marginal_efficiency(job, size) < min_gain:
             continue
-        sizes[job.job_id] = size + 1
+        grown[job.job_id] = size + 1
         spare_gpus -= job.gpus_per_worker
         if size + 1 < job.max_workers:
             heapq.heappush(heap, (rank(job, size + 1), index, job))
-    return sizes
+    return grown
 
 
 def realize(
@@ -389,7 +390,8 @@ def realize(
             for name in {**job.placement, **new}:
                 free.change(name, (job.placement.get(name, 0) - new.get(name, 0)) * job.gpus_per_worker)
         decisions.append(size_action(job, target, new, reason.get(job_id, "")))
-    pinned = _place_fixed(free, by_id, releases, fixed or {}, reason, decisions)
+    pinned = _place_fixed(free, by_id, releases, fixed or {}, reason)
+    decisions.extend(pinned.values())
     for job in order:
         target = releases.get(job.job_id, job.workers)
         if target <= job.workers or job.shared_with is not None or job.job_id in pinned:
@@ -410,10 +412,10 @@ def _place_fixed(
     targets: Mapping[str, int],
     fixed: Mapping[str, Mapping[str, int]],
     reason: Mapping[str, str],
-    decisions: list[SizeAction],
-) -> set[str]:
-    """Apply the growth and starts whose placement the policy chose; returns the ids placed so."""
-    placed: set[str] = set()
+) -> dict[str, SizeAction]:
+    """Place the growth and starts whose placement the policy chose (taking their GPUs from ``free``); returns
+    job id -> the action, for those placed so, in ``fixed``'s order."""
+    placed: dict[str, SizeAction] = {}
     for job_id, placement in fixed.items():
         job = jobs[job_id]
         target = targets.get(job_id, job.workers)
@@ -433,6 +435,5 @@ def _place_fixed(
         for name, count in added.items():
             if count:
                 free.change(name, -count * job.gpus_per_worker)
-        decisions.append(size_action(job, target, dict(placement), reason.get(job_id, "")))
-        placed.add(job_id)
+        placed[job_id] = size_action(job, target, dict(placement), reason.get(job_id, ""))
     return placed

@@ -162,7 +162,7 @@ class ElasticTiresiasPolicy:
             if extra > 0:
                 sizes[job.job_id] += extra
                 capacity -= extra * job.gpus_per_worker
-        distribute_spare(admitted, sizes, capacity, self.min_gain)
+        sizes = distribute_spare(admitted, sizes, capacity, self.min_gain)
         targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
         by_id = {job.job_id: job for job in snapshot.jobs}
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}

@@ -350,6 +350,42 @@ class _Job:
         self.version = 0
         self.info: JobInfo | None = None
 
+    def as_info(self) -> JobInfo:
+        """The job as the policy sees it.
+
+        One ``JobInfo`` per job is kept (``info``) until the job changes state, size, placement or partner (the
+        engine then sets ``info`` to ``None``); in between, the snapshot brings the fields that move with time up to
+        date (``Simulator._snapshot``). Policies keep nothing between calls, so reusing the object is safe, and it
+        keeps snapshots of hundreds of running jobs cheap.
+        """
+        info = self.info
+        if info is not None:
+            return info
+        spec = self.spec
+        info = JobInfo(
+            job_id=spec.name,
+            state=JobPhase.RUNNING if self.placement else JobPhase.PENDING,
+            submit_time=spec.submit_time,
+            requested_workers=spec.requested_workers,
+            min_workers=spec.min_workers,
+            max_workers=spec.max_workers,
+            workers=self.workers,
+            placement=self.placement,
+            throughput=self.model.table(spec.min_workers, spec.max_workers, self.epoch),
+            remaining_work=self.model.remaining_seconds(self.epoch, self.progress),
+            attained_service=self.attained,
+            executed_time=self.executed,
+            time_limit=self.time_limit,
+            owner=spec.user,
+            partition=spec.partition,
+            job_type=self.model.job_type,
+            shared_with=self.shared_with,
+            priority=self.priority,
+            held=self.held,
+        )
+        self.info = info
+        return info
+
     def place(self, placement: dict[str, int]) -> None:
         """Set the job's placement (a new dict every time: snapshots share the old one)."""
         self.placement = placement
@@ -428,42 +464,6 @@ def _check_rounds(jobs: Iterable[_Job], policy: Policy, interval: float) -> None
                 f"decides every {interval:g} s, so the run would take {seconds / interval:.3g} rounds; pass "
                 f"--horizon SECONDS to stop the run there (unfinished jobs are reported) or fix the job"
             )
-
-
-def _job_info(job: _Job) -> JobInfo:
-    """The job as the policy sees it.
-
-    One ``JobInfo`` per job is kept until the job changes state, size, placement or partner; in between, the
-    snapshot brings the fields that move with time up to date (``Simulator._snapshot``). Policies keep nothing
-    between calls, so reusing the object is safe, and it keeps snapshots of hundreds of running jobs cheap.
-    """
-    info = job.info
-    if info is not None:
-        return info
-    spec = job.spec
-    info = JobInfo(
-        job_id=spec.name,
-        state=JobPhase.RUNNING if job.placement else JobPhase.PENDING,
-        submit_time=spec.submit_time,
-        requested_workers=spec.requested_workers,
-        min_workers=spec.min_workers,
-        max_workers=spec.max_workers,
-        workers=job.workers,
-        placement=job.placement,
-        throughput=job.model.table(spec.min_workers, spec.max_workers, job.epoch),
-        remaining_work=job.model.remaining_seconds(job.epoch, job.progress),
-        attained_service=job.attained,
-        executed_time=job.executed,
-        time_limit=job.time_limit,
-        owner=spec.user,
-        partition=spec.partition,
-        job_type=job.model.job_type,
-        shared_with=job.shared_with,
-        priority=job.priority,
-        held=job.held,
-    )
-    job.info = info
-    return info
 
 
 #: A policy's own order of pending jobs (:class:`slurm_amoeba.policy.types.AdmitsInOrder`).
@@ -643,7 +643,7 @@ class Simulator:
         self._graces: list[tuple[float, str]] = []
         key_of = None
         if isinstance(policy, AdmitsInOrder) and config.queue_depth == 0:
-            key_of = lambda job: policy.queue_key(_job_info(job))  # noqa: E731
+            key_of = lambda job: policy.queue_key(job.as_info())  # noqa: E731
         self._queue = _Queue(key_of)
         self._ordered = policy if key_of is not None and isinstance(policy, AdmitsInOrder) else None
         self._crossings = _Crossings(policy.service_thresholds if isinstance(policy, DemotesByService) else ())
@@ -922,7 +922,7 @@ class Simulator:
         if self._nodes_tuple is None:
             self._nodes_tuple = tuple(self._node_infos.values())
         every = self._jobs
-        for job in self._queue.running.values():  # the fields that move with time (see _job_info): the hot loop
+        for job in self._queue.running.values():  # the fields that move with time (see _Job.as_info): the hot loop
             info = job.info
             if info is not None:
                 info.remaining_work = job.model.remaining_seconds(job.epoch, job.progress)
@@ -933,12 +933,12 @@ class Simulator:
         hidden = 0
         if self._ordered is not None:
             order = self._ordered
-            last = max((order.queue_key(_job_info(job)) for job in self._queue.running.values()), default=None)
+            last = max((order.queue_key(job.as_info()) for job in self._queue.running.values()), default=None)
             window = len(every) if everything else ORDERED_WINDOW
             keys, hidden = self._queue.visible_in_order(every, last, window)
         else:
             keys = self._queue.visible(every, self.config.queue_depth, self.config.total_gpus)
-        infos = [_job_info(every[name]) for _, name in keys]
+        infos = [every[name].as_info() for _, name in keys]
         return Snapshot(self._nodes_tuple, tuple(infos), self.colocation), hidden
 
     def _ask(self, now: float) -> tuple[Snapshot, Sequence[Action]]:

@@ -80,12 +80,6 @@ def test_no_package_imports_a_layer_it_may_not() -> None:
     assert not wrong, "imports against the layer table:\n" + "\n".join(wrong)
 
 
-TOLERATED_CIRCLES: frozenset[frozenset[str]] = frozenset(
-    {frozenset({"slurm_amoeba.policy.elastic_room", "slurm_amoeba.policy.amoebad"})}
-)
-"""Circles left to the rewrite of policy/ into typed actions (issue 27, item 1): remove the entry with it."""
-
-
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -140,7 +134,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_modules_import_each_other_not_even_for_annotations() -> None:
-    circles = [c for c in _circles(_import_graph()) if frozenset(c) not in TOLERATED_CIRCLES]
+    circles = _circles(_import_graph())
     assert not circles, "import circles (type-only imports count):\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 

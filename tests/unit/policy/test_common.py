@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError, check_actions
-from slurm_amoeba.policy.common import FreeGpus, place_most_free, realize, shrink_placement
+from slurm_amoeba.policy.common import FreeGpus, distribute_spare, place_most_free, realize, shrink_placement
 
 from .helpers import job, snapshot
 
@@ -24,6 +24,16 @@ def test_place_most_free_counts_whole_workers_per_node() -> None:
 
 def test_shrink_empties_the_smallest_pieces_first() -> None:
     assert shrink_placement({"a": 3, "b": 1, "c": 2}, 2) == {"a": 3, "c": 1}
+
+
+def test_distribute_spare_returns_the_grown_sizes_and_leaves_its_argument_as_it_is() -> None:
+    elastic = job("e", 2, placement={"a": 2}, low=1, high=4)
+    rigid = job("r", 2, placement={"a": 2})
+    sizes = {"r": 2, "e": 2}
+    grown = distribute_spare([rigid, elastic], sizes, spare_gpus=2, min_gain=0.1)
+    assert grown == {"r": 2, "e": 4}
+    assert list(grown) == ["r", "e"]
+    assert sizes == {"r": 2, "e": 2}
 
 
 def test_job_info_rejects_inconsistent_values() -> None:

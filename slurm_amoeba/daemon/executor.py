@@ -35,53 +35,40 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TypeVar
 
+import slurm_amoeba.policy.actions as act
 from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.policy import JobInfo
-from slurm_amoeba.policy.actions import (
-    ACTION_TYPES,
-    Action,
-    Hold,
-    Move,
-    Place,
-    Preempt,
-    Release,
-    Resize,
-    SetPriority,
-    Share,
-    Start,
-    action_name,
-)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 #: The action types the daemon applies, and how.
-APPLIED: Mapping[type[Action], str] = {
-    Start: "recorded only: Slurm starts pending jobs itself",
-    Resize: "a resize directive to the job's agent (with the policy's batch when it gives one)",
-    Preempt: "recorded only: Slurm preempts jobs itself",
-    Move: "a directive that keeps the job's target and moves its satellites off the node",
-    Hold: "scontrol hold, with the daemon's hold mark in the job's AdminComment",
-    Release: "scontrol release, the mark cleared and the job's priority given back",
-    SetPriority: "scontrol update Priority=, undone when the daemon stops",
+APPLIED: Mapping[type[act.Action], str] = {
+    act.Start: "recorded only: Slurm starts pending jobs itself",
+    act.Resize: "a resize directive to the job's agent (with the policy's batch when it gives one)",
+    act.Preempt: "recorded only: Slurm preempts jobs itself",
+    act.Move: "a directive that keeps the job's target and moves its satellites off the node",
+    act.Hold: "scontrol hold, with the daemon's hold mark in the job's AdminComment",
+    act.Release: "scontrol release, the mark cleared and the job's priority given back",
+    act.SetPriority: "scontrol update Priority=, undone when the daemon stops",
 }
 #: The action types the daemon cannot apply, and why: a policy that can emit one is refused at configuration.
-REFUSED: Mapping[type[Action], str] = {
-    Place: (
+REFUSED: Mapping[type[act.Action], str] = {
+    act.Place: (
         "Slurm cannot move a running job's workers to other nodes at the same size (a job's own allocation never "
         "changes; only satellites come and go)"
     ),
-    Share: (
+    act.Share: (
         "Slurm gives a GPU to one job at a time (gres/gpu is not shared), so a job cannot run on GPUs another job holds"
     ),
 }
 
 
-def live_refusal(policy_name: str, emits: Collection[type[Action]]) -> str:
+def live_refusal(policy_name: str, emits: Collection[type[act.Action]]) -> str:
     """Why the daemon cannot run a policy that emits ``emits``, as a sentence; "" when it can.
 
     Args:
@@ -91,10 +78,12 @@ def live_refusal(policy_name: str, emits: Collection[type[Action]]) -> str:
     Returns:
         The refusal, naming the policy, the action and the reason, or "".
     """
-    refused = [kind for kind in ACTION_TYPES if kind in emits and kind in REFUSED]
+    refused = [kind for kind in act.ACTION_TYPES if kind in emits and kind in REFUSED]
     if not refused:
         return ""
-    reasons = "; ".join(f"its {action_name(kind)} actions cannot be applied live: {REFUSED[kind]}" for kind in refused)
+    reasons = "; ".join(
+        f"its {act.action_name(kind)} actions cannot be applied live: {REFUSED[kind]}" for kind in refused
+    )
     return f"policy {policy_name!r} cannot run in amoebad: {reasons}; choose a policy that only resizes (e.g. elastic)"
 
 
@@ -148,7 +137,7 @@ class LiveExecutor:
 
     def apply(
         self,
-        actions: Sequence[Action],
+        actions: Sequence[act.Action],
         jobs: Mapping[str, JobInfo],
         managed: Collection[str],
         *,
@@ -175,23 +164,23 @@ class LiveExecutor:
             self.admitter.sync(jobs, now)
         if self.orderer is not None:
             self.orderer.sync(jobs.values())
-            priorities = [action for action in actions if isinstance(action, SetPriority)]
+            priorities = [action for action in actions if isinstance(action, act.SetPriority)]
             allowed = set(map(id, self.orderer.bounded(priorities, now)))
             skipped += len(priorities) - len(allowed)
-            actions = [a for a in actions if not isinstance(a, SetPriority) or id(a) in allowed]
+            actions = [a for a in actions if not isinstance(a, act.SetPriority) or id(a) in allowed]
         for action in actions:
-            if isinstance(action, (Start, Preempt)):
-                name = action_name(type(action))
+            if isinstance(action, (act.Start, act.Preempt)):
+                name = act.action_name(type(action))
                 recorded[name] = recorded.get(name, 0) + 1
                 self.metrics.slurm_actions.inc(labels={"action": name})
                 logger.debug("[daemon/executor] %s of job %s is Slurm's to do: %s", name, action.job_id, action.reason)
-            elif isinstance(action, (Resize, Move)):
+            elif isinstance(action, (act.Resize, act.Move)):
                 target = self._direct(action, jobs.get(action.job_id), action.job_id in managed, source)
                 if target is None:
                     skipped += 1
                 else:
                     ordered[action.job_id] = target
-            elif isinstance(action, (Hold, Release, SetPriority)):
+            elif isinstance(action, (act.Hold, act.Release, act.SetPriority)):
                 work = self._slurm_call(action, jobs.get(action.job_id), now)
                 if work is None:
                     skipped += 1
@@ -203,10 +192,10 @@ class LiveExecutor:
             skipped += len(slurm_work)
         return Executed(ordered, recorded, skipped)
 
-    def _direct(self, action: Resize | Move, info: JobInfo | None, managed: bool, source: str) -> int | None:
+    def _direct(self, action: act.Resize | act.Move, info: JobInfo | None, managed: bool, source: str) -> int | None:
         """Send the directive of a resize or move; the size ordered, or None when the job cannot take one now."""
         batch_only = (
-            isinstance(action, Resize)
+            isinstance(action, act.Resize)
             and info is not None
             and action.workers == info.workers
             and action.batch is not None
@@ -216,7 +205,7 @@ class LiveExecutor:
         if not batch_only and not info.is_resizable:  # a fixed-size adaptive job takes batch-only directives
             return None
         agent = self.ledger.agents[action.job_id]
-        if isinstance(action, Move):
+        if isinstance(action, act.Move):
             target = agent.report.target if agent.report else info.workers
             directive = self.ledger.order(
                 agent, target, action.reason, source, vacate=action.node, for_job=action.for_job
@@ -230,13 +219,13 @@ class LiveExecutor:
         return action.workers
 
     def _slurm_call(
-        self, action: Hold | Release | SetPriority, info: JobInfo | None, now: float
+        self, action: act.Hold | act.Release | act.SetPriority, info: JobInfo | None, now: float
     ) -> Callable[[], object] | None:
         """The Slurm call that applies a hold, release or priority (run on the Slurm thread), or None when the
         daemon has no control for it."""
         job_id = action.job_id
         owner = info.owner if info is not None else ""
-        if isinstance(action, SetPriority):
+        if isinstance(action, act.SetPriority):
             orderer = self.orderer
             if orderer is None:
                 logger.warning("[daemon/executor] no queue control: priority of job %s not set", job_id)
@@ -247,10 +236,12 @@ class LiveExecutor:
         admitter = self.admitter
         if admitter is None:
             logger.warning(
-                "[daemon/executor] no admission control: %s of job %s not applied", action_name(type(action)), job_id
+                "[daemon/executor] no admission control: %s of job %s not applied",
+                act.action_name(type(action)),
+                job_id,
             )
             return None
-        if isinstance(action, Hold):
+        if isinstance(action, act.Hold):
             priority = info.priority if info is not None else 0
             wanted = action.wants_gpus or (info.max_workers * info.gpus_per_worker if info is not None else 0)
             return lambda: admitter.hold(job_id, owner, priority, wanted, action.reason, now)

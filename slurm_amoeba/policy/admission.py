@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Sequence
+from typing import ClassVar
 
 from slurm_amoeba.policy.actions import Action, Hold, Release, Start
 from slurm_amoeba.policy.amoebad import AdmissionLayer, AmoebadPolicy
+from slurm_amoeba.policy.layer import PolicyLayer
 from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S
-from slurm_amoeba.policy.types import JobInfo, JobPhase, Policy, Snapshot
+from slurm_amoeba.policy.types import JobInfo, JobPhase, Snapshot
 
 
 def slurm_rule(max_hold_s: float = DEFAULT_MAX_HOLD_S) -> AmoebadPolicy:
@@ -47,7 +49,7 @@ def slurm_rule(max_hold_s: float = DEFAULT_MAX_HOLD_S) -> AmoebadPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
-class AdmissionGate:
+class AdmissionGate(PolicyLayer):
     """A policy with the admission rule's holds and releases added to its answer (see the module docstring).
 
     Attributes:
@@ -58,26 +60,14 @@ class AdmissionGate:
         max_workers: the site's cap on an elastic job's workers: its requested size is its maximum, capped by this.
     """
 
-    inner: Policy
+    adds: ClassVar[frozenset[type[Action]]] = frozenset({Hold, Release})
+    #: A held job's bound runs out with time.
+    changes_with_time: ClassVar[bool] = True
+
     rule: AmoebadPolicy = dataclasses.field(default_factory=slurm_rule)
     partitions: Collection[str] = frozenset()
     users: Collection[str] = frozenset()
     max_workers: int = 1 << 30
-
-    @property
-    def name(self) -> str:
-        """The inner policy's name (admission is a layer, not another policy)."""
-        return self.inner.name
-
-    @property
-    def decides_on_events_only(self) -> bool:
-        """False: a held job's bound runs out with time."""
-        return False
-
-    @property
-    def emits(self) -> frozenset[type[Action]]:
-        """The inner policy's action types, holds and releases."""
-        return self.inner.emits | {Hold, Release}
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """The inner policy's actions, then the holds and releases (:meth:`verdicts`)."""

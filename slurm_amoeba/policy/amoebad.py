@@ -38,7 +38,7 @@ from slurm_amoeba.policy.amoebad_layers import AdmissionLayer, ElasticLayer, Las
 from slurm_amoeba.policy.common import SizeAction, base_size
 from slurm_amoeba.policy.elastic_room import ElasticPass, admission_keeps, compact_growth, spares, spares_tail
 from slurm_amoeba.policy.queue_order import las_key
-from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
+from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy, SlurmRound
 from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 __all__ = [
@@ -156,19 +156,12 @@ class AmoebadPolicy(SlurmBaselinePolicy):
         size = min(job.requested_workers, (snapshot.free_gpus + extras - taken) // job.gpus_per_worker)
         return size if size >= job.min_workers else job.requested_workers
 
-    def after_slurm(
-        self,
-        snapshot: Snapshot,
-        now: float,
-        running: Sequence[JobInfo],
-        started: Sequence[JobInfo],
-        victims: set[str],
-        targets: dict[str, int],
-        reasons: dict[str, str],
-    ) -> dict[str, dict[str, int]]:
+    def after_slurm(self, slurm: SlurmRound) -> dict[str, dict[str, int]]:
         """The daemon's elastic backfill: one :class:`~slurm_amoeba.policy.elastic_room.ElasticPass` over this
         decision."""
-        return ElasticPass(self, snapshot, now, running, victims, targets, reasons).run(started)
+        return ElasticPass(
+            self, slurm.snapshot, slurm.now, slurm.running, slurm.victims, slurm.targets, slurm.reasons
+        ).run(slurm.started)
 
     def finish(self, actions: list[SizeAction], snapshot: Snapshot) -> list[SizeAction]:
         """With ``compact_growth``, growths kept on as few nodes as they need."""

@@ -10,26 +10,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from slurm_amoeba.policy.actions import (
-    Action,
-    Hold,
-    Move,
-    Place,
-    Preempt,
-    Release,
-    Resize,
-    SetPriority,
-    Share,
-    Start,
-    action_name,
-)
+import slurm_amoeba.policy.actions as act
 from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
 #: The actions that change which GPUs a job holds, as the check sees them.
-_Sized = Start | Resize | Preempt | Place | Share
+_Sized = act.Start | act.Resize | act.Preempt | act.Place | act.Share
 
 
-def check_actions(snapshot: Snapshot, actions: Sequence[Action]) -> None:
+def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
     """Raise if applying ``actions`` to ``snapshot`` would break an invariant.
 
     The invariants: every action names a job of the snapshot; a job gets at most one action that changes its size
@@ -56,10 +44,12 @@ def check_actions(snapshot: Snapshot, actions: Sequence[Action]) -> None:
     for action in actions:
         job = jobs.get(action.job_id)
         if job is None:
-            raise PolicyError(f"{action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot")
+            raise PolicyError(
+                f"{act.action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot"
+            )
         _check_phase(job, action)
-        if isinstance(action, (Hold, Release, SetPriority)):
-            if isinstance(action, (Hold, Release)):
+        if isinstance(action, (act.Hold, act.Release, act.SetPriority)):
+            if isinstance(action, (act.Hold, act.Release)):
                 if action.job_id in queued:
                     raise PolicyError(f"job {job.job_id} is both held and released (or twice) in one answer")
                 queued.add(action.job_id)
@@ -69,7 +59,7 @@ def check_actions(snapshot: Snapshot, actions: Sequence[Action]) -> None:
                 f"two actions change the size or nodes of job {action.job_id!r}; a policy answers once per job"
             )
         placed.add(action.job_id)
-        if isinstance(action, Move):
+        if isinstance(action, act.Move):
             _check_move(job, action, jobs)
             gpus.move(job, action)
             continue
@@ -77,7 +67,7 @@ def check_actions(snapshot: Snapshot, actions: Sequence[Action]) -> None:
         workers, placement = _size_after(action)
         _check_size(job, action, workers)
         gpus.check_placement(job, workers, placement)
-        gpus.size(job, workers, placement, shares=isinstance(action, Share))
+        gpus.size(job, workers, placement, shares=isinstance(action, act.Share))
     gpus.check()
     _check_sharing(jobs, sized)
 
@@ -100,7 +90,7 @@ class _GpuLedger:
         if not job.placement:
             self.unplaced -= job.gpus
 
-    def move(self, job: JobInfo, move: Move) -> None:
+    def move(self, job: JobInfo, move: act.Move) -> None:
         """A move: its workers leave the node and take as many GPUs on nodes the executor picks."""
         self._release(job, {move.node: move.workers})
         self.unplaced += move.workers * job.gpus_per_worker
@@ -145,32 +135,32 @@ class _GpuLedger:
 
 def _size_after(action: _Sized) -> tuple[int, Mapping[str, int]]:
     """The job's size and placement after a size action."""
-    if isinstance(action, Preempt):
+    if isinstance(action, act.Preempt):
         return 0, {}
     return action.workers, action.placement
 
 
-def _check_phase(job: JobInfo, action: Action) -> None:
+def _check_phase(job: JobInfo, action: act.Action) -> None:
     """Starts, holds, releases and priorities are for pending jobs; resizes, preemptions, places and moves for
     running ones."""
-    for_pending = (Start, Hold, Release, SetPriority)
-    for_running = (Resize, Preempt, Place, Move)
+    for_pending = (act.Start, act.Hold, act.Release, act.SetPriority)
+    for_running = (act.Resize, act.Preempt, act.Place, act.Move)
     if isinstance(action, for_pending) and job.state is not JobPhase.PENDING:
         raise PolicyError(
-            f"job {job.job_id} is running; a {action_name(type(action))} is only for a pending job"
-            + ("" if not isinstance(action, Start) else " (resize it instead)")
+            f"job {job.job_id} is running; a {act.action_name(type(action))} is only for a pending job"
+            + ("" if not isinstance(action, act.Start) else " (resize it instead)")
         )
     if isinstance(action, for_running) and job.state is not JobPhase.RUNNING:
         raise PolicyError(
-            f"job {job.job_id} is pending; a {action_name(type(action))} is only for a running job"
-            + ("" if not isinstance(action, Resize) else " (start it instead)")
+            f"job {job.job_id} is pending; a {act.action_name(type(action))} is only for a running job"
+            + ("" if not isinstance(action, act.Resize) else " (start it instead)")
         )
 
 
 def _check_size(job: JobInfo, action: _Sized, workers: int) -> None:
-    if isinstance(action, Preempt):
+    if isinstance(action, act.Preempt):
         return
-    if isinstance(action, Place) and workers != job.workers:
+    if isinstance(action, act.Place) and workers != job.workers:
         raise PolicyError(
             f"job {job.job_id}: a place keeps the job's {job.workers} workers but its placement holds {workers}"
         )
@@ -186,7 +176,7 @@ def _check_size(job: JobInfo, action: _Sized, workers: int) -> None:
         raise PolicyError(f"job {job.job_id} is {why} and cannot be resized to {workers} workers")
 
 
-def _check_move(job: JobInfo, move: Move, jobs: Mapping[str, JobInfo]) -> None:
+def _check_move(job: JobInfo, move: act.Move, jobs: Mapping[str, JobInfo]) -> None:
     there = job.placement.get(move.node, 0)
     if there == 0:
         raise PolicyError(
@@ -211,11 +201,11 @@ def _check_sharing(jobs: dict[str, JobInfo], decided: dict[str, _Sized]) -> None
         action = decided.get(job_id)
         if action is not None:
             workers, placement = _size_after(action)
-            return workers, placement, action.host if isinstance(action, Share) else None
+            return workers, placement, action.host if isinstance(action, act.Share) else None
         job = jobs[job_id]
         return job.workers, job.placement, job.shared_with
 
-    sharers = [key for key, action in decided.items() if isinstance(action, Share)]
+    sharers = [key for key, action in decided.items() if isinstance(action, act.Share)]
     sharers += [job.job_id for job in jobs.values() if job.shared_with is not None and job.job_id not in decided]
     partners: Counter[str] = Counter()
     for job_id in sharers:

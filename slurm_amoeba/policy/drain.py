@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 from slurm_amoeba.policy.actions import Action, Resize
-from slurm_amoeba.policy.types import Policy, Snapshot
+from slurm_amoeba.policy.layer import PolicyLayer
+from slurm_amoeba.policy.types import Snapshot
 
 #: The reason every drain resize carries (the agent logs it).
 DRAIN_REASON = "drain: an operator asked every elastic job to its minimum"
@@ -40,7 +42,7 @@ def drain_actions(snapshot: Snapshot) -> list[Resize]:
 
 
 @dataclasses.dataclass(frozen=True)
-class DrainPolicy:
+class DrainPolicy(PolicyLayer):
     """Any policy, with the operator's drain switch in front of it (see the module docstring).
 
     Attributes:
@@ -48,23 +50,9 @@ class DrainPolicy:
         draining: whether the drain is on.
     """
 
-    inner: Policy
+    adds: ClassVar[frozenset[type[Action]]] = frozenset({Resize})
+
     draining: bool = True
-
-    @property
-    def name(self) -> str:
-        """The wrapped policy's name (a drain is a state of the daemon, not another policy)."""
-        return self.inner.name
-
-    @property
-    def decides_on_events_only(self) -> bool:
-        """The wrapped policy's answer; a drain's answer changes only when jobs change."""
-        return self.inner.decides_on_events_only
-
-    @property
-    def emits(self) -> frozenset[type[Action]]:
-        """The wrapped policy's action types and the drain's resizes."""
-        return self.inner.emits | {Resize}
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """The drain's resizes while it is on, the wrapped policy's actions otherwise.

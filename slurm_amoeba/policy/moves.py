@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import ClassVar
 
 from slurm_amoeba.policy.actions import Action, Move
 from slurm_amoeba.policy.common import base_size, priority_key
-from slurm_amoeba.policy.types import JobInfo, Policy, Snapshot
+from slurm_amoeba.policy.layer import PolicyLayer
+from slurm_amoeba.policy.types import JobInfo, Snapshot
 
 #: The most of one node's satellite owners tried together when choosing which jobs move (subsets of these).
 MAX_OWNERS = 8
@@ -42,7 +44,7 @@ def move_reason(workers: int, node: str, for_job: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class WholeNodeMoves:
+class WholeNodeMoves(PolicyLayer):
     """A policy with whole-node moves added to its answer (see the module docstring).
 
     Attributes:
@@ -51,23 +53,9 @@ class WholeNodeMoves:
             neither moved again nor moved for again.
     """
 
-    inner: Policy
+    adds: ClassVar[frozenset[type[Action]]] = frozenset({Move})
+
     recent: Collection[str] = frozenset()
-
-    @property
-    def name(self) -> str:
-        """The inner policy's name (moves are a layer, not another policy)."""
-        return self.inner.name
-
-    @property
-    def decides_on_events_only(self) -> bool:
-        """The inner policy's answer."""
-        return self.inner.decides_on_events_only
-
-    @property
-    def emits(self) -> frozenset[type[Action]]:
-        """The inner policy's action types, and moves."""
-        return self.inner.emits | {Move}
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         """The inner policy's actions, then the moves of jobs it does not act on.

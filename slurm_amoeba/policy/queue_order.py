@@ -29,10 +29,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import ClassVar
 
 from slurm_amoeba.policy.actions import Action, SetPriority
 from slurm_amoeba.policy.common import las_queue
-from slurm_amoeba.policy.types import JobInfo, JobPhase, Policy, Snapshot
+from slurm_amoeba.policy.layer import PolicyLayer
+from slurm_amoeba.policy.types import JobInfo, JobPhase, Snapshot
 
 #: The Pollux artifact's Tiresias threshold between its two queues: 16 GPU-hours.
 DEFAULT_THRESHOLDS_GPU_S = (16 * 3600.0,)
@@ -179,7 +181,7 @@ def orders(job: JobInfo, partitions: Collection[str], users: Collection[str]) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class QueueOrderLayer:
+class QueueOrderLayer(PolicyLayer):
     """A policy with the priorities of 2D-LAS order added to its answer (live: ``queue_order.enabled``).
 
     The pending jobs it orders are those Slurm does not hold, with a priority above 0, of ``partitions`` and
@@ -196,26 +198,14 @@ class QueueOrderLayer:
             record, read at each call).
     """
 
-    inner: Policy
+    adds: ClassVar[frozenset[type[Action]]] = frozenset({SetPriority})
+    #: Attained service grows with time.
+    changes_with_time: ClassVar[bool] = True
+
     thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S
     partitions: Collection[str] = frozenset()
     users: Collection[str] = frozenset()
     own_priorities: Mapping[str, int] = dataclasses.field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        """The inner policy's name (queue order is a layer, not another policy)."""
-        return self.inner.name
-
-    @property
-    def decides_on_events_only(self) -> bool:
-        """False: attained service grows with time."""
-        return False
-
-    @property
-    def emits(self) -> frozenset[type[Action]]:
-        """The inner policy's action types, and priorities."""
-        return self.inner.emits | {SetPriority}
 
     def ordered(self, snapshot: Snapshot) -> list[JobInfo]:
         """The pending jobs it orders (:func:`orders`), in 2D-LAS order."""

@@ -61,6 +61,30 @@ PREEMPT_MODES = ("off", "requeue", "cancel")
 
 
 @dataclasses.dataclass(frozen=True)
+class SlurmRound:
+    """What Slurm's model decided in one decision, handed to the pass after Slurm's
+    (:meth:`SlurmBaselinePolicy.after_slurm`), which may add to ``targets`` and ``reasons``.
+
+    Attributes:
+        snapshot: the cluster now.
+        now: the decision's time.
+        running: the running jobs Slurm saw (not sharing GPUs).
+        started: the jobs Slurm starts, in queue order.
+        victims: the ids of the running jobs Slurm preempts.
+        targets: job id -> workers, Slurm's starts and preemptions.
+        reasons: job id -> why.
+    """
+
+    snapshot: Snapshot
+    now: float
+    running: Sequence[JobInfo]
+    started: Sequence[JobInfo]
+    victims: set[str]
+    targets: dict[str, int]
+    reasons: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
 class SlurmPartition:
     """The scheduling settings of one partition (a ``PartitionName=`` line of slurm.conf).
 
@@ -282,18 +306,9 @@ class SlurmBaselinePolicy:
         or ``None`` for the size :meth:`start_size` gave."""
         return None
 
-    def after_slurm(
-        self,
-        snapshot: Snapshot,
-        now: float,
-        running: Sequence[JobInfo],
-        started: Sequence[JobInfo],
-        victims: set[str],
-        targets: dict[str, int],
-        reasons: dict[str, str],
-    ) -> dict[str, dict[str, int]]:
-        """The pass after Slurm's starts and preemptions: may change ``targets`` (job id -> workers) and ``reasons``;
-        returns the placements it chose (job id -> node -> workers). Nothing, under Slurm alone."""
+    def after_slurm(self, slurm: SlurmRound) -> dict[str, dict[str, int]]:
+        """The pass after Slurm's starts and preemptions: may change ``slurm.targets`` and ``slurm.reasons``; returns
+        the placements it chose (job id -> node -> workers). Nothing, under Slurm alone."""
         return {}
 
     def finish(self, actions: list[SizeAction], snapshot: Snapshot) -> list[SizeAction]:
@@ -368,7 +383,7 @@ class SlurmBaselinePolicy:
                 reserved += 1
         for key in victims:
             targets[key] = 0
-        fixed = self.after_slurm(snapshot, now, running, started, victims, targets, reasons)
+        fixed = self.after_slurm(SlurmRound(snapshot, now, running, started, victims, targets, reasons))
         by_id = {job.job_id: job for job in snapshot.jobs}
         changed = {key: size for key, size in targets.items() if size != by_id[key].workers}
         for key, placement in fixed.items():

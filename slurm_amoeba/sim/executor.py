@@ -24,19 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from slurm_amoeba.policy import (
-    Action,
-    Hold,
-    Move,
-    Place,
-    Preempt,
-    Release,
-    Resize,
-    SetPriority,
-    Share,
-    Start,
-    action_name,
-)
+import slurm_amoeba.policy.actions as act
 from slurm_amoeba.policy.common import place_most_free
 from slurm_amoeba.sim.data import SimError
 
@@ -84,24 +72,24 @@ class SimExecutor:
     def __init__(self, cluster: SimCluster) -> None:
         """Bind the executor to the engine whose state it changes."""
         self._cluster = cluster
-        self._handlers: dict[type[Action], Callable[[Action, float], None]] = {
-            Start: self._size,
-            Resize: self._size,
-            Preempt: self._size,
-            Place: self._size,
-            Share: self._size,
-            Move: self._move,
-            Hold: self._queue,
-            Release: self._queue,
-            SetPriority: self._queue,
+        self._handlers: dict[type[act.Action], Callable[[act.Action, float], None]] = {
+            act.Start: self._size,
+            act.Resize: self._size,
+            act.Preempt: self._size,
+            act.Place: self._size,
+            act.Share: self._size,
+            act.Move: self._move,
+            act.Hold: self._queue,
+            act.Release: self._queue,
+            act.SetPriority: self._queue,
         }
 
     @property
-    def applies(self) -> frozenset[type[Action]]:
+    def applies(self) -> frozenset[type[act.Action]]:
         """The action types this executor applies."""
         return frozenset(self._handlers)
 
-    def apply(self, action: Action, now: float) -> None:
+    def apply(self, action: act.Action, now: float) -> None:
         """Apply one action at ``now``.
 
         Raises:
@@ -109,28 +97,28 @@ class SimExecutor:
         """
         handler = self._handlers.get(type(action))
         if handler is None:
-            raise SimError(f"the simulator does not apply {action_name(type(action))} actions ({action})")
+            raise SimError(f"the simulator does not apply {act.action_name(type(action))} actions ({action})")
         handler(action, now)
 
-    def order(self, action: Action) -> int:
+    def order(self, action: act.Action) -> int:
         """When an action is applied among one answer's: queue changes and releases first (so that nodes never look
         over-full), then exclusive starts, growth, places and moves, then sharers."""
-        if isinstance(action, (Hold, Release, SetPriority, Preempt)):
+        if isinstance(action, (act.Hold, act.Release, act.SetPriority, act.Preempt)):
             return 0
-        if isinstance(action, Move):
+        if isinstance(action, act.Move):
             return 1
         shrinks = action.workers < self._cluster.workers_of(action.job_id)
-        if isinstance(action, Share):
+        if isinstance(action, act.Share):
             return 0 if shrinks else 2
         return 0 if shrinks else 1
 
-    def _size(self, action: Action, now: float) -> None:
-        assert isinstance(action, (Start, Resize, Preempt, Place, Share))
-        host = action.host if isinstance(action, Share) else None
+    def _size(self, action: act.Action, now: float) -> None:
+        assert isinstance(action, (act.Start, act.Resize, act.Preempt, act.Place, act.Share))
+        host = action.host if isinstance(action, act.Share) else None
         self._cluster.size_job(action.job_id, action.workers, action.placement, host, now)
 
-    def _move(self, action: Action, now: float) -> None:
-        assert isinstance(action, Move)
+    def _move(self, action: act.Action, now: float) -> None:
+        assert isinstance(action, act.Move)
         placement = dict(self._cluster.placement_of(action.job_id))
         free = {name: gpus for name, gpus in self._cluster.free_by_node().items() if name != action.node}
         found = place_most_free(free, action.workers)
@@ -145,8 +133,8 @@ class SimExecutor:
         placement = {name: count for name, count in placement.items() if count > 0}
         self._cluster.size_job(action.job_id, sum(placement.values()), placement, None, now, moved=True)
 
-    def _queue(self, action: Action, now: float) -> None:
-        if isinstance(action, SetPriority):
+    def _queue(self, action: act.Action, now: float) -> None:
+        if isinstance(action, act.SetPriority):
             self._cluster.set_priority(action.job_id, action.priority)
         else:
-            self._cluster.mark_held(action.job_id, isinstance(action, Hold))
+            self._cluster.mark_held(action.job_id, isinstance(action, act.Hold))

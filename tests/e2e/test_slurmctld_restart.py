@@ -19,7 +19,7 @@ from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.slurm import CliSlurmClient, JobState
 from tests.conftest import REPO, ClusterHandle
 from tests.e2e.test_node_loss import cancel, cluster_command, wait_until
-from tests.integration.daemon_helpers import DaemonProcess
+from tests.integration.daemon_helpers import DaemonProcess, job_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(360)]
 
@@ -91,11 +91,6 @@ def test_slurmctld_restarted_under_an_elastic_job_and_its_daemon_both_go_on(
             cancel(client, int(job_id))
             wait_until(
                 "the job and its satellites to end",
-                lambda: (
-                    not any(
-                        j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
-                        for j in client.jobs()
-                    )
-                ),
+                lambda: job_ended(client, job_id),
                 60,
             )

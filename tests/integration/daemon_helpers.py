@@ -399,16 +399,19 @@ def submit_mlp_job(cluster: ClusterHandle, env: dict[str, str], workdir: Path, d
     return submitted.stdout.strip().splitlines()[-1]
 
 
+def job_ended(client: CliSlurmClient, job_id: str) -> bool:
+    """Whether Slurm shows neither the job nor any of its satellites active."""
+    return not any(
+        j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
+        for j in client.jobs()
+    )
+
+
 def end_job(client: CliSlurmClient, job_id: str) -> None:
     """Cancel a job and wait until it and its satellites ended."""
     client.cancel(int(job_id))
     wait_until(
         "the job and its satellites to end",
-        lambda: (
-            not any(
-                j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
-                for j in client.jobs()
-            )
-        ),
+        lambda: job_ended(client, job_id),
         timeout=60,
     )

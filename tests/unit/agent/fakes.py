@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slurm_amoeba.agent.plan import Action, LowerTarget, Observation, SubmitSatellite, new_satellite_group, record
+from slurm_amoeba.core.messages import Message
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.runtime.protocol import PolicyBatch
 from slurm_amoeba.runtime.view import CoordinatorView, WorkerView
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError, StepRecord
 from slurm_amoeba.slurm.script import SubmitOptions
 from slurm_amoeba.slurm.steps import StepOptions
+from slurm_amoeba.transport.channel import ChannelServer
 
 PARENT = 42
 
@@ -329,3 +332,58 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class ServingStandIn:
+    """A stand-in for a daemon that serves on a thread of its own until :meth:`close`.
+
+    A subclass binds its socket before calling ``__init__`` (which starts the thread), answers at most one request
+    per :meth:`serve_once` (returning soon when none comes, so that :meth:`close` is heard) and closes its socket in
+    :meth:`release`. ``kinds`` records the kinds of the requests it answered.
+    """
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            self.serve_once()
+
+    def serve_once(self) -> None:
+        """Answer the next request, if one comes soon."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Close the stand-in's socket."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop the thread, then close the socket."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.release()
+
+
+class ChannelStandIn(ServingStandIn):
+    """A stand-in daemon on a channel server of its own on loopback that answers every request "ok"; a subclass
+    may answer otherwise (:meth:`answer`)."""
+
+    def __init__(self) -> None:
+        self.server = ChannelServer("tcp://127.0.0.1:*")
+        super().__init__()
+
+    def serve_once(self) -> None:
+        req = self.server.receive(0.05)
+        if req is not None:
+            self.kinds.append(req.message.kind)
+            self.server.answer(req, self.answer(req.message))
+
+    def answer(self, message: Message) -> Message:
+        """The reply to one request."""
+        return message.reply()
+
+    def release(self) -> None:
+        self.server.close()

@@ -7,15 +7,15 @@ restarted daemon does, and the link registers again.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from slurm_amoeba.agent import link as link_module
 from slurm_amoeba.agent.link import DaemonLink
-from slurm_amoeba.core.messages import RETRY_SOON, STANDBY
+from slurm_amoeba.core.messages import RETRY_SOON, STANDBY, Message
 from slurm_amoeba.transport.channel import ChannelServer
+from tests.unit.agent.fakes import ChannelStandIn
 
 REGISTRATION = {
     "job_id": "42",
@@ -29,38 +29,24 @@ REGISTRATION = {
 REPORT = {"job_id": "42", "size": 1, "generation": 1, "target": 1, "throughput": {}, "history": [], "satellites": []}
 
 
-class StandInDaemon:
+class StandInDaemon(ChannelStandIn):
     """Answers registrations; answers the first report with "unknown job" (it restarted), later ones with ok."""
 
     def __init__(self, not_read_yet: int = 0) -> None:
-        self.server = ChannelServer("tcp://127.0.0.1:*")
-        self.kinds: list[str] = []
         self.not_read_yet = not_read_yet  # registrations refused as "reading Slurm's record" before one is taken
         self._forgot = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            req = self.server.receive(0.05)
-            if req is None:
-                continue
-            self.kinds.append(req.message.kind)
-            if req.message.kind == "register" and self.not_read_yet > 0:
-                self.not_read_yet -= 1
-                error = f"job 42: the daemon is reading Slurm's record of its submission; {RETRY_SOON}"
-                self.server.answer(req, req.message.reply(ok=False, error=error))
-            elif req.message.kind == "report" and not self._forgot:
-                self._forgot = True
-                self.server.answer(req, req.message.reply(ok=False, error="unknown job 42; register first"))
-            else:
-                self.server.answer(req, req.message.reply())
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.server.close()
+    def answer(self, message: Message) -> Message:
+        if message.kind == "register" and self.not_read_yet > 0:
+            self.not_read_yet -= 1
+            return message.reply(
+                ok=False, error=f"job 42: the daemon is reading Slurm's record of its submission; {RETRY_SOON}"
+            )
+        if message.kind == "report" and not self._forgot:
+            self._forgot = True
+            return message.reply(ok=False, error="unknown job 42; register first")
+        return message.reply()
 
 
 @pytest.fixture
@@ -114,30 +100,16 @@ def test_a_registration_the_daemon_cannot_vet_yet_is_sent_again_within_seconds(
         stand_in.close()
 
 
-class StandInStandby:
+class StandInStandby(ChannelStandIn):
     """A standby daemon: answers everything with "standby, the active one is X"."""
 
     def __init__(self, active: str) -> None:
-        self.server = ChannelServer("tcp://127.0.0.1:*")
         self.active = active
-        self.kinds: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            req = self.server.receive(0.05)
-            if req is None:
-                continue
-            self.kinds.append(req.message.kind)
-            data = {"role": STANDBY, "active": self.active, "generation": 3}
-            self.server.answer(req, req.message.reply(ok=False, error="this amoebad is the standby", data=data))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.server.close()
+    def answer(self, message: Message) -> Message:
+        data = {"role": STANDBY, "active": self.active, "generation": 3}
+        return message.reply(ok=False, error="this amoebad is the standby", data=data)
 
 
 def test_an_agent_told_by_the_standby_where_the_active_daemon_is_registers_there(daemon: StandInDaemon) -> None:
@@ -176,22 +148,14 @@ def test_a_directive_of_an_older_lease_generation_is_refused() -> None:
 
 
 def test_the_registration_reply_teaches_the_agent_the_active_daemons_generation(munged: None) -> None:
-    server = ChannelServer("tcp://127.0.0.1:*")
-    stop = threading.Event()
+    class Fencing(ChannelStandIn):
+        def answer(self, message: Message) -> Message:
+            return message.reply(data={"fence": 7})
 
-    def serve() -> None:
-        while not stop.is_set():
-            req = server.receive(0.05)
-            if req is not None:
-                server.answer(req, req.message.reply(data={"fence": 7}))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    stand_in = Fencing()
     try:
-        link = DaemonLink(server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
+        link = DaemonLink(stand_in.server.endpoint, owner_uid=1234, prefix="[42/agent]", daemon_uid=os.getuid())
         link.register(REGISTRATION)
     finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+        stand_in.close()
     assert link.fence == 7 and link.admit({"job_id": "42", "target": 2, "reason": "", "fence": 6}) != ""

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +29,15 @@ from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.transport import channel as channel_module
 from slurm_amoeba.transport.channel import ChannelServer, reply_destination, request
 from slurm_amoeba.transport.munge import EMUNGE_SOCKET, MungeError, binding, seal, unseal
-from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
+from tests.unit.agent.fakes import (
+    PARENT,
+    ChannelStandIn,
+    FakeClock,
+    FakeCoordinator,
+    FakeSlurm,
+    FakeSteps,
+    ServingStandIn,
+)
 
 NOBODY = 65534
 REGISTRATION = {
@@ -326,7 +333,7 @@ def test_a_malformed_daemon_uid_variable_is_an_error() -> None:
         configured_daemon_uid({"AMOEBA_DAEMON_UID": "root"})
 
 
-class Squatter:
+class Squatter(ServingStandIn):
     """Binds the daemon's port as ``nobody`` would: answers every request "ok", signed by nobody's munge."""
 
     def __init__(self) -> None:
@@ -334,25 +341,19 @@ class Squatter:
         self.sock.setsockopt(zmq.LINGER, 0)
         port: int = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.kinds: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            *route, _, payload = self.sock.recv_multipart()
-            message = decode(payload)
-            self.kinds.append(message.kind)
-            answer = encode(message.reply())
-            credential = seal_as("nobody", answer, reply_destination(message.id))
-            self.sock.send_multipart([*route, credential, answer])
+    def serve_once(self) -> None:
+        if not self.sock.poll(50):
+            return
+        *route, _, payload = self.sock.recv_multipart()
+        message = decode(payload)
+        self.kinds.append(message.kind)
+        answer = encode(message.reply())
+        credential = seal_as("nobody", answer, reply_destination(message.id))
+        self.sock.send_multipart([*route, credential, answer])
 
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def release(self) -> None:
         self.sock.close(linger=0)
 
 
@@ -383,23 +384,11 @@ def test_a_squatter_on_the_daemons_port_is_neither_registered_with_nor_obeyed(
 @pytest.fixture
 def daemon_here(munged: None) -> Iterator[ChannelServer]:
     """A daemon of this process's uid on loopback that answers every request "ok"."""
-    server = ChannelServer("tcp://127.0.0.1:*")
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            req = server.receive(0.05)
-            if req is not None:
-                server.answer(req, req.message.reply())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    stand_in = ChannelStandIn()
     try:
-        yield server
+        yield stand_in.server
     finally:
-        stop.set()
-        thread.join(timeout=5)
-        server.close()
+        stand_in.close()
 
 
 def test_the_pinned_daemon_is_trusted(daemon_here: ChannelServer) -> None:

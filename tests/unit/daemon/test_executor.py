@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+import slurm_amoeba.policy.actions as act
 from slurm_amoeba.daemon.actuator import Actuator, Directive, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
 from slurm_amoeba.daemon.agents import Registration, Report
@@ -14,19 +15,6 @@ from slurm_amoeba.daemon.executor import APPLIED, REFUSED, LiveExecutor, live_re
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.policy import JobInfo
-from slurm_amoeba.policy.actions import (
-    ACTION_TYPES,
-    Action,
-    Hold,
-    Move,
-    Place,
-    Preempt,
-    Release,
-    Resize,
-    SetPriority,
-    Share,
-    Start,
-)
 from slurm_amoeba.slurm import JobState
 from slurm_amoeba.slurm.marks import HoldMark
 from tests.unit.daemon.fakes import ME, job, node
@@ -68,21 +56,21 @@ class World:
             "7": info("7", 2, priority=500, owner="bob"),
         }
 
-    def apply(self, *actions: Action) -> dict[str, int]:
+    def apply(self, *actions: act.Action) -> dict[str, int]:
         done = self.executor.apply(actions, self.jobs, {"e"}, source="policy", now=NOW)
         self.executor.wait()
         return dict(done.ordered)
 
 
 def test_every_action_type_is_either_applied_live_or_refused_with_its_reason() -> None:
-    assert set(APPLIED) | set(REFUSED) == set(ACTION_TYPES)
+    assert set(APPLIED) | set(REFUSED) == set(act.ACTION_TYPES)
     assert not set(APPLIED) & set(REFUSED)
     assert all(reason.strip() for reason in [*APPLIED.values(), *REFUSED.values()])
 
 
 def test_a_resize_is_a_directive_to_the_agent_recorded_in_flight() -> None:
     world = World()
-    assert world.apply(Resize("e", 4, reason="idle GPUs", batch=256)) == {"e": 4}
+    assert world.apply(act.Resize("e", 4, reason="idle GPUs", batch=256)) == {"e": 4}
     (sent,) = world.actuator.sent
     assert (sent.job_id, sent.target, sent.reason, sent.batch, sent.vacate) == ("e", 4, "idle GPUs", 256, "")
     assert world.ledger.agents["e"].in_flight is not None
@@ -90,7 +78,7 @@ def test_a_resize_is_a_directive_to_the_agent_recorded_in_flight() -> None:
 
 def test_a_resize_to_the_same_size_with_a_batch_is_a_batch_only_directive() -> None:
     world = World()
-    world.apply(Resize("e", 2, batch=512))
+    world.apply(act.Resize("e", 2, batch=512))
     assert [(d.target, d.batch) for d in world.actuator.sent] == [(2, 512)]
     in_flight = world.ledger.agents["e"].in_flight
     assert in_flight is not None and in_flight.batch_only
@@ -98,10 +86,10 @@ def test_a_resize_to_the_same_size_with_a_batch_is_a_batch_only_directive() -> N
 
 @pytest.mark.parametrize(
     "action",
-    [Resize("e", 2), Resize("x", 3), Resize("7", 3)],
+    [act.Resize("e", 2), act.Resize("x", 3), act.Resize("7", 3)],
     ids=["the-same-size-without-a-batch", "a-job-not-in-the-snapshot", "a-job-without-an-agent"],
 )
-def test_a_resize_that_changes_nothing_or_reaches_no_agent_sends_nothing(action: Resize) -> None:
+def test_a_resize_that_changes_nothing_or_reaches_no_agent_sends_nothing(action: act.Resize) -> None:
     world = World()
     assert world.apply(action) == {}
     assert world.actuator.sent == []
@@ -110,13 +98,13 @@ def test_a_resize_that_changes_nothing_or_reaches_no_agent_sends_nothing(action:
 def test_a_resizing_job_gets_no_directive() -> None:
     world = World()
     world.jobs["e"] = info("e", 1, placement={"n0": 2}, low=1, high=4, resizing=True)
-    world.apply(Resize("e", 4))
+    world.apply(act.Resize("e", 4))
     assert world.actuator.sent == []
 
 
 def test_a_move_keeps_the_agents_target_and_vacates_the_node() -> None:
     world = World()
-    assert world.apply(Move("e", "n1", 1, for_job="7", reason="room for 7")) == {"e": 3}
+    assert world.apply(act.Move("e", "n1", 1, for_job="7", reason="room for 7")) == {"e": 3}
     (sent,) = world.actuator.sent
     assert (sent.target, sent.vacate, sent.reason) == (3, "n1", "room for 7")
     assert world.ledger.moves == {"e": NOW, "7": NOW}, "the moved job and the one moved for, held off"
@@ -127,30 +115,30 @@ def test_a_move_keeps_the_agents_target_and_vacates_the_node() -> None:
 def test_a_pinned_job_gets_no_directive() -> None:
     world = World()
     world.jobs["e"] = info("e", 1, placement={"n0": 2}, low=1, high=4, pinned=True)
-    assert world.apply(Resize("e", 4)) == {} and world.actuator.sent == []
+    assert world.apply(act.Resize("e", 4)) == {} and world.actuator.sent == []
 
 
 def test_a_hold_marks_then_holds_and_a_release_releases_and_clears_the_mark() -> None:
     world = World()
-    world.apply(Hold("7", reason="waiting for 2 GPUs"))
+    world.apply(act.Hold("7", reason="waiting for 2 GPUs"))
     assert world.slurm.calls == [("comment", 7, HoldMark(int(NOW), 500, 2).text()), ("hold", 7, None)]
     assert "7" in world.admitter.marks
     world.slurm.calls.clear()
     world.jobs["7"] = dataclasses.replace(world.jobs["7"], held=True, held_since=NOW)  # the next round's snapshot
-    world.apply(Release("7", reason="free now"))
+    world.apply(act.Release("7", reason="free now"))
     assert world.slurm.calls == [("release", 7, None), ("comment", 7, ""), ("priority", 7, 500)]
     assert "7" not in world.admitter.marks
 
 
 def test_a_release_of_a_job_the_daemon_does_not_hold_calls_nothing() -> None:
     world = World()
-    world.apply(Release("7"))
+    world.apply(act.Release("7"))
     assert world.slurm.calls == []
 
 
 def test_a_priority_is_set_in_slurm_and_given_back_when_the_daemon_stops() -> None:
     world = World()
-    world.apply(SetPriority("7", 900))
+    world.apply(act.SetPriority("7", 900))
     assert world.slurm.calls == [("priority", 7, 900)]
     world.executor.close()
     assert world.slurm.calls[-1] == ("priority", 7, 500)
@@ -158,23 +146,23 @@ def test_a_priority_is_set_in_slurm_and_given_back_when_the_daemon_stops() -> No
 
 def test_the_stop_releases_the_jobs_the_daemon_holds() -> None:
     world = World()
-    world.apply(Hold("7"))
+    world.apply(act.Hold("7"))
     world.executor.close()
     assert ("release", 7, None) in world.slurm.calls and world.admitter.marks == {}
 
 
 def test_starts_and_preemptions_are_slurms_recorded_and_never_sent() -> None:
     world = World()
-    done = world.executor.apply([Start("7", 2), Preempt("e")], world.jobs, {"e"}, source="policy", now=NOW)
+    done = world.executor.apply([act.Start("7", 2), act.Preempt("e")], world.jobs, {"e"}, source="policy", now=NOW)
     assert (dict(done.recorded), world.actuator.sent, world.slurm.calls) == ({"start": 1, "preempt": 1}, [], [])
     assert 'amoeba_slurm_actions_total{action="start"} 1.0' in world.metrics.registry.render()
 
 
-@pytest.mark.parametrize(("action", "name"), [(Place("e", {"n0": 2}), "place"), (Share("7", "e", 1), "share")])
+@pytest.mark.parametrize(("action", "name"), [(act.Place("e", {"n0": 2}), "place"), (act.Share("7", "e", 1), "share")])
 def test_a_policy_that_can_place_or_share_is_refused_with_the_policy_the_action_and_why(
-    action: Action, name: str
+    action: act.Action, name: str
 ) -> None:
-    refusal = live_refusal("sjf-bsbf", frozenset({Resize, type(action)}))
+    refusal = live_refusal("sjf-bsbf", frozenset({act.Resize, type(action)}))
     assert refusal.startswith("policy 'sjf-bsbf' cannot run in amoebad") and f"its {name} actions" in refusal
     assert REFUSED[type(action)] in refusal
     with pytest.raises(TypeError, match="cannot apply"):
@@ -182,4 +170,4 @@ def test_a_policy_that_can_place_or_share_is_refused_with_the_policy_the_action_
 
 
 def test_a_policy_that_only_resizes_starts_and_preempts_is_accepted() -> None:
-    assert live_refusal("elastic", frozenset({Start, Resize, Preempt})) == ""
+    assert live_refusal("elastic", frozenset({act.Start, act.Resize, act.Preempt})) == ""

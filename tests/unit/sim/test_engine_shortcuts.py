@@ -15,28 +15,15 @@ from collections.abc import Sequence
 import pytest
 
 from slurm_amoeba.policy import Action, Policy, Snapshot, make_policy
+from slurm_amoeba.policy.layer import PolicyLayer
 from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
 from slurm_amoeba.sim.engine import SimConfig, Simulator, estimated_time_limit, trace_models
 from slurm_amoeba.sim.workload import JobSpec
 
 
 @dataclasses.dataclass(frozen=True)
-class Opaque:
-    """A policy with the same answers whose shortcuts the engine cannot see."""
-
-    inner: Policy
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def decides_on_events_only(self) -> bool:
-        return self.inner.decides_on_events_only
-
-    @property
-    def emits(self) -> frozenset[type[Action]]:
-        return self.inner.emits
+class Opaque(PolicyLayer):
+    """A policy with the same answers whose shortcuts the engine cannot see (a layer that adds nothing)."""
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
         return self.inner.decide(snapshot, now)

@@ -57,9 +57,8 @@ def check_actions(snapshot: Snapshot, actions: Sequence[Action]) -> None:
         job = jobs.get(action.job_id)
         if job is None:
             raise PolicyError(f"{action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot")
-        kind = type(action)
-        if kind is Start or kind is Resize:  # the common answers, checked without the general dispatch below
-            if job.state is not _PHASE_OF[kind]:
+        if isinstance(action, (Start, Resize)):  # the common answers, checked without the general dispatch below
+            if job.state is not _PHASE_OF[type(action)]:
                 _check_phase(job, action)
             if action.job_id in placed:
                 raise PolicyError(

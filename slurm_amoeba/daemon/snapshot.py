@@ -53,10 +53,14 @@ DENSE_SIZES = 16
 UNCLAIMED_MARGIN_S = 10.0
 
 
+_RUNNING, _COMPLETING = SlurmState.RUNNING, SlurmState.COMPLETING
+
+
 def _gpus_by_node(records: Iterable[JobRecord]) -> dict[str, int]:
     held: dict[str, int] = {}
     for record in records:
-        if record.state is not SlurmState.RUNNING and record.state is not SlurmState.COMPLETING:
+        state = record.state
+        if state is not _RUNNING and state is not _COMPLETING:
             continue
         for node, indices in zip(record.nodes, record.gpu_indices, strict=False):
             if indices:
@@ -161,7 +165,8 @@ def build_snapshot(
             info, leaving = managed_job(
                 key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus=cluster_gpus
             )
-            info = _with_service(info, service)
+            if service is not None:
+                info = _with_service(info, service)
             managed[key] = info
             for name, gpus in leaving.items():
                 releasing[name] = releasing.get(name, 0) + gpus
@@ -169,7 +174,7 @@ def build_snapshot(
             other = reuse.unmanaged_job(key, records, pinned=key in pins, now=now)
             if other is None:
                 continue
-            info = _with_service(other, service)
+            info = other if service is None else _with_service(other, service)
         jobs.append(info)
     nodes = show_released(placeable, releasing)
     others = [info for info in jobs if info.job_id not in managed]
@@ -313,9 +318,9 @@ def unmanaged_job(
     in_regular = any(_partitions(r) & set(regular_partitions) for r in records)
     if wanted <= 0 or not in_regular:
         return None
-    hold = parse_hold_mark(first.admin_comment)
+    hold = parse_hold_mark(first.admin_comment) if first.admin_comment else None
     slurm_holds = first.priority == 0 or any(r.is_held for r in records)
-    elastic = parse_elastic_comment(first.comment)
+    elastic = parse_elastic_comment(first.comment) if first.comment else None
     if slurm_holds and hold is None:
         return None  # its owner's or an admin's hold: not the daemon's to lift, and Slurm will not start it
     if hold is None and elastic is None and not all(waits_for_resources(r.state_reason) for r in records):
@@ -493,7 +498,7 @@ def managed_job(
         pinned=pinned,
         adaptive=model,
         batch=batch,
-        lent=lent_workers(satellites, reg.gpus_per_worker),
+        lent=lent_workers(satellites, reg.gpus_per_worker) if satellites else {},
     )
     return info, leaving
 

@@ -47,6 +47,19 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
             raise PolicyError(
                 f"{act.action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot"
             )
+        if isinstance(action, (act.Start, act.Resize)):  # the common answers, without the general dispatch below
+            if job.state is not _PHASE_OF[type(action)]:
+                _check_phase(job, action)
+            if action.job_id in placed:
+                raise PolicyError(
+                    f"two actions change the size or nodes of job {action.job_id!r}; a policy answers once per job"
+                )
+            placed.add(action.job_id)
+            sized[action.job_id] = action
+            _check_size(job, action, action.workers)
+            gpus.check_placement(job, action.workers, action.placement)
+            gpus.size(job, action.workers, action.placement, shares=False)
+            continue
         _check_phase(job, action)
         if isinstance(action, (act.Hold, act.Release, act.SetPriority)):
             if isinstance(action, (act.Hold, act.Release)):
@@ -70,6 +83,10 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
         gpus.size(job, workers, placement, shares=isinstance(action, act.Share))
     gpus.check()
     _check_sharing(jobs, sized)
+
+
+#: The phase a start or a resize is for (the fast path of :func:`check_actions`).
+_PHASE_OF: dict[type[act.Action], JobPhase] = {act.Start: JobPhase.PENDING, act.Resize: JobPhase.RUNNING}
 
 
 class _GpuLedger:
@@ -97,18 +114,23 @@ class _GpuLedger:
 
     def size(self, job: JobInfo, workers: int, placement: Mapping[str, int], shares: bool) -> None:
         """A size action: the job gives up what it holds and takes its new placement (not when it shares)."""
-        self._release(job, job.placement)
+        if job.placement or job.shared_with is not None:
+            self._release(job, job.placement)
+        else:  # nothing held on a node (a pending job): only what it held without a placement comes back
+            self.unplaced -= job.gpus
         if shares:
             return
+        free, per_worker = self.free, job.gpus_per_worker
         for name, count in placement.items():
-            self.free[name] -= count * job.gpus_per_worker
+            free[name] -= count * per_worker
         if not placement:
             self.unplaced += workers * job.gpus_per_worker
 
     def check_placement(self, job: JobInfo, workers: int, placement: Mapping[str, int]) -> None:
         """A placement names known nodes, puts workers on each, and adds up to the size."""
+        nodes = self.nodes
         for name, count in placement.items():
-            if name not in self.nodes:
+            if name not in nodes:
                 raise PolicyError(f"job {job.job_id}: placement names node {name!r}, which is not in the snapshot")
             if count <= 0:
                 raise PolicyError(f"job {job.job_id}: placement puts {count} workers on node {name}")

@@ -9,6 +9,7 @@ one place means one placement rule for all policies and one place to test it.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeAlias
 
@@ -114,22 +115,24 @@ class FreeGpus:
         self._version = dict.fromkeys(self.free, 0)
         self._heap = [(-gpus, self._index[name], 0, name) for name, gpus in self.free.items()]
         heapq.heapify(self._heap)
-        self._nodes_with: dict[int, int] = {}
-        for gpus in self.free.values():
-            self._nodes_with[gpus] = self._nodes_with.get(gpus, 0) + 1
-        self._single_slots = sum(max(gpus, 0) for gpus in self.free.values())
+        self._nodes_with: dict[int, int] = dict(Counter(self.free.values()))
+        self._single_slots = sum(gpus for gpus in self.free.values() if gpus > 0)
 
     def change(self, name: str, delta: int) -> None:
         """Add ``delta`` GPUs (negative: take) to a node's free count."""
-        if name not in self.free:
+        free = self.free
+        before = free.get(name)
+        if before is None:
             return
-        before = self.free[name]
-        self._nodes_with[before] -= 1
-        self.free[name] = before + delta
-        self._single_slots += max(before + delta, 0) - max(before, 0)
-        self._nodes_with[before + delta] = self._nodes_with.get(before + delta, 0) + 1
-        self._version[name] += 1
-        heapq.heappush(self._heap, (-self.free[name], self._index[name], self._version[name], name))
+        after = before + delta
+        free[name] = after
+        nodes_with = self._nodes_with
+        nodes_with[before] -= 1
+        nodes_with[after] = nodes_with.get(after, 0) + 1
+        self._single_slots += (after if after > 0 else 0) - (before if before > 0 else 0)
+        version = self._version[name] + 1
+        self._version[name] = version
+        heapq.heappush(self._heap, (-after, self._index[name], version, name))
 
     def slots(self, gpus_per_worker: int = 1) -> int:
         """How many workers of ``gpus_per_worker`` GPUs fit on the free GPUs (each worker on one node)."""

@@ -32,13 +32,16 @@ def install_command(extra: str, direct_url: str | None = None) -> str:
         e.g. ``pip install 'slurm-amoeba[daemon] @ file:///tmp/slurm_amoeba-0.1.0-py3-none-any.whl'``.
     """
     if direct_url is None:
-        try:
-            direct_url = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-        except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+        # Every copy of the metadata on sys.path: a checkout's own ``*.egg-info`` (left by a build, found first
+        # when the checkout is the working directory) records no source; the installed one does.
+        found = list(importlib.metadata.distributions(name=DISTRIBUTION))
+        if not found:  # a source tree on sys.path, not installed
             tree = Path(__file__).resolve().parents[2]
             if (tree / "pyproject.toml").is_file():
                 return f"pip install -e '{tree}[{extra}]'"
             return f"pip install '{DISTRIBUTION}[{extra}] @ {SOURCE_PLACEHOLDER}'"
+        recorded = (dist.read_text("direct_url.json") for dist in found)
+        direct_url = next((text for text in recorded if text is not None), None)
         if direct_url is None:
             return f"pip install '{DISTRIBUTION}[{extra}]'"  # from a package index (a site's own), which has it
     try:

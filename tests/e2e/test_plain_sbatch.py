@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,10 @@ def assert_each_sample_once(ledger: Path, generations: list[dict[str, Any]], epo
 
 
 def readme_plain_sbatch_script() -> str:
-    """The README's batch script: the bash block with ``#SBATCH --elastic=``."""
+    """The README's batch script: the bash block with ``#SBATCH --elastic=`` (a block inside a list item is indented
+    there; the script is the block without that indentation)."""
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+    blocks = [textwrap.dedent(block) for block in blocks]
     scripts = [b for b in blocks if "#SBATCH --elastic=" in b and "amoeba-run" in b]
     assert len(scripts) == 1, f"README.md should hold one batch script with #SBATCH --elastic=, found {len(scripts)}"
     return str(scripts[0])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, ClusterHandle
+from tests.integration.daemon_helpers import wait_until
 
 
 def _run(command: list[str], env: dict[str, str], timeout: float, ok: tuple[int, ...] = (0,)) -> None:
@@ -52,6 +53,9 @@ def test_bench_grow_writes_its_result_in_one_round(slurm_cluster: ClusterHandle,
 @pytest.mark.slurm
 def test_bench_backfill_writes_its_result_on_a_short_window(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
     out = tmp_path / "backfill.json"
+    client = slurm_cluster.client()
+    # Its two phases must see the same cluster: the jobs of the tests before it (ending, or their satellites) first.
+    wait_until("the cluster to have no active job", lambda: not [j for j in client.jobs() if j.state.is_active()], 180)
     argv = ["--window", "15", "--regular-jobs", "1", "--first-regular", "5", "--regular-runtime", "3"]
     argv += ["--quiet", "--out", str(out)]
     _run(["bench-backfill", *argv], slurm_cluster.env, timeout=900, ok=(0, 1))

@@ -12,9 +12,13 @@ WORKER_SIDE = {"worker", "group", "transfer", "state", "sampler", "loader", "gra
 WORKER_SIDE |= {"checkpoint"}  # disk checkpoints of the worker's commit
 WORKER_SIDE |= {"adaptive", "gns"}  # adaptive batch: the goodput choice and the gradient noise scale
 WORKER_SIDE |= {"caught"}  # the class of an exception a worker caught (needs torch)
+WORKER_SIDE |= {"port", "port_model", "bridge", "sigterm"}  # a ported torchrun loop (docs/port.md)
+WORKER_SIDE |= {"restart_data"}  # restart-mode scripts' sampler and batch split
+WORKER_SIDE |= {"planned", "plan_probe"}  # the plan per size, chosen and measured in the workers (docs/plans.md)
 COORDINATOR_SIDE = {"coordinator", "membership", "view"}
 SHARED = {"protocol", "errors", "planner"}
 SHARED |= {"failures"}  # failure classes: the worker classifies, the coordinator and agent decide
+SHARED |= {"plans"}  # plans, their prediction and the frontier: pure, read by the agent's reports too
 SHARED |= {"auth"}  # the job's secret: the coordinator seals assignments, workers seal events, each opens the other's
 
 

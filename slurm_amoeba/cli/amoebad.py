@@ -24,6 +24,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import zmq
 
@@ -211,11 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, on_reload)
     if reload_wanted.is_set():
         daemon.request_reload()
-    try:
-        daemon.start()
-    except (zmq.ZMQError, OSError) as exc:
-        print(f"amoebad: cannot listen on {config.listen} / metrics port {config.metrics_port}: {exc}", file=sys.stderr)
-        daemon.close()
+    if not _listening(config, daemon):
         return 1
     try:
         daemon.run(stop)
@@ -227,14 +224,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if daemon.deposed else 0
 
 
+class _Listener(Protocol):
+    """What starts listening (the daemon, or the standby) and closes again."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _listening(config: DaemonConfig, listener: _Listener) -> bool:
+    """Start ``listener``; on a port that cannot be had, say which and close it again (False)."""
+    try:
+        listener.start()
+    except (zmq.ZMQError, OSError) as exc:
+        print(f"amoebad: cannot listen on {config.listen} / metrics port {config.metrics_port}: {exc}", file=sys.stderr)
+        listener.close()
+        return False
+    return True
+
+
 def _stand_by(config: DaemonConfig, lease: Lease, stop: threading.Event) -> int | None:
     """Run as the standby until this daemon holds the lease; None then, else the exit status."""
     standby = Standby(config, lease)
-    try:
-        standby.start()
-    except (zmq.ZMQError, OSError) as exc:
-        print(f"amoebad: cannot listen on {config.listen} / metrics port {config.metrics_port}: {exc}", file=sys.stderr)
-        standby.close()
+    if not _listening(config, standby):
         return 1
     try:
         holds = standby.run(stop)

@@ -80,6 +80,21 @@ class ClusterHandle:
         return CliSlurmClient(self.env, timeout=timeout)
 
 
+def installed_tool(name: str, why: str) -> str:
+    """The path of a program that ``scripts/bootstrap`` installs (``why``: where it comes from).
+
+    Missing, the test is skipped on a developer's machine; under ``AMOEBA_REQUIRE_SLURM=1`` (CI, after the bootstrap)
+    it fails instead, since a missing program there is a broken bootstrap, not a machine without it.
+    """
+    found = shutil.which(name)
+    if found is None:
+        reason = f"{name} is not installed ({why}; scripts/bootstrap installs it)"
+        if require_slurm():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found
+
+
 def _cluster_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return f"the local Slurm cluster needs root (uid is {os.geteuid()}); run `make test` as root"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_amoeba.cli.completion import PARSERS, generate, load_parser, words
+from tests.conftest import installed_tool
 
 SHIPPED = Path(__file__).resolve().parents[3] / "configs" / "completion"
 
@@ -21,9 +22,7 @@ def test_the_shipped_files_are_what_the_parsers_generate() -> None:
 
 def _complete(line: str) -> list[str]:
     """What bash offers after ``line`` (the last word, possibly empty, being completed)."""
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("bash is not installed")
+    bash = installed_tool("bash", "Debian's bash package")
     typed = line.split(" ")
     script = (
         f"source {shlex.quote(str(SHIPPED / 'slurm-amoeba.bash'))}\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon import Daemon, requests
 from slurm_amoeba.transport.channel import ChannelServer, request
+from tests.conftest import installed_tool
 from tests.unit.daemon.fakes import FakeSlurm, job, register_body, report_body
 
 Running = tuple[Daemon, threading.Thread]
@@ -172,8 +172,7 @@ def _tmux(*args: str) -> str:
 
 
 def test_watch_redraws_the_jobs_under_tmux_and_quits_on_q(running: Running, tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (scripts/bootstrap installs it)")
+    installed_tool("tmux", "Debian's tmux package")
     daemon, _ = running
     assert daemon.server is not None
     registered(daemon)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -21,6 +20,7 @@ import yaml
 
 from slurm_amoeba.daemon import Daemon, DaemonConfig
 from slurm_amoeba.daemon.metrics import DaemonMetrics
+from tests.conftest import installed_tool
 from tests.unit.daemon.fakes import FakeSlurm, job, node
 
 KIT = Path(__file__).resolve().parents[3] / "configs" / "monitoring"
@@ -32,10 +32,7 @@ _PROMQL = {"sum", "by", "on", "rate", "increase", "histogram_quantile", "clamp_m
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(f"{name} is not installed (Debian's prometheus package; scripts/bootstrap installs it)")
-    return found
+    return installed_tool(name, "Debian's prometheus package")
 
 
 def _exported() -> set[str]:

@@ -340,9 +340,12 @@ def unmanaged_job(
 
 
 def _with_service(info: JobInfo, service: Mapping[str, float] | None) -> JobInfo:
-    """The job with the attained service of the daemon's book, where the book has it."""
+    """The job with the attained service of the daemon's book, where the book has it (the same object when the book
+    agrees with it, so that a job the snapshot cache reused stays reused)."""
     attained = None if service is None else service.get(info.job_id)
-    return info if attained is None else dataclasses.replace(info, attained_service=attained)
+    if attained is None or attained == info.attained_service:
+        return info
+    return dataclasses.replace(info, attained_service=attained)
 
 
 def run_seconds(first: JobRecord, now: float) -> float:

@@ -643,14 +643,20 @@ def _live_from_json(data: Mapping[str, Any]) -> dict[str, LiveJob]:
     }
 
 
-def ensure_private_cluster() -> Path:
-    """Start the private cluster when it is not up (never the shared one); returns its slurm.conf."""
+def private_cluster(action: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``scripts/slurm-cluster ACTION`` on the private instance (never the shared one)."""
     env = {**os.environ, **PRIVATE_CLUSTER}
     script = str(REPO / "scripts" / "slurm-cluster")
-    status = subprocess.run([script, "status"], env=env, capture_output=True, text=True, check=False, timeout=60)
-    if status.returncode != 0:
-        subprocess.run([script, "up"], env=env, check=True, timeout=300)
-    return Path(PRIVATE_CLUSTER["AMOEBA_CLUSTER_DIR"]) / "etc" / "slurm.conf"
+    capture = action == "status"
+    return subprocess.run([script, action], env=env, capture_output=capture, text=True, check=check, timeout=300)
+
+
+def ensure_private_cluster() -> bool:
+    """Start the private cluster when it is not up; True when this call started it (its caller then stops it)."""
+    if private_cluster("status", check=False).returncode == 0:
+        return False
+    private_cluster("up")
+    return True
 
 
 def record_runs(args: argparse.Namespace, labels: Sequence[str], saved: dict[str, Any]) -> dict[str, Any]:
@@ -897,6 +903,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="where jobs write (default: a new /tmp dir)")
     parser.add_argument(
+        "--keep-cluster",
+        action="store_true",
+        help="leave the private cluster up when this run started it (the next seed reuses it); default: stop it",
+    )
+    parser.add_argument(
         "--from", dest="source", type=Path, default=None, help="reuse the live runs of this workdir (records the rest)"
     )
     parser.add_argument("--json", type=Path, default=Path("bench-sim-fidelity-elastic.json"))
@@ -916,8 +927,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         interval = SHORT_INTERVAL_S if args.short else DAEMON_INTERVAL_S
         saved = {"workload": [dataclasses.asdict(job) for job in workload], "load": {}, "daemon_interval_s": interval}
     if any(label not in saved for label in labels):
-        conf = ensure_private_cluster()
-        saved = record_runs(args, labels, saved)
+        started = ensure_private_cluster()
+        try:
+            saved = record_runs(args, labels, saved)
+        finally:
+            if started and not args.keep_cluster:
+                private_cluster("down", check=False)  # its configuration and logs stay for the evaluation
     report = evaluate(saved, args.workdir, conf)
     print(table(report))
     recording.write(args.json, {"workdir": str(args.workdir), **report})

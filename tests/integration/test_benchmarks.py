@@ -74,7 +74,8 @@ def test_bench_sim_fidelity_writes_its_result_for_a_few_jobs(slurm_cluster: Clus
 @pytest.mark.slurm
 def test_the_elastic_replay_writes_its_result_for_two_short_jobs(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
     """It starts its own private cluster instance beside the shared one (root), as a full run does, unless one is up
-    already (a minute or so more then); a rigid job of 5 s and an elastic one of 18 steps (seed 5)."""
+    already (a minute or so more then), and stops the one it started (the session's leftover check holds it to that);
+    a rigid job of 5 s and an elastic one of 18 steps (seed 5)."""
     out = tmp_path / "replay.json"
     argv = ["--elastic", "--short", "--rigid", "1", "--elastic-jobs", "1", "--spread-s", "2", "--seed", "5"]
     argv += ["--json", str(out)]

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.record import Recording
+from slurm_amoeba.cli.sim_daemon import daemon_run
 from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot, make_policy, policy_names
 from slurm_amoeba.sim.application import load_applications
 from slurm_amoeba.sim.data import data_dir
@@ -225,7 +226,14 @@ Setup = tuple[str, tuple[tuple[str, object], ...]]
 
 #: The ``slurm`` baseline alone.
 SLURM_SETUP: Setup = ("slurm", ())
-#: The daemon's default on top of the ``slurm`` baseline (what a site running amoebad gets): the ``amoebad`` policy.
+#: The daemon as shipped (``configs/amoebad.yaml``, read by the daemon's own loader and turned into the ``amoebad``
+#: policy's knobs as ``amoeba-sim --daemon-config`` does): admission at the requested size with the holds made by
+#: the jobs' owners (no Slurm rights), every satellite Slurm's to take as live.
+SHIPPED_SETUP: Setup = (
+    "amoebad",
+    tuple(sorted(daemon_run(Path(__file__).resolve().parents[1] / "configs" / "amoebad.yaml").knobs.items())),
+)
+#: The plain daemon on top of the ``slurm`` baseline: the ``amoebad`` policy without admission.
 DEFAULT_SETUP: Setup = ("amoebad", ())
 #: The daemon with operator rights: elastic jobs held until their requested size is available (the admission layer).
 ADMIT_SETUP: Setup = ("amoebad", (("admission", True),))
@@ -255,6 +263,7 @@ GRACE_TIME_S = 10.0
 #: The default section's rows: label, share of the jobs elastic, policy and knobs.
 DEFAULT_ROWS: tuple[tuple[str, float, Setup], ...] = (
     ("slurm (baseline)", 0.0, SLURM_SETUP),
+    ("daemon as shipped (admission, holds by the jobs' owners)", 1.0, SHIPPED_SETUP),
     ("plain daemon", 1.0, DEFAULT_SETUP),
     ("plain daemon, submitted at request", 1.0, SUBMIT_SETUP),
     ("+ admission at request", 1.0, ADMIT_SETUP),
@@ -434,6 +443,7 @@ def _rigid_waits(rows: Sequence[tuple[str, float, Setup]]) -> list[str]:
 #: The default section's rows run on the Philly families (each Philly run takes minutes).
 PHILLY_ROWS = (
     "slurm (baseline)",
+    "daemon as shipped (admission, holds by the jobs' owners)",
     "plain daemon",
     "+ admission at request",
     "+ admission + simulator-only rules (what-if)",

@@ -31,6 +31,8 @@ kind                sender           body
 ``jobs``            ctl -> daemon    optional ``offset`` and ``limit`` (a page of the jobs; the reply's ``next``
                                      is the offset of the next page, or null on the last)
 ``policy_show``     ctl -> daemon    (empty)
+``admission``       guard -> daemon  ``job_id``: what the pending job's admission guard is to do; the reply's
+                                     ``verdict`` is ``hold``, ``release`` or ``none`` (``admission.holds_by: owner``)
 ``reply``           anyone           ``ok``, ``error`` (a sentence, or ""), ``data`` (an object)
 ==================  ===============  ==============================================================================
 """
@@ -104,6 +106,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "status": {},
     "jobs": {},
     "policy_show": {},
+    "admission": {"job_id": (str,)},
     "reply": {"ok": (bool,), "error": (str,), "data": (dict,)},
 }
 # Fields a kind may carry but need not (older senders leave them out), checked like :data:`SCHEMAS`' fields.

@@ -1,9 +1,21 @@
-"""Admission at the requested size, live: the daemon's executor holds and releases pending elastic jobs in Slurm
+"""Admission at the requested size, live: the daemon's executor holds and releases pending elastic jobs
 (docs/admin.md, section 8c). What to hold and release is decided by the admission layer
 (:class:`~slurm_amoeba.policy.admission.AdmissionGate`, the simulator's rule) and arrives as typed
 :class:`~slurm_amoeba.policy.actions.Hold` and :class:`~slurm_amoeba.policy.actions.Release` actions.
 
-Off by default; with ``admission.enabled`` and Slurm administrator rights (root, ``SlurmUser`` or AdminLevel
+Who applies them is ``admission.holds_by``:
+
+- ``owner`` (the default; no Slurm rights): each job's owner holds and releases it. :class:`OwnerHolds` stands in
+  for Slurm: a hold or release becomes the job's **verdict**, which the job's admission guard (started by
+  ``amoeba-sbatch`` and the executor beside each elastic job they submit, running as the job's user:
+  :mod:`slurm_amoeba.launcher.guard`) asks for with an ``admission`` request and applies with ``scontrol hold`` and
+  ``scontrol release`` of its own job (Slurm lets an owner do both: SLURM-FACTS.md). The hold mark lives in the
+  daemon's memory instead of the ``AdminComment``: :meth:`Admitter.overlay` shows it on Slurm's record of a job its
+  owner holds at the daemon's word, so that the snapshot and :meth:`Admitter.sync` see the daemon's hold as in
+  ``daemon`` mode. A guard releases its hold by itself when the daemon stops answering, so no hold outlives it.
+- ``daemon``: the daemon holds and releases in Slurm itself (below).
+
+With ``holds_by: daemon`` and Slurm administrator rights (root, ``SlurmUser`` or AdminLevel
 Administrator: Slurm refuses an Operator the ``AdminComment``), :class:`Admitter` applies them on the daemon's Slurm
 thread: a hold writes the hold mark (``AdminComment``: since when, the priority Slurm had given the job, the GPUs it
 waits for) and then holds the job (``scontrol hold``); a release releases it, clears the mark and, under
@@ -23,15 +35,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, runtime_checkable
 
 from slurm_amoeba.daemon.actuator import ADMIN_LEVELS, VANISHED, QueueControl, checked_rights, grant_fix
 from slurm_amoeba.daemon.config import Admission, ConfigError
 from slurm_amoeba.daemon.metrics import DaemonMetrics
+from slurm_amoeba.daemon.observer import ClusterView, group_id
 from slurm_amoeba.daemon.refusals import Refusals
 from slurm_amoeba.policy import JobInfo
-from slurm_amoeba.slurm import SlurmCommandError
+from slurm_amoeba.slurm import JobState, SlurmCommandError
 from slurm_amoeba.slurm.marks import HoldMark
 
 logger = logging.getLogger(__name__)
@@ -44,6 +58,94 @@ class AdmissionControl(QueueControl, Protocol):
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """``scontrol update JobId=N AdminComment=...``."""
         ...
+
+
+#: What an admission guard is told to do with its job (``OwnerHolds.verdict``): hold it, release its hold, or
+#: nothing (the daemon has no word on it).
+VERDICTS = ("hold", "release", "none")
+
+
+class OwnerHolds:
+    """The owners' side of admission (``admission.holds_by: owner``): the daemon's holds and releases as verdicts its
+    jobs' guards apply (see the module docstring). An :class:`AdmissionControl` that runs no Slurm command.
+
+    Attributes:
+        verdicts: job id -> ``hold`` or ``release``, the daemon's last word on the job.
+        marks: job id -> the hold mark's text, while the daemon holds the job.
+    """
+
+    def __init__(self) -> None:
+        self.verdicts: dict[str, str] = {}
+        self.marks: dict[str, str] = {}
+        self._lock = threading.Lock()  # the Slurm thread writes, the request thread reads
+
+    def hold(self, job_id: int) -> None:
+        """The job's guard is to hold it."""
+        with self._lock:
+            self.verdicts[str(job_id)] = "hold"
+
+    def release(self, job_id: int) -> None:
+        """The job's guard is to release the hold it made."""
+        with self._lock:
+            self.verdicts[str(job_id)] = "release"
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        """Keep (``""``: drop) the hold mark of a job the daemon holds, in memory."""
+        with self._lock:
+            if text:
+                self.marks[str(job_id)] = text
+            else:
+                self.marks.pop(str(job_id), None)
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        """Refused: an owner cannot set a priority (``Admitter(restore_priority=False)`` never asks)."""
+        raise SlurmCommandError(
+            ["scontrol", "update", f"JobId={job_id}", f"Priority={priority}"],
+            1,
+            "admission.holds_by owner: the daemon sets no priority",
+        )
+
+    def config_values(self) -> dict[str, str]:
+        """Not needed: owners need no rights checked."""
+        return {}
+
+    def admin_level(self, user: str) -> str:
+        """Not needed: owners need no rights checked."""
+        return "None"
+
+    def past_service(self, job_ids: Collection[int]) -> dict[int, float]:
+        """Not needed by admission."""
+        return {}
+
+    def verdict(self, job_id: str) -> str:
+        """What the job's guard is to do now (one of :data:`VERDICTS`)."""
+        with self._lock:
+            return self.verdicts.get(job_id, "none")
+
+    def overlay(self, view: ClusterView) -> ClusterView:
+        """Slurm's view with the daemon's hold marks on the jobs their owners hold at its word (Slurm shows no mark
+        on a job its owner holds), at the start of a round.
+
+        The verdicts of jobs that are not held (their guard has not acted yet, or the job left the queue) are
+        forgotten: the round's admission layer orders such a job held again if it still waits, and a guard that
+        holds a job whose verdict is gone releases it.
+        """
+        with self._lock:
+            held = {group_id(r) for r in view.jobs if r.state is JobState.PENDING and r.is_held}
+            for job_id in [j for j in self.verdicts if j not in held]:
+                del self.verdicts[job_id]
+                self.marks.pop(job_id, None)
+            if not self.marks:
+                return view
+            jobs = tuple(
+                dataclasses.replace(record, admin_comment=self.marks[key])
+                if not record.admin_comment
+                and self.verdicts.get(key := group_id(record)) == "hold"
+                and key in self.marks
+                else record
+                for record in view.jobs
+            )
+        return dataclasses.replace(view, jobs=jobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +239,20 @@ class Admitter:
             logger.info("[daemon/admission] %d job(s) held by the previous daemon: kept", len(marks))
         self.marks = marks
         self._refresh()
+
+    @property
+    def owners_hold(self) -> bool:
+        """Whether the jobs' owners apply the holds and releases (``admission.holds_by: owner``)."""
+        return isinstance(self.control, OwnerHolds)
+
+    def overlay(self, view: ClusterView) -> ClusterView:
+        """Slurm's view as the round's snapshot is to see it: with the daemon's marks on the jobs their owners hold
+        at its word (:meth:`OwnerHolds.overlay`); unchanged when the daemon holds in Slurm itself."""
+        return self.control.overlay(view) if isinstance(self.control, OwnerHolds) else view
+
+    def verdict(self, job_id: str) -> str:
+        """What a job's admission guard is to do now (:data:`VERDICTS`; ``none`` when the daemon holds in Slurm)."""
+        return self.control.verdict(job_id) if isinstance(self.control, OwnerHolds) else "none"
 
     def _refresh(self) -> None:
         """The held jobs as ``status`` shows them, and the gauge."""
@@ -254,14 +370,24 @@ def make_admitter(
     uid: int,
     user: str,
 ) -> Admitter | None:
-    """The admitter, after checking the daemon's rights when enabled; None when the Slurm source cannot hold jobs.
+    """The admitter, after checking the daemon's rights when it holds in Slurm itself; None when the Slurm source
+    cannot hold jobs.
 
-    Disabled, it only releases the holds a previous daemon left (rights are not checked: a failure is logged with
-    the command to run by hand).
+    With ``holds_by: owner`` the jobs' owners hold and release (:class:`OwnerHolds`): no rights are needed. Disabled,
+    it only releases the holds a previous daemon left in Slurm (rights are not checked: a failure is logged with the
+    command to run by hand).
 
     Raises:
-        ConfigError: it is enabled but the daemon may not hold jobs, or its Slurm source cannot.
+        ConfigError: it is enabled to hold in Slurm but the daemon may not hold jobs, or its Slurm source cannot.
     """
+    if settings.enabled and settings.holds_by == "owner":
+        logger.info(
+            "[daemon/admission] admitting elastic jobs at their requested size in %s (holds by the jobs' owners, "
+            "through their admission guards; max_hold_s %g)",
+            ", ".join(partitions),
+            settings.max_hold_s,
+        )
+        return Admitter(settings, OwnerHolds(), metrics, restore_priority=False, user=user)
     if not isinstance(source, AdmissionControl):
         if settings.enabled:
             raise ConfigError("admission.enabled: the daemon's Slurm source cannot hold jobs (scontrol)")

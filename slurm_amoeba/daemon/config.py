@@ -111,23 +111,31 @@ class QueueOrder:
     revert_on_stop: bool = True
 
 
+#: Who holds and releases pending elastic jobs for admission (:attr:`Admission.holds_by`).
+HOLDS_BY = ("owner", "daemon")
+
+
 @dataclasses.dataclass(frozen=True)
 class Admission:
-    """Admitting elastic jobs at their requested size (docs/admin.md, section 8c; needs Slurm administrator rights,
-    off by default).
+    """Admitting elastic jobs at their requested size (docs/admin.md, section 8c): on by default, held by the jobs'
+    owners, which needs no Slurm rights.
 
     Attributes:
-        enabled: whether the daemon holds pending elastic jobs until their requested size is free or lendable.
+        enabled: whether pending elastic jobs are held until their requested size is free or lendable.
         max_hold_s: a job pending this long since its submission is released anyway and starts at its minimum (the
             starvation bound).
         partitions: the partitions whose pending jobs it admits into; empty: the regular partitions.
         users: only these users' elastic jobs are held (user names); empty: every user's.
+        holds_by: who holds and releases them: ``owner``, each job's admission guard at the daemon's word, as the
+            job's user (no rights); ``daemon``, the daemon itself in Slurm (Slurm administrator rights; also holds
+            jobs submitted without a guard).
     """
 
-    enabled: bool = False
+    enabled: bool = True
     max_hold_s: float = DEFAULT_MAX_HOLD_S
     partitions: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
+    holds_by: str = "owner"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +270,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         },
         "admission": {
             "enabled": base.admission.enabled,
+            "holds_by": base.admission.holds_by,
             "max_hold_s": base.admission.max_hold_s,
             "partitions": list(base.admission.partitions),
             "users": list(base.admission.users),
@@ -513,8 +522,12 @@ def _admission(top: _Section) -> Admission:
     section = top.section("admission")
     base = Admission()
     parts, users = _partitions_and_users(section, "admission")
+    holds_by = section.string("holds_by", base.holds_by)
+    if holds_by not in HOLDS_BY:
+        section.fail(section.full("holds_by"), holds_by, f"give one of {', '.join(HOLDS_BY)}")
     return Admission(
         enabled=_flag(section, "enabled", base.enabled),
+        holds_by=holds_by,
         max_hold_s=section.number("max_hold_s", base.max_hold_s, maximum=30 * 24 * 3600),
         partitions=parts,
         users=users,

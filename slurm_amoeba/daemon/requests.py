@@ -19,6 +19,8 @@ kind            who may send it                      reads -> changes
 ``status``      anyone authenticated                 counts; the sender's own pins, satellites, orders -> nothing
 ``jobs``        anyone authenticated                 a page of the sender's own jobs, counts of others' -> nothing
 ``policy_show`` anyone authenticated                 the policy and its knobs -> nothing
+``admission``   the job's owner (Slurm's uid)        the admission verdict on the pending job -> (its guard holds or
+                                                     releases the job by it)
 ==============  ==================================  =================================================================
 
 Operators are the ``operators`` of the configuration (uids and ``@groups``) and the daemon's own uid; they see every
@@ -162,6 +164,15 @@ ACCESS: Mapping[str, Access] = MappingProxyType(
         ),
         "policy_show": Access(
             Who.ANYONE, OwnerFrom.NO_JOB, reads="the policy and its knobs", changes="nothing", verb="show the policy"
+        ),
+        "admission": Access(
+            Who.JOB_OWNER,
+            OwnerFrom.SLURM,
+            reads="the admission verdict on the pending job (admission.holds_by: owner)",
+            changes="the job's hold in Slurm, which its guard sets or lifts by the verdict",
+            verb="ask the admission verdict on",
+            unknown_job="the daemon's last view of Slurm shows no job {job}; Slurm is read again now, ask again in a "
+            "few seconds",
         ),
     }
 )
@@ -406,7 +417,7 @@ class RequestHandler:
         if agent is not None and rule.owner_from is not OwnerFrom.SLURM:
             return JobOwner(job_id, agent.uid, agent.user)
         if rule.owner_from is not OwnerFrom.REGISTRATION:
-            if rule.owner_from is OwnerFrom.SLURM:
+            if req.message.kind == "register":
                 self.round_loop.submissions.get(job_id)  # a registration: read its submission in the same round
             records = self.round_loop.job_records(job_id)
             if records:
@@ -414,6 +425,13 @@ class RequestHandler:
                 return JobOwner(job_id, first.uid, first.user)
         # INFO: every agent meets this once after a restart of the daemon, and a stale job id is no attack.
         raise Refused(rule.unknown_job.format(job=job_id), reason="unknown_job", level=logging.INFO)
+
+    def _on_admission(self, req: Request, owner: JobOwner) -> Message:
+        """The verdict a pending job's admission guard applies (``none`` when the jobs' owners do not hold for the
+        daemon: admission off, or held by the daemon itself)."""
+        admitter = self.round_loop.admission
+        verdict = admitter.verdict(owner.job_id) if admitter is not None and admitter.owners_hold else "none"
+        return req.message.reply(data={"verdict": verdict, "interval_s": self.config.interval_s})
 
     def _on_register(self, req: Request, owner: JobOwner) -> Message:
         reg = Registration.from_body(req.message.body)
@@ -649,6 +667,7 @@ _JOB_HANDLERS: Mapping[str, Callable[[RequestHandler, Request, JobOwner], Messag
     "report": RequestHandler._on_report,
     "resize": RequestHandler._on_resize,
     "pin": RequestHandler._on_pin,
+    "admission": RequestHandler._on_admission,
 }
 #: ... and of the others (functions, not bound methods: see :class:`RequestHandler`).
 _HANDLERS: Mapping[str, Callable[[RequestHandler, Request], Message | None]] = {

@@ -246,8 +246,9 @@ class RoundLoop:
     def snapshot(self, view: ClusterView, now: float) -> Observation:
         """The snapshot step; while an operator's drain is on no job shows pinned (a drain outranks a pin)."""
         state = self.ledger.state
+        admitter = self.executor.admitter
         return build_snapshot(
-            view,
+            view if admitter is None else admitter.overlay(view),
             self.ledger.agents,
             pinned=() if state.draining else state.pinned,
             regular_partitions=self.config.regular_partitions,

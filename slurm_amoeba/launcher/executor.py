@@ -45,6 +45,7 @@ except ImportError as _missing:  # the base install has neither: name the extra 
 from slurm_amoeba.agent.config import DEFAULT_MAX_REQUEUES, ENV_MAX_REQUEUES
 from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.jobenv import ENV_JOB_FOLDER, ENV_STATE_DIR
+from slurm_amoeba.launcher.guard import start_guard
 from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.launcher.parameters import ElasticParameters, updated
 from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
@@ -272,7 +273,11 @@ class ElasticExecutor(core.PicklingExecutor):
         # submit, map_array, submit_array and batch() all come here: one elastic job per submission, every one
         # checked before the first is submitted.
         self._check(delayed_submissions)
-        return super()._internal_process_submissions(delayed_submissions)
+        jobs = super()._internal_process_submissions(delayed_submissions)
+        endpoint = self._shape().daemon_endpoint
+        for job in jobs:  # admission at the requested size: the owner's side (launcher/guard.py)
+            start_guard(int(str(job.job_id).split("_")[0]), endpoint, os.environ)
+        return jobs
 
     def _num_tasks(self) -> int:
         return 1

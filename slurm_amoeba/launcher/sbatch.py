@@ -30,6 +30,7 @@ from pathlib import Path
 from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import JobEnv
 from slurm_amoeba.core.spec import ElasticSpec
+from slurm_amoeba.launcher.guard import start_guard
 from slurm_amoeba.launcher.parameters import parse_memory_mb
 from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
 from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, sbatch_argv
@@ -410,9 +411,11 @@ def _submit(prepared: Prepared, slurm: SlurmClient, script: Path) -> int:
         print(f"amoeba-sbatch: error: {exc}", file=sys.stderr)
         return 1
     print(job)
+    guarded = start_guard(int(job), shape.daemon_endpoint, env)
     print(
         f"amoeba-sbatch: elastic job {job}: {shape.spec.min_workers}..{shape.spec.max_workers} workers; "
-        f"satellites in partition {shape.elastic_partition}",
+        f"satellites in partition {shape.elastic_partition}"
+        + ("; its admission guard asks the daemon while it is pending" if guarded else ""),
         file=sys.stderr,
     )
     return 0

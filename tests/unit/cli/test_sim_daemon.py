@@ -41,11 +41,13 @@ def test_the_shipped_configuration_simulates_as_the_amoebad_policy_with_its_laye
 ) -> None:
     run = daemon_run(SHIPPED)
     assert run.label == "amoebad"
-    assert make_policy("amoebad", **run.knobs) == AmoebadPolicy(elastic=ElasticLayer(min_gain=0.1))
+    assert make_policy("amoebad", **run.knobs) == AmoebadPolicy(
+        elastic=ElasticLayer(min_gain=0.1), admission=AdmissionLayer(slurm_takes_loans_only=False)
+    )
     out = tmp_path / "run.json"
     assert main(["run", "--daemon-config", str(SHIPPED), "--workload", str(WORKLOAD), "--json", str(out)]) == 0
     figures = json.loads(out.read_text())["amoebad"]["workload-1"]
-    expected = run_one(RunSpec("amoebad", WORKLOAD, SimConfig(), knobs=(("elastic.min_gain", 0.1),))).summary
+    expected = run_one(RunSpec("amoebad", WORKLOAD, SimConfig(), knobs=tuple(run.knobs.items()))).summary
     shown = {key: (math.nan if value is None else value) for key, value in figures.items()}
     assert _same(
         {key: shown[key] for key in expected if key != "wall_s"}, {k: v for k, v in expected.items() if k != "wall_s"}
@@ -86,7 +88,7 @@ def test_compare_shows_the_daemon_beside_slurm_in_a_row_named_after_the_file(
     ("document", "refusal"),
     [
         ({"policy": {"name": "sjf-bsbf"}}, "puts only elastic-backfill on top of Slurm's baseline"),
-        ({"whole_node_starts": True}, "models whole-node starts under admission only"),
+        ({"whole_node_starts": True, "admission": {"enabled": False}}, "models whole-node starts under admission only"),
     ],
 )
 def test_a_daemon_the_simulator_cannot_put_on_top_of_slurm_is_refused_with_the_reason(

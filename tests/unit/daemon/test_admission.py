@@ -161,8 +161,12 @@ class RoundOfAdmission:
         )
 
 
+#: Admission with the daemon holding in Slurm itself (administrator rights).
+BY_DAEMON = Admission(enabled=True, holds_by="daemon")
+
+
 def admitter(slurm: MemorySlurm, *, user: str = "amoebad", **settings: object) -> RoundOfAdmission:
-    config = Admission(enabled=True, **settings)  # type: ignore[arg-type]
+    config = Admission(enabled=True, holds_by="daemon", **settings)  # type: ignore[arg-type]
     return RoundOfAdmission(slurm, config, user)
 
 
@@ -245,7 +249,7 @@ def test_the_stop_releases_every_held_job_and_a_crash_leaves_marks_the_next_daem
     # ... and one with admission off releases them on its first round.
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
     admitter(slurm).apply(slurm.view(), 2_000.0)
-    RoundOfAdmission(slurm, Admission(enabled=False)).apply(slurm.view(), 2_001.0)
+    RoundOfAdmission(slurm, Admission(enabled=False, holds_by="daemon")).apply(slurm.view(), 2_001.0)
     assert slurm.records[7].priority == 500 and slurm.records[7].state_reason == "None"
     # The stop.
     slurm = MemorySlurm({7: elastic_job()}, cluster(used=12))
@@ -336,11 +340,19 @@ def test_status_shows_a_held_job_as_held_by_amoebad() -> None:
 def test_enabling_without_rights_is_refused_and_the_config_is_read() -> None:
     slurm = MemorySlurm({}, [])
     with pytest.raises(ConfigError, match=r"admission.enabled refused: .*or set admission.enabled: false"):
-        make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoeba")
+        make_admitter(
+            Admission(enabled=True, holds_by="daemon"), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoeba"
+        )
     with pytest.raises(ConfigError, match="cannot hold jobs"):
-        make_admitter(Admission(enabled=True), ("batch",), object(), DaemonMetrics(), uid=0, user="root")
-    assert make_admitter(Admission(), ("batch",), object(), DaemonMetrics(), uid=1003, user="x") is None
-    made = make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=0, user="root")
+        make_admitter(
+            Admission(enabled=True, holds_by="daemon"), ("batch",), object(), DaemonMetrics(), uid=0, user="root"
+        )
+    assert make_admitter(Admission(enabled=False), ("batch",), object(), DaemonMetrics(), uid=1003, user="x") is None
+    owners = make_admitter(Admission(), ("batch",), object(), DaemonMetrics(), uid=1003, user="x")
+    assert owners is not None and owners.owners_hold and not owners.restore_priority  # the default needs no rights
+    made = make_admitter(
+        Admission(enabled=True, holds_by="daemon"), ("batch",), slurm, DaemonMetrics(), uid=0, user="root"
+    )
     assert made is not None and made.restore_priority
     assert parse_config({}).admission == Admission()
     config = parse_config({"admission": {"enabled": True, "max_hold_s": 60, "partitions": ["batch"], "users": ["a"]}})
@@ -371,12 +383,16 @@ def test_admission_needs_an_administrator_because_slurm_refuses_an_operator_the_
     # "Access/permission denied" (hold, release and Priority= went through), so no job was ever held.
     slurm = MemorySlurm({}, [], level="Operator")
     with pytest.raises(ConfigError) as refused:
-        make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoebad")
+        make_admitter(
+            Admission(enabled=True, holds_by="daemon"), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoebad"
+        )
     text = str(refused.value)
     assert "AdminLevel Operator" in text and "sacctmgr modify user amoebad set adminlevel=Administrator" in text
     assert "only administrators set the AdminComment" in text and text.endswith("or set admission.enabled: false")
     slurm.level = "Administrator"
-    made = make_admitter(Admission(enabled=True), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoebad")
+    made = make_admitter(
+        Admission(enabled=True, holds_by="daemon"), ("batch",), slurm, DaemonMetrics(), uid=1003, user="amoebad"
+    )
     assert made is not None
     slurm.level = "Operator"  # queue ordering only sets priorities: an Operator still may
     assert operator_rights(slurm, 1003, "amoebad") == ("AdminLevel Operator", "")
@@ -386,7 +402,7 @@ def test_amoebad_refuses_to_start_with_admission_and_no_rights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "amoebad.yaml"
-    config.write_text("metrics: {port: 0}\nlisten: tcp://127.0.0.1:1\nadmission: {enabled: true}\n")
+    config.write_text("metrics: {port: 0}\nlisten: tcp://127.0.0.1:1\nadmission: {enabled: true, holds_by: daemon}\n")
     monkeypatch.setattr(CliSlurmClient, "config_values", lambda self: {"SlurmUser": "slurm(64030)"})
     monkeypatch.setattr(CliSlurmClient, "admin_level", lambda self, user: "None")
     with pytest.raises(ConfigError) as refused:

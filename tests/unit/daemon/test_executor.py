@@ -46,7 +46,7 @@ class World:
         self.ledger.agents["e"].report = Report(2, 1, 3, {}, (), (), NOW)
         self.slurm = MemorySlurm({7: job(7, state=JobState.PENDING, priority=500)}, [node("n0")])
         self.actuator = RecordingActuator()
-        self.admitter = Admitter(Admission(enabled=True), self.slurm, self.metrics)
+        self.admitter = Admitter(Admission(enabled=True, holds_by="daemon"), self.slurm, self.metrics)
         self.orderer = QueueOrderer(QueueOrder(enabled=True), ("batch",), self.slurm, self.metrics)
         self.executor = LiveExecutor(
             self.ledger, self.actuator, self.metrics, admitter=self.admitter, orderer=self.orderer

@@ -32,6 +32,7 @@ BODIES: dict[str, dict[str, object]] = {
     "status": {},
     "jobs": {},
     "policy_show": {},
+    "admission": {"job_id": "100"},
 }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from slurm_amoeba.daemon import ConfigError, DaemonConfig, compose_policy
+from slurm_amoeba.daemon.config import Admission
 from slurm_amoeba.daemon.executor import REFUSED
 from slurm_amoeba.daemon.observer import Observation
 from slurm_amoeba.daemon.rounds import decide
@@ -74,7 +75,9 @@ def test_actions_that_break_an_invariant_plan_nothing_and_say_why() -> None:
 def test_the_composition_puts_the_drain_outermost_and_moves_only_where_configured() -> None:
     plain = compose_policy(DaemonConfig(policy="elastic-backfill"))
     assert isinstance(plain, DrainPolicy) and not plain.draining and Move not in plain.emits
-    moving = compose_policy(DaemonConfig(policy="elastic-backfill", whole_node_starts=True), {"7"})
+    moving = compose_policy(
+        DaemonConfig(policy="elastic-backfill", whole_node_starts=True, admission=Admission(enabled=False)), {"7"}
+    )
     assert isinstance(moving.inner, WholeNodeMoves) and moving.inner.recent == {"7"} and Move in moving.emits
 
 

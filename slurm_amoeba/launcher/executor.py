@@ -285,10 +285,8 @@ class ElasticExecutor(core.PicklingExecutor):
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         shape = self._shape()
         components = shape.components()
-        workers = components[1]
-        components[1] = dataclasses.replace(
-            workers, extra=workers.extra + self.elastic.job_terms() + self.elastic.worker_terms()
-        )
+        job = components[0]
+        components[0] = dataclasses.replace(job, extra=job.extra + self.elastic.worker_terms())
         python = self.elastic.python
         # exec: the agent is the batch shell, which Slurm's time-limit warning (--signal=B:USR1) is sent to.
         agent = [

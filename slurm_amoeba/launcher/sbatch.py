@@ -35,7 +35,6 @@ from slurm_amoeba.launcher.parameters import parse_memory_mb
 from slurm_amoeba.launcher.submission import ElasticJobShape, admission_delay_s, lifecycle_options, signal_lead_s
 from slurm_amoeba.slurm import CliSlurmClient, SlurmClient, SlurmCommandError, sbatch_argv
 from slurm_amoeba.slurm.options import (
-    JOB_WIDE_OPTIONS,
     PLUGIN_OPTION_ENV_PREFIX,
     SIZING_OPTIONS,
     SbatchOption,
@@ -358,7 +357,6 @@ def prepare(argv: Sequence[str], slurm: SlurmClient | None, release: SlurmReleas
         elastic_partition=ours.elastic_partition,
         daemon_endpoint=ours.daemon,
         extra=tuple(passthrough),
-        worker_extra=tuple(w for o in request.options if o.name in JOB_WIDE_OPTIONS for w in o.words),
         lifecycle=lifecycle_options(signal_lead_s(_time_limit(request)), given),
         comment=last_value(request.options, "comment") or last_value(request.directives, "comment"),
         begin_delay_s=admission_delay_s(os.environ, given),

@@ -1,7 +1,13 @@
 """The shape of an elastic job on Slurm, shared by ``amoeba-sbatch`` and :class:`ElasticExecutor`.
 
-One heterogeneous job: component 0 runs the agent (one task, CPUs only, never leaves); component 1 holds the
-minimum workers (one task per worker). The worker range and per-worker resources travel to ``amoeba-run`` in the
+One job of one component: the minimum workers (one task per worker); the agent runs in its batch step, and the
+workers as a step of the same allocation (the shape plain ``sbatch --elastic`` has too). Not a heterogeneous job:
+Slurm 22.05's backfill starts a heterogeneous job's components one after the other and, when a later one cannot
+start at once, deallocates the ones it started and keeps the job from starting for the credential lifetime
+(``_het_job_start_now``/``_het_job_kill_now`` in ``src/plugins/sched/backfill/backfill.c``); an elastic job's workers
+often start by preempting satellites, which leave only after ``GraceTime``, so every such start failed that way
+(SLURM-FACTS.md). One component just waits for the satellites to leave. The worker range and per-worker
+resources travel to ``amoeba-run`` in the
 job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
 Everything here is checked before anything is submitted.
 """
@@ -90,10 +96,8 @@ class ElasticJobShape:
         output: the batch script's (the agent's) stdout path pattern.
         error: its stderr path pattern.
         daemon_endpoint: the daemon the agent reports to, if any.
-        extra: further sbatch arguments for component 0 (the user's own sbatch options; sbatch copies most of them
-            to component 1).
-        worker_extra: further sbatch arguments for component 1 (options sbatch does not copy, e.g. the account).
-        lifecycle: sbatch arguments of component 0 for the time limit and requeues (:func:`lifecycle_options`).
+        extra: further sbatch arguments (the user's own sbatch options).
+        lifecycle: sbatch arguments for the time limit and requeues (:func:`lifecycle_options`).
         comment: the user's own ``--comment``; the job's comment is the elastic mark followed by it
             (:func:`~slurm_amoeba.slurm.marks.elastic_comment`), which the daemon reads while the job is pending.
         begin_delay_s: the job becomes eligible this many seconds after submission (:func:`admission_delay_s`).
@@ -108,38 +112,30 @@ class ElasticJobShape:
     error: str | None = None
     daemon_endpoint: str | None = None
     extra: tuple[str, ...] = ()
-    worker_extra: tuple[str, ...] = ()
     lifecycle: tuple[str, ...] = ()
     comment: str | None = None
     begin_delay_s: int = 0
 
     def components(self) -> list[SubmitOptions]:
-        """Component 0 (the agent) and component 1 (the minimum workers)."""
+        """The job's one component: the minimum workers, with the agent in its batch step (module docstring)."""
         spec = self.spec
         begin = (f"--begin=now+{self.begin_delay_s}",) if self.begin_delay_s else ()
-        agent = SubmitOptions(
+        gpus = (f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()
+        # The user's own options first, ours after them: sbatch takes the last of a repeated option.
+        extra = tuple(word for word in self.extra if not word.startswith("--gpus-per-task"))
+        job = SubmitOptions(
             name=self.name,
             comment=elastic_comment(spec.min_workers, spec.max_workers, self.comment),
-            partition=self.partition,
-            ntasks=1,
-            cpus_per_task=1,
-            time_min=self.time_min,
-            output=self.output,
-            error=self.error,
-            extra=(*self.extra, *self.lifecycle, *begin),
-        )
-        workers = SubmitOptions(
             partition=self.partition,
             ntasks=spec.min_workers,
             cpus_per_task=spec.cpus_per_worker,
             time_min=self.time_min,
             mem_mb=spec.mem_per_worker_mb * spec.min_workers or None,
-            extra=(
-                *self.worker_extra,
-                *((f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()),
-            ),
+            output=self.output,
+            error=self.error,
+            extra=(*extra, *self.lifecycle, *begin, *gpus),
         )
-        return [agent, workers]
+        return [job]
 
     def job_env(self) -> JobEnv:
         """The job's settings as ``amoeba-run`` reads them from its environment."""

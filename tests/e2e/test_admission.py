@@ -95,7 +95,7 @@ def test_an_elastic_job_waits_for_its_requested_size_and_the_bound_releases_one_
     client = slurm_cluster.client()
     daemon = DaemonProcess(slurm_cluster, tmp_path, interval_s=1.0)
     doc = yaml.safe_load(daemon.config.read_text())
-    doc["admission"] = {"enabled": True, "max_hold_s": MAX_HOLD_S, "users": [USER]}
+    doc["admission"] = {"enabled": True, "holds_by": "daemon", "max_hold_s": MAX_HOLD_S, "users": [USER]}
     daemon.config.write_text(yaml.safe_dump(doc))
     jobs: dict[str, int] = {}
     scripts = Path(tempfile.mkdtemp(prefix="amoeba-admit-"))
@@ -124,7 +124,7 @@ def test_an_elastic_job_waits_for_its_requested_size_and_the_bound_releases_one_
         w_line = next(line for line in log.splitlines() if f"job {jobs['W']} (user {USER}) released" in line)
         assert "its requested 8 GPUs are free or lendable" in e_line, e_line
         assert "admission.max_hold_s 12 s" in w_line and "starts at its minimum (2 GPUs)" in w_line, w_line
-        running = {r.job_id: r.gpus_held for r in client.jobs() if r.het_job_id == jobs["W"] and r.het_job_offset == 1}
+        running = {r.job_id: r.gpus_held for r in client.jobs(job_ids=[jobs["W"]]) if r.state is JobState.RUNNING}
         assert list(running.values()) == [2], f"W did not start at its minimum: {running}"
         w_mark = leader(client, jobs["W"])
         assert w_mark is not None and w_mark.admin_comment == "" and w_mark.priority > 0

@@ -97,6 +97,9 @@ class DaemonProcess:
             "slurm": {"conf": str(cluster.conf), "timeout_s": 20},
             "state_file": str(self.state),
             "log_level": "debug",
+            # Admission (on by default) is tested by tests/e2e/test_admission*.py; the other tests' jobs start as
+            # Slurm starts them.
+            "admission": {"enabled": False},
         }
         if shared is not None:
             doc["ha"] = {"lease_dir": str(shared / "lease"), "advertise": self.endpoint, **(ha or {})}

@@ -71,10 +71,11 @@ CATALOG: tuple[Entry, ...] = (
         "sim-default",
         "The daemon's default against the `slurm` baseline",
         "The `slurm` baseline (multifactor priority, backfill with reservations, preemption with GraceTime) alone, "
-        "and with the daemon on top (the `amoebad` policy): the plain daemon as shipped (`configs/amoebad.yaml`: "
-        "admission off), and with admission (`admission.enabled`, which needs Slurm administrator rights), per load, "
-        "every job elastic and half of them elastic. The Philly families (`--philly-only`, about half an hour) are a "
-        "separate run.",
+        "and with the daemon on top (the `amoebad` policy): the daemon as shipped (`configs/amoebad.yaml`, read as "
+        "`amoeba-sim --daemon-config` reads it: admission with the holds made by the jobs' owners, no Slurm rights, "
+        "every satellite Slurm's to take as live), the plain daemon (admission off), and admission as the simulator "
+        "modelled it before (Slurm takes only the loans above requests, not built live), per load, every job elastic "
+        "and half of them elastic. The Philly families (`--philly-only`, about half an hour) are a separate run.",
         "scripts/sim-report --only default --no-philly --json docs/results/sim-default.json",
     ),
     Entry(

@@ -90,11 +90,12 @@ class OwnerHolds:
             self.verdicts[str(job_id)] = "release"
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
-        """Keep (``""``: drop) the hold mark of a job the daemon holds, in memory."""
+        """Keep (``""``: drop) the hold mark of a job the daemon holds, in memory; the mark of a job to be released
+        stays until its guard has released it (:meth:`overlay`)."""
         with self._lock:
             if text:
                 self.marks[str(job_id)] = text
-            else:
+            elif self.verdicts.get(str(job_id)) != "release":
                 self.marks.pop(str(job_id), None)
 
     def set_priority(self, job_id: int, priority: int) -> None:
@@ -126,9 +127,11 @@ class OwnerHolds:
         """Slurm's view with the daemon's hold marks on the jobs their owners hold at its word (Slurm shows no mark
         on a job its owner holds), at the start of a round.
 
-        The verdicts of jobs that are not held (their guard has not acted yet, or the job left the queue) are
-        forgotten: the round's admission layer orders such a job held again if it still waits, and a guard that
-        holds a job whose verdict is gone releases it.
+        A job to be released keeps its mark until its guard has released it: until then it is the daemon's held job
+        that asks for its requested size (its GPUs do not look free to the jobs behind it). The verdicts of jobs
+        that are not held (their guard has not acted yet, or the job left the queue) are forgotten: the round's
+        admission layer orders such a job held again if it still waits, and a guard that holds a job whose verdict
+        is gone releases it.
         """
         with self._lock:
             held = {group_id(r) for r in view.jobs if r.state is JobState.PENDING and r.is_held}
@@ -139,9 +142,7 @@ class OwnerHolds:
                 return view
             jobs = tuple(
                 dataclasses.replace(record, admin_comment=self.marks[key])
-                if not record.admin_comment
-                and self.verdicts.get(key := group_id(record)) == "hold"
-                and key in self.marks
+                if not record.admin_comment and (key := group_id(record)) in self.marks and key in self.verdicts
                 else record
                 for record in view.jobs
             )

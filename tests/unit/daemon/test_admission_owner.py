@@ -88,3 +88,18 @@ def test_the_daemon_stopping_leaves_no_hold_behind_its_guard_releases_after_the_
     assert guard.step() and guard.held  # a daemon restarting within the silence keeps its holds
     now[0] = 61.0
     assert guard.step() and not guard.held and slurm.records[7].state_reason == "None"
+
+
+def test_a_job_whose_release_its_guard_has_not_applied_yet_keeps_its_gpus_from_the_jobs_behind_it() -> None:
+    slurm = MemorySlurm({7: elastic_job(), 8: elastic_job(8, submit_time=1_001)}, cluster(used=12))
+    slurm.records[8] = dataclasses.replace(slurm.records[8], comment="amoeba-elastic=2:16")
+    daemon = owners_round(slurm)
+    guards = {job: AdmissionGuard(job, OwnerSlurm(slurm), daemon.admitter.verdict, clock=lambda: 0.0) for job in (7, 8)}
+    daemon.apply(daemon.admitter.overlay(slurm.view()), 2_000.0)
+    assert all(guard.step() and guard.held for guard in guards.values())
+    slurm.nodes = cluster(used=0)
+    assert daemon.apply(daemon.admitter.overlay(slurm.view()), 2_010.0).released == ("7",)
+    # Job 7's guard has not released it yet: its 8 GPUs are not free for job 8 (16 would never fit beside it).
+    again = daemon.apply(daemon.admitter.overlay(slurm.view()), 2_011.0)
+    assert "8" not in again.released and daemon.admitter.verdict("8") == "hold"
+    assert daemon.admitter.verdict("7") == "release"

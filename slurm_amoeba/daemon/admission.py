@@ -45,8 +45,8 @@ from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, group_id
 from slurm_amoeba.daemon.refusals import Refusals
 from slurm_amoeba.policy import JobInfo
-from slurm_amoeba.slurm import JobState, SlurmCommandError
-from slurm_amoeba.slurm.marks import HoldMark
+from slurm_amoeba.slurm import JobRecord, JobState, SlurmCommandError
+from slurm_amoeba.slurm.marks import HoldMark, parse_hold_mark
 
 logger = logging.getLogger(__name__)
 
@@ -128,25 +128,33 @@ class OwnerHolds:
         on a job its owner holds), at the start of a round.
 
         A job to be released keeps its mark until its guard has released it: until then it is the daemon's held job
-        that asks for its requested size (its GPUs do not look free to the jobs behind it). The verdicts of jobs
-        that are not held (their guard has not acted yet, or the job left the queue) are forgotten: the round's
-        admission layer orders such a job held again if it still waits, and a guard that holds a job whose verdict
-        is gone releases it.
+        that asks for its requested size (its GPUs do not look free to the jobs behind it). Released and not started
+        yet, it keeps the priority it had before the hold (an owner's release gives it a lower one under
+        ``priority/basic``, which the daemon may not undo: the jobs the daemon still holds must not pass it in the
+        admission rule's queue). The verdict ``hold`` of a job that is not held (its guard has not acted yet) is
+        forgotten: the round's admission layer orders it again if the job still waits, and a guard that holds a job
+        whose verdict is gone releases it. Jobs no longer pending are forgotten.
         """
         with self._lock:
-            held = {group_id(r) for r in view.jobs if r.state is JobState.PENDING and r.is_held}
-            for job_id in [j for j in self.verdicts if j not in held]:
-                del self.verdicts[job_id]
-                self.marks.pop(job_id, None)
+            pending = {group_id(r): r.is_held for r in view.jobs if r.state is JobState.PENDING}
+            for job_id, verdict in list(self.verdicts.items()):
+                if job_id not in pending or (verdict == "hold" and not pending[job_id]):
+                    del self.verdicts[job_id]
+                    self.marks.pop(job_id, None)
             if not self.marks:
                 return view
-            jobs = tuple(
-                dataclasses.replace(record, admin_comment=self.marks[key])
-                if not record.admin_comment and (key := group_id(record)) in self.marks and key in self.verdicts
-                else record
-                for record in view.jobs
-            )
+            jobs = tuple(self._shown(record) for record in view.jobs)
         return dataclasses.replace(view, jobs=jobs)
+
+    def _shown(self, record: JobRecord) -> JobRecord:
+        key = group_id(record)
+        text = self.marks.get(key)
+        if text is None or key not in self.verdicts or record.admin_comment or record.state is not JobState.PENDING:
+            return record
+        if record.is_held:
+            return dataclasses.replace(record, admin_comment=text)
+        mark = parse_hold_mark(text)
+        return record if mark is None or mark.priority <= 0 else dataclasses.replace(record, priority=mark.priority)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,3 +103,7 @@ def test_a_job_whose_release_its_guard_has_not_applied_yet_keeps_its_gpus_from_t
     again = daemon.apply(daemon.admitter.overlay(slurm.view()), 2_011.0)
     assert "8" not in again.released and daemon.admitter.verdict("8") == "hold"
     assert daemon.admitter.verdict("7") == "release"
+    # Its guard releases it: Slurm gives it a lower priority (priority/basic), which must not put job 8 ahead of it.
+    assert guards[7].step() and not guards[7].held and 0 < slurm.records[7].priority < 500
+    after = daemon.apply(daemon.admitter.overlay(slurm.view()), 2_012.0)
+    assert after.held == () and after.released == () and daemon.admitter.verdict("8") == "hold"

@@ -86,6 +86,12 @@ class AdmissionGuard:
     silence_s: float = DEFAULT_SILENCE_S
     held: bool = False
     _answered_at: float | None = dataclasses.field(default=None, repr=False)
+    _failing_since: float | None = dataclasses.field(default=None, repr=False)
+    _seen: bool = dataclasses.field(default=False, repr=False)
+    _born: float = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._born = self.clock()
 
     def step(self) -> bool:
         """Look once at the job and the daemon's verdict, and act on it.
@@ -95,15 +101,27 @@ class AdmissionGuard:
         """
         try:
             records = self.slurm.jobs(job_ids=[self.job_id])
-        except SlurmCommandError as exc:  # with a hold to undo, look again next time; without, nothing to guard
-            logger.warning("[guard/%s] squeue failed (%s)%s", self.job_id, exc, "; trying again" if self.held else "")
-            return self.held
+        except SlurmCommandError as exc:  # Slurm busy: look again; without a hold, give up after the silence bound
+            now = self.clock()
+            if self._failing_since is None:
+                self._failing_since = now
+            logger.warning("[guard/%s] squeue failed (%s); trying again", self.job_id, exc)
+            return self.held or now - self._failing_since < self.silence_s
+        self._failing_since = None
         mine = [r for r in records if self.job_id in (r.job_id, r.het_job_id)]
         leader = min(mine, key=lambda r: r.het_job_offset, default=None)
+        now = self.clock()
+        if leader is None and not self._seen and now - self._born < self.silence_s:
+            return True  # a job just submitted may not be listed yet
+        self._seen = True
         if leader is None or leader.state is not JobState.PENDING:
+            logger.info(
+                "[guard/%s] the job is no longer pending (%s): done",
+                self.job_id,
+                "gone" if leader is None else leader.state.value,
+            )
             return False
         verdict = self.ask(str(self.job_id))
-        now = self.clock()
         if verdict is None:
             if self._answered_at is None:
                 self._answered_at = now

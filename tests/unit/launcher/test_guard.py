@@ -66,10 +66,12 @@ def test_a_silent_daemon_gets_its_hold_back_only_after_the_silence() -> None:
     assert guard.step() and not guard.held and slurm.calls == ["hold 7", "release 7"]
 
 
-def test_ends_when_the_job_leaves_the_queue_and_when_slurm_fails_with_nothing_to_undo() -> None:
-    guard, slurm, _ = guard_of(["none"])
+def test_ends_when_the_job_leaves_the_queue_and_when_slurm_fails_for_long_with_nothing_to_undo() -> None:
+    guard, slurm, now = guard_of(["none"])
     slurm.down = True
-    assert not guard.step()  # no hold of its own: nothing to guard
+    assert guard.step()  # one failed squeue (a busy slurmctld) is no reason to stop guarding
+    now[0] = 60.0
+    assert not guard.step()  # failing for the silence bound with no hold of its own: nothing to guard
     guard, slurm, _ = guard_of(["hold"])
     guard.step()
     slurm.down = True
@@ -84,3 +86,12 @@ def test_no_guard_without_a_daemon_or_when_the_user_switched_it_off() -> None:
     assert not start_guard(7, "tcp://127.0.0.1:1", {"AMOEBA_ADMISSION_GUARD": "0"})
     argv = guard_argv(7, "tcp://h:6820", "/usr/bin/python3")
     assert argv == ["/usr/bin/python3", "-m", "slurm_amoeba.launcher.guard", "--daemon", "tcp://h:6820", "7"]
+
+
+def test_a_job_not_listed_yet_right_after_its_submission_is_waited_for() -> None:
+    guard, slurm, now = guard_of(["hold"])
+    listed = slurm.record
+    slurm.record = dataclasses.replace(listed, job_id=8)  # squeue does not show job 7 yet
+    assert guard.step() and not guard.held
+    slurm.record = listed
+    assert guard.step() and guard.held

@@ -89,7 +89,7 @@ def test_no_guard_without_a_daemon_or_when_the_user_switched_it_off() -> None:
 
 
 def test_a_job_not_listed_yet_right_after_its_submission_is_waited_for() -> None:
-    guard, slurm, now = guard_of(["hold"])
+    guard, slurm, _ = guard_of(["hold"])
     listed = slurm.record
     slurm.record = dataclasses.replace(listed, job_id=8)  # squeue does not show job 7 yet
     assert guard.step() and not guard.held

@@ -14,6 +14,7 @@ another user); that an owner may hold and release their own job as a plain user 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,3 +120,4 @@ def test_guards_hold_their_own_jobs_at_the_daemons_word_and_let_go_when_it_stops
         for job in jobs.values():
             if state(client, job).is_active():
                 client.cancel(job)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -17,7 +17,6 @@ as the test's own user.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -27,26 +26,17 @@ import pytest
 from slurm_amoeba.launcher.sbatch import prepare, submission_env
 from slurm_amoeba.slurm import CliSlurmClient, JobState, het_submit_args
 from tests.conftest import ClusterHandle
+from tests.e2e.test_admission import USER, runuser_sbatch
 from tests.integration.daemon_helpers import wait_until
 from tests.integration.test_daemon_two_users import ensure_user
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
-USER = "amoeba-start"
 FAILURE = "due to hetjob start failure"
 
 
 def sbatch_as_user(cluster: ClusterHandle, args: list[str], env: dict[str, str] | None = None) -> int:
-    out = subprocess.run(
-        ["runuser", "-u", USER, "--", "sbatch", "--parsable", *args],
-        env=env or cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert out.returncode == 0, f"sbatch {args} as {USER}: {out.stderr}"
-    return int(out.stdout.strip().split(";")[0])
+    return runuser_sbatch(cluster, args, env or cluster.env)
 
 
 def fill_with_satellites(cluster: ClusterHandle, client: CliSlurmClient) -> list[int]:

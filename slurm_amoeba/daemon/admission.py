@@ -99,11 +99,14 @@ class OwnerHolds:
                 self.marks.pop(str(job_id), None)
 
     def set_priority(self, job_id: int, priority: int) -> None:
-        """Refused: an owner cannot set a priority (``Admitter(restore_priority=False)`` never asks)."""
-        raise SlurmCommandError(
-            ["scontrol", "update", f"JobId={job_id}", f"Priority={priority}"],
-            1,
-            "admission.holds_by owner: the daemon sets no priority",
+        """Refused: an owner cannot give a job its priority back (``Admitter(restore_priority=False)`` never asks).
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError(
+            f"admission.holds_by: owner cannot set job {job_id}'s priority to {priority}: build its Admitter with "
+            "restore_priority=False (make_admitter does)"
         )
 
     def config_values(self) -> dict[str, str]:

@@ -232,7 +232,7 @@ class Bench:
         held = 0
         for record in records:
             parent = record.comment.removeprefix("amoeba-parent=") if record.comment.startswith("amoeba-") else ""
-            if record.het_job_id in parents or parent in names:
+            if record.het_job_id in parents or record.job_id in parents or parent in names:
                 held += record.gpus_held
         return held
 
@@ -274,6 +274,7 @@ class Bench:
                         if r.gpus_held
                         and r.job_id not in regular
                         and r.het_job_id not in elastic
+                        and r.job_id not in elastic
                         and r.comment.removeprefix("amoeba-parent=") not in names
                     )
                     stop.wait(1.0)
@@ -359,6 +360,7 @@ class Bench:
                 and (
                     j.job_id in self.mine
                     or j.het_job_id in parents
+                    or j.job_id in parents
                     or j.comment.removeprefix("amoeba-parent=") in names
                 )
             ]

@@ -211,7 +211,7 @@ def test_amoeba_sbatch_and_amoeba_run_grow_and_shrink_a_shell_job(
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     comps = client.het_components(int(job_id))
-    assert [c.het_job_offset for c in comps] == [0, 1] and comps[1].gpus_per_node >= 0
+    assert [c.het_job_offset for c in comps] == [0]  # one component: no heterogeneous job (SLURM-FACTS.md)
     agent = AgentHandle(job_id, REPO / f"amoeba-{job_id}")
     try:
         wait_until("2 workers training", lambda: agent.workers() == 2, timeout=90)

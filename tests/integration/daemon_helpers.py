@@ -405,7 +405,7 @@ def submit_mlp_job(cluster: ClusterHandle, env: dict[str, str], workdir: Path, d
 def job_ended(client: CliSlurmClient, job_id: str) -> bool:
     """Whether Slurm shows neither the job nor any of its satellites active."""
     return not any(
-        j.state.is_active() and (str(j.het_job_id) == job_id or j.comment == f"amoeba-parent={job_id}")
+        j.state.is_active() and (job_id in (str(j.job_id), str(j.het_job_id)) or j.comment == f"amoeba-parent={job_id}")
         for j in client.jobs()
     )
 

@@ -128,7 +128,7 @@ def test_executor_refuses_a_minimum_the_partition_can_never_hold(env: dict[str, 
 
 
 @pytest.mark.usefixtures("account")  # the tests' account and QOS exist (made by sacctmgr)
-def test_amoeba_sbatch_charges_both_components_and_gives_the_agent_no_gpu(env: dict[str, str], tmp_path: Path) -> None:
+def test_amoeba_sbatch_charges_the_job_and_gives_it_the_workers_gpus(env: dict[str, str], tmp_path: Path) -> None:
     name = unique_name()
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH --elastic=2:4\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run true\n")
@@ -136,8 +136,9 @@ def test_amoeba_sbatch_charges_both_components_and_gives_the_agent_no_gpu(env: d
     assert done.returncode == 0, done.stderr
     job_id = int(done.stdout.strip())
     try:
-        records = sorted(CliSlurmClient(env).jobs(name=name), key=lambda r: r.het_job_offset)
-        assert [(r.het_job_offset, r.account, r.qos) for r in records] == [(0, ACCOUNT, QOS), (1, ACCOUNT, QOS)]
+        records = CliSlurmClient(env).jobs(name=name)
+        # One component (no heterogeneous job: SLURM-FACTS.md, hetjob start failure), charged as asked.
+        assert [(r.het_job_offset, r.account, r.qos) for r in records] == [(0, ACCOUNT, QOS)]
         show = subprocess.run(
             ["scontrol", "-o", "show", "job", str(job_id)],
             capture_output=True,
@@ -146,8 +147,6 @@ def test_amoeba_sbatch_charges_both_components_and_gives_the_agent_no_gpu(env: d
             timeout=30,
             check=False,
         )
-        tres = re.findall(r"HetJobOffset=(\d+) .*? TRES=(\S+)", show.stdout)
-        assert dict(tres)["0"].find("gres/gpu") == -1, show.stdout  # the agent's component holds no GPU
-        assert "gres/gpu=2" in dict(tres)["1"], show.stdout
+        assert "HetJobOffset" not in show.stdout and "gres/gpu=2" in show.stdout, show.stdout
     finally:
         CliSlurmClient(env).cancel(job_id)

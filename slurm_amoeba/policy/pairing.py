@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from slurm_amoeba.policy.actions import Action, Preempt, Share
 from slurm_amoeba.policy.types import JobInfo, MicroBatch, NodeInfo, PolicyError, Snapshot
@@ -301,6 +301,17 @@ def reclaims(snapshot: Snapshot, pace_bound: float | None) -> list[Action]:
             )
         )
     return actions
+
+
+def open_hosts(snapshot: Snapshot, decided: Collection[str]) -> list[JobInfo]:
+    """The running jobs a waiting job may share with: on GPUs of their own, without a sharer, not ``decided`` in
+    this answer; in submit order (the order ties are broken in)."""
+    hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
+    return [
+        job
+        for job in sorted(snapshot.running(), key=lambda j: (j.submit_time, j.job_id))
+        if job.shared_with is None and job.job_id not in hosting and job.job_id not in decided
+    ]
 
 
 def placement_within(host: JobInfo, workers: int) -> dict[str, int]:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Place, Preempt, Share, Start
 from slurm_amoeba.policy.common import FreeGpus, SizeAction, admit_in_order, realize
-from slurm_amoeba.policy.pairing import ShareMode, placement_within, plan_pair, reclaims
+from slurm_amoeba.policy.pairing import ShareMode, open_hosts, placement_within, plan_pair, reclaims
 from slurm_amoeba.policy.srtf import admit_shortest_first
 from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
@@ -103,12 +103,7 @@ class PairingPolicy:
         decided.update(action.job_id for action in starts)
         if self.mode is ShareMode.OPPORTUNISTIC:
             decisions.extend(self._promote(snapshot, starts, decided))
-        hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
-        hosts = [
-            job
-            for job in sorted(snapshot.running(), key=lambda j: (j.submit_time, j.job_id))
-            if job.shared_with is None and job.job_id not in hosting and job.job_id not in decided
-        ]
+        hosts = open_hosts(snapshot, decided)
         for job in waiting:
             if job.job_id in decided:
                 continue
@@ -183,12 +178,7 @@ class SjfSharingPolicy:
         reasons = {key: f"{self.name}: admitted by remaining time" for key, size in targets.items() if size}
         decisions: list[Action] = list(realize(snapshot, targets, order, reasons))
         decided = {decision.job_id for decision in decisions}
-        hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
-        partners = [
-            job
-            for job in sorted(snapshot.running(), key=lambda j: (j.submit_time, j.job_id))
-            if job.shared_with is None and job.job_id not in hosting and job.job_id not in decided
-        ]
+        partners = open_hosts(snapshot, decided)
         for job in order:
             if job.state is not JobPhase.PENDING or job.job_id in decided:
                 continue

@@ -11,8 +11,8 @@ Policies of the control and simulation flows (DESIGN.md); the pairing rules they
   that runs exclusively and has no partner, with the sharer's micro-batch and gradient accumulation searched so
   that it fits the memory the host leaves (:func:`~slurm_amoeba.policy.pairing.plan_pair`): SJF-BSBF pairs only
   when the pair's summed completion time falls, best benefit first; AntMan pairs whenever the sharer makes
-  progress while paced so that the host keeps ``1 - pace_bound`` of its speed, and moves a sharer onto GPUs of
-  its own (a :class:`Place`) once its requested size is free. Both shrink or evict a sharer when its host needs
+  progress while paced so that the host keeps ``1 - pace_bound`` of its speed (with ``promote``, it also moves a
+  sharer onto GPUs of its own, a :class:`Place`, once its requested size is free). Both shrink or evict a sharer when its host needs
   its memory back (:func:`~slurm_amoeba.policy.pairing.reclaims`); AntMan also evicts one whose host measurably
   lost more than its bound.
 - **SJF-FFS** (``sjf-ffs``, :class:`SjfSharingPolicy`; first-fit sharing) admits jobs shortest remaining time first
@@ -55,12 +55,16 @@ class PairingPolicy:
         mode: SJF-BSBF's benefit rule or AntMan's opportunistic sharing.
         pace_bound: under opportunistic sharing, the host's allowed slowdown (it keeps ``1 - pace_bound`` of its
             exclusive speed); unused by the benefit rule.
+        promote: under opportunistic sharing, move a sharer onto GPUs of its own (a :class:`Place`) once its
+            requested size is free; ``False`` leaves it beside its host until the host is done (it then runs alone
+            on those GPUs), which the live daemon can apply without moving workers.
         name: ``"sjf-bsbf"`` or ``"antman"``.
         decides_on_events_only: ``True``: only arrivals, departures and size changes change the answer.
     """
 
     mode: ShareMode = ShareMode.BENEFIT
     pace_bound: float = DEFAULT_PACE_BOUND
+    promote: bool = False
     name: str = dataclasses.field(default="", init=False)
     decides_on_events_only: bool = dataclasses.field(default=True, init=False)
 
@@ -76,7 +80,7 @@ class PairingPolicy:
         """The action types it answers with: starts, shares, evictions (preempts of sharers) and, opportunistic,
         the places that give a sharer GPUs of its own."""
         kinds: set[type[Action]] = {Start, Preempt, Share}
-        if self.mode is ShareMode.OPPORTUNISTIC:
+        if self.mode is ShareMode.OPPORTUNISTIC and self.promote:
             kinds.add(Place)
         return frozenset(kinds)
 
@@ -101,7 +105,7 @@ class PairingPolicy:
         starts = realize(snapshot, targets, waiting, reasons)
         decisions.extend(starts)
         decided.update(action.job_id for action in starts)
-        if self.mode is ShareMode.OPPORTUNISTIC:
+        if self.mode is ShareMode.OPPORTUNISTIC and self.promote:
             decisions.extend(self._promote(snapshot, starts, decided))
         hosts = open_hosts(snapshot, decided)
         for job in waiting:

@@ -213,10 +213,12 @@ def test_antman_places_a_paced_sharer_where_bsbf_would_not() -> None:
 def test_antman_gives_a_sharer_gpus_of_its_own_once_they_are_free() -> None:
     guest = job("guest", 2, submit=5, placement={"n0": 2}, shared_with="host", job_type="y", micro_batches=PROFILE)
     snap = Snapshot((NodeInfo("n0", 4, 0), NodeInfo("n1", 4, 4)), (_host(), guest), {})
-    decisions = make_policy("antman").decide(snap, 0.0)
+    decisions = make_policy("antman", promote=True).decide(snap, 0.0)
     check_actions(snap, decisions)
     assert decisions == [Place("guest", {"n1": 2}, "antman: GPUs of its own are free, leaves its host")]
+    assert make_policy("antman").decide(snap, 0.0) == [], "by default a sharer stays beside its host"
     assert make_policy("sjf-bsbf").decide(snap, 0.0) == []
+    assert Place in make_policy("antman", promote=True).emits and Place not in make_policy("antman").emits
 
 
 def _sharing(host_memory: float, sharer_memory: float, **host_extra: object) -> Snapshot:

@@ -12,9 +12,9 @@ Policies of the control and simulation flows (DESIGN.md); the pairing rules they
   that it fits the memory the host leaves (:func:`~slurm_amoeba.policy.pairing.plan_pair`): SJF-BSBF pairs only
   when the pair's summed completion time falls, best benefit first; AntMan pairs whenever the sharer makes
   progress while paced so that the host keeps ``1 - pace_bound`` of its speed (with ``promote``, it also moves a
-  sharer onto GPUs of its own, a :class:`Place`, once its requested size is free). Both shrink or evict a sharer when its host needs
-  its memory back (:func:`~slurm_amoeba.policy.pairing.reclaims`); AntMan also evicts one whose host measurably
-  lost more than its bound.
+  sharer onto GPUs of its own, a :class:`Place`, once its requested size is free). Both shrink or evict a sharer
+  when its host needs its memory back (:func:`~slurm_amoeba.policy.pairing.reclaims`); AntMan also evicts one whose
+  host measurably lost more than its bound.
 - **SJF-FFS** (``sjf-ffs``, :class:`SjfSharingPolicy`; first-fit sharing) admits jobs shortest remaining time first
   with their requested size, preempting running jobs that lose their place, exactly as
   :class:`~slurm_amoeba.policy.srtf.SrtfPolicy` does; a pending job left waiting shares the GPUs of the first

@@ -185,8 +185,9 @@ def fitting_micro_batches(sharer: JobInfo, left_gib: float | None) -> list[tuple
     )
 
 
-def _remaining(job: JobInfo, workers: int) -> float | None:
-    """Seconds left at a size: the oracle's or the runtime's estimate, else what the time limit leaves."""
+def remaining_seconds(job: JobInfo, workers: int | None = None) -> float | None:
+    """Seconds left at a size (the requested one by default): the oracle's or the runtime's estimate
+    (:meth:`JobInfo.remaining_time`), else what the time limit leaves, else ``None``."""
     remaining = job.remaining_time(workers)
     if remaining is None and job.time_limit is not None:
         remaining = max(job.time_limit - job.executed_time, 0.0)
@@ -219,7 +220,7 @@ def plan_pair(
         The plan.
     """
     nodes = {node.name: node for node in snapshot.nodes}
-    mine = _remaining(sharer, sharer.requested_workers)
+    mine = remaining_seconds(sharer)
     if mode is ShareMode.BENEFIT and mine is None:
         return None  # the benefit cannot be known without the sharer's remaining time
     best: PairPlan | None = None
@@ -230,16 +231,17 @@ def plan_pair(
         keep_host = kept_fraction(host, sharer.job_type, snapshot.colocation)
         if keep_mine is None or keep_host is None:
             continue
-        theirs = _remaining(host, host.workers)
+        theirs = remaining_seconds(host, host.workers)
         if mode is ShareMode.BENEFIT and theirs is None:
             continue
         if mode is ShareMode.OPPORTUNISTIC:
             keep_host, keep_mine = paced_fractions(keep_host, keep_mine, pace_bound)
         for size, profile in fitting_micro_batches(sharer, memory_left(host, nodes)):
             keep = keep_mine * profile.speed
-            score = keep if mine is None or theirs is None else sharing_benefit(mine, theirs, keep, keep_host)
-            if mode is ShareMode.OPPORTUNISTIC:
+            if mode is ShareMode.OPPORTUNISTIC or mine is None or theirs is None:  # both known under BENEFIT
                 score = keep
+            else:
+                score = sharing_benefit(mine, theirs, keep, keep_host)
             if score > 0.0 and (best is None or score > best.benefit):
                 best = PairPlan(host, size, profile.accumulation, keep, keep_host, score)
     return best

@@ -30,7 +30,14 @@ from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Place, Preempt, Share, Start
 from slurm_amoeba.policy.common import FreeGpus, SizeAction, admit_in_order, realize
-from slurm_amoeba.policy.pairing import ShareMode, open_hosts, placement_within, plan_pair, reclaims
+from slurm_amoeba.policy.pairing import (
+    ShareMode,
+    open_hosts,
+    placement_within,
+    plan_pair,
+    reclaims,
+    remaining_seconds,
+)
 from slurm_amoeba.policy.srtf import admit_shortest_first
 from slurm_amoeba.policy.types import JobInfo, JobPhase, PolicyError, Snapshot
 
@@ -41,9 +48,7 @@ DEFAULT_PACE_BOUND = 0.05
 def shortest_first_key(job: JobInfo) -> tuple[float, float, str]:
     """Sort key of shortest job first: seconds left at the requested size (the oracle's or the runtime's estimate,
     else what the time limit leaves, else last), then submit order."""
-    remaining = job.remaining_time()
-    if remaining is None and job.time_limit is not None:
-        remaining = max(job.time_limit - job.executed_time, 0.0)
+    remaining = remaining_seconds(job)
     return (math.inf if remaining is None else remaining, job.submit_time, job.job_id)
 
 

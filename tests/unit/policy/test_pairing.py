@@ -23,6 +23,7 @@ from slurm_amoeba.policy.pairing import (
     paced_fractions,
     plan_pair,
     reclaims,
+    remaining_seconds,
     sharing_benefit,
 )
 from slurm_amoeba.policy.types import JobInfo, PolicyError
@@ -300,3 +301,18 @@ def test_check_refuses_a_share_with_an_inconsistent_plan(fields: dict[str, objec
     share = Share("guest", "host", 2, {"n0": 2}, "", **fields)  # type: ignore[arg-type]
     with pytest.raises(PolicyError, match=message):
         check_actions(snap, [share])
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"throughput": {2: 2.0}, "remaining_work": 100.0, "time_limit": 3600.0}, 50.0),  # the estimate first
+        ({"time_limit": 3600.0, "executed_time": 600.0}, 3000.0),  # no estimate (live): what the limit leaves
+        ({"time_limit": 600.0, "executed_time": 900.0}, 0.0),  # past its limit: nothing left, never negative
+        ({}, None),  # neither: unknown, and SJF-BSBF cannot weigh a pair with it
+    ],
+)
+def test_remaining_time_falls_back_on_the_time_limit_without_an_estimate(
+    extra: dict[str, object], expected: float | None
+) -> None:
+    assert remaining_seconds(job("j", 2, **extra)) == expected  # type: ignore[arg-type]

@@ -22,6 +22,8 @@ variable                     meaning (default)
 ``AMOEBA_SHARE``             the job opted in to GPU sharing (docs/admin.md, "Sharing GPUs"): ``guaranteed`` (its
                              GPUs may host another opted-in job's worker, which yields to it) or ``opportunistic``
                              (besides, its own extra workers may be placed beside another job's); none: never shared
+``AMOEBA_SHARE_PARTITION``   the partition of the sharing nodes, where such a job's minimum workers hold shards
+                             (``share``)
 ``AMOEBA_PARENT_JOB``        set by the agent for its workers: the elastic job's id, also inside satellites
 ``AMOEBA_JOB_FOLDER``        set by the executor: the submitit job folder holding the pickled function
 ============================ ===================================================================================
@@ -37,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.core.sharing import SHARE_MODES, share_mode_error
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION, SHARE_MODES, share_mode_error
 from slurm_amoeba.core.spec import ElasticSpec
 
 ENV_ELASTIC_MIN = "AMOEBA_ELASTIC_MIN"
@@ -49,6 +51,7 @@ ENV_DAEMON_ENDPOINT = "AMOEBA_DAEMON_ENDPOINT"
 ENV_DAEMON_UID = "AMOEBA_DAEMON_UID"
 ENV_STATE_DIR = "AMOEBA_STATE_DIR"
 ENV_SHARE = "AMOEBA_SHARE"
+ENV_SHARE_PARTITION = "AMOEBA_SHARE_PARTITION"
 ENV_PARENT_JOB = "AMOEBA_PARENT_JOB"
 ENV_JOB_FOLDER = "AMOEBA_JOB_FOLDER"
 
@@ -81,6 +84,7 @@ class JobEnv:
         daemon_uid: ``AMOEBA_DAEMON_UID``; None: not configured by the site's plugstack line.
         state_dir: ``AMOEBA_STATE_DIR``; None: ``./amoeba-<job id>``.
         share: ``AMOEBA_SHARE``, one of :data:`SHARE_MODES`; None: the job never shares a GPU.
+        share_partition: ``AMOEBA_SHARE_PARTITION``.
         parent_job: ``AMOEBA_PARENT_JOB``; None outside a worker.
         job_folder: ``AMOEBA_JOB_FOLDER``; None outside an executor's job.
 
@@ -98,6 +102,7 @@ class JobEnv:
     daemon_uid: int | None = dataclasses.field(default=None, metadata=_env(ENV_DAEMON_UID, 0))
     state_dir: str | None = dataclasses.field(default=None, metadata=_env(ENV_STATE_DIR))
     share: str | None = dataclasses.field(default=None, metadata=_env(ENV_SHARE))
+    share_partition: str = dataclasses.field(default=DEFAULT_SHARE_PARTITION, metadata=_env(ENV_SHARE_PARTITION))
     parent_job: str | None = dataclasses.field(default=None, metadata=_env(ENV_PARENT_JOB))
     job_folder: str | None = dataclasses.field(default=None, metadata=_env(ENV_JOB_FOLDER))
 
@@ -183,6 +188,7 @@ class JobEnv:
         daemon_endpoint: str | None = None,
         state_dir: str | None = None,
         share: str | None = None,
+        share_partition: str = DEFAULT_SHARE_PARTITION,
     ) -> JobEnv:
         """The settings of a job of ``spec``: its range and per-worker resources, and where it grows and reports.
 
@@ -198,6 +204,7 @@ class JobEnv:
             daemon_endpoint=daemon_endpoint,
             state_dir=state_dir,
             share=share,
+            share_partition=share_partition,
         )
 
     @property

@@ -24,6 +24,10 @@ HOST_SHARDS = 2
 SHARER_SHARDS = SHARDS_PER_GPU - HOST_SHARDS
 #: The partition of the sharing nodes when nobody names one (the test cluster's).
 DEFAULT_SHARE_PARTITION = "share"
+#: Set by the agent for a worker placed beside another job: its :class:`ShareRole` value, and the host's job id
+#: (the runtime's memory cap and pacing read them).
+ENV_SHARE_ROLE = "AMOEBA_SHARE_ROLE"
+ENV_SHARE_HOST = "AMOEBA_SHARE_HOST"
 
 
 class ShareRole(str, enum.Enum):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_amoeba.daemon.actuator import Directive, Outcome
-from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
+from slurm_amoeba.daemon.agents import AgentRecord, Beside, InFlight, Registration, Report
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import Observation, SatelliteInfo
@@ -219,6 +219,8 @@ class Ledger:
         batch: int | None = None,
         vacate: str = "",
         for_job: str = "",
+        beside: Beside | None = None,
+        unshare: bool = False,
     ) -> Directive:
         """Record a resize as in flight and return the directive that carries it to the agent.
 
@@ -233,6 +235,10 @@ class Ledger:
             vacate: a node the job's satellites move off, the size kept (counted as ``move``); the job and
                 ``for_job``, the pending job the node is vacated for, are kept in :attr:`moves`.
             for_job: see ``vacate``.
+            beside: the growth goes beside another job (a share, counted as ``share``); kept as the agent's
+                :attr:`~.agents.AgentRecord.beside` until a directive with ``unshare`` orders it back.
+            unshare: the job goes back to its own workers (``target`` leaves out those beside another job, which its
+                agent takes back first); the share is forgotten.
 
         Returns:
             The directive, for the actuator.
@@ -240,7 +246,9 @@ class Ledger:
         now = self.clock()
         size = agent.report.size if agent.report else 0
         kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
-        kind = "move" if vacate else kind
+        kind = "move" if vacate else "share" if beside is not None else kind
+        if beside is not None or unshare:
+            agent.beside = beside
         if vacate:
             self.moves[agent.job_id] = now
             if for_job:
@@ -248,6 +256,7 @@ class Ledger:
         agent.in_flight = InFlight(target, now, source, reason, batch=batch, batch_only=kind == "batch")
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
         with_batch = ("" if batch is None else f", global batch {batch}") + (f", off {vacate}" if vacate else "")
+        with_batch += f", beside job {beside.host} on {dict(beside.nodes)}" if beside is not None else ""
         logger.info(
             "[daemon/actuator] job %s: %s %d -> %d workers%s (%s)", agent.job_id, kind, size, target, with_batch, reason
         )
@@ -261,6 +270,7 @@ class Ledger:
             token=token,
             batch=batch,
             vacate=vacate,
+            place_beside=beside,
         )
 
     def apply(self, outcome: Outcome) -> None:

@@ -214,6 +214,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentC
         main_het_group=alloc.het_group,
         max_requeues=count_from_environ(env, ENV_MAX_REQUEUES, DEFAULT_MAX_REQUEUES),
         max_restarts=count_from_environ(env, ENV_MAX_RESTARTS, DEFAULT_MAX_RESTARTS),
+        share=job.share,
+        share_partition=job.share_partition,
     )
 
 

@@ -2,8 +2,9 @@
 
 One heterogeneous job: component 0 runs the agent (one task, CPUs only, never leaves); component 1 holds the
 minimum workers (one task per worker; for a job that opted in to GPU sharing, in the sharing partition, one worker
-per node, each holding :data:`~slurm_amoeba.core.sharing.HOST_SHARDS` shards of one GPU instead of the GPU). The worker range and per-worker resources travel to ``amoeba-run`` in the
-job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
+per node, each holding :data:`~slurm_amoeba.core.sharing.HOST_SHARDS` shards of one GPU instead of the GPU). The
+worker range and per-worker resources travel to ``amoeba-run`` in the job's environment
+(:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
 Everything here is checked before anything is submitted.
 """
 
@@ -150,7 +151,7 @@ class ElasticJobShape:
             error=self.error,
             extra=(*self.extra, *self.lifecycle, *begin),
         )
-        gpus = (f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()
+        gpus: tuple[str, ...] = (f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()
         if self.share is not None:  # one GPU per node as shards: Slurm gives a job's shards on a node from one GPU
             gpus = (f"--gres=shard:{HOST_SHARDS}", "--ntasks-per-node=1")
         workers = SubmitOptions(
@@ -170,6 +171,7 @@ class ElasticJobShape:
             elastic_partition=self.elastic_partition,
             daemon_endpoint=self.daemon_endpoint or None,
             share=self.share,
+            share_partition=self.share_partition,
         )
 
     def environment(self) -> dict[str, str]:

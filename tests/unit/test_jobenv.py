@@ -70,6 +70,7 @@ def test_round_trip_through_the_environment_keeps_every_field() -> None:
         parent_job="123",
         job_folder="/jobs/123",
         share="opportunistic",
+        share_partition="pairs",
     )
     assert JobEnv.from_environ(env.to_environ()) == env
     assert set(env.to_environ()) == set(JobEnv.names())

@@ -30,6 +30,8 @@ kind                sender           body
                                      new workers run beside job ``host``, ``nodes[node]`` of them on each node,
                                      in satellites of one shard in ``partition``; :func:`check_place_beside`)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
+``share``           ctl -> daemon    ``job_id``, ``host``, ``nodes`` (an operator places ``nodes[node]`` new workers
+                                     of job ``job_id`` beside job ``host``: a share applied at the next round)
 ``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
 ``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
 ``status``          ctl -> daemon    (empty)
@@ -105,6 +107,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "resize": {"job_id": (str,), "target": (int,), "reason": (str,)},
     "pin": {"job_id": (str,), "pinned": (bool,)},
+    "share": {"job_id": (str,), "host": (str,), "nodes": (dict,)},
     "drain": {},
     "resume": {},
     "status": {},
@@ -272,14 +275,19 @@ def check_place_beside(place: Mapping[str, Any]) -> None:
         raise ProtocolError(f"resize: place_beside partition {quote(partition)} is not a partition name")
     if role not in [r.value for r in ShareRole]:
         raise ProtocolError(f"resize: place_beside role {quote(role)} is not one of {', '.join(SHARE_MODES)}")
+    _check_beside_nodes("resize: place_beside", nodes)
+
+
+def _check_beside_nodes(where: str, nodes: object) -> None:
+    """Node name -> 1 to :data:`MAX_BESIDE_PER_NODE` workers, 1 to :data:`MAX_BESIDE_NODES` nodes."""
     if not isinstance(nodes, dict) or not 1 <= len(nodes) <= MAX_BESIDE_NODES:
-        raise ProtocolError(f"resize: place_beside nodes {quote(nodes)} is not 1 to {MAX_BESIDE_NODES} nodes")
+        raise ProtocolError(f"{where} nodes {quote(nodes)} is not 1 to {MAX_BESIDE_NODES} nodes")
     for node, count in nodes.items():
         if NODE_NAME.fullmatch(node) is None:
-            raise ProtocolError(f"resize: place_beside node {quote(node)} is not a node name")
+            raise ProtocolError(f"{where} node {quote(node)} is not a node name")
         if not _typed(count, (int,)) or not 1 <= count <= MAX_BESIDE_PER_NODE:
             raise ProtocolError(
-                f"resize: place_beside nodes[{quote(node)}] = {quote(count)} is not 1 to {MAX_BESIDE_PER_NODE} workers"
+                f"{where} nodes[{quote(node)}] = {quote(count)} is not 1 to {MAX_BESIDE_PER_NODE} workers"
             )
 
 
@@ -330,6 +338,10 @@ def _check_body(kind: str, body: Any) -> dict[str, Any]:
         raise ProtocolError(f"resize: vacate {quote(body['vacate'])} is not a node name")
     if kind == "resize" and "place_beside" in body:
         check_place_beside(body["place_beside"])
+    if kind == "share":
+        if _JOB_ID.fullmatch(body["host"]) is None:
+            raise ProtocolError(f"share: host {quote(body['host'])} is not a job id")
+        _check_beside_nodes("share:", body["nodes"])
     if kind == "register" and "share" in body and body["share"] not in SHARE_MODES:
         raise ProtocolError(f"register: share {quote(body['share'])} is not one of {', '.join(SHARE_MODES)}")
     if kind == "register" and "share_partition" in body and _PARTITION.fullmatch(body["share_partition"]) is None:

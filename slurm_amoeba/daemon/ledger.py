@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import slurm_amoeba.policy.actions as act
 from slurm_amoeba.daemon.actuator import Directive, Outcome
 from slurm_amoeba.daemon.agents import AgentRecord, Beside, InFlight, Registration, Report
 from slurm_amoeba.daemon.config import DaemonConfig
@@ -65,6 +66,7 @@ class Ledger:
         self.recovered: dict[str, InFlight] = dict(self.state.in_flight)
         self.failing_nodes: dict[str, dict[str, int]] = {}
         self.moves: dict[str, float] = {}
+        self.requested_shares: list[act.Share] = []
         self._dirty = False
         if self.recovered or self.state.pinned or self.state.draining:
             logger.info(
@@ -208,6 +210,20 @@ class Ledger:
             self.changed()
 
     # ------------------------------------------------------------------ resizes
+
+    def request_share(self, sharer: str, host: str, nodes: dict[str, int], reason: str) -> act.Share:
+        """An operator's share (``amoebactl share``): ``nodes[node]`` new workers of ``sharer`` beside ``host``,
+        applied by the next round with the policy's actions (and the same checks). Returns the share."""
+        agent = self.agents[sharer]
+        own = agent.report.size if agent.report is not None else agent.registration.min_workers
+        share = act.Share(sharer, host, own + sum(nodes.values()), nodes, f"{reason}: beside job {host}")
+        self.requested_shares.append(share)
+        return share
+
+    def take_requested_shares(self) -> list[act.Share]:
+        """The operators' shares since the last round (taken: each is tried once)."""
+        shares, self.requested_shares = self.requested_shares, []
+        return shares
 
     def order(
         self,

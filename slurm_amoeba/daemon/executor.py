@@ -26,7 +26,8 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
   (``sharing.partitions``), the nodes are the host's, and the sharer keeps its own workers (:meth:`LiveExecutor.
   share_refusal` says why not, and the action is skipped). The place is taken back — a directive to the sharer with
   its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
-  shrinks the sharer, and by the executor itself when the host is resized or moved, or is gone.
+  shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
+  ``amoebactl resize``), or is gone.
 - :class:`~slurm_amoeba.policy.actions.Place` is refused, and so is ``Share`` while ``sharing.enabled`` is off: a
   policy that can emit them is refused when the daemon is configured (:func:`live_refusal`), with the reason.
 
@@ -341,10 +342,11 @@ class LiveExecutor:
     def _take_places_back(
         self, actions: Sequence[act.Action], jobs: Mapping[str, JobInfo], source: str
     ) -> dict[str, int]:
-        """The owner needs its place back: every sharer whose host is resized or moved this round, or is gone, is
-        sent its own workers as the target (its agent lets the workers beside the host leave first). Returns
-        sharer -> the size ordered."""
+        """The owner needs its place back: every sharer whose host is resized or moved this round (by the policy, or
+        by ``amoebactl resize`` since the last round), or is gone, is sent its own workers as the target (its agent
+        lets the workers beside the host leave first). Returns sharer -> the size ordered."""
         changing = {a.job_id for a in actions if isinstance(a, (act.Resize, act.Move, act.Preempt))}
+        changing |= {job for job, agent in self.ledger.agents.items() if agent.in_flight is not None}
         ordered: dict[str, int] = {}
         for agent in list(self.ledger.agents.values()):
             beside = agent.beside

@@ -292,3 +292,15 @@ def test_the_policy_may_shrink_a_sharer_to_its_own_workers_but_not_grow_it() -> 
 
 def test_a_policy_that_only_resizes_starts_and_preempts_is_accepted() -> None:
     assert live_refusal("elastic", frozenset({act.Start, act.Resize, act.Preempt})) == ""
+
+
+def test_a_host_an_operator_resized_takes_its_place_back_at_the_next_round() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].in_flight = None
+    world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
+    world.actuator.sent.clear()
+    assert world.apply() == {}, "nothing changes while the host keeps its size"
+    world.ledger.order(world.ledger.agents["h"], 2, "amoebactl resize by uid 0", "ctl")
+    assert world.apply() == {"o": 1}
+    assert [(d.job_id, d.target, d.reason) for d in world.actuator.sent] == [("o", 1, "host job h needs its GPUs back")]

@@ -27,7 +27,9 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
   share_refusal` says why not, and the action is skipped). The place is taken back — a directive to the sharer with
   its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
   shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
-  ``amoebactl resize``), or is gone.
+  ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the
+  snapshot does not mark the sharer ``shared_with``, which the policies read as the whole job running on the host's
+  GPUs, while a live sharer keeps its own workers beside those it placed with the host.
 - :class:`~slurm_amoeba.policy.actions.Place` is refused, and so is ``Share`` while ``sharing.enabled`` is off: a
   policy that can emit them is refused when the daemon is configured (:func:`live_refusal`), with the reason.
 
@@ -291,8 +293,15 @@ class LiveExecutor:
                 f"host job {host} runs in partition {host_reg.share_partition!r}, which hosts no sharer: name it in "
                 "sharing.partitions"
             )
-        if info.pinned or info.resizing or info.shared_with is not None or host_info.shared_with is not None:
-            return f"job {sharer} is pinned, resizing or already shares, or its host {host} is itself a sharer"
+        if info.pinned:
+            return f"job {sharer} is pinned (amoebactl unpin)"
+        if info.resizing:
+            return f"job {sharer} is resizing (or has not reported since it started): ask again once it is steady"
+        sharer_beside, host_beside = self.ledger.agents[sharer].beside, self.ledger.agents[host].beside
+        if sharer_beside is not None:
+            return f"job {sharer} already runs workers beside job {sharer_beside.host}"
+        if host_beside is not None:
+            return f"host job {host} runs workers beside job {host_beside.host} itself: a sharer hosts nobody"
         beside = sum(action.placement.values())
         if beside < 1 or action.workers - beside != info.workers:
             return (

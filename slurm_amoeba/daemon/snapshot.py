@@ -502,7 +502,6 @@ def managed_job(
         adaptive=model,
         batch=batch,
         lent=lent_workers(satellites, reg.gpus_per_worker) if satellites else {},
-        shared_with=agent.beside.host if agent.beside is not None else None,
     )
     return info, leaving
 

@@ -124,10 +124,13 @@ def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_th
         sharer = submit(env, tmp_path, daemon.endpoint, "opportunistic", "sharer")
         wait_until("the sharer's worker to run", lambda: workers_record(client, sharer) is not None, 90)
         wait_until(
-            "both agents to register",
-            lambda: sorted(j["job_id"] for j in daemon.status_jobs()) == sorted([host, sharer]),
+            "both jobs to report their first generation of 1 worker",
+            lambda: (
+                {j["job_id"]: (j["size"], j["target"]) for j in daemon.status_jobs()} == {host: (1, 1), sharer: (1, 1)}
+            ),
             90,
         )
+        time.sleep(daemon.interval_s * 1.5)  # a round has seen them steady
         host_workers = workers_record(client, host)
         assert host_workers is not None and host_workers.partition == SHARE_PARTITION
         (node,) = host_workers.nodes

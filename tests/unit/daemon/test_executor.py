@@ -260,7 +260,7 @@ def test_the_host_resized_takes_its_place_back_from_the_sharer_first() -> None:
     world.apply(act.Share("o", "h", 2, {"s1": 1}))
     world.ledger.agents["o"].in_flight = None
     world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
-    world.jobs["o"] = info("o", 1, placement={"n0": 1, "s1": 1}, low=1, high=2, shared_with="h")
+    world.jobs["o"] = info("o", 1, placement={"n0": 1, "s1": 1}, low=1, high=2)
     world.actuator.sent.clear()
     assert world.apply(act.Resize("h", 2), act.Resize("o", 2, batch=64)) == {"o": 1, "h": 2}
     unshare, host = world.actuator.sent
@@ -283,7 +283,7 @@ def test_the_policy_may_shrink_a_sharer_to_its_own_workers_but_not_grow_it() -> 
     world = SharingWorld()
     world.apply(act.Share("o", "h", 2, {"s1": 1}))
     world.ledger.agents["o"].in_flight = None
-    world.jobs["o"] = info("o", 1, placement={"n0": 1, "s1": 1}, low=1, high=3, shared_with="h")
+    world.jobs["o"] = info("o", 1, placement={"n0": 1, "s1": 1}, low=1, high=3)
     world.actuator.sent.clear()
     assert world.apply(act.Resize("o", 3)) == {} and world.actuator.sent == []
     assert world.apply(act.Resize("o", 1)) == {"o": 1}

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import yaml
 
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord
 from tests.conftest import REPO, ClusterHandle
-from tests.integration.daemon_helpers import DaemonProcess, end_job, script, wait_until
+from tests.integration.daemon_helpers import DaemonProcess, end_job, idle_cluster_env, submit_mlp_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
@@ -33,14 +31,8 @@ SHARE_PARTITION = "share"
 
 @pytest.fixture
 def env(slurm_cluster: ClusterHandle) -> dict[str, str]:
-    """The cluster's environment with the venv's commands first, once the shared cluster is idle and offers the
-    sharing partition."""
-    environ = dict(os.environ)
-    environ["SLURM_CONF"] = str(slurm_cluster.conf)
-    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))  # this tree's code
-    environ.pop("AMOEBA_DAEMON_ENDPOINT", None)
-    client = CliSlurmClient(environ)
+    """The idle cluster's environment, running this tree's code, once the cluster offers the sharing partition."""
+    client = CliSlurmClient({**os.environ, "SLURM_CONF": str(slurm_cluster.conf)})
     if not client.nodes(partition=SHARE_PARTITION):
         message = (
             f"the cluster has no {SHARE_PARTITION!r} partition: restart it with this tree's scripts/slurm-cluster "
@@ -49,11 +41,8 @@ def env(slurm_cluster: ClusterHandle) -> dict[str, str]:
         if os.environ.get("AMOEBA_REQUIRE_SLURM"):
             pytest.fail(message)
         pytest.skip(message)
-    deadline = time.monotonic() + 120
-    while any(j.state.is_active() for j in client.jobs()) and time.monotonic() < deadline:
-        time.sleep(1)
-    if any(j.state.is_active() for j in client.jobs()):
-        pytest.skip("the shared cluster stayed busy with others' jobs; this test needs it idle")
+    environ = idle_cluster_env(slurm_cluster)
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))  # this tree's code
     return environ
 
 
@@ -64,38 +53,10 @@ def controller_address(cluster: ClusterHandle) -> str:
     return match.group(1)
 
 
-def submit(env: dict[str, str], workdir: Path, endpoint: str, mode: str, name: str) -> str:
-    """An elastic MLP job of 1..2 workers that opted in to sharing with ``mode``; returns its id."""
-    job_script = script(
-        workdir / f"{name}.sh",
-        f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n',
-    )
-    submitted = subprocess.run(
-        [
-            "amoeba-sbatch",
-            "--elastic",
-            "1:2",
-            "--gpus-per-worker",
-            "1",
-            f"--share={mode}",
-            f"--share-partition={SHARE_PARTITION}",
-            f"--job-name={name}",
-            f"--output={workdir}/{name}-%j.out",
-            str(job_script),
-            "--epochs",
-            "100000",
-            "--sample-delay",
-            "0.006",
-        ],
-        capture_output=True,
-        text=True,
-        env={**env, "AMOEBA_DAEMON_ENDPOINT": endpoint},
-        cwd=workdir,
-        timeout=60,
-        check=False,
-    )
-    assert submitted.returncode == 0, submitted.stderr
-    return submitted.stdout.strip().splitlines()[-1]
+def submit(cluster: ClusterHandle, env: dict[str, str], workdir: Path, endpoint: str, mode: str, name: str) -> str:
+    """An elastic MLP job of 1..2 workers of one GPU that opted in to sharing with ``mode``; returns its id."""
+    options = (f"--share={mode}", f"--share-partition={SHARE_PARTITION}", f"--job-name={name}")
+    return submit_mlp_job(cluster, env, workdir, endpoint, elastic="1:2", gpus_per_worker=1, name=name, options=options)
 
 
 def workers_record(client: CliSlurmClient, job_id: str) -> JobRecord | None:
@@ -119,9 +80,9 @@ def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_th
     client = CliSlurmClient(env)
     host = sharer = ""
     try:
-        host = submit(env, tmp_path, daemon.endpoint, "guaranteed", "host")
+        host = submit(slurm_cluster, env, tmp_path, daemon.endpoint, "guaranteed", "host")
         wait_until("the host's worker to run", lambda: workers_record(client, host) is not None, 90)
-        sharer = submit(env, tmp_path, daemon.endpoint, "opportunistic", "sharer")
+        sharer = submit(slurm_cluster, env, tmp_path, daemon.endpoint, "opportunistic", "sharer")
         wait_until("the sharer's worker to run", lambda: workers_record(client, sharer) is not None, 90)
         wait_until(
             "both jobs to report their first generation of 1 worker",

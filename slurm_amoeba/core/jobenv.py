@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION, SHARE_MODES, share_mode_error
+from slurm_amoeba.core.sharing import SHARE_MODES, share_mode_error
 from slurm_amoeba.core.spec import ElasticSpec
 
 ENV_ELASTIC_MIN = "AMOEBA_ELASTIC_MIN"
@@ -84,7 +84,8 @@ class JobEnv:
         daemon_uid: ``AMOEBA_DAEMON_UID``; None: not configured by the site's plugstack line.
         state_dir: ``AMOEBA_STATE_DIR``; None: ``./amoeba-<job id>``.
         share: ``AMOEBA_SHARE``, one of :data:`SHARE_MODES`; None: the job never shares a GPU.
-        share_partition: ``AMOEBA_SHARE_PARTITION``.
+        share_partition: ``AMOEBA_SHARE_PARTITION``; None: ``share``
+            (:data:`~slurm_amoeba.core.sharing.DEFAULT_SHARE_PARTITION`).
         parent_job: ``AMOEBA_PARENT_JOB``; None outside a worker.
         job_folder: ``AMOEBA_JOB_FOLDER``; None outside an executor's job.
 
@@ -102,7 +103,7 @@ class JobEnv:
     daemon_uid: int | None = dataclasses.field(default=None, metadata=_env(ENV_DAEMON_UID, 0))
     state_dir: str | None = dataclasses.field(default=None, metadata=_env(ENV_STATE_DIR))
     share: str | None = dataclasses.field(default=None, metadata=_env(ENV_SHARE))
-    share_partition: str = dataclasses.field(default=DEFAULT_SHARE_PARTITION, metadata=_env(ENV_SHARE_PARTITION))
+    share_partition: str | None = dataclasses.field(default=None, metadata=_env(ENV_SHARE_PARTITION))
     parent_job: str | None = dataclasses.field(default=None, metadata=_env(ENV_PARENT_JOB))
     job_folder: str | None = dataclasses.field(default=None, metadata=_env(ENV_JOB_FOLDER))
 
@@ -188,7 +189,7 @@ class JobEnv:
         daemon_endpoint: str | None = None,
         state_dir: str | None = None,
         share: str | None = None,
-        share_partition: str = DEFAULT_SHARE_PARTITION,
+        share_partition: str | None = None,
     ) -> JobEnv:
         """The settings of a job of ``spec``: its range and per-worker resources, and where it grows and reports.
 

@@ -171,7 +171,7 @@ class ElasticJobShape:
             elastic_partition=self.elastic_partition,
             daemon_endpoint=self.daemon_endpoint or None,
             share=self.share,
-            share_partition=self.share_partition,
+            share_partition=self.share_partition if self.share is not None else None,
         )
 
     def environment(self) -> dict[str, str]:

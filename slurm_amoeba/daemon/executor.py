@@ -23,8 +23,10 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
   ``sharing.enabled``: a directive to the sharer's agent whose ``place_beside`` puts its new workers beside the
   host, in satellites of one shard on the host's nodes. Applied only when both jobs' agents registered as opted in
   (the sharer ``opportunistic``), the host's sharing partition allows that many sharer workers per node
-  (``sharing.partitions``), the nodes are the host's, and the sharer keeps its own workers (:meth:`LiveExecutor.
-  share_refusal` says why not, and the action is skipped). The place is taken back — a directive to the sharer with
+  (``sharing.partitions``), the nodes are the host's, and the sharer keeps its own workers: ``placement`` is the
+  sharer's workers to place beside the host, ``workers`` its size afterwards or (as the simulator's shares of a
+  pending job have it) the same as ``placement``'s; :meth:`LiveExecutor.share_refusal` says why not, and the action
+  is skipped. The place is taken back — a directive to the sharer with
   its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
   shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
   ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the
@@ -303,14 +305,14 @@ class LiveExecutor:
         if host_beside is not None:
             return f"host job {host} runs workers beside job {host_beside.host} itself: a sharer hosts nobody"
         beside = sum(action.placement.values())
-        if beside < 1 or action.workers - beside != info.workers:
+        if beside < 1 or action.workers not in (beside, info.workers + beside):
             return (
                 f"the share places {beside} worker(s) of job {sharer} beside {host} and sizes it {action.workers}, "
                 f"but it keeps its own {info.workers}: give placement the workers beside the host and workers "
-                f"{info.workers} plus them"
+                f"{info.workers} plus them (or only them)"
             )
-        if action.workers > info.max_workers:
-            return f"job {sharer} would have {action.workers} workers, above its maximum {info.max_workers}"
+        if info.workers + beside > info.max_workers:
+            return f"job {sharer} would have {info.workers + beside} workers, above its maximum {info.max_workers}"
         sharing_now = self._sharers_on_nodes(host)
         for node, count in action.placement.items():
             if node not in host_info.placement:
@@ -345,8 +347,9 @@ class LiveExecutor:
         partition = self.ledger.agents[action.host].registration.share_partition
         beside = Beside(action.host, partition, dict(action.placement), ShareRole.OPPORTUNISTIC.value)
         reason = action.reason or f"{source}: beside job {action.host}"
-        self.actuator.send(self.ledger.order(agent, action.workers, reason, source, beside=beside))
-        return action.workers
+        target = jobs[action.job_id].workers + beside.workers  # its own workers stay
+        self.actuator.send(self.ledger.order(agent, target, reason, source, beside=beside))
+        return target
 
     def _take_places_back(
         self, actions: Sequence[act.Action], jobs: Mapping[str, JobInfo], source: str

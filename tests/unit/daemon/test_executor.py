@@ -225,7 +225,7 @@ def test_a_share_of_two_opted_in_jobs_sends_the_sharer_its_place_beside_the_host
         (SharingWorld(limit=0), act.Share("o", "h", 2, {"s1": 1}), "which hosts no sharer: name it in sharing.part"),
         (SharingWorld(), act.Share("o", "h", 2, {"n9": 1}), "node n9 is not one of host job h's nodes (s1)"),
         (crowded(), act.Share("o", "h", 2, {"s1": 1}), "2 sharer worker(s) beside job h on s1 is over sharing.par"),
-        (SharingWorld(), act.Share("o", "h", 1, {"s1": 1}), "but it keeps its own 1: give placement the workers"),
+        (SharingWorld(), act.Share("o", "h", 3, {"s1": 1}), "but it keeps its own 1: give placement the workers"),
         (SharingWorld(), act.Share("7", "h", 1, {"s1": 1}), "must both run with a registered agent"),
     ],
     ids=[
@@ -246,6 +246,12 @@ def test_a_share_that_is_not_allowed_sends_nothing_and_says_why(
     assert why in world.executor.share_refusal(action, world.jobs, set(world.jobs))
     assert world.apply(action) == {}
     assert world.actuator.sent == [] and world.ledger.agents["o"].beside is None
+
+
+def test_a_share_sized_as_only_its_workers_beside_the_host_keeps_the_sharers_own_workers_too() -> None:
+    world = SharingWorld()
+    assert world.apply(act.Share("o", "h", 1, {"s1": 1})) == {"o": 2}
+    assert [d.target for d in world.actuator.sent] == [2]
 
 
 def test_a_job_that_did_not_opt_in_is_never_placed_beside_another_nor_hosts_one() -> None:

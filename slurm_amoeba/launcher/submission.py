@@ -1,8 +1,10 @@
 """The shape of an elastic job on Slurm, shared by ``amoeba-sbatch`` and :class:`ElasticExecutor`.
 
 One heterogeneous job: component 0 runs the agent (one task, CPUs only, never leaves); component 1 holds the
-minimum workers (one task per worker). The worker range and per-worker resources travel to ``amoeba-run`` in the
-job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
+minimum workers (one task per worker; for a job that opted in to GPU sharing, in the sharing partition, one worker
+per node, each holding :data:`~slurm_amoeba.core.sharing.HOST_SHARDS` shards of one GPU instead of the GPU). The
+worker range and per-worker resources travel to ``amoeba-run`` in the job's environment
+(:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
 Everything here is checked before anything is submitted.
 """
 
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.jobenv import DEFAULT_ELASTIC_PARTITION, JobEnv
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION, HOST_SHARDS, SHARE_MODES, share_mode_error
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import SlurmClient, SubmitOptions
 from slurm_amoeba.slurm.marks import elastic_comment
@@ -97,6 +100,13 @@ class ElasticJobShape:
         comment: the user's own ``--comment``; the job's comment is the elastic mark followed by it
             (:func:`~slurm_amoeba.slurm.marks.elastic_comment`), which the daemon reads while the job is pending.
         begin_delay_s: the job becomes eligible this many seconds after submission (:func:`admission_delay_s`).
+        share: the job's sharing mode (one of :data:`~slurm_amoeba.core.sharing.SHARE_MODES`), or None: its GPUs
+            are its own.
+        share_partition: the partition of the sharing nodes, where a job that opted in runs its minimum workers.
+
+    Raises:
+        SpecError: (on construction) a sharing mode that is not one, or a job that opted in to sharing whose
+            workers hold other than one GPU each.
     """
 
     spec: ElasticSpec
@@ -112,6 +122,19 @@ class ElasticJobShape:
     lifecycle: tuple[str, ...] = ()
     comment: str | None = None
     begin_delay_s: int = 0
+    share: str | None = None
+    share_partition: str = DEFAULT_SHARE_PARTITION
+
+    def __post_init__(self) -> None:
+        if self.share is None:
+            return
+        if self.share not in SHARE_MODES:
+            raise SpecError(share_mode_error(self.share, "--share"))
+        if self.spec.gpus_per_worker != 1:
+            raise SpecError(
+                f"--share with {self.spec.gpus_per_worker} GPU(s) per worker: a shared GPU holds one worker of each "
+                "job (Slurm gives a job's shards on a node from one GPU); give --gpus-per-worker 1 or leave out --share"
+            )
 
     def components(self) -> list[SubmitOptions]:
         """Component 0 (the agent) and component 1 (the minimum workers)."""
@@ -128,23 +151,27 @@ class ElasticJobShape:
             error=self.error,
             extra=(*self.extra, *self.lifecycle, *begin),
         )
+        gpus: tuple[str, ...] = (f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()
+        if self.share is not None:  # one GPU per node as shards: Slurm gives a job's shards on a node from one GPU
+            gpus = (f"--gres=shard:{HOST_SHARDS}", "--ntasks-per-node=1")
         workers = SubmitOptions(
-            partition=self.partition,
+            partition=self.share_partition if self.share is not None else self.partition,
             ntasks=spec.min_workers,
             cpus_per_task=spec.cpus_per_worker,
             time_min=self.time_min,
             mem_mb=spec.mem_per_worker_mb * spec.min_workers or None,
-            extra=(
-                *self.worker_extra,
-                *((f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()),
-            ),
+            extra=(*self.worker_extra, *gpus),
         )
         return [agent, workers]
 
     def job_env(self) -> JobEnv:
         """The job's settings as ``amoeba-run`` reads them from its environment."""
         return JobEnv.for_spec(
-            self.spec, elastic_partition=self.elastic_partition, daemon_endpoint=self.daemon_endpoint or None
+            self.spec,
+            elastic_partition=self.elastic_partition,
+            daemon_endpoint=self.daemon_endpoint or None,
+            share=self.share,
+            share_partition=self.share_partition if self.share is not None else None,
         )
 
     def environment(self) -> dict[str, str]:
@@ -158,9 +185,10 @@ class ElasticJobShape:
             SpecError: the partition does not exist, or all its nodes together hold fewer GPUs or CPUs than the
                 minimum workers (plus the agent) need.
         """
-        nodes = slurm.nodes(partition=self.partition) if self.partition else slurm.nodes()
+        partition = self.share_partition if self.share is not None else self.partition
+        nodes = slurm.nodes(partition=partition) if partition else slurm.nodes()
         if not nodes:
-            raise SpecError(f"partition {self.partition!r} has no nodes (or does not exist); `sinfo` lists them")
+            raise SpecError(f"partition {partition!r} has no nodes (or does not exist); `sinfo` lists them")
         spec = self.spec
         gpus = sum(n.gpus_total for n in nodes)
         need_gpus = spec.min_workers * spec.gpus_per_worker

@@ -10,6 +10,7 @@ the daemon while one is in flight.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -368,20 +369,49 @@ class FakeAgent:
                 self.client.cancel(sat)
 
 
-def submit_mlp_job(cluster: ClusterHandle, env: dict[str, str], workdir: Path, daemon_endpoint: str) -> str:
-    """Submit ``examples/elastic_mlp.py`` with ``amoeba-sbatch --elastic 1:3`` (a node's GPUs per worker), its agent
-    reporting to ``daemon_endpoint`` (one address or a pair's, comma-separated); returns the job id."""
+def idle_cluster_env(cluster: ClusterHandle) -> dict[str, str]:
+    """The cluster's environment with the venv's commands first, once the shared cluster is idle (the test is
+    skipped when it stays busy with others' jobs for two minutes)."""
+    environ = dict(os.environ)
+    environ["SLURM_CONF"] = str(cluster.conf)
+    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
+    environ.pop("AMOEBA_DAEMON_ENDPOINT", None)
+    client = CliSlurmClient(environ)
+    deadline = time.monotonic() + 120
+    while any(j.state.is_active() for j in client.jobs()) and time.monotonic() < deadline:
+        time.sleep(1)
+    if any(j.state.is_active() for j in client.jobs()):
+        pytest.skip("the shared cluster stayed busy with others' jobs; this test needs it idle")
+    return environ
+
+
+def submit_mlp_job(
+    cluster: ClusterHandle,
+    env: dict[str, str],
+    workdir: Path,
+    daemon_endpoint: str,
+    *,
+    elastic: str = "1:3",
+    gpus_per_worker: int | None = None,
+    name: str = "job",
+    options: tuple[str, ...] = (),
+) -> str:
+    """Submit ``examples/elastic_mlp.py`` with ``amoeba-sbatch --elastic ELASTIC`` (``gpus_per_worker``, by default a
+    node's GPUs per worker; further amoeba-sbatch ``options``), its agent reporting to ``daemon_endpoint`` (one
+    address or a pair's, comma-separated); returns the job id."""
     job_script = script(
-        workdir / "job.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
+        workdir / f"{name}.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
     )
+    gpus = cluster.gpus_per_node if gpus_per_worker is None else gpus_per_worker
     submitted = subprocess.run(
         [
             "amoeba-sbatch",
             "--elastic",
-            "1:3",
+            elastic,
             "--gpus-per-worker",
-            str(cluster.gpus_per_node),
-            f"--output={workdir}/agent-%j.out",
+            str(gpus),
+            *options,
+            f"--output={workdir}/{'agent' if name == 'job' else name}-%j.out",
             str(job_script),
             "--epochs",
             "100000",

@@ -148,3 +148,14 @@ def test_a_failure_on_rank_zero_is_raised_by_result_with_its_traceback_in_stderr
     with pytest.raises(utils.FailedJobError, match="it went wrong"):
         job.result()
     assert "RuntimeError: it went wrong" in (job.stderr() or "")
+
+
+def test_a_job_that_opted_in_to_sharing_holds_shards_of_one_gpu_per_node_in_the_sharing_partition(
+    tmp_path: Path,
+) -> None:
+    script = script_of(tmp_path, min_workers=2, max_workers=4, share="opportunistic")
+    agent, workers = components(script)
+    assert "--partition=share" in workers and "--gres=shard:2" in workers and "--ntasks-per-node=1" in workers
+    assert not any(line.startswith("--gpus-per-task") for line in workers)
+    assert not any(line.startswith("--partition=share") for line in agent)
+    assert "export AMOEBA_SHARE=opportunistic" in script or "AMOEBA_SHARE" in script

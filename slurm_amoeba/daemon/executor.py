@@ -356,16 +356,25 @@ class LiveExecutor:
     ) -> dict[str, int]:
         """The owner needs its place back: every sharer whose host is resized or moved this round (by the policy, or
         by ``amoebactl resize`` since the last round), or is gone, is sent its own workers as the target (its agent
-        lets the workers beside the host leave first). Returns sharer -> the size ordered."""
+        lets the workers beside the host leave first). A sharer the policy preempts (a sharing policy's eviction)
+        goes back to its own workers the same way. Returns sharer -> the size ordered."""
         changing = {a.job_id for a in actions if isinstance(a, (act.Resize, act.Move, act.Preempt))}
         changing |= {job for job, agent in self.ledger.agents.items() if agent.in_flight is not None}
+        evicted = {a.job_id for a in actions if isinstance(a, act.Preempt)}  # a sharing policy's eviction
         ordered: dict[str, int] = {}
         for agent in list(self.ledger.agents.values()):
             beside = agent.beside
-            if beside is None or (beside.host in jobs and beside.host not in changing):
+            if beside is None:
                 continue
-            why = "is gone" if beside.host not in jobs else "needs its GPUs back"
-            ordered[agent.job_id] = self._unshare(agent, beside, f"host job {beside.host} {why}", source)
+            if agent.job_id in evicted:
+                why = f"evicted from beside host job {beside.host}"
+            elif beside.host not in jobs:
+                why = f"host job {beside.host} is gone"
+            elif beside.host in changing:
+                why = f"host job {beside.host} needs its GPUs back"
+            else:
+                continue
+            ordered[agent.job_id] = self._unshare(agent, beside, why, source)
         return ordered
 
     def _unshare(self, agent: AgentRecord, beside: Beside, reason: str, source: str) -> int:

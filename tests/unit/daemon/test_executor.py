@@ -285,6 +285,17 @@ def test_a_sharer_whose_host_is_gone_is_ordered_back_to_its_own_workers() -> Non
     assert [(d.job_id, d.target, d.reason) for d in world.actuator.sent] == [("o", 1, "host job h is gone")]
 
 
+def test_a_sharer_the_policy_evicts_is_ordered_back_to_its_own_workers() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].in_flight = None
+    world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
+    world.actuator.sent.clear()
+    assert world.apply(act.Preempt("o", reason="its host fell below its bound")) == {"o": 1}
+    assert [(d.job_id, d.target, d.reason) for d in world.actuator.sent] == [("o", 1, "evicted from beside host job h")]
+    assert world.ledger.agents["o"].beside is None
+
+
 def test_the_policy_may_shrink_a_sharer_to_its_own_workers_but_not_grow_it() -> None:
     world = SharingWorld()
     world.apply(act.Share("o", "h", 2, {"s1": 1}))

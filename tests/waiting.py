@@ -20,12 +20,12 @@ T = TypeVar("T")
 SHOWN_CHARS = 2000
 
 
-def wait_until(what: str, predicate: Callable[[], T], timeout: float = 10.0, every: float = 0.02) -> T:
+def wait_until(what: str, predicate: Callable[[], T | None], timeout: float = 10.0, every: float = 0.02) -> T:
     """Call ``predicate`` every ``every`` seconds until it returns a true value, and return that value.
 
     Args:
         what: the condition in words, as the failure reads it ("the agent to get the directive").
-        predicate: the condition; any value counts, true or false as ``bool`` takes it.
+        predicate: the condition: any value, true or false as ``bool`` takes it (None while there is none yet).
         timeout: seconds to wait before failing the test.
         every: seconds between calls.
 

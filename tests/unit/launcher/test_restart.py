@@ -135,8 +135,9 @@ def test_a_plain_ddp_script_grows_shrinks_survives_a_kill_and_ends_with_the_fixe
 
 def test_a_script_error_on_one_rank_ends_every_worker_with_its_status(tmp_path: Path) -> None:
     code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n"
+    env = {**ENV, "AMOEBA_RESTART_SETTLE_S": "1"}  # waited out once: no generation ends to make the exit a restart
     with LocalJob(
-        restart_command([sys.executable, "-c", code]), initial_workers=2, job_id="failing", log_dir=tmp_path, env=ENV
+        restart_command([sys.executable, "-c", code]), initial_workers=2, job_id="failing", log_dir=tmp_path, env=env
     ) as job:
         started = time.monotonic()
         result = job.wait(timeout_s=40)

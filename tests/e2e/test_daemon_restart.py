@@ -55,8 +55,9 @@ def test_kill_9_while_a_real_job_grows_then_restart_orders_nothing_twice(
             lambda: [(j["size"], j["target"]) for j in daemon.status_jobs()] == [(3, 3)],
             timeout=90,
         )
-        time.sleep(daemon.interval_s * 1.5)  # one interval more
-        status = daemon.status()
+        wait_until("the daemon to see no resize in flight", lambda: daemon.status()["in_flight"] == {})
+        status = daemon.wait_rounds(1)  # a round that knew the resize had arrived: its chance to order it again
+        assert status["last_round"]["ordered"] == {}, status["last_round"]
         assert status["orphans"] == [] and status["unclaimed"] == [] and status["in_flight"] == {}
         requested = [e for e in agent_history(state_dir) if e.get("event") == "resize_requested"]
         assert [e["target"] for e in requested] == [3], f"ordered more than once: {requested}"

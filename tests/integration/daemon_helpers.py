@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -36,16 +36,15 @@ from slurm_amoeba.transport.channel import (
     request_from,
 )
 from slurm_amoeba.transport.munge import binding, unseal
+from tests import waiting
 from tests.conftest import REPO, ClusterHandle
 
+T = TypeVar("T")
 
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0, every: float = 0.2) -> None:
-    """Poll ``predicate``; fail the test with ``what`` when it stays false past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+
+def wait_until(what: str, predicate: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2) -> T:
+    """:func:`tests.waiting.wait_until` at the pace of a cluster (every 0.2 s, 30 s by default)."""
+    return waiting.wait_until(what, predicate, timeout, every)
 
 
 def free_port() -> int:
@@ -126,6 +125,26 @@ class DaemonProcess:
         assert reply is not None and reply.body["ok"], reply
         data: dict[str, Any] = reply.body["data"]
         return data
+
+    def wait_rounds(self, count: int, timeout: float | None = None) -> dict[str, Any]:
+        """Wait until ``count`` rounds that began after this call have finished; the status after the last.
+
+        A round that began after something the daemon could act on has had its chance to act: wait for one before
+        asserting that the daemon did *not* do something. A round's ``at`` is the daemon's wall clock, which the
+        test shares (one host); rounds the polling misses are not counted, so it may wait longer, never shorter.
+        """
+        since = time.time()
+        began: set[float] = set()
+
+        def finished() -> dict[str, Any] | None:
+            status = self.status()
+            last = status["last_round"]
+            if last is not None and last["at"] > since:
+                began.add(last["at"])
+            return status if len(began) >= count else None
+
+        bound = timeout if timeout is not None else self.interval_s * (count + 2) + 20
+        return wait_until(f"{count} rounds of the daemon after {since:.3f}", finished, bound)
 
     def status_jobs(self) -> list[dict[str, Any]]:
         """``amoebactl jobs`` as data."""

@@ -253,8 +253,9 @@ class Bench:
             samples: list[tuple[float, float]] = []
             stop = threading.Event()
 
-            # GPUs of the nodes that can run jobs (a drained node is nobody's to fill).
-            total = sum(n.gpus_total for n in self.client.nodes() if n.is_usable)
+            # GPUs of the nodes that can run jobs (a drained node is nobody's to fill; the sharing partition's are
+            # no regular job's).
+            total = sum(n.gpus_total for n in self.client.nodes(partition=self.args.regular_partition) if n.is_usable)
             self.usable_gpus = total
 
             foreign: set[int] = set()

@@ -87,6 +87,7 @@ CONFIGURATIONS: dict[str, Configuration] = {
     ),
     "sjf-ffs": Configuration(lambda: make_policy("sjf-ffs"), elastic_fraction=0.0),
     "sjf-bsbf": Configuration(lambda: make_policy("sjf-bsbf"), elastic_fraction=0.0),
+    "antman": Configuration(lambda: make_policy("antman"), elastic_fraction=0.0),
     "goodput": Configuration(lambda: make_policy("goodput")),
     "goodput, adaptive batches": Configuration(lambda: make_policy("goodput"), adaptive_fraction=1.0),
     "goodput, packed with moves": Configuration(lambda: make_policy("goodput", pack=True), adaptive_fraction=1.0),

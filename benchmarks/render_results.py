@@ -87,6 +87,16 @@ CATALOG: tuple[Entry, ...] = (
         "scripts/sim-report --only goodput --json docs/results/sim-goodput.json",
     ),
     Entry(
+        "sim-share",
+        "GPU sharing: SJF-BSBF and AntMan's opportunistic mode against the daemon's default",
+        "The live pairing code (`policy/pairing.py`: the benefit rule, the sub-batch searched in the memory a host "
+        "leaves, AntMan's pacing) on the 8 shared Pollux workloads at every load, 16 x 4 GPUs, Gavel's co-location "
+        "throughputs as the pairs' slowdowns: mean average JCT of `sjf-bsbf` and `antman` against `amoebad` (the "
+        "daemon's default, without sharing; jobs rigid as the sharers', and every job elastic) and against the "
+        "same shortest-first admission that never pairs, beside SJF-BSBF's published gain.",
+        "scripts/bench-share-sim --json docs/results/sim-share.json",
+    ),
+    Entry(
         "sim-speed",
         "Simulator speed and one decision of each policy",
         "Wall and CPU time of all workloads x all policies at 1.0x, FIFO over the whole philly.csv, and one "

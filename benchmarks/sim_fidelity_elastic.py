@@ -440,8 +440,8 @@ class ReplayWorkModel(WorkModel):
         super().__init__(start_s + work_s + exit_s, 1, alpha)
         self.epoch_ends = [start_s, start_s + work_s, start_s + work_s + exit_s]
 
-    def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
-        return super().rate(placement, epoch, shared) if epoch == 1 else 1.0
+    def rate(self, placement: tuple[int, ...], epoch: int, micro_batch: int | None) -> float:
+        return super().rate(placement, epoch, micro_batch) if epoch == 1 else 1.0
 
 
 def simulate(

@@ -135,7 +135,7 @@ def _handle() -> ClusterHandle:
     env = dict(os.environ)
     conf = CLUSTER_DIR / "etc" / "slurm.conf"
     env["SLURM_CONF"] = str(conf)
-    nodes = CliSlurmClient(env).nodes()
+    nodes = CliSlurmClient(env).nodes(partition="batch")  # the sharing partition's node (n5) is no regular one
     text = conf.read_text()
     grace = next(
         int(word.split("=", 1)[1])

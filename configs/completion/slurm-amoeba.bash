@@ -9,13 +9,14 @@ _slurm_amoeba_complete() {
     COMPREPLY=($(compgen -W "${table[${path:-.}]}" -- "${COMP_WORDS[COMP_CWORD]}"))
 }
 declare -gA _slurm_amoeba_amoebactl=(
-    [.]='--endpoint --help --json --timeout --version -h drain jobs pin policy resize resume status unpin watch'
+    [.]='--endpoint --help --json --timeout --version -h drain jobs pin policy resize resume share status unpin watch'
     [status]='--endpoint --help --json --timeout -h'
     [jobs]='--endpoint --help --json --timeout -h'
     [resize]='--endpoint --help --json --local --reason --state-dir --timeout -h'
     [watch]='--endpoint --help --interval --json --timeout -h'
     [pin]='--endpoint --help --json --timeout -h'
     [unpin]='--endpoint --help --json --timeout -h'
+    [share]='--endpoint --help --json --timeout --workers -h'
     [drain]='--endpoint --help --json --timeout -h'
     [resume]='--endpoint --help --json --timeout -h'
     [policy]='--endpoint --help --json --timeout -h'
@@ -26,7 +27,7 @@ declare -gA _slurm_amoeba_amoebad=(
 )
 complete -o default -F _slurm_amoeba_complete amoebad
 declare -gA _slurm_amoeba_amoeba_sbatch=(
-    [.]='--cpus-per-worker --daemon --dry-run --elastic --elastic-partition --gpus-per-worker --help --mem-per-worker --restart --slurm-release --test-only -h'
+    [.]='--cpus-per-worker --daemon --dry-run --elastic --elastic-partition --gpus-per-worker --help --mem-per-worker --restart --share --share-partition --slurm-release --test-only -h'
 )
 complete -o default -F _slurm_amoeba_complete amoeba-sbatch
 declare -gA _slurm_amoeba_amoeba_sim=(

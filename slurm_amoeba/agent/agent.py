@@ -57,6 +57,7 @@ from slurm_amoeba.agent.plan import (
     MainGroupEnded,
     NodeFailing,
     Observation,
+    PlaceBeside,
     ReleaseSatellite,
     Requeue,
     RestartFromCheckpoint,
@@ -183,6 +184,7 @@ class Agent:
         self._stop_reason = ""
         self._requeue_reason = ""
         self._vacate = ""  # a node the daemon asked the job's satellites to move off (:meth:`order_move`)
+        self._beside: PlaceBeside | None = None  # where the daemon asked the next growth to go (:meth:`order_beside`)
         self.life = JobLife(config, self.journal, self.prefix, before_requeue)
         self.new_coordinator = new_coordinator or (lambda: default_coordinator(config))
         self._main_step: RunningStep | None = None
@@ -276,7 +278,7 @@ class Agent:
                 ntasks=spec.min_workers,
                 het_group=self.config.main_het_group,
                 cpus_per_task=spec.cpus_per_worker,
-                gpus_per_task=spec.gpus_per_worker,
+                gpus_per_task=0 if self.config.share is not None else spec.gpus_per_worker,  # shards: inherited
                 name=MAIN_STEP_NAME,
                 output=str(self.config.state_dir / f"worker-g0{run}-%t.log"),
             ),
@@ -470,6 +472,7 @@ class Agent:
             now=now,
             target=self.target,
             vacate=self._take_move(),
+            beside=self._take_beside(),
             groups=self.groups,
             coordinator=CoordinatorSeen.of(view),
             satellites=satellites,
@@ -560,7 +563,8 @@ class Agent:
     def _submit(self, action: SubmitSatellite) -> bool:
         """Submit a satellite; on a refusal lower the target as the plan said. Returns whether Slurm took it."""
         try:
-            job = self.satellites.submit(action.group, action.workers, self.worker_env(), action.exclude)
+            beside = (action.beside, action.node) if action.beside is not None else None
+            job = self.satellites.submit(action.group, action.workers, self.worker_env(), action.exclude, beside)
         except (SlurmCommandError, AmoebaError, OSError) as exc:
             log.error("%s could not submit a satellite for %d workers: %s", self.prefix, action.workers, exc)
             self.journal.event("grow_failed", workers=action.workers, error=str(exc))
@@ -614,6 +618,18 @@ class Agent:
         log.info("%s moving its satellites off %s (%s)", self.prefix, node, reason or "no reason given")
         self.journal.event("move_requested", node=node, target=self.target, reason=reason)
         self._vacate = node
+
+    def order_beside(self, order: PlaceBeside, reason: str) -> None:
+        """The daemon's share (a directive's ``place_beside``): the growth it ordered goes beside job
+        ``order.host``, one satellite of one shard per worker on the nodes named (the next round does it)."""
+        log.info("%s placing workers beside job %s on %s (%s)", self.prefix, order.host, dict(order.nodes), reason)
+        self.journal.event("share_requested", host=order.host, nodes=dict(order.nodes), role=order.role, reason=reason)
+        self._beside = order
+
+    def _take_beside(self) -> PlaceBeside | None:
+        """The share ordered since the last round, or None; the order is taken (one round's)."""
+        order, self._beside = self._beside, None
+        return order
 
     def _take_move(self) -> str:
         """The node of the move ordered since the last round, or ""; the order is taken (one round's)."""
@@ -673,6 +689,11 @@ class Agent:
             return
         if msg.body.get("vacate"):
             self.order_move(str(msg.body["vacate"]), str(msg.body["reason"]))
+        place = msg.body.get("place_beside")
+        if place is not None:  # checked by the protocol (core/messages.check_place_beside)
+            nodes = {str(node): int(count) for node, count in place["nodes"].items()}
+            order = PlaceBeside(str(place["host"]), str(place["partition"]), nodes, str(place["role"]))
+            self.order_beside(order, str(msg.body["reason"]))
         channel.answer(req, msg.reply(data={"size": self.coordinator.view().world_size, "target": target}))
 
     def planned_size(self) -> int:
@@ -711,6 +732,11 @@ class Agent:
                 "gpus_per_worker": spec.gpus_per_worker,
                 "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
                 "elastic_partition": self.config.elastic_partition,
+                **(
+                    {"share": self.config.share, "share_partition": self.config.share_partition}
+                    if self.config.share is not None
+                    else {}
+                ),
             }
         )
 

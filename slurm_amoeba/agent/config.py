@@ -19,6 +19,7 @@ from pathlib import Path
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.jobenv import ENV_DAEMON_UID
 from slurm_amoeba.core.messages import quote
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION
 from slurm_amoeba.core.spec import ElasticSpec
 
 #: The site file the agent reads the daemon's identity from when the job's environment does not carry it.
@@ -117,6 +118,9 @@ class AgentConfig:
         poll_s: how often the agent looks at Slurm and the coordinator.
         report_s: how often it reports to the daemon.
         coordinator: further coordinator settings (timeouts).
+        share: the job's GPU sharing mode (``AMOEBA_SHARE``; its minimum workers hold shards, not GPUs, and it may
+            be told to place workers beside another job), or None.
+        share_partition: the partition of the sharing nodes (``AMOEBA_SHARE_PARTITION``).
     """
 
     job_id: str
@@ -137,6 +141,8 @@ class AgentConfig:
     poll_s: float = 0.5
     report_s: float = 2.0
     coordinator: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    share: str | None = None
+    share_partition: str = DEFAULT_SHARE_PARTITION
 
     def __post_init__(self) -> None:
         if not self.command:

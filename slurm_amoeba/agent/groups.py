@@ -49,6 +49,8 @@ class WorkerGroup:
         nodes: the nodes its satellite ran on, as squeue showed them when it started (empty while unknown).
         failure: the class of the failure that took its workers (runtime/failures.py), None when none did (a
             shrink, the end of training, a preemption).
+        beside: the job whose GPU the group's satellite shares (GPU sharing, :mod:`slurm_amoeba.core.sharing`), or
+            "" for a group on GPUs of its own.
     """
 
     name: str
@@ -63,6 +65,7 @@ class WorkerGroup:
     leaving: set[str] = dataclasses.field(default_factory=set)
     nodes: tuple[str, ...] = ()
     failure: FailureClass | None = None
+    beside: str = ""
 
     @property
     def active_workers(self) -> list[str]:
@@ -90,6 +93,7 @@ class WorkerGroup:
             "end_reason": self.end_reason,
             "nodes": list(self.nodes),
             "failure": self.failure.value if self.failure is not None else None,
+            "beside": self.beside,
         }
 
 
@@ -116,7 +120,8 @@ def node_failures(groups: Sequence[WorkerGroup]) -> dict[str, int]:
 def choose_leavers(groups: list[WorkerGroup], remove: int) -> list[tuple[WorkerGroup, list[str]]]:
     """Pick the workers that leave when the job shrinks by ``remove``.
 
-    Pending satellites go first (they cost no training), then the newest running satellites, whole groups before
+    Satellites beside another job go first (a shrink gives a shared GPU back to its host before a GPU of the job's
+    own), then pending satellites (they cost no training), then the newest running satellites, whole groups before
     parts of groups (a whole group frees its allocation). The main group never loses workers: it holds the
     job's minimum.
 
@@ -132,6 +137,7 @@ def choose_leavers(groups: list[WorkerGroup], remove: int) -> list[tuple[WorkerG
     pending = [g for g in candidates if g.state is GroupState.PENDING]
     running = [g for g in candidates if g.state is GroupState.RUNNING]
     newest_first = sorted(pending, key=lambda g: -g.requested_at) + sorted(running, key=lambda g: -g.requested_at)
+    newest_first.sort(key=lambda g: not g.beside)  # stable: beside another job first, each kind in the order above
     # Whole groups that fit entirely first, newest first; then a part of the newest remaining group.
     for group in newest_first:
         active = group.active_workers

@@ -37,6 +37,9 @@ ROOT_UID = 0
 #: round interval) is sent again this many times, this far apart, before the agent goes on to its loop.
 REGISTER_RETRIES = 8
 REGISTER_RETRY_S = 1.0
+#: Deadline of one attempt to register: an address that does not answer costs two of them (one retry) before the
+#: agent turns to the next.
+REGISTER_TIMEOUT_S = 3.0
 
 
 class DaemonLink:
@@ -172,12 +175,15 @@ class DaemonLink:
         self._registration = dict(registration)
         if not self.endpoint:
             return
-        reply = self._request(Message("register", self._registration), timeout_s=3, retries=1, level=logging.WARNING)
+        reply = self._request(
+            Message("register", self._registration), timeout_s=REGISTER_TIMEOUT_S, retries=1, level=logging.WARNING
+        )
         for _ in range(REGISTER_RETRIES):  # the daemon has not read Slurm's record of the job yet: ask again soon
             if reply is None or reply.body["ok"] or RETRY_SOON not in str(reply.body["error"]):
                 break
             time.sleep(REGISTER_RETRY_S)
-            reply = self._request(Message("register", self._registration), timeout_s=3, retries=0, level=logging.DEBUG)
+            again = Message("register", self._registration)
+            reply = self._request(again, timeout_s=REGISTER_TIMEOUT_S, retries=0, level=logging.DEBUG)
         if reply is None:
             return
         if reply.body["ok"]:

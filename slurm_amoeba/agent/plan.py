@@ -24,7 +24,10 @@ What a round decides, in this order (DESIGN.md, control flow: the agent's part o
    shrink by asking chosen workers to leave (:func:`~slurm_amoeba.agent.groups.choose_leavers`; a satellite that
    has not started yet is released instead, and a smaller one replaces it when only part of it had to go). A
    move the daemon asked for (``vacate``: a rigid job is to start whole on that node) asks every running
-   satellite on the node to leave and grows the same workers back in satellites that exclude the node.
+   satellite on the node to leave and grows the same workers back in satellites that exclude the node. Workers
+   the daemon asked to place beside another job (``beside``: GPU sharing, :mod:`slurm_amoeba.core.sharing`) grow
+   first, one satellite per worker on the named node; a shrink takes them back first
+   (:func:`~slurm_amoeba.agent.groups.choose_leavers`).
 
 Workers lost without a shrink lower the target to what the job still has, never below its minimum, when Slurm took
 them back (preemption) or their own code failed: the job does not fight Slurm for them, nor burn GPUs on a bug; the
@@ -132,6 +135,7 @@ class Observation:
             job is lost or its main group ended), else None.
         restarts_left: how many more times the job may restart from a disk checkpoint in this allocation.
         vacate: a node the daemon asked the job's running satellites to leave this round, the size kept, or "".
+        beside: where the daemon asked this round's growth to go beside another job (GPU sharing), or None.
     """
 
     now: float
@@ -146,6 +150,24 @@ class Observation:
     checkpoint_step: int | None = None
     restarts_left: int = 0
     vacate: str = ""
+    beside: PlaceBeside | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaceBeside:
+    """The daemon's order to place new workers beside another job (a directive's ``place_beside``).
+
+    Attributes:
+        host: the job whose GPUs they share.
+        partition: the sharing partition the host runs in.
+        nodes: node name -> workers to place there.
+        role: the new workers' part (:class:`~slurm_amoeba.core.sharing.ShareRole` value).
+    """
+
+    host: str
+    partition: str
+    nodes: Mapping[str, int]
+    role: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +315,8 @@ class SubmitSatellite:
 
     If Slurm refuses it, the target becomes ``target_if_refused`` (what the job has and is getting without it) and
     the round's further submissions are dropped: the daemon or the user asks again. ``exclude``: nodes where the
-    job lost workers to an infrastructure failure.
+    job lost workers to an infrastructure failure. ``beside``: the order it follows to run beside another job on
+    ``node`` (one shard of a GPU there), or None for a satellite on GPUs of its own.
     """
 
     group: str
@@ -301,6 +324,8 @@ class SubmitSatellite:
     at: float
     target_if_refused: int
     exclude: tuple[str, ...] = ()
+    beside: PlaceBeside | None = None
+    node: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +372,13 @@ ENDING_ACTIONS = (Stop, Requeue, JobFailed, MainGroupEnded, StopMainStep)
 def new_satellite_group(action: SubmitSatellite, slurm_job: int) -> WorkerGroup:
     """The group of a satellite that Slurm accepted as job ``slurm_job``."""
     return WorkerGroup(
-        action.group, True, worker_ids(action.group, action.workers), slurm_job, GroupState.PENDING, action.at
+        action.group,
+        True,
+        worker_ids(action.group, action.workers),
+        slurm_job,
+        GroupState.PENDING,
+        action.at,
+        beside=action.beside.host if action.beside is not None else "",
     )
 
 
@@ -550,6 +581,8 @@ class _Round:
         if self.target < planned_size(self.groups):
             self.shrink(planned_size(self.groups) - self.target)
         # A shrink by part of a pending satellite releases all of it: a smaller one replaces it.
+        if self.target > planned_size(self.groups) and self.seen.beside is not None:
+            self.grow_beside(self.seen.beside, self.target - planned_size(self.groups))
         if self.target > planned_size(self.groups):
             self.grow(self.target - planned_size(self.groups), avoid)
 
@@ -569,6 +602,15 @@ class _Round:
             exclude = tuple(sorted({*node_failures(self.groups), *avoid}))
             self.emit(SubmitSatellite(name, chunk, self.seen.now, planned_size(self.groups), exclude))
             count -= chunk
+
+    def grow_beside(self, order: PlaceBeside, count: int) -> None:
+        """Up to ``count`` workers beside ``order.host``: one satellite per worker (Slurm gives a job's shards on a
+        node from one GPU), on the nodes the order names."""
+        for node, workers in sorted(order.nodes.items()):
+            for _ in range(min(workers, count)):
+                name = f"g{len(self.groups)}"
+                self.emit(SubmitSatellite(name, 1, self.seen.now, planned_size(self.groups), beside=order, node=node))
+                count -= 1
 
     def shrink(self, count: int) -> None:
         for group, leavers in choose_leavers(self.groups, count):

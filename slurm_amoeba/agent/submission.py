@@ -6,6 +6,9 @@ group on one node. Besides its partition, name and comment, it carries its paren
 node features** — read from the parent job's own record as squeue reports it (:meth:`ParentTerms.of`) — so that a
 site that requires an account, or a job that must run on some kind of node, grows like it started — and excludes
 (``--exclude``) the nodes where the job lost workers to an infrastructure failure (:mod:`slurm_amoeba.agent.plan`).
+A satellite **beside another job** (GPU sharing, :mod:`slurm_amoeba.core.sharing`) is one worker in the sharing
+partition on the host's node (``--nodelist``), holding the one shard of a GPU a host leaves (``--gres=shard:1``)
+instead of GPUs; its worker learns its role and host from its environment.
 :class:`SatelliteSlurm` is the agent's Slurm side for its satellites: it submits, polls and cancels them.
 """
 
@@ -17,7 +20,9 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 
 from slurm_amoeba.agent.config import AgentConfig
+from slurm_amoeba.agent.plan import PlaceBeside
 from slurm_amoeba.core.errors import AmoebaError
+from slurm_amoeba.core.sharing import ENV_SHARE_HOST, ENV_SHARE_ROLE, SHARER_SHARDS
 from slurm_amoeba.slurm.client import SlurmClient, independent_job_env
 from slurm_amoeba.slurm.records import JobRecord
 from slurm_amoeba.slurm.runner import SlurmCommandError
@@ -66,8 +71,9 @@ class ParentTerms:
         return tuple(f"--{key}={value}" for key, value in pairs if value)
 
 
-def satellite_entry(config: AgentConfig, group: str, workers: int) -> list[str]:
-    """The satellite's batch command: :mod:`slurm_amoeba.agent.entry` in ``satellite`` mode, then the user's."""
+def satellite_entry(config: AgentConfig, group: str, workers: int, *, shards: bool = False) -> list[str]:
+    """The satellite's batch command: :mod:`slurm_amoeba.agent.entry` in ``satellite`` mode, then the user's.
+    ``shards``: the satellite holds shards, which its step inherits (it asks for no GPU of its own)."""
     spec = config.spec
     return [
         sys.executable,
@@ -83,7 +89,7 @@ def satellite_entry(config: AgentConfig, group: str, workers: int) -> list[str]:
         "--cpus-per-task",
         str(spec.cpus_per_worker),
         "--gpus-per-task",
-        str(spec.gpus_per_worker),
+        str(0 if shards else spec.gpus_per_worker),
         "--log-dir",
         str(config.state_dir),
         "--",
@@ -118,10 +124,40 @@ def satellite_options(
     )
 
 
+def beside_options(config: AgentConfig, group: str, terms: ParentTerms, order: PlaceBeside, node: str) -> SubmitOptions:
+    """sbatch options of group ``group``'s satellite of one worker beside job ``order.host`` on ``node``: the
+    sharing partition, that node, one shard (the parent's account, QOS and reservation; no node features: the node
+    is named)."""
+    spec = config.spec
+    terms = dataclasses.replace(terms, constraint="")
+    return SubmitOptions(
+        name=satellite_name(config.job_id, group),
+        comment=parent_comment(config.job_id),
+        partition=order.partition,
+        nodes=1,
+        ntasks=1,
+        cpus_per_task=spec.cpus_per_worker,
+        time_min=config.satellite_time_min,
+        mem_mb=spec.mem_per_worker_mb or None,
+        output=str(config.state_dir / f"satellite-{group}.log"),
+        nodelist=node,
+        extra=(f"--gres=shard:{SHARER_SHARDS}", *terms.sbatch_args()),
+    )
+
+
 def satellite_script(
-    config: AgentConfig, group: str, workers: int, terms: ParentTerms, exclude: Sequence[str] = ()
+    config: AgentConfig,
+    group: str,
+    workers: int,
+    terms: ParentTerms,
+    exclude: Sequence[str] = (),
+    beside: tuple[PlaceBeside, str] | None = None,
 ) -> str:
-    """The whole batch script of a satellite (``#SBATCH`` lines, then its entry)."""
+    """The whole batch script of a satellite (``#SBATCH`` lines, then its entry); ``beside``: (the order, the node)
+    of a satellite beside another job."""
+    if beside is not None:
+        options = beside_options(config, group, terms, *beside)
+        return render_batch_script([options], [satellite_entry(config, group, 1, shards=True)])
     options = satellite_options(config, group, workers, terms, exclude)
     return render_batch_script([options], [satellite_entry(config, group, workers)])
 
@@ -179,7 +215,14 @@ class SatelliteSlurm:
             log.info("%s satellites carry %s", self._prefix, self._terms)
         return self._terms
 
-    def submit(self, group: str, workers: int, env: Mapping[str, str], exclude: Sequence[str] = ()) -> int:
+    def submit(
+        self,
+        group: str,
+        workers: int,
+        env: Mapping[str, str],
+        exclude: Sequence[str] = (),
+        beside: tuple[PlaceBeside, str] | None = None,
+    ) -> int:
         """Write group ``group``'s satellite script to the state directory and submit it; returns its job id.
 
         Args:
@@ -187,13 +230,17 @@ class SatelliteSlurm:
             workers: its workers.
             env: the workers' environment (the satellite inherits it, less the parent job's ``SLURM_*``).
             exclude: nodes it must not run on.
+            beside: (the daemon's order, the node) for a satellite beside another job; its worker's environment
+                also names its role and host.
 
         Raises:
             SlurmCommandError, AmoebaError: squeue or sbatch failed, or refused the job.
             OSError: the script could not be written.
         """
         script = self.config.state_dir / f"satellite-{group}.sh"
-        script.write_text(satellite_script(self.config, group, workers, self.parent_terms(), exclude))
+        script.write_text(satellite_script(self.config, group, workers, self.parent_terms(), exclude, beside))
+        if beside is not None:
+            env = {**env, ENV_SHARE_ROLE: beside[0].role, ENV_SHARE_HOST: beside[0].host}
         return self.slurm.submit(script, SubmitOptions(), env=independent_job_env(env))
 
     def cancel(self, job: int) -> None:

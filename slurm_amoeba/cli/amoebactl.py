@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     pin.add_argument("job", help="Slurm job id")
     unpin = sub.add_parser("unpin", parents=[common], help="let the policy resize a job again")
     unpin.add_argument("job", help="Slurm job id")
+    share = sub.add_parser(
+        "share", parents=[common], help="place new workers of a job beside another job's on its GPUs (operators)"
+    )
+    share.add_argument("job", help="Slurm job id of the sharer (submitted with --share=opportunistic)")
+    share.add_argument("host", help="Slurm job id of the job whose GPUs it shares (submitted with --share)")
+    share.add_argument("node", help="a node the host runs on")
+    share.add_argument("--workers", type=int, default=1, help="workers to place there (default 1)")
     sub.add_parser(
         "drain", parents=[common], help="shrink every elastic job to its minimum and keep it there (operators)"
     )
@@ -102,6 +109,8 @@ def _message(args: argparse.Namespace) -> Message:
         return Message("resize", {"job_id": args.job, "target": args.workers, "reason": args.reason})
     if command in ("pin", "unpin"):
         return Message("pin", {"job_id": args.job, "pinned": command == "pin"})
+    if command == "share":
+        return Message("share", {"job_id": args.job, "host": args.host, "nodes": {args.node: args.workers}})
     if command == "policy":
         return Message("policy_show", {})
     return Message(command, {})
@@ -247,6 +256,8 @@ def _format(command: str, data: Mapping[str, Any]) -> str:
         return f"the job's agent accepted: size {data.get('size')} -> target {data.get('target')}{note}"
     if command in ("pin", "unpin"):
         return f"job {data['job_id']} is {'pinned' if data['pinned'] else 'no longer pinned'}"
+    if command == "share":
+        return f"job {data['job_id']} goes beside job {data['host']} on {data['nodes']} at the daemon's next round"
     return "draining: every elastic job goes to its minimum" if data.get("draining") else "resumed: the policy decides"
 
 

@@ -19,6 +19,11 @@ variable                     meaning (default)
                              ``daemon_user=``); the agent trusts only this uid's directives and replies (none: the
                              site file ``/etc/slurm-amoeba/daemon.conf``, else only a daemon of the job's own uid)
 ``AMOEBA_STATE_DIR``         the agent's status file and the workers' logs (``./amoeba-<job id>``)
+``AMOEBA_SHARE``             the job opted in to GPU sharing (docs/admin.md, "Sharing GPUs"): ``guaranteed`` (its
+                             GPUs may host another opted-in job's worker, which yields to it) or ``opportunistic``
+                             (besides, its own extra workers may be placed beside another job's); none: never shared
+``AMOEBA_SHARE_PARTITION``   the partition of the sharing nodes, where such a job's minimum workers hold shards
+                             (``share``)
 ``AMOEBA_PARENT_JOB``        set by the agent for its workers: the elastic job's id, also inside satellites
 ``AMOEBA_JOB_FOLDER``        set by the executor: the submitit job folder holding the pickled function
 ============================ ===================================================================================
@@ -34,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import SpecError
+from slurm_amoeba.core.sharing import SHARE_MODES, share_mode_error
 from slurm_amoeba.core.spec import ElasticSpec
 
 ENV_ELASTIC_MIN = "AMOEBA_ELASTIC_MIN"
@@ -44,6 +50,8 @@ ENV_CPUS_PER_WORKER = "AMOEBA_CPUS_PER_WORKER"
 ENV_DAEMON_ENDPOINT = "AMOEBA_DAEMON_ENDPOINT"
 ENV_DAEMON_UID = "AMOEBA_DAEMON_UID"
 ENV_STATE_DIR = "AMOEBA_STATE_DIR"
+ENV_SHARE = "AMOEBA_SHARE"
+ENV_SHARE_PARTITION = "AMOEBA_SHARE_PARTITION"
 ENV_PARENT_JOB = "AMOEBA_PARENT_JOB"
 ENV_JOB_FOLDER = "AMOEBA_JOB_FOLDER"
 
@@ -75,11 +83,15 @@ class JobEnv:
         daemon_endpoint: ``AMOEBA_DAEMON_ENDPOINT``; None: no daemon.
         daemon_uid: ``AMOEBA_DAEMON_UID``; None: not configured by the site's plugstack line.
         state_dir: ``AMOEBA_STATE_DIR``; None: ``./amoeba-<job id>``.
+        share: ``AMOEBA_SHARE``, one of :data:`SHARE_MODES`; None: the job never shares a GPU.
+        share_partition: ``AMOEBA_SHARE_PARTITION``; None: ``share``
+            (:data:`~slurm_amoeba.core.sharing.DEFAULT_SHARE_PARTITION`).
         parent_job: ``AMOEBA_PARENT_JOB``; None outside a worker.
         job_folder: ``AMOEBA_JOB_FOLDER``; None outside an executor's job.
 
     Raises:
-        SpecError: (on construction) a count below its minimum, MAX without MIN or below it, or an empty name.
+        SpecError: (on construction) a count below its minimum, MAX without MIN or below it, an empty name, or a
+            sharing mode that is not one of :data:`SHARE_MODES`.
     """
 
     min_workers: int | None = dataclasses.field(default=None, metadata=_env(ENV_ELASTIC_MIN, 1))
@@ -90,6 +102,8 @@ class JobEnv:
     daemon_endpoint: str | None = dataclasses.field(default=None, metadata=_env(ENV_DAEMON_ENDPOINT))
     daemon_uid: int | None = dataclasses.field(default=None, metadata=_env(ENV_DAEMON_UID, 0))
     state_dir: str | None = dataclasses.field(default=None, metadata=_env(ENV_STATE_DIR))
+    share: str | None = dataclasses.field(default=None, metadata=_env(ENV_SHARE))
+    share_partition: str | None = dataclasses.field(default=None, metadata=_env(ENV_SHARE_PARTITION))
     parent_job: str | None = dataclasses.field(default=None, metadata=_env(ENV_PARENT_JOB))
     job_folder: str | None = dataclasses.field(default=None, metadata=_env(ENV_JOB_FOLDER))
 
@@ -104,6 +118,8 @@ class JobEnv:
                     raise SpecError(f"{name}={value!r} is invalid: give a whole number of at least {minimum}")
             elif not isinstance(value, str) or not value or "\n" in value or "\0" in value:
                 raise SpecError(f"{name}={value!r} is invalid: give a non-empty value on one line")
+        if self.share is not None and self.share not in SHARE_MODES:
+            raise SpecError(share_mode_error(self.share, ENV_SHARE))
         if self.max_workers is not None:
             if self.min_workers is None:
                 raise SpecError(
@@ -172,6 +188,8 @@ class JobEnv:
         elastic_partition: str = DEFAULT_ELASTIC_PARTITION,
         daemon_endpoint: str | None = None,
         state_dir: str | None = None,
+        share: str | None = None,
+        share_partition: str | None = None,
     ) -> JobEnv:
         """The settings of a job of ``spec``: its range and per-worker resources, and where it grows and reports.
 
@@ -186,6 +204,8 @@ class JobEnv:
             cpus_per_worker=spec.cpus_per_worker,
             daemon_endpoint=daemon_endpoint,
             state_dir=state_dir,
+            share=share,
+            share_partition=share_partition,
         )
 
     @property

@@ -11,7 +11,9 @@ Kinds and who sends them:
 kind                sender           body
 ==================  ===============  ==============================================================================
 ``register``        agent -> daemon  ``job_id``, ``endpoint`` (where the agent takes directives), ``min_workers``,
-                                     ``max_workers``, ``gpus_per_worker``, ``partition``, ``elastic_partition``
+                                     ``max_workers``, ``gpus_per_worker``, ``partition``, ``elastic_partition``;
+                                     optional ``share`` (the job's sharing mode, :data:`SHARE_MODES`) and
+                                     ``share_partition`` (where its minimum workers hold shards)
 ``report``          agent -> daemon  ``job_id``, ``size``, ``generation``, ``target`` (size being reached),
                                      ``throughput`` (``{"<size>": samples/s}``), ``history`` (events),
                                      ``satellites`` (Slurm job ids); optional ``adaptive`` (an adaptive-batch
@@ -23,8 +25,13 @@ kind                sender           body
                                      chose for ``target`` workers, 1 to :data:`MAX_BATCH`) and ``vacate`` (a node
                                      name, :data:`NODE_NAME`: move the job's satellites off it, keeping the size)
                                      and ``fence`` (from a daemon of a standby pair: its lease generation; an agent
-                                     refuses a directive whose fence is older than one it has seen)
+                                     refuses a directive whose fence is older than one it has seen) and
+                                     ``place_beside`` (GPU sharing: ``{"host", "partition", "nodes", "role"}``, the
+                                     new workers run beside job ``host``, ``nodes[node]`` of them on each node,
+                                     in satellites of one shard in ``partition``; :func:`check_place_beside`)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
+``share``           ctl -> daemon    ``job_id``, ``host``, ``nodes`` (an operator places ``nodes[node]`` new workers
+                                     of job ``job_id`` beside job ``host``: a share applied at the next round)
 ``drain``           ctl -> daemon    (empty): shrink every elastic job to its minimum, and keep it there
 ``resume``          ctl -> daemon    (empty): end a drain; the policy decides again
 ``status``          ctl -> daemon    (empty)
@@ -49,6 +56,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.sharing import SHARE_MODES, ShareRole
 
 PROTOCOL_VERSION = 1
 
@@ -101,6 +109,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "resize": {"job_id": (str,), "target": (int,), "reason": (str,)},
     "pin": {"job_id": (str,), "pinned": (bool,)},
+    "share": {"job_id": (str,), "host": (str,), "nodes": (dict,)},
     "drain": {},
     "resume": {},
     "status": {},
@@ -112,9 +121,16 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 # Fields a kind may carry but need not (older senders leave them out), checked like :data:`SCHEMAS`' fields.
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {"offset": (int,), "limit": (int,)},
+    "register": {"share": (str,), "share_partition": (str,)},
     "report": {"adaptive": (dict,), "plans": (dict,)},
-    "resize": {"batch": (int,), "vacate": (str,), "fence": (int,)},
+    "resize": {"batch": (int,), "vacate": (str,), "fence": (int,), "place_beside": (dict,)},
 }
+#: The most workers one ``place_beside`` puts on one node (a node's GPUs, each holding one host and one sharer).
+MAX_BESIDE_PER_NODE = 64
+#: The most nodes one ``place_beside`` names.
+MAX_BESIDE_NODES = 64
+_JOB_ID = re.compile(r"[0-9]{1,12}")
+_PARTITION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _NONE = type(None)
 #: A report's ``adaptive`` object: field -> (accepted types, required). Values are checked for type, finiteness and
 #: count here, for range by the daemon (``daemon/agents.py``). ``step_time_s`` holds at most :data:`MAX_STEP_TIMES`
@@ -244,6 +260,40 @@ def check_adaptive(adaptive: Mapping[str, Any]) -> None:
             )
 
 
+def check_place_beside(place: Mapping[str, Any]) -> None:
+    """Check a directive's ``place_beside`` object: ``host`` a job id, ``partition`` a partition name, ``nodes`` node
+    name -> 1 to :data:`MAX_BESIDE_PER_NODE` workers (1 to :data:`MAX_BESIDE_NODES` nodes), ``role`` a
+    :class:`~slurm_amoeba.core.sharing.ShareRole` value.
+
+    Raises:
+        ProtocolError: the first field that is wrong, named with its value.
+    """
+    fields = ("host", "partition", "nodes", "role")
+    if set(place) != set(fields):
+        raise ProtocolError(f"resize: place_beside has fields {quote(sorted(place), 80)}, not {', '.join(fields)}")
+    host, partition, nodes, role = (place[name] for name in fields)
+    if not isinstance(host, str) or _JOB_ID.fullmatch(host) is None:
+        raise ProtocolError(f"resize: place_beside host {quote(host)} is not a job id")
+    if not isinstance(partition, str) or _PARTITION.fullmatch(partition) is None:
+        raise ProtocolError(f"resize: place_beside partition {quote(partition)} is not a partition name")
+    if role not in [r.value for r in ShareRole]:
+        raise ProtocolError(f"resize: place_beside role {quote(role)} is not one of {', '.join(SHARE_MODES)}")
+    _check_beside_nodes("resize: place_beside", nodes)
+
+
+def _check_beside_nodes(where: str, nodes: object) -> None:
+    """Node name -> 1 to :data:`MAX_BESIDE_PER_NODE` workers, 1 to :data:`MAX_BESIDE_NODES` nodes."""
+    if not isinstance(nodes, dict) or not 1 <= len(nodes) <= MAX_BESIDE_NODES:
+        raise ProtocolError(f"{where} nodes {quote(nodes)} is not 1 to {MAX_BESIDE_NODES} nodes")
+    for node, count in nodes.items():
+        if NODE_NAME.fullmatch(node) is None:
+            raise ProtocolError(f"{where} node {quote(node)} is not a node name")
+        if not _typed(count, (int,)) or not 1 <= count <= MAX_BESIDE_PER_NODE:
+            raise ProtocolError(
+                f"{where} nodes[{quote(node)}] = {quote(count)} is not 1 to {MAX_BESIDE_PER_NODE} workers"
+            )
+
+
 def _check_report(body: Mapping[str, Any]) -> None:
     history, throughput = body["history"], body["throughput"]
     if len(history) > MAX_HISTORY_EVENTS:
@@ -289,6 +339,16 @@ def _check_body(kind: str, body: Any) -> dict[str, Any]:
         raise ProtocolError(f"resize: batch {quote(body['batch'])} is not a global batch of 1 to {MAX_BATCH}")
     if kind == "resize" and "vacate" in body and NODE_NAME.fullmatch(body["vacate"]) is None:
         raise ProtocolError(f"resize: vacate {quote(body['vacate'])} is not a node name")
+    if kind == "resize" and "place_beside" in body:
+        check_place_beside(body["place_beside"])
+    if kind == "share":
+        if _JOB_ID.fullmatch(body["host"]) is None:
+            raise ProtocolError(f"share: host {quote(body['host'])} is not a job id")
+        _check_beside_nodes("share:", body["nodes"])
+    if kind == "register" and "share" in body and body["share"] not in SHARE_MODES:
+        raise ProtocolError(f"register: share {quote(body['share'])} is not one of {', '.join(SHARE_MODES)}")
+    if kind == "register" and "share_partition" in body and _PARTITION.fullmatch(body["share_partition"]) is None:
+        raise ProtocolError(f"register: share_partition {quote(body['share_partition'])} is not a partition name")
     return body
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_amoeba.core.messages import Message
+from slurm_amoeba.daemon.agents import Beside
 from slurm_amoeba.daemon.config import ConfigError, QueueOrder
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.refusals import Refusals
@@ -52,6 +53,7 @@ class Directive:
         token: anything the caller wants back with the outcome (a deferred ``amoebactl`` request).
         batch: the global batch the policy chose for ``target`` workers (an adaptive job), or None.
         vacate: a node whose satellites the job moves elsewhere, the size kept (whole-node moves), or "".
+        place_beside: where the growth goes beside another job (GPU sharing), or None.
     """
 
     job_id: str
@@ -63,6 +65,7 @@ class Directive:
     token: Any = None
     batch: int | None = None
     vacate: str = ""
+    place_beside: Beside | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +112,8 @@ class Actuator:
             order["batch"] = directive.batch
         if directive.vacate:
             order["vacate"] = directive.vacate
+        if directive.place_beside is not None:
+            order["place_beside"] = directive.place_beside.to_body()
         message = Message("resize", order)
         try:
             reply = request(

@@ -94,6 +94,9 @@ class Registration:
         gpus_per_worker: GPUs of one node each worker holds.
         partition: the partition of the job's own allocation.
         elastic_partition: where its satellites run.
+        share: the job's GPU sharing mode (:data:`~slurm_amoeba.core.sharing.SHARE_MODES`), or None: it never
+            shares a GPU.
+        share_partition: where its minimum workers hold shards (with ``share``).
     """
 
     job_id: str
@@ -103,6 +106,8 @@ class Registration:
     gpus_per_worker: int
     partition: str
     elastic_partition: str
+    share: str | None = None
+    share_partition: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Registration:
@@ -124,7 +129,44 @@ class Registration:
             value = str(body[field])
             if not re.match(rf"^[A-Za-z0-9_.\-]{{{shortest},64}}$", value):
                 raise AgentMessageError(f"{field}={value!r} is not a Slurm partition name")
-        return cls(job_id, endpoint, low, high, gpw, str(body["partition"]), str(body["elastic_partition"]))
+        share = body.get("share")  # checked by the protocol (core/messages.py)
+        return cls(
+            job_id,
+            endpoint,
+            low,
+            high,
+            gpw,
+            str(body["partition"]),
+            str(body["elastic_partition"]),
+            None if share is None else str(share),
+            str(body.get("share_partition", "")) if share is not None else "",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Beside:
+    """Workers of a job the daemon placed beside another job's (GPU sharing; a directive's ``place_beside``).
+
+    Attributes:
+        host: the job whose GPUs they share.
+        partition: the sharing partition.
+        nodes: node name -> the job's workers beside the host there.
+        role: their part (:class:`~slurm_amoeba.core.sharing.ShareRole` value).
+    """
+
+    host: str
+    partition: str
+    nodes: Mapping[str, int]
+    role: str
+
+    @property
+    def workers(self) -> int:
+        """The job's workers beside the host."""
+        return sum(self.nodes.values())
+
+    def to_body(self) -> dict[str, Any]:
+        """The directive's ``place_beside`` object."""
+        return {"host": self.host, "partition": self.partition, "nodes": dict(self.nodes), "role": self.role}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +387,7 @@ class AgentRecord:
         backoff_until: the policy leaves the job alone until then (after a refused or unanswered directive).
         adaptive: the latest adaptive-batch statistics its agent reported (kept while later reports carry none,
             e.g. after a restart, before the runtime's first step), or None for a fixed-batch job.
+        beside: the share the daemon ordered of the job (its workers beside another job's), or None.
     """
 
     registration: Registration
@@ -356,6 +399,7 @@ class AgentRecord:
     in_flight: InFlight | None = None
     backoff_until: float = 0.0
     adaptive: AdaptiveStats | None = None
+    beside: Beside | None = None
 
     @property
     def job_id(self) -> str:

@@ -139,6 +139,25 @@ class Admission:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sharing:
+    """Two opted-in jobs on one GPU (docs/admin.md, section 8e; off by default).
+
+    Attributes:
+        enabled: the site's switch: whether the daemon applies a policy's ``share`` actions (a policy that emits
+            them is refused while it is off).
+        partitions: partition -> the most workers of other jobs placed beside one host on one of its nodes there;
+            a host in a partition not named here hosts nobody.
+    """
+
+    enabled: bool = False
+    partitions: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def limit(self, partition: str) -> int:
+        """The most sharer workers beside one host per node in ``partition`` (0: none)."""
+        return self.partitions.get(partition, 0) if self.enabled else 0
+
+
+@dataclasses.dataclass(frozen=True)
 class HighAvailability:
     """An active/standby pair of daemons sharing a lease (docs/admin.md, "A standby daemon on a second host";
     :mod:`slurm_amoeba.daemon.lease`). Off while ``lease_dir`` is unset.
@@ -198,6 +217,7 @@ class DaemonConfig:
             own preemption of those satellites and the daemon's regrow did as well (docs/admin.md, section 8d).
         queue_order: ordering Slurm's queue by attained service.
         admission: admitting elastic jobs at their requested size.
+        sharing: two opted-in jobs on one GPU (off by default).
         ha: the standby pair's lease (off by default).
         slurm_timeout_s: deadline of one Slurm command.
         slurm_conf: ``SLURM_CONF`` for Slurm's commands; None: the environment's.
@@ -227,6 +247,7 @@ class DaemonConfig:
     whole_node_starts: bool = False
     queue_order: QueueOrder = dataclasses.field(default_factory=QueueOrder)
     admission: Admission = dataclasses.field(default_factory=Admission)
+    sharing: Sharing = dataclasses.field(default_factory=Sharing)
     ha: HighAvailability = dataclasses.field(default_factory=HighAvailability)
     slurm_timeout_s: float = DEFAULT_TIMEOUT_S
     slurm_conf: str | None = None
@@ -275,6 +296,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
             "partitions": list(base.admission.partitions),
             "users": list(base.admission.users),
         },
+        "sharing": {"enabled": base.sharing.enabled, "partitions": dict(base.sharing.partitions)},
         "ha": {
             "lease_dir": base.ha.lease_dir,
             "advertise": base.ha.advertise,
@@ -307,6 +329,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
         "slurm": nested["slurm"],
         "queue_order": nested["queue_order"],
         "admission": nested["admission"],
+        "sharing": nested["sharing"],
         "ha": nested["ha"],
         "state_file": base.state_file,
         "log_level": base.log_level,
@@ -534,6 +557,40 @@ def _admission(top: _Section) -> Admission:
     )
 
 
+#: The most sharer workers beside one host on one node a site may allow (a GPU holds one host and one sharer; a
+#: node this many GPUs).
+MAX_SHARERS_PER_NODE = 64
+
+
+def _sharing(top: _Section) -> Sharing:
+    section = top.section("sharing")
+    enabled = _flag(section, "enabled", Sharing().enabled)
+    raw = section.data.get("partitions") or {}
+    if not isinstance(raw, dict):
+        section.fail(
+            "sharing.partitions", raw, "give a mapping of partition names to sharer workers per node, e.g. {share: 4}"
+        )
+    partitions: dict[str, int] = {}
+    for name, limit in raw.items():
+        partition = _partition(section, "sharing.partitions", name)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_SHARERS_PER_NODE:
+            section.fail(
+                f"sharing.partitions.{partition}",
+                limit,
+                f"give the most sharer workers beside one host per node, a whole number from 0 to "
+                f"{MAX_SHARERS_PER_NODE} (its GPUs, e.g. 4)",
+            )
+        partitions[partition] = limit
+    if enabled and not any(partitions.values()):
+        section.fail(
+            "sharing.partitions",
+            raw,
+            "sharing.enabled is true but no partition may host a sharer: name the sharing partition and its sharers "
+            "per node, e.g. partitions: {share: 4}, or set sharing.enabled: false",
+        )
+    return Sharing(enabled=enabled, partitions=partitions)
+
+
 def _ha(top: _Section, listen: str) -> HighAvailability:
     section = top.section("ha")
     base = HighAvailability()
@@ -681,6 +738,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
         whole_node_starts=_flag(top, "whole_node_starts", defaults.whole_node_starts),
         queue_order=_queue_order(top),
         admission=_admission(top),
+        sharing=_sharing(top),
         ha=_ha(top, listen),
         slurm_timeout_s=slurm.number("timeout_s", defaults.slurm_timeout_s, maximum=600),
         slurm_conf=slurm_conf,

@@ -115,7 +115,7 @@ def compose_policy(
         rule = slurm_rule(admission.max_hold_s)
         partitions = frozenset(admission.partitions or config.regular_partitions)
         policy = AdmissionGate(policy, rule, partitions, frozenset(admission.users), config.limits.max_workers)
-    refusal = live_refusal(config.policy, policy.emits)
+    refusal = live_refusal(config.policy, policy.emits, sharing=config.sharing.enabled)
     if refusal:
         raise ConfigError(f"{config.source}: policy.name: {refusal}")
     return DrainPolicy(policy, draining=False)
@@ -192,6 +192,7 @@ class Daemon:
             admitter=admitter,
             orderer=orderer,
             revert_on_stop=config.queue_order.revert_on_stop,
+            sharing=config.sharing,
         )
         self.round_loop = RoundLoop(config, slurm, self.policy, ledger, self.metrics, self.executor, clock)
 

@@ -19,8 +19,21 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
 - :class:`~slurm_amoeba.policy.actions.Start` and :class:`~slurm_amoeba.policy.actions.Preempt`: the live world's
   scheduler is Slurm, which starts and preempts jobs itself; they are recorded (a counter, a debug line), nothing is
   sent.
-- :class:`~slurm_amoeba.policy.actions.Place` and :class:`~slurm_amoeba.policy.actions.Share` are refused: a policy
-  that can emit them is refused when the daemon is configured (:func:`live_refusal`), with the reason.
+- :class:`~slurm_amoeba.policy.actions.Share` (GPU sharing, docs/admin.md section 8e), only with
+  ``sharing.enabled``: a directive to the sharer's agent whose ``place_beside`` puts its new workers beside the
+  host, in satellites of one shard on the host's nodes. Applied only when both jobs' agents registered as opted in
+  (the sharer ``opportunistic``), the host's sharing partition allows that many sharer workers per node
+  (``sharing.partitions``), the nodes are the host's, and the sharer keeps its own workers: ``placement`` is the
+  sharer's workers to place beside the host, ``workers`` its size afterwards or (as the simulator's shares of a
+  pending job have it) the same as ``placement``'s; :meth:`LiveExecutor.share_refusal` says why not, and the action
+  is skipped. The place is taken back — a directive to the sharer with
+  its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
+  shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
+  ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the
+  snapshot does not mark the sharer ``shared_with``, which the policies read as the whole job running on the host's
+  GPUs, while a live sharer keeps its own workers beside those it placed with the host.
+- :class:`~slurm_amoeba.policy.actions.Place` is refused, and so is ``Share`` while ``sharing.enabled`` is off: a
+  policy that can emit them is refused when the daemon is configured (:func:`live_refusal`), with the reason.
 
 Slurm calls (holds, releases, priorities) may hang as ``squeue`` may, so they run on one thread of their own, one
 round's worth at a time; a round whose previous Slurm work has not finished skips its own (the next round's
@@ -36,8 +49,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TypeVar
 
 import slurm_amoeba.policy.actions as act
+from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
+from slurm_amoeba.daemon.agents import AgentRecord, Beside
+from slurm_amoeba.daemon.config import Sharing
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.policy import JobInfo
@@ -55,6 +71,10 @@ APPLIED: Mapping[type[act.Action], str] = {
     act.Hold: "scontrol hold, with the daemon's hold mark in the job's AdminComment",
     act.Release: "scontrol release, the mark cleared and the job's priority given back",
     act.SetPriority: "scontrol update Priority=, undone when the daemon stops",
+    act.Share: (
+        "with sharing.enabled and both jobs opted in: a directive to the sharer's agent to place its new workers "
+        "beside the host, in satellites of one shard on the host's nodes"
+    ),
 }
 #: The action types the daemon cannot apply, and why: a policy that can emit one is refused at configuration.
 REFUSED: Mapping[type[act.Action], str] = {
@@ -62,27 +82,35 @@ REFUSED: Mapping[type[act.Action], str] = {
         "Slurm cannot move a running job's workers to other nodes at the same size (a job's own allocation never "
         "changes; only satellites come and go)"
     ),
-    act.Share: (
-        "Slurm gives a GPU to one job at a time (gres/gpu is not shared), so a job cannot run on GPUs another job holds"
-    ),
 }
+#: Why a policy that shares GPUs is refused while the site's switch is off.
+SHARING_OFF = (
+    "GPU sharing is off at this site (a GPU held as gres/gpu is never given to a second job): set sharing.enabled "
+    "and sharing.partitions in the daemon's configuration once the sharing partition offers shards (docs/admin.md "
+    "section 8e)"
+)
 
 
-def live_refusal(policy_name: str, emits: Collection[type[act.Action]]) -> str:
+def live_refusal(policy_name: str, emits: Collection[type[act.Action]], *, sharing: bool = False) -> str:
     """Why the daemon cannot run a policy that emits ``emits``, as a sentence; "" when it can.
 
     Args:
         policy_name: the policy's configured name.
         emits: the action types the policy (with its layers) may answer with.
+        sharing: the site's ``sharing.enabled`` (a policy that shares GPUs runs only with it).
 
     Returns:
         The refusal, naming the policy, the action and the reason, or "".
     """
-    refused = [kind for kind in act.ACTION_TYPES if kind in emits and kind in REFUSED]
+    refused = {kind: why for kind, why in REFUSED.items() if kind in emits}
+    if act.Share in emits and not sharing:
+        refused[act.Share] = SHARING_OFF
     if not refused:
         return ""
     reasons = "; ".join(
-        f"its {act.action_name(kind)} actions cannot be applied live: {REFUSED[kind]}" for kind in refused
+        f"its {act.action_name(kind)} actions cannot be applied live: {refused[kind]}"
+        for kind in act.ACTION_TYPES
+        if kind in refused
     )
     return f"policy {policy_name!r} cannot run in amoebad: {reasons}; choose a policy that only resizes (e.g. elastic)"
 
@@ -114,6 +142,7 @@ class LiveExecutor:
             composed in, and one that comes is skipped with a warning).
         orderer: applies priorities; None likewise.
         revert_on_stop: :meth:`close` gives jobs whose priority was set their own priority back.
+        sharing: the site's GPU sharing settings (off: every share action is skipped).
     """
 
     def __init__(
@@ -125,7 +154,9 @@ class LiveExecutor:
         admitter: Admitter | None = None,
         orderer: QueueOrderer | None = None,
         revert_on_stop: bool = True,
+        sharing: Sharing | None = None,
     ) -> None:
+        self.sharing = sharing or Sharing()
         self.ledger = ledger
         self.actuator = actuator
         self.metrics = metrics
@@ -168,14 +199,21 @@ class LiveExecutor:
             allowed = set(map(id, self.orderer.bounded(priorities, now)))
             skipped += len(priorities) - len(allowed)
             actions = [a for a in actions if not isinstance(a, act.SetPriority) or id(a) in allowed]
+        ordered.update(self._take_places_back(actions, jobs, source))
         for action in actions:
             if isinstance(action, (act.Start, act.Preempt)):
                 name = act.action_name(type(action))
                 recorded[name] = recorded.get(name, 0) + 1
                 self.metrics.slurm_actions.inc(labels={"action": name})
                 logger.debug("[daemon/executor] %s of job %s is Slurm's to do: %s", name, action.job_id, action.reason)
-            elif isinstance(action, (act.Resize, act.Move)):
-                target = self._direct(action, jobs.get(action.job_id), action.job_id in managed, source)
+            elif isinstance(action, (act.Resize, act.Move, act.Share)):
+                target: int | None = None
+                if action.job_id in ordered:  # its place beside another job was taken back this round
+                    pass
+                elif isinstance(action, act.Share):
+                    target = self._share(action, jobs, managed, source)
+                else:
+                    target = self._direct(action, jobs.get(action.job_id), action.job_id in managed, source)
                 if target is None:
                     skipped += 1
                 else:
@@ -186,7 +224,7 @@ class LiveExecutor:
                     skipped += 1
                 else:
                     slurm_work.append(work)
-            else:  # Place, Share: refused at configuration (live_refusal); one that comes anyway is a bug
+            else:  # Place: refused at configuration (live_refusal); one that comes anyway is a bug
                 raise TypeError(f"the daemon cannot apply {action!r}: {REFUSED[type(action)]}")
         if slurm_work and not self._submit(slurm_work):
             skipped += len(slurm_work)
@@ -200,7 +238,18 @@ class LiveExecutor:
             and action.workers == info.workers
             and action.batch is not None
         )
-        if info is None or not managed or (info.pinned or info.resizing or info.shared_with is not None):
+        agent_beside = self.ledger.agents[action.job_id].beside if managed else None
+        if info is None or not managed or info.pinned or info.resizing:
+            return None
+        if agent_beside is not None:  # a sharer: only a shrink to its own workers, which takes the shared ones back
+            own = info.workers - agent_beside.workers
+            if not isinstance(action, act.Resize) or action.workers > own:
+                return None
+            agent = self.ledger.agents[action.job_id]
+            reason = action.reason or source
+            self.actuator.send(self.ledger.order(agent, action.workers, reason, source, unshare=True))
+            return action.workers
+        if info.shared_with is not None:
             return None
         if not batch_only and not info.is_resizable:  # a fixed-size adaptive job takes batch-only directives
             return None
@@ -217,6 +266,123 @@ class LiveExecutor:
         reason = action.reason or source
         self.actuator.send(self.ledger.order(agent, action.workers, reason, source, batch=action.batch))
         return action.workers
+
+    def share_refusal(self, action: act.Share, jobs: Mapping[str, JobInfo], managed: Collection[str]) -> str:
+        """Why a share cannot be applied now, as a sentence naming the job, the value and the fix; "" when it can.
+
+        Args:
+            action: the share.
+            jobs: the snapshot's jobs.
+            managed: the jobs whose agents registered.
+        """
+        sharer, host = action.job_id, action.host
+        info, host_info = jobs.get(sharer), jobs.get(host)
+        if not self.sharing.enabled:
+            return SHARING_OFF
+        if info is None or sharer not in managed or host_info is None or host not in managed:
+            return f"job {sharer} and its host {host} must both run with a registered agent (a pending job has none)"
+        sharer_reg, host_reg = self.ledger.agents[sharer].registration, self.ledger.agents[host].registration
+        if sharer_reg.share != ShareRole.OPPORTUNISTIC.value:
+            return (
+                f"job {sharer} opted in as {sharer_reg.share or 'nothing'}: only a job submitted with "
+                "--share=opportunistic is placed beside another"
+            )
+        if host_reg.share is None:
+            return f"host job {host} did not opt in to sharing (--share): its GPUs are its own"
+        limit = self.sharing.limit(host_reg.share_partition)
+        if limit == 0:
+            return (
+                f"host job {host} runs in partition {host_reg.share_partition!r}, which hosts no sharer: name it in "
+                "sharing.partitions"
+            )
+        if info.pinned:
+            return f"job {sharer} is pinned (amoebactl unpin)"
+        if info.resizing:
+            return f"job {sharer} is resizing (or has not reported since it started): ask again once it is steady"
+        sharer_beside, host_beside = self.ledger.agents[sharer].beside, self.ledger.agents[host].beside
+        if sharer_beside is not None:
+            return f"job {sharer} already runs workers beside job {sharer_beside.host}"
+        if host_beside is not None:
+            return f"host job {host} runs workers beside job {host_beside.host} itself: a sharer hosts nobody"
+        beside = sum(action.placement.values())
+        if beside < 1 or action.workers not in (beside, info.workers + beside):
+            return (
+                f"the share places {beside} worker(s) of job {sharer} beside {host} and sizes it {action.workers}, "
+                f"but it keeps its own {info.workers}: give placement the workers beside the host and workers "
+                f"{info.workers} plus them (or only them)"
+            )
+        if info.workers + beside > info.max_workers:
+            return f"job {sharer} would have {info.workers + beside} workers, above its maximum {info.max_workers}"
+        sharing_now = self._sharers_on_nodes(host)
+        for node, count in action.placement.items():
+            if node not in host_info.placement:
+                return f"node {node} is not one of host job {host}'s nodes ({', '.join(sorted(host_info.placement))})"
+            if count + sharing_now.get(node, 0) > limit:
+                return (
+                    f"{count + sharing_now.get(node, 0)} sharer worker(s) beside job {host} on {node} is over "
+                    f"sharing.partitions.{host_reg.share_partition} = {limit}"
+                )
+        return ""
+
+    def _sharers_on_nodes(self, host: str) -> dict[str, int]:
+        """Node -> workers of other jobs placed beside ``host`` there."""
+        counts: dict[str, int] = {}
+        for agent in self.ledger.agents.values():
+            if agent.beside is not None and agent.beside.host == host:
+                for node, count in agent.beside.nodes.items():
+                    counts[node] = counts.get(node, 0) + count
+        return counts
+
+    def _share(
+        self, action: act.Share, jobs: Mapping[str, JobInfo], managed: Collection[str], source: str
+    ) -> int | None:
+        """Send the sharer's directive; the size ordered, or None (logged) when the share cannot be applied."""
+        refusal = self.share_refusal(action, jobs, managed)
+        if refusal:
+            logger.info(
+                "[daemon/executor] share of job %s beside %s not applied: %s", action.job_id, action.host, refusal
+            )
+            return None
+        agent = self.ledger.agents[action.job_id]
+        partition = self.ledger.agents[action.host].registration.share_partition
+        beside = Beside(action.host, partition, dict(action.placement), ShareRole.OPPORTUNISTIC.value)
+        reason = action.reason or f"{source}: beside job {action.host}"
+        target = jobs[action.job_id].workers + beside.workers  # its own workers stay
+        self.actuator.send(self.ledger.order(agent, target, reason, source, beside=beside))
+        return target
+
+    def _take_places_back(
+        self, actions: Sequence[act.Action], jobs: Mapping[str, JobInfo], source: str
+    ) -> dict[str, int]:
+        """The owner needs its place back: every sharer whose host is resized or moved this round (by the policy, or
+        by ``amoebactl resize`` since the last round), or is gone, is sent its own workers as the target (its agent
+        lets the workers beside the host leave first). A sharer the policy preempts (a sharing policy's eviction)
+        goes back to its own workers the same way. Returns sharer -> the size ordered."""
+        changing = {a.job_id for a in actions if isinstance(a, (act.Resize, act.Move, act.Preempt))}
+        changing |= {job for job, agent in self.ledger.agents.items() if agent.in_flight is not None}
+        evicted = {a.job_id for a in actions if isinstance(a, act.Preempt)}  # a sharing policy's eviction
+        ordered: dict[str, int] = {}
+        for agent in list(self.ledger.agents.values()):
+            beside = agent.beside
+            if beside is None:
+                continue
+            if agent.job_id in evicted:
+                why = f"evicted from beside host job {beside.host}"
+            elif beside.host not in jobs:
+                why = f"host job {beside.host} is gone"
+            elif beside.host in changing:
+                why = f"host job {beside.host} needs its GPUs back"
+            else:
+                continue
+            ordered[agent.job_id] = self._unshare(agent, beside, why, source)
+        return ordered
+
+    def _unshare(self, agent: AgentRecord, beside: Beside, reason: str, source: str) -> int:
+        """Order a sharer back to its own workers; the size ordered."""
+        current = agent.report.target if agent.report is not None else agent.registration.min_workers
+        target = max(agent.registration.min_workers, current - beside.workers)
+        self.actuator.send(self.ledger.order(agent, target, reason, source, unshare=True))
+        return target
 
     def _slurm_call(
         self, action: act.Hold | act.Release | act.SetPriority, info: JobInfo | None, now: float

@@ -19,8 +19,9 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import slurm_amoeba.policy.actions as act
 from slurm_amoeba.daemon.actuator import Directive, Outcome
-from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Registration, Report
+from slurm_amoeba.daemon.agents import AgentRecord, Beside, InFlight, Registration, Report
 from slurm_amoeba.daemon.config import DaemonConfig
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import Observation, SatelliteInfo
@@ -65,6 +66,7 @@ class Ledger:
         self.recovered: dict[str, InFlight] = dict(self.state.in_flight)
         self.failing_nodes: dict[str, dict[str, int]] = {}
         self.moves: dict[str, float] = {}
+        self.requested_shares: list[act.Share] = []
         self._dirty = False
         if self.recovered or self.state.pinned or self.state.draining:
             logger.info(
@@ -209,6 +211,20 @@ class Ledger:
 
     # ------------------------------------------------------------------ resizes
 
+    def request_share(self, sharer: str, host: str, nodes: dict[str, int], reason: str) -> act.Share:
+        """An operator's share (``amoebactl share``): ``nodes[node]`` new workers of ``sharer`` beside ``host``,
+        applied by the next round with the policy's actions (and the same checks). Returns the share."""
+        agent = self.agents[sharer]
+        own = agent.report.size if agent.report is not None else agent.registration.min_workers
+        share = act.Share(sharer, host, own + sum(nodes.values()), nodes, f"{reason}: beside job {host}")
+        self.requested_shares.append(share)
+        return share
+
+    def take_requested_shares(self) -> list[act.Share]:
+        """The operators' shares since the last round (taken: each is tried once)."""
+        shares, self.requested_shares = self.requested_shares, []
+        return shares
+
     def order(
         self,
         agent: AgentRecord,
@@ -219,6 +235,8 @@ class Ledger:
         batch: int | None = None,
         vacate: str = "",
         for_job: str = "",
+        beside: Beside | None = None,
+        unshare: bool = False,
     ) -> Directive:
         """Record a resize as in flight and return the directive that carries it to the agent.
 
@@ -233,6 +251,10 @@ class Ledger:
             vacate: a node the job's satellites move off, the size kept (counted as ``move``); the job and
                 ``for_job``, the pending job the node is vacated for, are kept in :attr:`moves`.
             for_job: see ``vacate``.
+            beside: the growth goes beside another job (a share, counted as ``share``); kept as the agent's
+                :attr:`~.agents.AgentRecord.beside` until a directive with ``unshare`` orders it back.
+            unshare: the job goes back to its own workers (``target`` leaves out those beside another job, which its
+                agent takes back first); the share is forgotten.
 
         Returns:
             The directive, for the actuator.
@@ -240,7 +262,9 @@ class Ledger:
         now = self.clock()
         size = agent.report.size if agent.report else 0
         kind = "grow" if target > size else "batch" if target == size and batch is not None else "shrink"
-        kind = "move" if vacate else kind
+        kind = "move" if vacate else "share" if beside is not None else kind
+        if beside is not None or unshare:
+            agent.beside = beside
         if vacate:
             self.moves[agent.job_id] = now
             if for_job:
@@ -248,6 +272,7 @@ class Ledger:
         agent.in_flight = InFlight(target, now, source, reason, batch=batch, batch_only=kind == "batch")
         self.metrics.decisions.inc(labels={"kind": kind, "source": source})
         with_batch = ("" if batch is None else f", global batch {batch}") + (f", off {vacate}" if vacate else "")
+        with_batch += f", beside job {beside.host} on {dict(beside.nodes)}" if beside is not None else ""
         logger.info(
             "[daemon/actuator] job %s: %s %d -> %d workers%s (%s)", agent.job_id, kind, size, target, with_batch, reason
         )
@@ -261,6 +286,7 @@ class Ledger:
             token=token,
             batch=batch,
             vacate=vacate,
+            place_beside=beside,
         )
 
     def apply(self, outcome: Outcome) -> None:

@@ -14,6 +14,8 @@ kind            who may send it                      reads -> changes
                                                      statistics (kept per job); settles resizes
 ``resize``      the job's owner or an operator       the agent record -> a resize in flight, a directive to the agent
 ``pin``         the job's owner or an operator       the agent record, else Slurm -> the pinned jobs (state file)
+``share``       an operator                          the sharer's and the host's agent records -> a share the next round
+                                                     applies (a directive to the sharer's agent, docs/admin.md 8e)
 ``drain``       an operator                          -> the drain switch (state file)
 ``resume``      an operator                          -> the drain switch (state file)
 ``status``      anyone authenticated                 counts; the sender's own pins, satellites, orders -> nothing
@@ -145,6 +147,14 @@ ACCESS: Mapping[str, Access] = MappingProxyType(
             verb="pin or unpin",
             unknown_job="the daemon's last view of Slurm shows no job {job}; only running or pending jobs can be "
             "pinned (Slurm is read again now: retry in a few seconds)",
+        ),
+        "share": Access(
+            Who.OPERATOR,
+            OwnerFrom.REGISTRATION,
+            reads="the sharer's and the host's agent records",
+            changes="a share the next round applies (a directive to the sharer's agent)",
+            verb="place workers beside another job's",
+            unknown_job="job {job} is not an elastic job registered with amoebad; `amoebactl jobs` lists them",
         ),
         "drain": Access(Who.OPERATOR, OwnerFrom.NO_JOB, reads="nothing", changes="the drain switch", verb="drain"),
         "resume": Access(Who.OPERATOR, OwnerFrom.NO_JOB, reads="nothing", changes="the drain switch", verb="resume"),
@@ -519,6 +529,18 @@ class RequestHandler:
         self.order(agent, target, reason, "ctl", req)
         return None  # answered when the agent answers (see answer_resize)
 
+    def _on_share(self, req: Request, owner: JobOwner) -> Message:
+        body = req.message.body
+        host = check_job_id(str(body["host"]))
+        if not self.config.sharing.enabled:
+            raise Refused("GPU sharing is off at this site: set sharing.enabled in the daemon's configuration")
+        if host not in self.ledger.agents:
+            raise Refused(f"host job {host} is not an elastic job registered with amoebad; `amoebactl jobs` lists them")
+        nodes = {str(node): int(count) for node, count in body["nodes"].items()}
+        share = self.ledger.request_share(owner.job_id, host, nodes, f"amoebactl share by uid {req.sender.uid}")
+        logger.info("[daemon/api] %s", share.reason)
+        return req.message.reply(data={"job_id": owner.job_id, "host": host, "nodes": nodes, "at": "next round"})
+
     def _on_pin(self, req: Request, owner: JobOwner) -> Message:
         pinned = bool(req.message.body["pinned"])
         self.ledger.set_pinned(owner.job_id, pinned)
@@ -668,6 +690,7 @@ _JOB_HANDLERS: Mapping[str, Callable[[RequestHandler, Request, JobOwner], Messag
     "resize": RequestHandler._on_resize,
     "pin": RequestHandler._on_pin,
     "admission": RequestHandler._on_admission,
+    "share": RequestHandler._on_share,
 }
 #: ... and of the others (functions, not bound methods: see :class:`RequestHandler`).
 _HANDLERS: Mapping[str, Callable[[RequestHandler, Request], Message | None]] = {

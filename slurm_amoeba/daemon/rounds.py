@@ -263,7 +263,8 @@ class RoundLoop:
     def act(self, plan: Plan, obs: Observation, now: float) -> Executed:
         """The act step: the plan's actions to the executor (a directive is in flight from then on)."""
         jobs = {info.job_id: info for info in obs.snapshot.jobs}
-        return self.executor.apply(plan.actions, jobs, obs.managed, source=plan.source, now=now)
+        actions = (*plan.actions, *self.ledger.take_requested_shares())  # an operator's shares (amoebactl share)
+        return self.executor.apply(actions, jobs, obs.managed, source=plan.source, now=now)
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs

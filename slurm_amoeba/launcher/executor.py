@@ -242,6 +242,8 @@ class ElasticExecutor(core.PicklingExecutor):
                 signal_lead_s(p.time, p.signal_delay_s), (k for k, _ in p.additional_parameters)
             ),
             begin_delay_s=admission_delay_s(os.environ, (k for k, _ in p.additional_parameters)),
+            share=p.share,
+            share_partition=p.share_partition,
         )
 
     def _check(self, submissions: tp.Sequence[utils.DelayedSubmission]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from slurm_amoeba.core.errors import SpecError, unknown_key_message
 from slurm_amoeba.core.jobenv import DEFAULT_CPUS_PER_WORKER, DEFAULT_ELASTIC_PARTITION, DEFAULT_GPUS_PER_WORKER
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION, SHARE_MODES, share_mode_error
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.submission import signal_lead_s
 from slurm_amoeba.slurm.options import parse_time_minutes
@@ -51,6 +52,11 @@ class ElasticParameters:
         signal_delay_s: how long before the time limit Slurm warns the job's agent, which then has the workers write
             a final checkpoint and requeues the job (submitit's ``slurm_signal_delay_s``); None: 120 s, less for a
             time limit under 8 minutes (:func:`~slurm_amoeba.launcher.submission.signal_lead_s`).
+        share: the job opts in to GPU sharing (docs/admin.md, "Sharing GPUs"): ``"guaranteed"`` (its GPUs may host
+            another opted-in job's worker, which yields to it) or ``"opportunistic"`` (its extra workers may also
+            run beside another job's); ``True`` means ``"guaranteed"``; None: its GPUs are its own. Its minimum
+            workers then run in ``share_partition``, one worker with one GPU per node.
+        share_partition: the partition of the sharing nodes.
     """
 
     min_workers: int = 1
@@ -72,6 +78,8 @@ class ElasticParameters:
     daemon_endpoint: str | None = None
     python: str = sys.executable
     signal_delay_s: int | None = None
+    share: str | None = None
+    share_partition: str = DEFAULT_SHARE_PARTITION
 
     def spec(self) -> ElasticSpec:
         """The worker range and per-worker resources.
@@ -245,6 +253,17 @@ def _additional(value: Any) -> tuple[tuple[str, str | bool], ...]:
     return tuple(options)
 
 
+def _share(value: Any) -> str | None:
+    """A sharing mode as ``share=`` takes it: a mode, ``True`` (the first mode), ``False`` or None (no sharing)."""
+    if value is True:
+        return SHARE_MODES[0]
+    if value is None or value is False:
+        return None
+    if value not in SHARE_MODES:
+        raise SpecError(share_mode_error(value, "share"))
+    return str(value)
+
+
 def _optional_text(name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -302,12 +321,14 @@ def updated(current: ElasticParameters, given: Mapping[str, Any]) -> ElasticPara
         changes["additional_parameters"] = _additional(changes["additional_parameters"])
     if "time" in changes:
         changes["time"] = _time(changes["time"])
+    if "share" in changes:
+        changes["share"] = _share(changes["share"])
     if changes.get("signal_delay_s") is not None:
         signal_lead_s(None, changes["signal_delay_s"])  # refuses what Slurm would
     for name in ("partition", "account", "qos", "constraint", "reservation", "exclude", "daemon_endpoint"):
         if name in changes:
             changes[name] = _optional_text(name, changes[name])
-    for name in ("job_name", "elastic_partition", "python"):
+    for name in ("job_name", "elastic_partition", "share_partition", "python"):
         if name in changes and _optional_text(name, changes[name]) is None:
             raise SpecError(f"{name}=None is invalid: give a non-empty string")
     for name in ("min_workers", "max_workers", "gpus_per_worker", "cpus_per_worker"):

@@ -46,6 +46,7 @@ from slurm_amoeba.core.jobenv import (
     ENV_GPUS_PER_WORKER,
     JobEnv,
 )
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import CliSlurmClient
 from slurm_amoeba.slurm.allocation import WorkerAllocation, worker_allocation
@@ -214,6 +215,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> AgentC
         main_het_group=alloc.het_group,
         max_requeues=count_from_environ(env, ENV_MAX_REQUEUES, DEFAULT_MAX_REQUEUES),
         max_restarts=count_from_environ(env, ENV_MAX_RESTARTS, DEFAULT_MAX_RESTARTS),
+        share=job.share,
+        share_partition=job.share_partition or DEFAULT_SHARE_PARTITION,
     )
 
 

@@ -1,7 +1,8 @@
 """``amoeba-sbatch``: submit a batch script as an elastic job (``amoeba-sbatch --elastic 2:8 job.sh [args]``).
 
 Its own options (``--elastic``, ``--gpus-per-worker``, ``--cpus-per-worker``, ``--mem-per-worker``,
-``--elastic-partition``, ``--daemon``, ``--test-only``, ``--dry-run``, ``--slurm-release``) are recognised only when
+``--elastic-partition``, ``--share``, ``--share-partition``, ``--daemon``, ``--test-only``, ``--dry-run``,
+``--slurm-release``) are recognised only when
 written out in full; every other option before the script is sbatch's and is read as sbatch reads it
 (:mod:`slurm_amoeba.slurm.options`: ``-t 30``, ``-t1:00:00``, ``--account=x``, ``-Hv``, ``--wrap=CMD`` instead of a
 script), and what follows the script goes to the script. The job becomes one heterogeneous job
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from slurm_amoeba.core.errors import ParseError, SpecError
 from slurm_amoeba.core.jobenv import JobEnv
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION, SHARE_MODES
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.launcher.guard import start_guard
 from slurm_amoeba.launcher.parameters import parse_memory_mb
@@ -57,6 +59,8 @@ _OURS = {
     "--test-only": False,
     "--dry-run": False,
     "--restart": False,
+    "--share": False,  # a mode only as --share=MODE
+    "--share-partition": True,
     "--slurm-release": True,
 }
 #: Where ``--dry-run`` finds the Slurm release to read options as, when ``--slurm-release`` is not given.
@@ -183,6 +187,22 @@ def build_parser(job: JobEnv | None = None) -> argparse.ArgumentParser:
         default=None,
         help=f"with --dry-run: read sbatch's options as this Slurm release does (env {ENV_SLURM_RELEASE}; default "
         f"the newest supported, {SUPPORTED_SERIES[-1]}); without --dry-run Slurm is asked",
+    )
+    parser.add_argument(
+        "--share",
+        nargs="?",
+        const=SHARE_MODES[0],
+        default=job.share,
+        metavar="MODE",
+        help="let the daemon share the job's GPUs with another opted-in job: guaranteed (the default; its GPUs may "
+        "host another job's worker, which yields to it) or opportunistic (its extra workers may also run beside "
+        "another job's); its minimum workers run in --share-partition, one GPU per node",
+    )
+    parser.add_argument(
+        "--share-partition",
+        default=DEFAULT_SHARE_PARTITION,
+        metavar="NAME",
+        help=f"partition of the sharing nodes, where a job with --share runs (default: {DEFAULT_SHARE_PARTITION})",
     )
     parser.add_argument(
         "--restart",
@@ -336,6 +356,11 @@ def prepare(argv: Sequence[str], slurm: SlurmClient | None, release: SlurmReleas
             f"--elastic={spec.min_workers}:{spec.max_workers}",
             f"--elastic-partition={ours.elastic_partition}",
         ]
+    share = ours.share
+    if share is None and any(o.name == "share" for o in request.directives):
+        share = last_value(request.directives, "share") or SHARE_MODES[0]
+    if share is not None and any(o.name == "share" for o in request.directives):
+        passthrough.append(f"--share={share}")  # the plugin's reading of the script's line, made the same as ours
     given = [o.name for o in [*request.options, *request.directives]]
     text = (
         request.script.read_text(errors="replace")
@@ -360,6 +385,8 @@ def prepare(argv: Sequence[str], slurm: SlurmClient | None, release: SlurmReleas
         lifecycle=lifecycle_options(signal_lead_s(_time_limit(request)), given),
         comment=last_value(request.options, "comment") or last_value(request.directives, "comment"),
         begin_delay_s=admission_delay_s(os.environ, given),
+        share=share,
+        share_partition=ours.share_partition,
     )
     if slurm is not None:
         shape.check_capacity(slurm)

@@ -1,14 +1,15 @@
 """The shape of an elastic job on Slurm, shared by ``amoeba-sbatch`` and :class:`ElasticExecutor`.
 
-One job of one component: the minimum workers (one task per worker); the agent runs in its batch step, and the
-workers as a step of the same allocation (the shape plain ``sbatch --elastic`` has too). Not a heterogeneous job:
-Slurm 22.05's backfill starts a heterogeneous job's components one after the other and, when a later one cannot
-start at once, deallocates the ones it started and keeps the job from starting for the credential lifetime
-(``_het_job_start_now``/``_het_job_kill_now`` in ``src/plugins/sched/backfill/backfill.c``); an elastic job's workers
-often start by preempting satellites, which leave only after ``GraceTime``, so every such start failed that way
-(SLURM-FACTS.md). One component just waits for the satellites to leave. The worker range and per-worker
-resources travel to ``amoeba-run`` in the
-job's environment (:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
+One job of one component: the minimum workers (one task per worker; for a job that opted in to GPU sharing, in the
+sharing partition, one worker per node, each holding :data:`~slurm_amoeba.core.sharing.HOST_SHARDS` shards of one
+GPU instead of the GPU); the agent runs in its batch step, and the workers as a step of the same allocation (the
+shape plain ``sbatch --elastic`` has too). Not a heterogeneous job: Slurm 22.05's backfill starts a heterogeneous
+job's components one after the other and, when a later one cannot start at once, deallocates the ones it started
+and keeps the job from starting for the credential lifetime (``_het_job_start_now``/``_het_job_kill_now`` in
+``src/plugins/sched/backfill/backfill.c``); an elastic job's workers often start by preempting satellites, which
+leave only after ``GraceTime``, so every such start failed that way (SLURM-FACTS.md). One component just waits for
+the satellites to leave. The worker range and per-worker resources travel to ``amoeba-run`` in the job's environment
+(:class:`~slurm_amoeba.core.jobenv.JobEnv`, whose first variables the SPANK plugin sets too).
 Everything here is checked before anything is submitted.
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.jobenv import DEFAULT_ELASTIC_PARTITION, JobEnv
+from slurm_amoeba.core.sharing import DEFAULT_SHARE_PARTITION, HOST_SHARDS, SHARE_MODES, share_mode_error
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import SlurmClient, SubmitOptions
 from slurm_amoeba.slurm.marks import elastic_comment
@@ -101,6 +103,13 @@ class ElasticJobShape:
         comment: the user's own ``--comment``; the job's comment is the elastic mark followed by it
             (:func:`~slurm_amoeba.slurm.marks.elastic_comment`), which the daemon reads while the job is pending.
         begin_delay_s: the job becomes eligible this many seconds after submission (:func:`admission_delay_s`).
+        share: the job's sharing mode (one of :data:`~slurm_amoeba.core.sharing.SHARE_MODES`), or None: its GPUs
+            are its own.
+        share_partition: the partition of the sharing nodes, where a job that opted in runs its minimum workers.
+
+    Raises:
+        SpecError: (on construction) a sharing mode that is not one, or a job that opted in to sharing whose
+            workers hold other than one GPU each.
     """
 
     spec: ElasticSpec
@@ -115,18 +124,33 @@ class ElasticJobShape:
     lifecycle: tuple[str, ...] = ()
     comment: str | None = None
     begin_delay_s: int = 0
+    share: str | None = None
+    share_partition: str = DEFAULT_SHARE_PARTITION
+
+    def __post_init__(self) -> None:
+        if self.share is None:
+            return
+        if self.share not in SHARE_MODES:
+            raise SpecError(share_mode_error(self.share, "--share"))
+        if self.spec.gpus_per_worker != 1:
+            raise SpecError(
+                f"--share with {self.spec.gpus_per_worker} GPU(s) per worker: a shared GPU holds one worker of each "
+                "job (Slurm gives a job's shards on a node from one GPU); give --gpus-per-worker 1 or leave out --share"
+            )
 
     def components(self) -> list[SubmitOptions]:
         """The job's one component: the minimum workers, with the agent in its batch step (module docstring)."""
         spec = self.spec
         begin = (f"--begin=now+{self.begin_delay_s}",) if self.begin_delay_s else ()
-        gpus = (f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()
+        gpus: tuple[str, ...] = (f"--gpus-per-task={spec.gpus_per_worker}",) if spec.gpus_per_worker else ()
+        if self.share is not None:  # one GPU per node as shards: Slurm gives a job's shards on a node from one GPU
+            gpus = (f"--gres=shard:{HOST_SHARDS}", "--ntasks-per-node=1")
         # The user's own options first, ours after them: sbatch takes the last of a repeated option.
         extra = tuple(word for word in self.extra if not word.startswith("--gpus-per-task"))
         job = SubmitOptions(
             name=self.name,
             comment=elastic_comment(spec.min_workers, spec.max_workers, self.comment),
-            partition=self.partition,
+            partition=self.share_partition if self.share is not None else self.partition,
             ntasks=spec.min_workers,
             cpus_per_task=spec.cpus_per_worker,
             time_min=self.time_min,
@@ -140,7 +164,11 @@ class ElasticJobShape:
     def job_env(self) -> JobEnv:
         """The job's settings as ``amoeba-run`` reads them from its environment."""
         return JobEnv.for_spec(
-            self.spec, elastic_partition=self.elastic_partition, daemon_endpoint=self.daemon_endpoint or None
+            self.spec,
+            elastic_partition=self.elastic_partition,
+            daemon_endpoint=self.daemon_endpoint or None,
+            share=self.share,
+            share_partition=self.share_partition if self.share is not None else None,
         )
 
     def environment(self) -> dict[str, str]:
@@ -154,9 +182,10 @@ class ElasticJobShape:
             SpecError: the partition does not exist, or all its nodes together hold fewer GPUs or CPUs than the
                 minimum workers (plus the agent) need.
         """
-        nodes = slurm.nodes(partition=self.partition) if self.partition else slurm.nodes()
+        partition = self.share_partition if self.share is not None else self.partition
+        nodes = slurm.nodes(partition=partition) if partition else slurm.nodes()
         if not nodes:
-            raise SpecError(f"partition {self.partition!r} has no nodes (or does not exist); `sinfo` lists them")
+            raise SpecError(f"partition {partition!r} has no nodes (or does not exist); `sinfo` lists them")
         spec = self.spec
         gpus = sum(n.gpus_total for n in nodes)
         need_gpus = spec.min_workers * spec.gpus_per_worker

@@ -25,13 +25,15 @@ from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.check import check_actions
 from slurm_amoeba.policy.drain import DrainPolicy, drain_actions
 from slurm_amoeba.policy.fifo import FifoPolicy
+from slurm_amoeba.policy.pairing import ShareMode, sharing_benefit
 from slurm_amoeba.policy.registry import DEFAULT_POLICY, make_policy, policy_knobs, policy_names
-from slurm_amoeba.policy.sharing import SjfSharingPolicy, sharing_benefit
+from slurm_amoeba.policy.sharing import PairingPolicy, SjfSharingPolicy
 from slurm_amoeba.policy.srtf import SrtfPolicy
 from slurm_amoeba.policy.tiresias import ElasticTiresiasPolicy, TiresiasPolicy, las_order
 from slurm_amoeba.policy.types import (
     JobInfo,
     JobPhase,
+    MicroBatch,
     NodeInfo,
     Policy,
     PolicyError,
@@ -49,8 +51,10 @@ __all__ = [
     "Hold",
     "JobInfo",
     "JobPhase",
+    "MicroBatch",
     "Move",
     "NodeInfo",
+    "PairingPolicy",
     "Place",
     "Policy",
     "PolicyError",
@@ -59,6 +63,7 @@ __all__ = [
     "Resize",
     "SetPriority",
     "Share",
+    "ShareMode",
     "SjfSharingPolicy",
     "Snapshot",
     "SrtfPolicy",

@@ -179,12 +179,22 @@ class SetPriority:
 class Share:
     """A job runs on GPUs that another job holds, beside it.
 
+    A share for a job that already shares the host's GPUs changes its sub-batch in place (it shrinks to give the
+    host memory back).
+
     Attributes:
         job_id: the job that joins.
         host: the job whose GPUs it runs on (it keeps them).
         workers: the sharer's size.
         placement: node name -> the sharer's workers there, a subset of the host's nodes.
         reason: why.
+        sub_batch: the sharer's local micro-batch per step, searched so that it fits the memory the host leaves
+            (:func:`slurm_amoeba.policy.pairing.plan_pair`); ``None``: not searched (both jobs halve their
+            micro-batch, the time-slicing model of ``sjf-ffs``).
+        accumulation: the sharer's micro-steps per optimizer step with ``sub_batch``, so that its global batch
+            stays the same; ``None`` with ``sub_batch``.
+        pace_bound: the sharer is opportunistic: it paces itself so that the host keeps at least
+            ``1 - pace_bound`` of its exclusive speed (AntMan); ``None``: both run at their co-located speeds.
     """
 
     job_id: str
@@ -192,6 +202,9 @@ class Share:
     workers: int
     placement: Mapping[str, int] = dataclasses.field(default_factory=dict)
     reason: str = ""
+    sub_batch: int | None = None
+    accumulation: int | None = None
+    pace_bound: float | None = None
 
 
 #: Any action.

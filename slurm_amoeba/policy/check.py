@@ -27,7 +27,8 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
     place keeps the job's size; a move names a node where the job runs and at most its workers there, for a job of
     the snapshot; a placement names known nodes and adds up to the size; no node and no cluster ends up with more
     GPUs held than it has; a sharing job shares with a job that runs exclusively afterwards, on a subset of its
-    nodes, one sharer per job.
+    nodes, one sharer per job; a share's sub-batch and accumulation come together, each at least 1, and its pace
+    bound lies in [0, 1).
 
     Args:
         snapshot: the cluster the actions were decided for.
@@ -77,6 +78,8 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
             gpus.move(job, action)
             continue
         sized[action.job_id] = action
+        if isinstance(action, act.Share):
+            _check_share_plan(action)
         workers, placement = _size_after(action)
         _check_size(job, action, workers)
         gpus.check_placement(job, workers, placement)
@@ -196,6 +199,22 @@ def _check_size(job: JobInfo, action: _Sized, workers: int) -> None:
     if resized and (job.pinned or job.resizing or job.shared_with is not None):
         why = "pinned by an operator" if job.pinned else "still resizing" if job.resizing else "sharing GPUs"
         raise PolicyError(f"job {job.job_id} is {why} and cannot be resized to {workers} workers")
+
+
+def _check_share_plan(share: act.Share) -> None:
+    """A share's sub-batch and accumulation come together and are positive; a pace bound lies in [0, 1)."""
+    if (share.sub_batch is None) != (share.accumulation is None):
+        raise PolicyError(
+            f"job {share.job_id}: a share gives sub_batch={share.sub_batch} and accumulation={share.accumulation}; "
+            f"give both or neither"
+        )
+    if share.sub_batch is not None and share.accumulation is not None and min(share.sub_batch, share.accumulation) < 1:
+        raise PolicyError(
+            f"job {share.job_id}: a share's sub_batch={share.sub_batch} and accumulation={share.accumulation} "
+            f"must be at least 1"
+        )
+    if share.pace_bound is not None and not 0.0 <= share.pace_bound < 1.0:
+        raise PolicyError(f"job {share.job_id}: a share's pace_bound={share.pace_bound} must lie in [0, 1)")
 
 
 def _check_move(job: JobInfo, move: act.Move, jobs: Mapping[str, JobInfo]) -> None:

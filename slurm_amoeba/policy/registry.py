@@ -16,30 +16,32 @@ from slurm_amoeba.policy.amoebad import amoebad_knobs, make_amoebad
 from slurm_amoeba.policy.backfill import ElasticBackfillPolicy
 from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.goodput import GoodputPolicy
-from slurm_amoeba.policy.sharing import SjfSharingPolicy
+from slurm_amoeba.policy.pairing import ShareMode
+from slurm_amoeba.policy.sharing import PairingPolicy, SjfSharingPolicy
 from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy
 from slurm_amoeba.policy.srtf import SrtfPolicy
 from slurm_amoeba.policy.tiresias import ElasticTiresiasPolicy, TiresiasPolicy
 from slurm_amoeba.policy.types import Policy, PolicyError
 
 
-def _sjf_ffs(**knobs: Any) -> Policy:
-    return SjfSharingPolicy(best_benefit=False, **knobs)
-
-
 def _sjf_bsbf(**knobs: Any) -> Policy:
-    return SjfSharingPolicy(best_benefit=True, **knobs)
+    return PairingPolicy(ShareMode.BENEFIT, **knobs)
+
+
+def _antman(**knobs: Any) -> Policy:
+    return PairingPolicy(ShareMode.OPPORTUNISTIC, **knobs)
+
+
+def _bsbf_knobs() -> dict[str, object]:
+    """SJF-BSBF takes no knobs (the pace bound is AntMan's)."""
+    return {}
 
 
 def _fields(cls: type) -> Callable[[], dict[str, object]]:
     """The knobs of a policy dataclass: its init fields with their defaults."""
 
     def knobs() -> dict[str, object]:
-        return {
-            field.name: field.default
-            for field in dataclasses.fields(cls)
-            if field.init and field.name != "best_benefit"
-        }
+        return {field.name: field.default for field in dataclasses.fields(cls) if field.init and field.name != "mode"}
 
     return knobs
 
@@ -51,8 +53,9 @@ _FACTORIES: dict[str, tuple[Callable[..., Policy], Callable[[], dict[str, object
     "tiresias": (TiresiasPolicy, _fields(TiresiasPolicy)),
     "e-tiresias": (ElasticTiresiasPolicy, _fields(ElasticTiresiasPolicy)),
     "elastic-backfill": (ElasticBackfillPolicy, _fields(ElasticBackfillPolicy)),
-    "sjf-ffs": (_sjf_ffs, _fields(SjfSharingPolicy)),
-    "sjf-bsbf": (_sjf_bsbf, _fields(SjfSharingPolicy)),
+    "sjf-ffs": (SjfSharingPolicy, _fields(SjfSharingPolicy)),
+    "sjf-bsbf": (_sjf_bsbf, _bsbf_knobs),
+    "antman": (_antman, _fields(PairingPolicy)),
     "slurm": (SlurmBaselinePolicy, _fields(SlurmBaselinePolicy)),
     "amoebad": (make_amoebad, amoebad_knobs),
     "goodput": (GoodputPolicy, _fields(GoodputPolicy)),

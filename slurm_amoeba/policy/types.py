@@ -34,6 +34,32 @@ class BatchModel(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """How a job runs with one local micro-batch per step and gradient accumulation that keeps its global batch.
+
+    The runtime measures it (or the simulator models it) for the micro-batches a job could run with; the sharing
+    policies search them for a sharer (:mod:`slurm_amoeba.policy.pairing`).
+
+    Attributes:
+        speed: the job's rate with this micro-batch as a fraction of its rate with its own one (0, 1].
+        memory_gib: device memory one worker needs with it (GiB).
+        accumulation: micro-steps per optimizer step (1: no accumulation).
+    """
+
+    speed: float
+    memory_gib: float
+    accumulation: int
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.speed <= 1.0 or self.memory_gib < 0.0 or self.accumulation < 1:
+            raise PolicyError(
+                f"micro-batch profile speed={self.speed}, memory_gib={self.memory_gib}, "
+                f"accumulation={self.accumulation} is invalid; it needs 0 < speed <= 1, memory_gib >= 0 and "
+                f"accumulation >= 1"
+            )
+
+
 class JobPhase(str, enum.Enum):
     """Where a job stands as far as a policy is concerned: waiting for GPUs or holding them.
 
@@ -99,6 +125,15 @@ class JobInfo:
             ``AdminComment``, :mod:`slurm_amoeba.slurm.marks`); ``None`` for a job the daemon does not hold. A job
             with it set has as ``priority`` the priority Slurm had given it before the hold (Slurm shows 0 while
             it is held); with ``held`` False the mark outlived its hold and is cleared by the daemon's executor.
+        solo_rate: the job's measured rate (samples per second) alone on its GPUs at its current size, as the
+            runtime reports it; ``None`` when never measured.
+        shared_rates: partner ``job_type`` -> the job's measured rate (same unit) while it shared GPUs with a job
+            of that type; together with ``solo_rate`` it overrides ``Snapshot.colocation`` for the pair
+            (:func:`slurm_amoeba.policy.pairing.kept_fraction`).
+        micro_batches: micro-batch -> how the job runs with it (:class:`MicroBatch`), at its requested size; what
+            the sharing policies search for a sharer's sub-batch. Empty when unknown (the job is then never
+            placed beside another by a policy that searches).
+        memory_gib: device memory one worker of the job uses now (GiB); ``None`` when unknown.
     """
 
     job_id: str
@@ -127,6 +162,10 @@ class JobInfo:
     lent: Mapping[str, int] = dataclasses.field(default_factory=dict)
     held: bool = False
     held_since: float | None = None
+    solo_rate: float | None = None
+    shared_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    micro_batches: Mapping[int, MicroBatch] = dataclasses.field(default_factory=dict)
+    memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -213,12 +252,15 @@ class NodeInfo:
         gpus_total: GPUs the node has.
         gpus_free: GPUs nobody holds now (Slurm's view in the daemon; every job counts, managed or not).
         partition: the partition the node serves (empty when the cluster has one).
+        gpu_memory_gib: device memory of one of its GPUs (GiB); ``None`` when unknown (sharing policies then
+            place a sharer only where memory does not bound it).
     """
 
     name: str
     gpus_total: int
     gpus_free: int
     partition: str = ""
+    gpu_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpus_free <= self.gpus_total:

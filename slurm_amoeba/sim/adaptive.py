@@ -158,9 +158,9 @@ class AdaptiveWorkModel(TraceWorkModel):
         self._tables: dict[tuple[int, int, int], dict[int, float]] = {}
         super().__init__(app, batch_size, requested, gpus_per_node)
 
-    def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
-        """Progress per second at the best batch (a sharer's local batch is halved, as for fixed batches)."""
-        return self._adaptive.best(placement, epoch, self._shared_local if shared else None)[1]
+    def rate(self, placement: tuple[int, ...], epoch: int, micro_batch: int | None) -> float:
+        """Progress per second at the best batch (a sharer's local batch bounded by its micro-batch)."""
+        return self._adaptive.best(placement, epoch, micro_batch)[1]
 
     def batch(self, placement: tuple[int, ...], epoch: int) -> int:
         """The global batch the job runs on ``placement`` in ``epoch``."""
@@ -173,7 +173,7 @@ class AdaptiveWorkModel(TraceWorkModel):
         cached = self._tables.get(key)
         if cached is None:
             base = self._req_rate[epoch]
-            cached = {size: self.rate(self._compact(size), epoch, False) / base for size in range(low, high + 1)}
+            cached = {size: self.rate(self._compact(size), epoch, None) / base for size in range(low, high + 1)}
             self._tables[key] = cached
         return cached
 

@@ -42,7 +42,8 @@ from slurm_amoeba.policy import (
     check_actions,
 )
 from slurm_amoeba.policy.common import place_most_free
-from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService
+from slurm_amoeba.policy.pairing import paced_fractions
+from slurm_amoeba.policy.types import AdmitsInOrder, DemotesByService, MicroBatch
 from slurm_amoeba.sim.application import Application
 from slurm_amoeba.sim.data import SimError
 from slurm_amoeba.sim.executor import SimExecutor
@@ -66,6 +67,12 @@ ARTIFACT_RESTART_COST_S = 30.0
 
 #: Unmeasured co-location: both jobs keep half their speed (time slicing).
 DEFAULT_COLOCATION = 0.5
+
+#: Device memory of one simulated GPU (GiB): a V100 of 16 GB, the GPU of Gavel's co-location table. A job of one of
+#: Pollux's applications needs ``micro-batch / max_local_batch`` of it (the largest measured local batch per GPU is
+#: bounded by memory), a model that puts all of a job's memory in its activations; a sharer's sub-batch is searched
+#: within what its host leaves (:mod:`slurm_amoeba.policy.pairing`).
+SIM_GPU_MEMORY_GIB = 16.0
 
 #: The model of user estimates for workloads without time limits: a job's limit is this many times the wall time it
 #: really needs at its requested size (start cost included), rounded up to whole minutes. Users ask for more than
@@ -200,18 +207,32 @@ class WorkModel:
         self._exponent = scaling_exponent
         self._linear: dict[tuple[int, int], dict[int, float]] = {}
 
-    def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
+    def rate(self, placement: tuple[int, ...], epoch: int, micro_batch: int | None) -> float:
         """Progress per second on a placement during an epoch.
 
         Args:
             placement: workers per node.
             epoch: the current epoch (0-based).
-            shared: the job shares its GPUs (it then runs with a halved sub-batch and gradient accumulation).
+            micro_batch: the local micro-batch per step when the job shares its GPUs (gradient accumulation keeps
+                its global batch); ``None``: its own.
 
         Returns:
             The speed before any co-location slowdown.
         """
         return float((sum(placement) / self._requested) ** self._exponent)
+
+    def unplanned_micro_batch(self) -> int | None:
+        """The micro-batch of a job in a share whose sub-batch was not searched (``Share.sub_batch`` ``None``):
+        both jobs of the pair run it. ``None``: the job has no batch to split (a duration job)."""
+        return None
+
+    def micro_batches(self, workers: int) -> dict[int, MicroBatch]:
+        """The micro-batches a sharer could run at ``workers`` workers (``JobInfo.micro_batches``); none here."""
+        return {}
+
+    def memory_gib(self, workers: int, micro_batch: int | None) -> float | None:
+        """Device memory per worker at ``workers`` with ``micro_batch`` (``None``: its own); unknown here."""
+        return None
 
     def speedups(self, low: int, high: int) -> dict[int, float]:
         """Speed at each size ``low..high`` relative to the requested size (on the fewest nodes)."""
@@ -255,9 +276,10 @@ class TraceWorkModel(WorkModel):
         self._batch = batch_size
         self._gpus_per_node = gpus_per_node
         self._shared_local = max(1, app.max_local_batch // 2)
+        self._micro: dict[int, dict[int, MicroBatch]] = {}
         compact = self._compact(requested)
         # Seconds to finish epochs 0..e-1 at the requested size, and the speed in each epoch.
-        self._req_rate = [self.rate(compact, epoch, False) for epoch in range(len(self.epoch_ends))]
+        self._req_rate = [self.rate(compact, epoch, None) for epoch in range(len(self.epoch_ends))]
         self._cum = [0.0]
         previous = 0.0
         for end, speed in zip(self.epoch_ends, self._req_rate, strict=True):
@@ -269,9 +291,36 @@ class TraceWorkModel(WorkModel):
         full, rest = divmod(workers, self._gpus_per_node)
         return (self._gpus_per_node,) * full + ((rest,) if rest else ())
 
-    def rate(self, placement: tuple[int, ...], epoch: int, shared: bool) -> float:
+    def rate(self, placement: tuple[int, ...], epoch: int, micro_batch: int | None) -> float:
         """Progress per second (see :meth:`WorkModel.rate`)."""
-        return self._app.rate(placement, self._batch, epoch, self._shared_local if shared else None)
+        return self._app.rate(placement, self._batch, epoch, micro_batch)
+
+    def unplanned_micro_batch(self) -> int | None:
+        """Half the application's largest local batch (see :meth:`WorkModel.unplanned_micro_batch`)."""
+        return self._shared_local
+
+    def micro_batches(self, workers: int) -> dict[int, MicroBatch]:
+        """Every measured local batch up to the job's own at ``workers``, with its speed in the first epoch, its
+        memory (:data:`SIM_GPU_MEMORY_GIB`) and the accumulation that keeps the global batch."""
+        cached = self._micro.get(workers)
+        if cached is None:
+            app = self._app
+            own, _ = app.plan_batch(self._batch, workers)
+            compact = self._compact(workers)
+            base = self.rate(compact, 0, None)
+            sizes = {size for size in app.measured_local_batches() if app.min_local_batch <= size < own} | {own}
+            cached = {}
+            for size in sorted(sizes):
+                _, accumulation = app.plan_batch(self._batch, workers, size)
+                speed = min(1.0, self.rate(compact, 0, size) / base)
+                cached[size] = MicroBatch(speed, self.memory_gib(workers, size) or 0.0, accumulation + 1)
+            self._micro[workers] = cached
+        return cached
+
+    def memory_gib(self, workers: int, micro_batch: int | None) -> float | None:
+        """``micro-batch / max_local_batch`` of :data:`SIM_GPU_MEMORY_GIB` (see :meth:`WorkModel.memory_gib`)."""
+        local = micro_batch if micro_batch is not None else self._app.plan_batch(self._batch, workers)[0]
+        return SIM_GPU_MEMORY_GIB * min(local, self._app.max_local_batch) / self._app.max_local_batch
 
     def speedups(self, low: int, high: int) -> dict[int, float]:
         """Relative speeds per size, from the first epoch's step times (the gain barely depends on the size)."""
@@ -279,7 +328,7 @@ class TraceWorkModel(WorkModel):
         cached = self._speedups.get(key)
         if cached is None:
             base = self._req_rate[0]
-            cached = {size: self.rate(self._compact(size), 0, False) / base for size in range(low, high + 1)}
+            cached = {size: self.rate(self._compact(size), 0, None) / base for size in range(low, high + 1)}
             self._speedups[key] = cached
         return cached
 
@@ -307,6 +356,7 @@ class _Job:
         "info",
         "key",
         "model",
+        "pace_bound",
         "pause_until",
         "placement",
         "preemptions",
@@ -317,6 +367,7 @@ class _Job:
         "restarts",
         "shared_with",
         "spec",
+        "sub_batch",
         "t",
         "time_limit",
         "version",
@@ -335,6 +386,8 @@ class _Job:
         self.workers = 0
         self.shared_with: str | None = None
         self.host_of: str | None = None
+        self.sub_batch: int | None = None
+        self.pace_bound: float | None = None
         self.progress = 0.0
         self.epoch = 0
         self.t = spec.submit_time
@@ -382,6 +435,8 @@ class _Job:
             shared_with=self.shared_with,
             priority=self.priority,
             held=self.held,
+            micro_batches=self.model.micro_batches(spec.requested_workers),
+            memory_gib=self.model.memory_gib(self.workers or spec.requested_workers, self.sub_batch),
         )
         self.info = info
         return info
@@ -636,7 +691,8 @@ class Simulator:
         self._node_names = [f"node{i:03d}" for i in range(config.nodes)]
         self._free = dict.fromkeys(self._node_names, config.gpus_per_node)
         self._node_infos = {
-            name: NodeInfo(name, config.gpus_per_node, config.gpus_per_node) for name in self._node_names
+            name: NodeInfo(name, config.gpus_per_node, config.gpus_per_node, gpu_memory_gib=SIM_GPU_MEMORY_GIB)
+            for name in self._node_names
         }
         self._nodes_tuple: tuple[NodeInfo, ...] | None = None
         self._heap: list[tuple[float, int, str]] = []
@@ -656,15 +712,30 @@ class Simulator:
     # -- progress -------------------------------------------------------------------------------------------
 
     def _speed(self, job: _Job, epoch: int | None = None) -> float:
+        """The job's progress per second now: its micro-batch's rate times what it keeps beside its partner.
+
+        A sharer runs its searched sub-batch and its host its own; in a share whose sub-batch was not searched both
+        run :meth:`WorkModel.unplanned_micro_batch`. A paced sharer and its host keep
+        :func:`~slurm_amoeba.policy.pairing.paced_fractions` of the measured co-location factors.
+        """
         if not job.placement:
             return 0.0
-        shared = job.shared_with is not None or job.host_of is not None
-        speed = job.model.rate(tuple(job.placement.values()), job.epoch if epoch is None else epoch, shared)
+        at = job.epoch if epoch is None else epoch
         partner_id = job.shared_with or job.host_of
-        if partner_id is not None:
-            partner = self._jobs[partner_id]
-            speed *= self.colocation.get((job.model.job_type, partner.model.job_type), DEFAULT_COLOCATION)
-        return speed
+        if partner_id is None:
+            return job.model.rate(tuple(job.placement.values()), at, None)
+        partner = self._jobs[partner_id]
+        guest, host = (job, partner) if job.shared_with is not None else (partner, job)
+        if guest.sub_batch is None:
+            micro = job.model.unplanned_micro_batch()
+        else:
+            micro = guest.sub_batch if job is guest else None
+        speed = job.model.rate(tuple(job.placement.values()), at, micro)
+        keep_guest = self.colocation.get((guest.model.job_type, host.model.job_type), DEFAULT_COLOCATION)
+        keep_host = self.colocation.get((host.model.job_type, guest.model.job_type), DEFAULT_COLOCATION)
+        if guest.pace_bound is not None:
+            keep_host, keep_guest = paced_fractions(keep_host, keep_guest, guest.pace_bound)
+        return speed * (keep_guest if job is guest else keep_host)
 
     def _advance(self, job: _Job, now: float) -> None:
         """Move a running job's progress and service forward to ``now`` (never past its end)."""
@@ -712,7 +783,9 @@ class Simulator:
     def _set_free(self, name: str, delta: int) -> None:
         self._free[name] += delta
         self._used -= delta
-        self._node_infos[name] = NodeInfo(name, self.config.gpus_per_node, self._free[name])
+        self._node_infos[name] = NodeInfo(
+            name, self.config.gpus_per_node, self._free[name], gpu_memory_gib=SIM_GPU_MEMORY_GIB
+        )
         self._nodes_tuple = None
 
     # -- events ---------------------------------------------------------------------------------------------
@@ -759,6 +832,8 @@ class Simulator:
                 guest = self._jobs[job.host_of]
                 self._advance(guest, now)
                 guest.shared_with = None
+                guest.sub_batch = None
+                guest.pace_bound = None
                 job.host_of = None
                 guest.rate = self._speed(guest)
                 guest.info = None
@@ -775,6 +850,8 @@ class Simulator:
             host.info = None
             self._predict(host)
             job.shared_with = None
+        job.sub_batch = None
+        job.pace_bound = None
         job.place({})
         job.rate = 0.0
         job.info = None
@@ -815,6 +892,8 @@ class Simulator:
         host_id: str | None,
         now: float,
         moved: bool = False,
+        sub_batch: int | None = None,
+        pace_bound: float | None = None,
     ) -> None:
         """Give a job ``workers`` workers on ``placement`` and charge what the change costs.
 
@@ -825,6 +904,8 @@ class Simulator:
             host_id: the job whose GPUs it shares, or ``None``.
             now: the current time.
             moved: a move at the same size, which costs a resize instead of a restart.
+            sub_batch: with ``host_id``, the sharer's searched micro-batch (``None``: not searched).
+            pace_bound: with ``host_id``, the host's allowed slowdown the sharer paces itself to (``None``: none).
 
         Raises:
             SimError: the workers do not fit (a policy over-committed).
@@ -862,6 +943,8 @@ class Simulator:
             host = self._jobs[host_id]
             self._advance(host, now)
             job.shared_with = host.spec.name
+            job.sub_batch = sub_batch
+            job.pace_bound = pace_bound
             host.host_of = job.spec.name
             host.rate = self._speed(host)
             host.info = None

@@ -11,7 +11,7 @@ each action type; the engine owns the cluster's state and changes it only throug
 :class:`Resize`           the job goes to its new size (and placement) and pays a resize
 :class:`Preempt`          the job gives its GPUs back (after the partition's grace time) and waits again
 :class:`Place`            the job keeps its size on new nodes and pays a restart
-:class:`Share`            the job runs on its host's GPUs, beside it
+:class:`Share`            the job runs on its host's GPUs, beside it, with the action's sub-batch and pace bound
 :class:`Move`             its workers on ``node`` leave it for the other nodes with the most free GPUs; a resize's cost
 :class:`Hold`             the pending job is held: policies pass it over until it is released
 :class:`Release`          the hold is lifted
@@ -52,9 +52,12 @@ class SimCluster(Protocol):
         host: str | None,
         now: float,
         moved: bool = False,
+        sub_batch: int | None = None,
+        pace_bound: float | None = None,
     ) -> None:
         """Give the job ``workers`` workers on ``placement`` (0: preempt; empty placement: the most free nodes;
-        ``host``: on that job's GPUs; ``moved``: a same-size move that costs a resize)."""
+        ``host``: on that job's GPUs, with the sharer's ``sub_batch`` and ``pace_bound``; ``moved``: a same-size
+        move that costs a resize)."""
         ...
 
     def mark_held(self, job_id: str, held: bool) -> None:
@@ -114,8 +117,18 @@ class SimExecutor:
 
     def _size(self, action: act.Action, now: float) -> None:
         assert isinstance(action, (act.Start, act.Resize, act.Preempt, act.Place, act.Share))
-        host = action.host if isinstance(action, act.Share) else None
-        self._cluster.size_job(action.job_id, action.workers, action.placement, host, now)
+        if isinstance(action, act.Share):
+            self._cluster.size_job(
+                action.job_id,
+                action.workers,
+                action.placement,
+                action.host,
+                now,
+                sub_batch=action.sub_batch,
+                pace_bound=action.pace_bound,
+            )
+            return
+        self._cluster.size_job(action.job_id, action.workers, action.placement, None, now)
 
     def _move(self, action: act.Action, now: float) -> None:
         assert isinstance(action, act.Move)

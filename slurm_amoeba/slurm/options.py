@@ -65,6 +65,7 @@ PLUGIN_OPTIONS: dict[str, tuple[str, Arity]] = {
     "elastic": ("", _R),
     "elastic-partition": ("", _R),
     "no-elastic": ("", _N),
+    "share": ("", _O),
 }
 #: Where Slurm keeps a job's options of this plugin for the commands run inside it (``--elastic`` of an enclosing
 #: job reaches an sbatch run in it this way; docs/spank.md, "Inheritance").

@@ -215,14 +215,15 @@ def _split_gres(text: str) -> list[str]:
 def parse_gpu_indices(detail: str, *, source: str = "gres_detail") -> tuple[int, ...]:
     """Read the GPU indices of one node's ``gres_detail`` entry, e.g. ``gpu:2(IDX:0-1)`` -> ``(0, 1)``.
 
-    Indices are node-wide (a second job on a node may get ``(2, 3)``).
+    Indices are node-wide (a second job on a node may get ``(2, 3)``). A GPU the job holds shards of
+    (``shard:2(IDX:0)``, GPU sharing) is a GPU it runs on: ``(0,)``.
 
     Raises:
         ParseError: a GPU entry whose index list cannot be read.
     """
     indices: list[int] = []
     for item in _split_gres(detail):
-        if not item.startswith("gpu"):
+        if not item.startswith(("gpu", "shard")):
             continue
         match = _IDX.search(item)
         if match is None or match.group("idx") == "N/A":

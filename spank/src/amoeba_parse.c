@@ -13,6 +13,7 @@
 
 #define ELASTIC_FLAG "--elastic"
 #define PARTITION_FLAG "--elastic-partition"
+#define SHARE_FLAG "--share"
 
 /* Write a formatted message into err (always terminated, cut if too long). */
 __attribute__((format(printf, 3, 4)))
@@ -355,6 +356,26 @@ int amoeba_config_parse(struct amoeba_config *cfg, int ac, char *const av[],
 	return 0;
 }
 
+int amoeba_parse_share(const char *text, char *out, char *err, size_t errlen)
+{
+	static const char *const modes[] = { "guaranteed", "opportunistic" };
+	char q[AMOEBA_QUOTE_MAX];
+
+	if (!text || !*text)
+		text = AMOEBA_SHARE_DEFAULT;
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		if (strcmp(text, modes[i]) == 0) {
+			(void) snprintf(out, AMOEBA_SHARE_MAX + 1, "%s", text);
+			return 0;
+		}
+	}
+	set_error(err, errlen,
+		  SHARE_FLAG "=%s is not a sharing mode: give " SHARE_FLAG
+		  "=guaranteed (the same as " SHARE_FLAG " alone) or "
+		  SHARE_FLAG "=opportunistic", amoeba_quote(text, q, sizeof(q)));
+	return -1;
+}
+
 /* ---- the job's request ---- */
 
 void amoeba_request_reset(struct amoeba_request *req)
@@ -370,6 +391,7 @@ int amoeba_request_apply(struct amoeba_request *req,
 {
 	struct amoeba_range range;
 	char partition[AMOEBA_PARTITION_MAX + 1];
+	char share[AMOEBA_SHARE_MAX + 1];
 
 	switch (option) {
 	case AMOEBA_OPT_ELASTIC:
@@ -392,6 +414,11 @@ int amoeba_request_apply(struct amoeba_request *req,
 	case AMOEBA_OPT_NO_ELASTIC:
 		req->mode = AMOEBA_MODE_OFF;
 		return 0;
+	case AMOEBA_OPT_SHARE:
+		if (amoeba_parse_share(optarg, share, err, errlen) < 0)
+			return -1;
+		memcpy(req->share, share, sizeof(share));
+		return 0;
 	}
 	set_error(err, errlen, "unknown option number %d", option);
 	return -1;
@@ -410,6 +437,7 @@ int amoeba_request_finish(struct amoeba_request *req,
 	env->vars[1].name = AMOEBA_ENV_ELASTIC_MAX;
 	env->vars[2].name = AMOEBA_ENV_ELASTIC_PARTITION;
 	env->vars[3].name = AMOEBA_ENV_DAEMON_UID;
+	env->vars[4].name = AMOEBA_ENV_SHARE;
 
 	switch (req->mode) {
 	case AMOEBA_MODE_UNSET:
@@ -418,6 +446,14 @@ int amoeba_request_finish(struct amoeba_request *req,
 				  PARTITION_FLAG "=%s needs " ELASTIC_FLAG
 				  "=MIN[:MAX] as well",
 				  amoeba_quote(req->partition, q, sizeof(q)));
+			return -1;
+		}
+		if (req->share[0]) {
+			set_error(err, errlen,
+				  SHARE_FLAG "=%s needs " ELASTIC_FLAG
+				  "=MIN[:MAX] as well: only an elastic job's "
+				  "agent can be told to share",
+				  amoeba_quote(req->share, q, sizeof(q)));
 			return -1;
 		}
 		return 0;
@@ -440,6 +476,8 @@ int amoeba_request_finish(struct amoeba_request *req,
 			(void) snprintf(env->vars[3].value,
 					sizeof(env->vars[3].value), "%lld",
 					cfg->daemon_uid);
+		(void) snprintf(env->vars[4].value, sizeof(env->vars[4].value),
+				"%s", req->share);
 		*has_env = true;
 		return 0;
 	}

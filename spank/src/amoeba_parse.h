@@ -59,7 +59,12 @@ enum amoeba_option {
 	AMOEBA_OPT_ELASTIC = 1,    /* --elastic=MIN[:MAX] */
 	AMOEBA_OPT_PARTITION = 2,  /* --elastic-partition=NAME */
 	AMOEBA_OPT_NO_ELASTIC = 3, /* --no-elastic */
+	AMOEBA_OPT_SHARE = 4,      /* --share[=guaranteed|opportunistic] */
 };
+
+/* Longest sharing mode ("opportunistic"), and the mode --share alone means. */
+#define AMOEBA_SHARE_MAX 15
+#define AMOEBA_SHARE_DEFAULT "guaranteed"
 
 /*
  * What the job's options ask for. --no-elastic wins over --elastic in any
@@ -77,14 +82,16 @@ struct amoeba_request {
 	enum amoeba_mode mode;
 	struct amoeba_range range;                /* valid in AMOEBA_MODE_ELASTIC */
 	char partition[AMOEBA_PARTITION_MAX + 1]; /* "" until set */
+	char share[AMOEBA_SHARE_MAX + 1];         /* sharing mode; "" until set */
 };
 
 /*
  * The job environment a request turns into: AMOEBA_ENV_ELASTIC_MIN, _MAX,
- * _PARTITION and AMOEBA_ENV_DAEMON_UID of amoeba_env.h, in that order (the
- * daemon's uid is empty, which the job reads as unset, when the site gave none).
+ * _PARTITION, AMOEBA_ENV_DAEMON_UID and AMOEBA_ENV_SHARE of amoeba_env.h, in
+ * that order (the daemon's uid is empty, which the job reads as unset, when the
+ * site gave none; the sharing mode is empty when the job did not opt in).
  */
-#define AMOEBA_REQUEST_VARS 4
+#define AMOEBA_REQUEST_VARS 5
 
 struct amoeba_env_var {
 	const char *name;
@@ -131,6 +138,13 @@ int amoeba_parse_range(const char *text, unsigned site_max,
 int amoeba_parse_partition(const char *text, const char *what, char *out,
 			   char *err, size_t errlen);
 
+/*
+ * Check a sharing mode for --share ("guaranteed" or "opportunistic"; NULL or
+ * "" is --share alone: AMOEBA_SHARE_DEFAULT) and copy it into out
+ * (AMOEBA_SHARE_MAX + 1 bytes).
+ */
+int amoeba_parse_share(const char *text, char *out, char *err, size_t errlen);
+
 /* Forget every option: the state before any callback ran. */
 void amoeba_request_reset(struct amoeba_request *req);
 
@@ -147,7 +161,8 @@ int amoeba_request_apply(struct amoeba_request *req,
 			 size_t errlen);
 
 /*
- * After every option was seen: reject --elastic-partition without --elastic,
+ * After every option was seen: reject --elastic-partition or --share without
+ * --elastic,
  * fill the partition from the site default, and describe the environment the
  * job gets. Returns 0 with *has_env false when the job asked for nothing.
  */

@@ -50,6 +50,11 @@ static struct spank_option amoeba_options[] = {
 	  "[amoeba] Run as an ordinary job even where --elastic is given "
 	  "(e.g. by #SBATCH); clear AMOEBA_ELASTIC_*.",
 	  0, AMOEBA_OPT_NO_ELASTIC, amoeba_option_cb },
+	{ "share", "MODE",
+	  "[amoeba] Let the daemon share this elastic job's GPUs with another "
+	  "opted-in job (MODE guaranteed, the default, or opportunistic: its "
+	  "extra workers may also run beside another job).",
+	  2, AMOEBA_OPT_SHARE, amoeba_option_cb },
 	SPANK_OPTIONS_TABLE_END
 };
 

@@ -29,7 +29,7 @@ int amoeba_remote_user_init(spank_t sp)
 		return 0;
 	/* No callback ran: the batch step, or a job without our options. */
 	if (amoeba_req.mode == AMOEBA_MODE_UNSET && !amoeba_req.partition[0] &&
-	    amoeba_options_from_job_env(sp) < 0)
+	    !amoeba_req.share[0] && amoeba_options_from_job_env(sp) < 0)
 		return -1;
 	if (amoeba_finish_request(&env, &has_env) < 0)
 		return -1;

@@ -316,6 +316,44 @@ static void test_config_daemon_uid_reaches_the_job(void)
 	CHECK_STR(env.vars[3].value, "990");
 }
 
+static void test_request_share_exports_its_mode_and_needs_elastic(void)
+{
+	struct amoeba_config cfg = site(8);
+	struct amoeba_request req;
+	struct amoeba_env env;
+	bool has_env;
+
+	amoeba_request_reset(&req);
+	CHECK(amoeba_request_apply(&req, &cfg, AMOEBA_OPT_ELASTIC, "1:2", false,
+				   err, sizeof(err)) == 0);
+	CHECK(amoeba_request_finish(&req, &cfg, &env, &has_env, err,
+				    sizeof(err)) == 0);
+	CHECK_STR(env.vars[4].name, "AMOEBA_SHARE");
+	CHECK_STR(env.vars[4].value, ""); /* not opted in */
+	CHECK(amoeba_request_apply(&req, &cfg, AMOEBA_OPT_SHARE, NULL, false,
+				   err, sizeof(err)) == 0);
+	CHECK(amoeba_request_finish(&req, &cfg, &env, &has_env, err,
+				    sizeof(err)) == 0);
+	CHECK_STR(env.vars[4].value, "guaranteed"); /* --share alone */
+	CHECK(amoeba_request_apply(&req, &cfg, AMOEBA_OPT_SHARE,
+				   "opportunistic", false, err,
+				   sizeof(err)) == 0);
+	CHECK(amoeba_request_finish(&req, &cfg, &env, &has_env, err,
+				    sizeof(err)) == 0);
+	CHECK_STR(env.vars[4].value, "opportunistic");
+	CHECK(amoeba_request_apply(&req, &cfg, AMOEBA_OPT_SHARE, "always",
+				   false, err, sizeof(err)) < 0);
+	CHECK_HAS(err, "--share=always is not a sharing mode");
+	CHECK_STR(req.share, "opportunistic"); /* a failure changes nothing */
+
+	amoeba_request_reset(&req);
+	CHECK(amoeba_request_apply(&req, &cfg, AMOEBA_OPT_SHARE, "guaranteed",
+				   false, err, sizeof(err)) == 0);
+	CHECK(amoeba_request_finish(&req, &cfg, &env, &has_env, err,
+				    sizeof(err)) < 0);
+	CHECK_HAS(err, "--share=guaranteed needs --elastic=MIN[:MAX]");
+}
+
 static void test_request_min_alone_is_fixed_size(void)
 {
 	struct amoeba_config cfg = site(8);
@@ -518,5 +556,6 @@ int main(void)
 	test_request_partition_needs_elastic();
 	test_request_without_options_exports_nothing();
 	test_request_partition_option_beats_site_default();
+	test_request_share_exports_its_mode_and_needs_elastic();
 	return CHECK_DONE("test_parse");
 }

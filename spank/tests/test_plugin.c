@@ -54,7 +54,7 @@ static void test_sbatch_exports_range_into_submission_env(void)
 {
 	clear_process_env();
 	CHECK(init(S_CTX_ALLOCATOR, "max_workers=8", NULL) == 0);
-	CHECK(fake_option_count == 3);
+	CHECK(fake_option_count == 4);
 	CHECK(fake_option("elastic") && fake_option("elastic-partition") &&
 	      fake_option("no-elastic"));
 	CHECK(strncmp(fake_option("elastic")->usage, "[amoeba] ", 9) == 0);
@@ -134,9 +134,9 @@ static void test_sbatch_support_0_hides_options_from_sbatch_only(void)
 	CHECK(init(S_CTX_ALLOCATOR, "sbatch_support=0", NULL) == 0);
 	CHECK(fake_option_count == 0);
 	CHECK(init(S_CTX_LOCAL, "sbatch_support=0", NULL) == 0);
-	CHECK(fake_option_count == 3);
+	CHECK(fake_option_count == 4);
 	CHECK(init(S_CTX_REMOTE, "sbatch_support=0", NULL) == 0);
-	CHECK(fake_option_count == 3);
+	CHECK(fake_option_count == 4);
 }
 
 static void test_srun_exports_into_its_env(void)

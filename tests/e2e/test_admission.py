@@ -70,7 +70,7 @@ def submit_elastic(cluster: ClusterHandle, workdir: Path, elastic: str, monkeypa
 
 
 def free_gpus(client: CliSlurmClient) -> int:
-    return sum(node.gpus_free for node in client.nodes())
+    return sum(node.gpus_free for node in client.nodes(partition="batch"))  # not the sharing partition's
 
 
 def leader(client: CliSlurmClient, job_id: int) -> JobRecord | None:

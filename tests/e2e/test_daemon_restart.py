@@ -4,8 +4,6 @@ the ordered size, the resize is not ordered twice, and no satellite is orphaned 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ import pytest
 
 from slurm_amoeba.slurm import CliSlurmClient
 from tests.conftest import ClusterHandle
-from tests.integration.daemon_helpers import DaemonProcess, end_job, submit_mlp_job, wait_until
+from tests.integration.daemon_helpers import DaemonProcess, end_job, idle_cluster_env, submit_mlp_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
@@ -22,17 +20,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 @pytest.fixture
 def env(slurm_cluster: ClusterHandle) -> dict[str, str]:
     """The cluster's environment with the venv's commands first, once the shared cluster is idle."""
-    environ = dict(os.environ)
-    environ["SLURM_CONF"] = str(slurm_cluster.conf)
-    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
-    environ.pop("AMOEBA_DAEMON_ENDPOINT", None)
-    client = CliSlurmClient(environ)
-    deadline = time.monotonic() + 120
-    while any(j.state.is_active() for j in client.jobs()) and time.monotonic() < deadline:
-        time.sleep(1)
-    if any(j.state.is_active() for j in client.jobs()):
-        pytest.skip("the shared cluster stayed busy with others' jobs; this test needs it idle")
-    return environ
+    return idle_cluster_env(slurm_cluster)
 
 
 def agent_history(state_dir: Path) -> list[dict[str, Any]]:
@@ -67,8 +55,9 @@ def test_kill_9_while_a_real_job_grows_then_restart_orders_nothing_twice(
             lambda: [(j["size"], j["target"]) for j in daemon.status_jobs()] == [(3, 3)],
             timeout=90,
         )
-        time.sleep(daemon.interval_s * 1.5)  # one interval more
-        status = daemon.status()
+        wait_until("the daemon to see no resize in flight", lambda: daemon.status()["in_flight"] == {})
+        status = daemon.wait_rounds(1)  # a round that knew the resize had arrived: its chance to order it again
+        assert status["last_round"]["ordered"] == {}, status["last_round"]
         assert status["orphans"] == [] and status["unclaimed"] == [] and status["in_flight"] == {}
         requested = [e for e in agent_history(state_dir) if e.get("event") == "resize_requested"]
         assert [e["target"] for e in requested] == [3], f"ordered more than once: {requested}"

@@ -77,7 +77,8 @@ def test_sigkill_of_the_active_daemon_hands_the_job_to_the_standby_within_the_bo
             30,
         )
         wait_until("the new active daemon to see the job's report", lambda: sizes(second) == [(3, 3)], 30)
-        time.sleep(second.interval_s * 2)  # two rounds of the new daemon: it must not order the job again
+        status = second.wait_rounds(2)  # two rounds of the new daemon that saw the job: it must not order it again
+        assert status["last_round"]["ordered"] == {}, status["last_round"]
         assert sizes(second) == [(3, 3)]
         requested = [e for e in agent_history(state_dir) if e.get("event") == "resize_requested"]
         assert [e["target"] for e in requested] == [3], f"a directive was applied twice: {requested}"

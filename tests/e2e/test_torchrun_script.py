@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from slurm_amoeba.launcher.handle import AgentHandle
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmCommandError
 from tests.conftest import REPO, ClusterHandle
 from tests.e2e.test_elastic_jobs import satellites_of, wait_until
-from tests.unit.launcher.test_restart import BATCH, EPOCHS, SIZE, reference_parameters
+from tests.unit.launcher.test_restart import BATCH, EPOCHS, SIZE, reference_parameters, saved_at
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
@@ -98,7 +97,8 @@ def test_an_unmodified_torchrun_script_grows_and_shrinks_through_slurm_satellite
             "the script to restart",
             lambda: len(re.findall("from step", (state_dir / "worker-g0-0.log").read_text())) == 2,
         )
-        time.sleep(1)  # a few steps at 2 workers
+        before = saved_at(checkpoint)
+        wait_until("steps at 2 workers (a periodic save)", lambda: saved_at(checkpoint) != before)
         assert agent.resize(1) == 1
         wait_until("back to 1 worker", lambda: agent.workers() == 1, timeout=60)
         wait_until("the job to end", lambda: client.accounting_state(int(job_id)).is_final(), timeout=120)

@@ -10,6 +10,7 @@ the daemon while one is in flight.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -35,16 +36,15 @@ from slurm_amoeba.transport.channel import (
     request_from,
 )
 from slurm_amoeba.transport.munge import binding, unseal
+from tests import waiting
 from tests.conftest import REPO, ClusterHandle
 
+T = TypeVar("T")
 
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0, every: float = 0.2) -> None:
-    """Poll ``predicate``; fail the test with ``what`` when it stays false past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+
+def wait_until(what: str, predicate: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2) -> T:
+    """:func:`tests.waiting.wait_until` at the pace of a cluster (every 0.2 s, 30 s by default)."""
+    return waiting.wait_until(what, predicate, timeout, every)
 
 
 def free_port() -> int:
@@ -128,6 +128,26 @@ class DaemonProcess:
         assert reply is not None and reply.body["ok"], reply
         data: dict[str, Any] = reply.body["data"]
         return data
+
+    def wait_rounds(self, count: int, timeout: float | None = None) -> dict[str, Any]:
+        """Wait until ``count`` rounds that began after this call have finished; the status after the last.
+
+        A round that began after something the daemon could act on has had its chance to act: wait for one before
+        asserting that the daemon did *not* do something. A round's ``at`` is the daemon's wall clock, which the
+        test shares (one host); rounds the polling misses are not counted, so it may wait longer, never shorter.
+        """
+        since = time.time()
+        began: set[float] = set()
+
+        def finished() -> dict[str, Any] | None:
+            status = self.status()
+            last = status["last_round"]
+            if last is not None and last["at"] > since:
+                began.add(last["at"])
+            return status if len(began) >= count else None
+
+        bound = timeout if timeout is not None else self.interval_s * (count + 2) + 20
+        return wait_until(f"{count} rounds of the daemon after {since:.3f}", finished, bound)
 
     def status_jobs(self) -> list[dict[str, Any]]:
         """``amoebactl jobs`` as data."""
@@ -371,20 +391,49 @@ class FakeAgent:
                 self.client.cancel(sat)
 
 
-def submit_mlp_job(cluster: ClusterHandle, env: dict[str, str], workdir: Path, daemon_endpoint: str) -> str:
-    """Submit ``examples/elastic_mlp.py`` with ``amoeba-sbatch --elastic 1:3`` (a node's GPUs per worker), its agent
-    reporting to ``daemon_endpoint`` (one address or a pair's, comma-separated); returns the job id."""
+def idle_cluster_env(cluster: ClusterHandle) -> dict[str, str]:
+    """The cluster's environment with the venv's commands first, once the shared cluster is idle (the test is
+    skipped when it stays busy with others' jobs for two minutes)."""
+    environ = dict(os.environ)
+    environ["SLURM_CONF"] = str(cluster.conf)
+    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
+    environ.pop("AMOEBA_DAEMON_ENDPOINT", None)
+    client = CliSlurmClient(environ)
+    deadline = time.monotonic() + 120
+    while any(j.state.is_active() for j in client.jobs()) and time.monotonic() < deadline:
+        time.sleep(1)
+    if any(j.state.is_active() for j in client.jobs()):
+        pytest.skip("the shared cluster stayed busy with others' jobs; this test needs it idle")
+    return environ
+
+
+def submit_mlp_job(
+    cluster: ClusterHandle,
+    env: dict[str, str],
+    workdir: Path,
+    daemon_endpoint: str,
+    *,
+    elastic: str = "1:3",
+    gpus_per_worker: int | None = None,
+    name: str = "job",
+    options: tuple[str, ...] = (),
+) -> str:
+    """Submit ``examples/elastic_mlp.py`` with ``amoeba-sbatch --elastic ELASTIC`` (``gpus_per_worker``, by default a
+    node's GPUs per worker; further amoeba-sbatch ``options``), its agent reporting to ``daemon_endpoint`` (one
+    address or a pair's, comma-separated); returns the job id."""
     job_script = script(
-        workdir / "job.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
+        workdir / f"{name}.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
     )
+    gpus = cluster.gpus_per_node if gpus_per_worker is None else gpus_per_worker
     submitted = subprocess.run(
         [
             "amoeba-sbatch",
             "--elastic",
-            "1:3",
+            elastic,
             "--gpus-per-worker",
-            str(cluster.gpus_per_node),
-            f"--output={workdir}/agent-%j.out",
+            str(gpus),
+            *options,
+            f"--output={workdir}/{'agent' if name == 'job' else name}-%j.out",
             str(job_script),
             "--epochs",
             "100000",

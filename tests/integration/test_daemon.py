@@ -112,15 +112,24 @@ def test_kill_9_mid_resize_then_restart_loses_no_job_and_orders_nothing_twice(
         assert agent.daemon_uid == 0  # the daemon runs as root in the tests
         wait_until("the daemon to order the job to grow", lambda: len(agent.directives) == 1, timeout=20)
         assert agent.directives[0][1].body["target"] == 4
-        time.sleep(0.5)  # the daemon applies the acknowledgement (and saves it), then dies
+        wait_until(
+            "the daemon to save the acknowledged resize",
+            lambda: str(job_id) in load_state(daemon.state).in_flight,
+            timeout=20,
+            every=0.05,
+        )
         daemon.kill()
         assert load_state(daemon.state).in_flight[str(job_id)].target == 4
         assert agent.size == 1 and agent.target == 4  # the resize is in flight: the agent has not acted yet
         daemon.start()
         wait_until("the agent to register again", lambda: agent.registrations == 2, timeout=20)
         wait_until("the job to reach 4 workers", lambda: agent.size == 4, timeout=60)
-        time.sleep(daemon.interval_s * 1.5)  # one interval after the resize arrived
-        status = daemon.status()
+        wait_until(
+            "the daemon to see the job at 4 workers with no resize in flight",
+            lambda: (s := daemon.status())["in_flight"] == {} and s["workers"] == 4,
+        )
+        status = daemon.wait_rounds(1)  # a round that knew the resize had arrived: its chance to order it again
+        assert status["last_round"]["ordered"] == {}, status["last_round"]
         assert status["orphans"] == [] and status["unclaimed"] == []
         assert status["in_flight"] == {}
         assert status["jobs"]["elastic"] == 1 and status["workers"] == 4

@@ -61,11 +61,12 @@ def state_of(cli: CliSlurmClient, job_id: int) -> JobState:
 def test_the_cluster_has_four_idle_nodes_with_four_gpus_each(
     slurm_cluster: ClusterHandle, client: CliSlurmClient
 ) -> None:
-    capacity = client.gpus_per_node()
+    capacity = client.gpus_per_node(partition="batch")
     assert [(c.node, c.total, c.free) for c in capacity] == [(n, 4, 4) for n in ("n1", "n2", "n3", "n4")]
     assert slurm_cluster.addresses == {f"n{i}": f"10.77.0.1{i}" for i in range(1, 5)}
-    assert {p for n in client.nodes() for p in n.partitions} == {"batch", "elastic"}
+    assert {p for n in client.nodes() for p in n.partitions} == {"batch", "elastic", "share"}
     assert len(client.nodes(partition="elastic")) == 4
+    assert [(n.name, n.gpus_total) for n in client.nodes(partition="share")] == [("n5", 4)]  # shards beside
 
 
 def test_a_two_node_gpu_job_reads_its_gpus_back(tmp_path: Path, client: CliSlurmClient) -> None:

@@ -9,8 +9,10 @@ from typing import Any, cast
 import pytest
 
 from slurm_amoeba.daemon import ConfigError, DaemonConfig, compose_policy
+from slurm_amoeba.daemon.config import Sharing
 from slurm_amoeba.daemon.executor import APPLIED, REFUSED
 from slurm_amoeba.policy import ACTION_TYPES, Action, action_name, make_policy, policy_names
+from slurm_amoeba.policy.actions import Share
 from slurm_amoeba.sim.executor import SimCluster, SimExecutor
 
 #: Knobs that make a registered policy emit more action types than its defaults (each is configured as well).
@@ -31,10 +33,22 @@ def test_every_policy_that_can_emit_a_refused_action_is_refused_by_the_daemons_c
     name: str, knobs: dict[str, Any]
 ) -> None:
     config = DaemonConfig(policy=name, policy_knobs=knobs)
-    refused = sorted(action_name(kind) for kind in make_policy(name, **config.effective_knobs()).emits & set(REFUSED))
+    off_here = set(REFUSED) | {Share}  # sharing is off unless the site switches it on
+    refused = sorted(action_name(kind) for kind in make_policy(name, **config.effective_knobs()).emits & off_here)
     if not refused:
-        assert not compose_policy(config).emits & set(REFUSED)
+        assert not compose_policy(config).emits & off_here
         return
     with pytest.raises(ConfigError, match=f"policy {name!r} cannot run in amoebad") as caught:
         compose_policy(config)
     assert all(f"its {kind} actions cannot be applied live" in str(caught.value) for kind in refused)
+
+
+@pytest.mark.parametrize("name", [name for name in policy_names() if Share in make_policy(name).emits])
+def test_a_sharing_policy_runs_in_amoebad_once_the_site_switches_sharing_on(name: str) -> None:
+    config = DaemonConfig(policy=name, sharing=Sharing(enabled=True, partitions={"share": 1}))
+    emits = make_policy(name, **config.effective_knobs()).emits
+    if emits & set(REFUSED):
+        with pytest.raises(ConfigError, match="cannot run in amoebad"):
+            compose_policy(config)
+        return
+    assert Share in compose_policy(config).emits

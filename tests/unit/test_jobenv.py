@@ -69,9 +69,17 @@ def test_round_trip_through_the_environment_keeps_every_field() -> None:
         state_dir="/scratch/a b",
         parent_job="123",
         job_folder="/jobs/123",
+        share="opportunistic",
+        share_partition="pairs",
     )
     assert JobEnv.from_environ(env.to_environ()) == env
     assert set(env.to_environ()) == set(JobEnv.names())
+
+
+def test_a_sharing_mode_that_is_not_one_is_refused_naming_the_variable_and_the_modes() -> None:
+    with pytest.raises(SpecError, match=r"AMOEBA_SHARE='always' is not a sharing mode: give one of guaranteed, opp"):
+        JobEnv.from_environ({"AMOEBA_SHARE": "always"})
+    assert JobEnv.from_environ({"AMOEBA_SHARE": ""}).share is None
 
 
 def test_empty_values_mean_unset() -> None:

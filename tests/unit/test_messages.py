@@ -181,3 +181,37 @@ def test_a_directive_may_name_one_node_to_vacate() -> None:
 def test_vacate_is_one_node_name(node: object) -> None:
     with pytest.raises(ProtocolError, match="vacate"):
         encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "vacate": node}))
+
+
+PLACE = {"host": "77", "partition": "share", "nodes": {"s1": 2}, "role": "opportunistic"}
+
+
+def test_a_directive_may_place_workers_beside_another_job_and_a_registration_name_its_sharing_mode() -> None:
+    back = decode(encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "place_beside": PLACE})))
+    assert back.body["place_beside"] == PLACE
+    body = {"job_id": "7", "endpoint": "tcp://h:1", "min_workers": 1, "max_workers": 2, "gpus_per_worker": 1}
+    body |= {"partition": "batch", "elastic_partition": "elastic", "share": "guaranteed", "share_partition": "share"}
+    assert decode(encode(Message("register", body))).body["share"] == "guaranteed"
+    with pytest.raises(ProtocolError, match="register: share 'always' is not one of guaranteed, opportunistic"):
+        encode(Message("register", {**body, "share": "always"}))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"host": "x7"}, "host 'x7' is not a job id"),
+        ({"partition": "a b"}, "partition 'a b' is not a partition name"),
+        ({"role": "owner"}, "role 'owner' is not one of"),
+        ({"nodes": {}}, "is not 1 to 64 nodes"),
+        ({"nodes": {"n[1-2]": 1}}, "node 'n\\[1-2\\]' is not a node name"),
+        ({"nodes": {"s1": 0}}, "nodes\\['s1'\\] = 0 is not 1 to 64 workers"),
+        ({"nodes": {"s1": True}}, "nodes\\['s1'\\] = True is not 1 to 64 workers"),
+        ({"extra": 1}, "place_beside has fields"),
+    ],
+)
+def test_a_place_beside_that_is_not_well_formed_is_refused_naming_the_field(
+    change: dict[str, object], match: str
+) -> None:
+    place = {**PLACE, **change}
+    with pytest.raises(ProtocolError, match=match):
+        encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "place_beside": place}))

@@ -127,6 +127,7 @@ def test_an_agent_told_by_the_standby_where_the_active_daemon_is_registers_there
 def test_an_agent_whose_daemon_stops_answering_turns_to_the_next_address(
     daemon: StandInDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(link_module, "REGISTER_TIMEOUT_S", 1.0)  # the dead address costs 2 s, not 6 s
     dead = ChannelServer("tcp://127.0.0.1:*")  # bound, never answers: a daemon killed with SIGKILL
     try:
         link = DaemonLink(f"{dead.endpoint},{daemon.server.endpoint}", 1234, "[42/agent]", daemon_uid=os.getuid())

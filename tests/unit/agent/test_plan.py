@@ -22,6 +22,7 @@ from slurm_amoeba.agent.plan import (
     MainGroupEnded,
     NodeFailing,
     Observation,
+    PlaceBeside,
     ReleaseSatellite,
     RetireGroup,
     SatelliteStarted,
@@ -30,6 +31,7 @@ from slurm_amoeba.agent.plan import (
     SubmitSatellite,
     WorkerLost,
     final_releases,
+    new_satellite_group,
     plan,
     record,
     workers_per_satellite,
@@ -403,6 +405,29 @@ def test_a_move_asks_the_satellites_on_the_node_to_leave_and_grows_them_back_els
     failed = sat("g3", 1, GroupState.ENDED, nodes=("n0",), failure=INFRA)
     moved = Observation(**{**seen([main_group(), g1, g2, failed], 7).__dict__, "vacate": "n1"})
     assert plan(moved, LIMITS)[-1] == SubmitSatellite("g4", 3, NOW, 4, ("n0", "n1"))
+
+
+BESIDE = PlaceBeside("77", "share", {"s1": 2}, "opportunistic")
+
+
+def test_a_share_grows_one_satellite_per_worker_beside_the_host_before_any_of_its_own() -> None:
+    shared = Observation(**{**seen([main_group()], 5).__dict__, "beside": BESIDE})
+    assert plan(shared, LIMITS) == [
+        SubmitSatellite("g1", 1, NOW, 2, beside=BESIDE, node="s1"),
+        SubmitSatellite("g2", 1, NOW, 3, beside=BESIDE, node="s1"),
+        SubmitSatellite("g3", 1, NOW, 4),  # the rest of the target on GPUs of its own
+    ]
+    first = plan(shared, LIMITS)[0]
+    assert isinstance(first, SubmitSatellite)
+    group = new_satellite_group(first, 501)
+    assert group.beside == "77" and new_satellite_group(SubmitSatellite("g3", 1, NOW, 4), 502).beside == ""
+
+
+def test_a_shrink_gives_the_places_beside_another_job_back_first() -> None:
+    own, beside = sat("g1", 1), sat("g2", 1)
+    beside.beside = "77"
+    own.requested_at = 5.0  # the job's own satellite is the newest: without sharing it would leave first
+    assert plan(seen([main_group(), own, beside], 3), LIMITS) == [AskToLeave("g2", ("g2-0",))]
 
 
 def test_a_move_off_a_node_without_a_running_satellite_of_the_job_does_nothing() -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from slurm_amoeba.agent.config import AgentConfig
+from slurm_amoeba.agent.plan import PlaceBeside
 from slurm_amoeba.agent.submission import ParentTerms, satellite_options, satellite_script
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.slurm import parse_squeue_json
@@ -87,3 +88,14 @@ def test_a_satellite_excludes_the_nodes_where_the_job_lost_workers() -> None:
     lines = satellite_script(CONFIG, "g4", 1, TERMS, ("n2", "n4")).splitlines()
     assert [line for line in lines if "exclude" in line] == ["#SBATCH --exclude=n2,n4"]
     assert satellite_options(CONFIG, "g4", 1, TERMS).exclude is None
+
+
+def test_a_satellite_beside_another_job_is_one_worker_on_one_shard_of_the_hosts_node() -> None:
+    beside = PlaceBeside("77", "share", {"s1": 1}, "opportunistic")
+    config = dataclasses.replace(CONFIG, spec=ElasticSpec(2, 8, gpus_per_worker=1, cpus_per_worker=3))
+    lines = satellite_script(config, "g4", 1, TERMS, (), (beside, "s1")).splitlines()
+    assert "#SBATCH --partition=share" in lines and "#SBATCH --nodelist=s1" in lines
+    assert "#SBATCH --gres=shard:1" in lines and "#SBATCH --ntasks=1" in lines
+    assert not any("gpus-per-task=1" in line or "constraint" in line for line in lines)
+    assert "--gpus-per-task 0" in lines[-1]  # the step inherits the shard
+    assert "#SBATCH --account=physics" in lines

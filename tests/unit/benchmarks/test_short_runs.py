@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks import goodput, policy, sim_speed, sim_study
+from benchmarks import goodput, policy, share_sim, sim_speed, sim_study
 
 
 def _document(path: Path, benchmark: str) -> dict[str, Any]:
@@ -55,3 +55,16 @@ def test_the_philly_speed_benchmark_runs_short_on_a_prefix(tmp_path: Path) -> No
     assert sim_speed.main(["--short", "--sizes", "200", "--policies", "fifo", "--json", str(out)]) == 0
     runs = _document(out, "philly-speed")["figures"]["runs"]
     assert [run["jobs"] for run in runs] == [200], "the short mode runs the prefix only, not the whole trace"
+
+
+def test_the_sharing_benchmark_runs_short_on_one_workload_per_load(tmp_path: Path) -> None:
+    out = tmp_path / "share.json"
+    assert share_sim.main(["--short", "--loads", "1.0", "--json", str(out)]) == 0
+    document = _document(out, "sim-share")
+    runs = document["figures"]["runs"]
+    assert {run["workload"] for run in runs} == {"workload-1"}, "the short mode runs one workload per load"
+    assert [run["row"] for run in runs] == [row.label for row in share_sim.ROWS]
+    by_row = {run["row"]: run for run in runs}
+    assert by_row["sjf, no sharing"]["shared_jobs"] == 0, "without a co-location table nothing pairs"
+    assert by_row["sjf-bsbf"]["shared_jobs"] > 0 and by_row["antman"]["shared_jobs"] > 0
+    assert document["tables"]["sharing"].count("\n| 1.0x |") == len(share_sim.ROWS), "one line per policy"

@@ -71,6 +71,12 @@ def test_an_unknown_key_lists_its_sections_valid_keys_with_their_defaults() -> N
         ({"state_file": "state.json"}, "state_file", "'state.json'"),
         ({"log_level": "loud"}, "log_level", "'loud'"),
         ({"slurm": {"conf": "/nonexistent/slurm.conf"}}, "slurm.conf", "'/nonexistent/slurm.conf'"),
+        ({"sharing": {"enabled": "yes"}}, "sharing.enabled", "'yes'"),
+        ({"sharing": {"partitions": ["share"]}}, "sharing.partitions", "['share']"),
+        ({"sharing": {"partitions": {"share": 65}}}, "sharing.partitions.share", "65"),
+        ({"sharing": {"partitions": {"share": True}}}, "sharing.partitions.share", "True"),
+        ({"sharing": {"partitions": {"a b": 1}}}, "sharing.partitions", "'a b'"),
+        ({"sharing": {"enabled": True}}, "sharing.partitions", "{}"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key_and_the_value(doc: dict[str, Any], key: str, value: str) -> None:
@@ -131,6 +137,19 @@ def test_amoebad_check_refuses_a_policy_that_shares_gpus_with_the_reason(
     err = capsys.readouterr().err
     assert "policy 'sjf-bsbf' cannot run in amoebad: its share actions cannot be applied live" in err
     assert "choose a policy that only resizes" in err
+
+
+def test_amoebad_check_accepts_a_policy_that_shares_gpus_once_the_site_switches_sharing_on(tmp_path: Path) -> None:
+    path = tmp_path / "amoebad.yaml"
+    path.write_text("policy:\n  name: sjf-bsbf\nsharing:\n  enabled: true\n  partitions: {share: 4}\n")
+    assert amoebad.main(["--config", str(path), "--check"]) == 0
+
+
+def test_sharing_is_off_by_default_and_a_partition_not_named_hosts_nobody() -> None:
+    assert parse_config({}).sharing.limit("share") == 0
+    sharing = parse_config({"sharing": {"enabled": True, "partitions": {"share": 4, "gpu": 0}}}).sharing
+    assert (sharing.limit("share"), sharing.limit("gpu"), sharing.limit("batch")) == (4, 0, 0)
+    assert parse_config({"sharing": {"partitions": {"share": 4}}}).sharing.limit("share") == 0
 
 
 def test_the_systemd_unit_runs_the_daemon_unprivileged_after_checking_its_config() -> None:

@@ -9,9 +9,9 @@ import pytest
 import slurm_amoeba.policy.actions as act
 from slurm_amoeba.daemon.actuator import Actuator, Directive, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
-from slurm_amoeba.daemon.agents import Registration, Report
-from slurm_amoeba.daemon.config import Admission, DaemonConfig, QueueOrder
-from slurm_amoeba.daemon.executor import APPLIED, REFUSED, LiveExecutor, live_refusal
+from slurm_amoeba.daemon.agents import Beside, Registration, Report
+from slurm_amoeba.daemon.config import Admission, DaemonConfig, QueueOrder, Sharing
+from slurm_amoeba.daemon.executor import APPLIED, REFUSED, SHARING_OFF, LiveExecutor, live_refusal
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.policy import JobInfo
@@ -158,16 +158,166 @@ def test_starts_and_preemptions_are_slurms_recorded_and_never_sent() -> None:
     assert 'amoeba_slurm_actions_total{action="start"} 1.0' in world.metrics.registry.render()
 
 
-@pytest.mark.parametrize(("action", "name"), [(act.Place("e", {"n0": 2}), "place"), (act.Share("7", "e", 1), "share")])
-def test_a_policy_that_can_place_or_share_is_refused_with_the_policy_the_action_and_why(
-    action: act.Action, name: str
-) -> None:
-    refusal = live_refusal("sjf-bsbf", frozenset({act.Resize, type(action)}))
-    assert refusal.startswith("policy 'sjf-bsbf' cannot run in amoebad") and f"its {name} actions" in refusal
-    assert REFUSED[type(action)] in refusal
+def test_a_policy_that_can_place_is_refused_with_the_policy_the_action_and_why() -> None:
+    refusal = live_refusal("sjf-bsbf", frozenset({act.Resize, act.Place}), sharing=True)
+    assert refusal.startswith("policy 'sjf-bsbf' cannot run in amoebad") and "its place actions" in refusal
+    assert REFUSED[act.Place] in refusal
     with pytest.raises(TypeError, match="cannot apply"):
-        World().executor.apply([action], {}, set(), source="policy", now=NOW)
+        World().executor.apply([act.Place("e", {"n0": 2})], {}, set(), source="policy", now=NOW)
+
+
+def test_a_policy_that_shares_is_refused_while_the_sites_sharing_switch_is_off_and_accepted_with_it_on() -> None:
+    refusal = live_refusal("sjf-bsbf", frozenset({act.Start, act.Share}))
+    assert "its share actions cannot be applied live" in refusal and SHARING_OFF in refusal
+    assert "sharing.enabled" in refusal
+    assert live_refusal("sjf-bsbf", frozenset({act.Start, act.Share}), sharing=True) == ""
+
+
+class SharingWorld:
+    """Host ``h`` (guaranteed, 1 worker on share node s1), sharer ``o`` (opportunistic, 1 worker of 1..2 on n0),
+    ``p`` (did not opt in, 1 worker of 1..2 on n0); sharing on, partition ``share`` allows 1 sharer per node."""
+
+    def __init__(self, *, enabled: bool = True, limit: int = 1, sharer_mode: str | None = "opportunistic") -> None:
+        self.metrics = DaemonMetrics()
+        self.ledger = Ledger(DaemonConfig(), self.metrics, lambda: NOW)
+        modes = {"h": ("guaranteed", "share"), "o": (sharer_mode, "share"), "p": (None, "")}
+        for job_id, (mode, partition) in modes.items():
+            reg = Registration(job_id, "tcp://127.0.0.1:5000", 1, 2, 1, "batch", "elastic", mode, partition)
+            self.ledger.register(reg, ME, "alice")
+            self.ledger.agents[job_id].report = Report(1, 1, 1, {}, (), (), NOW)
+        self.actuator = RecordingActuator()
+        sharing = Sharing(enabled=enabled, partitions={"share": limit})
+        self.executor = LiveExecutor(self.ledger, self.actuator, self.metrics, sharing=sharing)
+        self.jobs: dict[str, JobInfo] = {
+            "h": info("h", 1, placement={"s1": 1}, low=1, high=2),
+            "o": info("o", 1, placement={"n0": 1}, low=1, high=2),
+            "p": info("p", 1, placement={"n0": 1}, low=1, high=2),
+        }
+
+    def apply(self, *actions: act.Action) -> dict[str, int]:
+        return dict(self.executor.apply(actions, self.jobs, set(self.jobs), source="policy", now=NOW).ordered)
+
+
+def crowded() -> SharingWorld:
+    """A world where another job's worker runs beside ``h`` on s1 already."""
+    world = SharingWorld()
+    world.ledger.agents["p"].beside = Beside("h", "share", {"s1": 1}, "opportunistic")
+    return world
+
+
+def test_a_share_of_two_opted_in_jobs_sends_the_sharer_its_place_beside_the_host() -> None:
+    world = SharingWorld()
+    assert world.apply(act.Share("o", "h", 2, {"s1": 1}, reason="pays")) == {"o": 2}
+    (sent,) = world.actuator.sent
+    assert (sent.job_id, sent.target, sent.reason) == ("o", 2, "pays")
+    assert sent.place_beside == Beside("h", "share", {"s1": 1}, "opportunistic")
+    assert world.ledger.agents["o"].beside == sent.place_beside
+    assert 'amoeba_decisions_total{kind="share",source="policy"} 1.0' in world.metrics.registry.render()
+
+
+@pytest.mark.parametrize(
+    ("world", "action", "why"),
+    [
+        (SharingWorld(enabled=False), act.Share("o", "h", 2, {"s1": 1}), "GPU sharing is off"),
+        (SharingWorld(), act.Share("p", "h", 2, {"s1": 1}), "job p opted in as nothing: only a job submitted with"),
+        (SharingWorld(sharer_mode="guaranteed"), act.Share("o", "h", 2, {"s1": 1}), "opted in as guaranteed"),
+        (SharingWorld(), act.Share("o", "p", 2, {"n0": 1}), "host job p did not opt in to sharing (--share)"),
+        (SharingWorld(limit=0), act.Share("o", "h", 2, {"s1": 1}), "which hosts no sharer: name it in sharing.part"),
+        (SharingWorld(), act.Share("o", "h", 2, {"n9": 1}), "node n9 is not one of host job h's nodes (s1)"),
+        (crowded(), act.Share("o", "h", 2, {"s1": 1}), "2 sharer worker(s) beside job h on s1 is over sharing.par"),
+        (SharingWorld(), act.Share("o", "h", 3, {"s1": 1}), "but it keeps its own 1: give placement the workers"),
+        (SharingWorld(), act.Share("7", "h", 1, {"s1": 1}), "must both run with a registered agent"),
+    ],
+    ids=[
+        "sharing-off",
+        "a-sharer-that-did-not-opt-in",
+        "a-guaranteed-sharer",
+        "a-host-that-did-not-opt-in",
+        "a-partition-without-sharers",
+        "a-node-of-another-job",
+        "more-sharers-than-the-partition-allows",
+        "a-size-that-drops-the-sharers-own-workers",
+        "a-pending-sharer",
+    ],
+)
+def test_a_share_that_is_not_allowed_sends_nothing_and_says_why(
+    world: SharingWorld, action: act.Share, why: str
+) -> None:
+    assert why in world.executor.share_refusal(action, world.jobs, set(world.jobs))
+    assert world.apply(action) == {}
+    assert world.actuator.sent == [] and world.ledger.agents["o"].beside is None
+
+
+def test_a_share_sized_as_only_its_workers_beside_the_host_keeps_the_sharers_own_workers_too() -> None:
+    world = SharingWorld()
+    assert world.apply(act.Share("o", "h", 1, {"s1": 1})) == {"o": 2}
+    assert [d.target for d in world.actuator.sent] == [2]
+
+
+def test_a_job_that_did_not_opt_in_is_never_placed_beside_another_nor_hosts_one() -> None:
+    world = SharingWorld()
+    for action in (act.Share("p", "h", 2, {"s1": 1}), act.Share("o", "p", 2, {"n0": 1})):
+        assert world.apply(action) == {}
+    assert world.actuator.sent == []
+
+
+def test_the_host_resized_takes_its_place_back_from_the_sharer_first() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].in_flight = None
+    world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
+    world.jobs["o"] = info("o", 1, placement={"n0": 1, "s1": 1}, low=1, high=2)
+    world.actuator.sent.clear()
+    assert world.apply(act.Resize("h", 2), act.Resize("o", 2, batch=64)) == {"o": 1, "h": 2}
+    unshare, host = world.actuator.sent
+    assert (unshare.job_id, unshare.target, unshare.place_beside) == ("o", 1, None)
+    assert unshare.reason == "host job h needs its GPUs back" and host.job_id == "h"
+    assert world.ledger.agents["o"].beside is None
+
+
+def test_a_sharer_whose_host_is_gone_is_ordered_back_to_its_own_workers() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
+    world.actuator.sent.clear()
+    del world.jobs["h"]
+    assert world.apply() == {"o": 1}
+    assert [(d.job_id, d.target, d.reason) for d in world.actuator.sent] == [("o", 1, "host job h is gone")]
+
+
+def test_a_sharer_the_policy_evicts_is_ordered_back_to_its_own_workers() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].in_flight = None
+    world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
+    world.actuator.sent.clear()
+    assert world.apply(act.Preempt("o", reason="its host fell below its bound")) == {"o": 1}
+    assert [(d.job_id, d.target, d.reason) for d in world.actuator.sent] == [("o", 1, "evicted from beside host job h")]
+    assert world.ledger.agents["o"].beside is None
+
+
+def test_the_policy_may_shrink_a_sharer_to_its_own_workers_but_not_grow_it() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].in_flight = None
+    world.jobs["o"] = info("o", 1, placement={"n0": 1, "s1": 1}, low=1, high=3)
+    world.actuator.sent.clear()
+    assert world.apply(act.Resize("o", 3)) == {} and world.actuator.sent == []
+    assert world.apply(act.Resize("o", 1)) == {"o": 1}
+    assert world.ledger.agents["o"].beside is None
 
 
 def test_a_policy_that_only_resizes_starts_and_preempts_is_accepted() -> None:
     assert live_refusal("elastic", frozenset({act.Start, act.Resize, act.Preempt})) == ""
+
+
+def test_a_host_an_operator_resized_takes_its_place_back_at_the_next_round() -> None:
+    world = SharingWorld()
+    world.apply(act.Share("o", "h", 2, {"s1": 1}))
+    world.ledger.agents["o"].in_flight = None
+    world.ledger.agents["o"].report = Report(2, 2, 2, {}, (), (), NOW)
+    world.actuator.sent.clear()
+    assert world.apply() == {}, "nothing changes while the host keeps its size"
+    world.ledger.order(world.ledger.agents["h"], 2, "amoebactl resize by uid 0", "ctl")
+    assert world.apply() == {"o": 1}
+    assert [(d.job_id, d.target, d.reason) for d in world.actuator.sent] == [("o", 1, "host job h needs its GPUs back")]

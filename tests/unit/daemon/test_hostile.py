@@ -23,6 +23,7 @@ from slurm_amoeba.core.messages import Message
 from slurm_amoeba.daemon import Daemon, DaemonConfig, metrics
 from slurm_amoeba.daemon.agents import HISTORY_BYTES, InFlight, bounded_history
 from slurm_amoeba.daemon.config import Limits
+from slurm_amoeba.daemon.limits import RateLimiter
 from slurm_amoeba.transport.channel import request
 from tests.unit.daemon.fakes import (
     ME,
@@ -35,6 +36,7 @@ from tests.unit.daemon.fakes import (
     report_body,
     req,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -47,9 +49,7 @@ def hanging(tmp_path: Path) -> Iterator[tuple[Daemon, FakeSlurm]]:
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while daemon.last_round is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until("the first round", lambda: daemon.last_round is not None)
     slurm.hung = True
     yield daemon, slurm
     slurm.release.set()
@@ -68,8 +68,7 @@ def test_a_hung_slurmctld_delays_rounds_never_answers(hanging: tuple[Daemon, Fak
     daemon, slurm = hanging
     assert daemon.server is not None
     endpoint = daemon.server.endpoint
-    time.sleep(0.5)  # a round has begun and hangs in squeue
-    assert daemon.round_loop.observing
+    wait_until("a round to begin and hang in squeue", lambda: daemon.round_loop.observing)
     rounds = len(daemon.rounds)
     # A job in the last view registers at once; one Slurm has not shown yet is told to retry, at once.
     known, known_s = timed(endpoint, "register", register_body("100"))
@@ -84,9 +83,7 @@ def test_a_hung_slurmctld_delays_rounds_never_answers(hanging: tuple[Daemon, Fak
     slurm.job_list.append(job(200, gpus={"n1": 1}))
     slurm.hung = False
     slurm.release.set()
-    deadline = time.monotonic() + 10
-    while len(daemon.rounds) <= rounds + 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until("the hung round and the next one to finish", lambda: len(daemon.rounds) > rounds + 1)
     again, _ = timed(endpoint, "register", register_body("200"))
     assert again.body["ok"], again.body
 
@@ -130,18 +127,25 @@ def two_users() -> FakeSlurm:
 
 
 def test_a_uid_over_its_request_rate_is_refused_and_counted_and_the_daemons_uid_never(tmp_path: Path) -> None:
-    d = make(tmp_path, two_users(), requests_per_s=1.0, burst=5)
+    d = make(tmp_path, two_users(), requests_per_s=1e-6, burst=5)  # no token comes back while the test runs
     try:
         answers = [ask(d, "status", {}, uid=OTHER_UID).body for _ in range(20)]
-        refused = [a for a in answers if not a["ok"]]
-        assert 13 <= len(refused) <= 15, len(refused)  # 5 of the burst (+1 per second of the test) pass
-        assert "limits.requests_per_s" in refused[0]["error"]
-        assert d.metrics.refusals.value({"kind": "status", "reason": "rate_limited"}) == len(refused)
+        assert [a["ok"] for a in answers] == [True] * 5 + [False] * 15  # the burst passes, then every one is refused
+        assert "limits.requests_per_s" in answers[-1]["error"]
+        assert d.metrics.refusals.value({"kind": "status", "reason": "rate_limited"}) == 15
         assert all(ask(d, "status", {}).body["ok"] for _ in range(50))  # the daemon's own uid (amoebactl as root)
-        time.sleep(1.1)
-        assert ask(d, "status", {}, uid=OTHER_UID).body["ok"]  # a second later a token is back
     finally:
         d.close()
+
+
+def test_a_uids_bucket_gets_its_tokens_back_at_the_rate_and_a_refusal_takes_none() -> None:
+    limiter = RateLimiter(rate=4.0, burst=3)
+    assert [limiter.allow(OTHER_UID, 10.0) for _ in range(4)] == [True, True, True, False]
+    assert not limiter.allow(OTHER_UID, 10.125)  # half a token
+    assert limiter.allow(OTHER_UID, 10.25)  # a whole one: the refusal at 10.125 took nothing
+    assert not limiter.allow(OTHER_UID, 10.25)
+    assert limiter.allow(ME, 10.25), "each uid has its own bucket"
+    assert [limiter.allow(OTHER_UID, 100.0) for _ in range(4)] == [True, True, True, False], "full at the burst"
 
 
 def test_a_uid_may_register_only_so_many_agents(tmp_path: Path) -> None:
@@ -271,15 +275,12 @@ def test_a_read_of_slurm_that_fails_on_its_thread_ends_the_round_with_the_reason
     hanging: tuple[Daemon, FakeSlurm],
 ) -> None:
     daemon, slurm = hanging
-    time.sleep(0.3)
+    wait_until("a round to begin and hang in squeue", lambda: daemon.round_loop.observing)
     rounds = len(daemon.rounds)
     slurm.down = True
     slurm.release.set()
-    deadline = time.monotonic() + 10
-    while not any(r.error for r in list(daemon.rounds)[rounds:]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    failed = [r for r in list(daemon.rounds)[rounds:] if r.error]
-    assert failed and "Slurm did not answer" in failed[0].error
+    failed = wait_until("a round to fail", lambda: [r for r in list(daemon.rounds)[rounds:] if r.error])
+    assert "Slurm did not answer" in failed[0].error
     assert daemon.metrics.observe_failures.value() >= 1
     assert daemon.metrics.loop_errors.value() == 0
 

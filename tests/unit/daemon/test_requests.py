@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_amoeba.daemon import Daemon
+from slurm_amoeba.daemon.config import Sharing
 from slurm_amoeba.daemon.requests import (
     _HANDLERS,
     _JOB_HANDLERS,
@@ -19,7 +20,7 @@ from slurm_amoeba.daemon.requests import (
     check_access,
 )
 from slurm_amoeba.transport.munge import Credential
-from tests.unit.daemon.fakes import ME, OTHER_UID, register_body, report_body, req
+from tests.unit.daemon.fakes import ME, OTHER_UID, job, register_body, report_body, req
 from tests.unit.daemon.test_daemon import cluster, make_daemon, recorder
 
 BODIES: dict[str, dict[str, object]] = {
@@ -27,6 +28,7 @@ BODIES: dict[str, dict[str, object]] = {
     "report": report_body("100", 2),
     "resize": {"job_id": "100", "target": 3, "reason": ""},
     "pin": {"job_id": "100", "pinned": True},
+    "share": {"job_id": "100", "host": "101", "nodes": {"n1": 1}},
     "drain": {},
     "resume": {},
     "status": {},
@@ -111,6 +113,7 @@ def test_a_stranger_gets_exactly_what_the_table_allows_and_changes_nothing_else(
         ("report", "unknown job 999"),
         ("resize", "job 999 is not an elastic job registered"),
         ("pin", "shows no job 999"),
+        ("share", "job 999 is not an elastic job registered"),
     ],
 )
 def test_a_request_about_an_unknown_job_is_refused_by_its_rules_message(tmp_path: Path, kind: str, error: str) -> None:
@@ -122,3 +125,30 @@ def test_a_request_about_an_unknown_job_is_refused_by_its_rules_message(tmp_path
         assert d.metrics.refusals.value({"kind": kind, "reason": "unknown_job"}) == 1
     finally:
         d.close()
+
+
+def test_an_operators_share_waits_for_the_next_round_and_is_refused_while_sharing_is_off(tmp_path: Path) -> None:
+    off = make_daemon(tmp_path, cluster())
+    try:
+        off.handle(req("register", register_body("100")))
+        off.handle(req("share", dict(BODIES["share"])))
+        reply = recorder(off).last()
+        assert not reply.body["ok"] and "GPU sharing is off at this site" in reply.body["error"]
+    finally:
+        off.close()
+    slurm = cluster()
+    slurm.job_list += [job(200, het_job_id=200, het_job_offset=0), job(201, het_job_id=200, het_job_offset=1)]
+    on = make_daemon(tmp_path, slurm, sharing=Sharing(enabled=True, partitions={"share": 1}))
+    try:
+        on.handle(req("register", register_body("100")))
+        on.handle(req("share", dict(BODIES["share"])))
+        assert "host job 101 is not an elastic job registered" in recorder(on).last().body["error"]
+        on.handle(req("register", register_body("200")))
+        on.handle(req("report", report_body("100", 2)))
+        on.handle(req("share", {**BODIES["share"], "host": "200"}))
+        assert recorder(on).last().body["data"]["at"] == "next round"
+        (share,) = on.ledger.take_requested_shares()
+        assert (share.job_id, share.host, share.workers, dict(share.placement)) == ("100", "200", 3, {"n1": 1})
+        assert on.ledger.take_requested_shares() == []
+    finally:
+        on.close()

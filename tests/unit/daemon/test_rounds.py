@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from slurm_amoeba.daemon import ConfigError, DaemonConfig, compose_policy
-from slurm_amoeba.daemon.config import Admission
-from slurm_amoeba.daemon.executor import REFUSED
+from slurm_amoeba.daemon.config import Admission, Sharing
+from slurm_amoeba.daemon.executor import SHARING_OFF
 from slurm_amoeba.daemon.observer import Observation
 from slurm_amoeba.daemon.rounds import decide
 from slurm_amoeba.policy import Action, DrainPolicy, JobInfo, Move, Place, Resize, Share, Snapshot, Start
@@ -81,13 +81,13 @@ def test_the_composition_puts_the_drain_outermost_and_moves_only_where_configure
     assert isinstance(moving.inner, WholeNodeMoves) and moving.inner.recent == {"7"} and Move in moving.emits
 
 
-@pytest.mark.parametrize(("name", "refused"), [("sjf-ffs", Share), ("sjf-bsbf", Share)])
-def test_a_policy_that_emits_an_action_the_daemon_cannot_apply_is_refused_at_configuration(
-    name: str, refused: type[Action]
-) -> None:
+@pytest.mark.parametrize("name", ["sjf-ffs", "sjf-bsbf"])
+def test_a_policy_that_shares_gpus_is_refused_at_configuration_unless_the_site_switches_sharing_on(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"policy {name!r} cannot run in amoebad") as caught:
         compose_policy(DaemonConfig(policy=name))
-    assert REFUSED[refused] in str(caught.value)
+    assert SHARING_OFF in str(caught.value)
+    sharing = Sharing(enabled=True, partitions={"share": 4})
+    assert Share in compose_policy(DaemonConfig(policy=name, sharing=sharing)).emits
 
 
 def test_the_amoebad_policys_whole_node_places_are_refused_and_its_plain_form_is_not() -> None:

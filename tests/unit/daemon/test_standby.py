@@ -215,8 +215,9 @@ def test_amoebactl_given_the_standby_gets_its_answer_from_the_active_daemon(
     thread.start()
     try:
         assert standby.server is not None
+        # Nothing listens on port 1: amoebactl waits out one --timeout there before it turns to the standby.
         status = amoebactl.main(
-            ["--endpoint", f"tcp://127.0.0.1:1,{standby.server.endpoint}", "--timeout", "2", "status"]
+            ["--endpoint", f"tcp://127.0.0.1:1,{standby.server.endpoint}", "--timeout", "1", "status"]
         )
     finally:
         stop.set()

@@ -146,3 +146,13 @@ def test_a_failure_on_rank_zero_is_raised_by_result_with_its_traceback_in_stderr
     with pytest.raises(utils.FailedJobError, match="it went wrong"):
         job.result()
     assert "RuntimeError: it went wrong" in (job.stderr() or "")
+
+
+def test_a_job_that_opted_in_to_sharing_holds_shards_of_one_gpu_per_node_in_the_sharing_partition(
+    tmp_path: Path,
+) -> None:
+    script = script_of(tmp_path, min_workers=2, max_workers=4, share="opportunistic")
+    (job,) = components(script)  # one component: the agent runs in its batch step, on the sharing partition too
+    assert "--partition=share" in job and "--gres=shard:2" in job and "--ntasks-per-node=1" in job
+    assert not any(line.startswith("--gpus-per-task") for line in job)
+    assert "export AMOEBA_SHARE=opportunistic" in script or "AMOEBA_SHARE" in script

@@ -113,3 +113,14 @@ def test_a_refused_update_leaves_the_parameters_as_they_were() -> None:
     with pytest.raises(SpecError):
         updated(before, {"max_workers": 1})
     assert (before.min_workers, before.max_workers) == (2, 4)
+
+
+def test_share_takes_a_mode_or_true_and_refuses_anything_else_naming_the_modes() -> None:
+    assert (given().share, given(share=True).share, given(share="opportunistic").share) == (
+        None,
+        "guaranteed",
+        "opportunistic",
+    )
+    assert given(share=False).share is None and given(share_partition="pairs").share_partition == "pairs"
+    with pytest.raises(SpecError, match=r"share='always' is not a sharing mode: give one of guaranteed, opportunistic"):
+        given(share="always")

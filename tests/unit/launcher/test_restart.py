@@ -26,6 +26,7 @@ from slurm_amoeba.runtime.protocol import GenerationPlan
 from slurm_amoeba.slurm import het_submit_args
 from tests.unit.launcher.test_executor import cluster
 from tests.unit.slurm.test_allocation import PLAIN
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).parents[3]
 SCRIPT = ROOT / "examples" / "torchrun_ddp.py"
@@ -85,13 +86,17 @@ def starts(job: LocalJob, worker: str) -> int:
     return len(re.findall(r"restart \d+, from step", (job.log_dir / f"{worker}.log").read_text(errors="replace")))
 
 
-def wait_started(job: LocalJob, worker: str, count: int, timeout_s: float = 60) -> int:
-    """Wait until the script started ``count`` times in ``worker``'s slot and made a few steps; its pid."""
-    deadline = time.monotonic() + timeout_s
-    while starts(job, worker) < count:
-        assert time.monotonic() < deadline, f"{worker}'s script did not start {count} times:\n{job.log_tail(worker)}"
-        time.sleep(0.05)
-    time.sleep(0.5)
+def saved_at(checkpoint: Path) -> int:
+    """When rank 0 last wrote ``checkpoint`` (ns; 0 before the first save)."""
+    return checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
+
+
+def wait_started(job: LocalJob, worker: str, count: int, checkpoint: Path, timeout_s: float = 60) -> int:
+    """Wait until the script started ``count`` times in ``worker``'s slot and made steps since (rank 0 saved
+    ``checkpoint`` periodically after that start); its pid."""
+    wait_until(f"{worker}'s script to start {count} times", lambda: starts(job, worker) >= count, timeout_s, 0.05)
+    before = saved_at(checkpoint)
+    wait_until(f"a periodic save after start {count}", lambda: saved_at(checkpoint) != before, timeout_s, 0.05)
     return int(re.findall(r"script pid (\d+)", (job.log_dir / f"{worker}.log").read_text())[-1])
 
 
@@ -102,20 +107,17 @@ def test_a_plain_ddp_script_grows_shrinks_survives_a_kill_and_ends_with_the_fixe
     with LocalJob(
         restart_command(command), initial_workers=1, max_workers=4, job_id="torchrun", log_dir=tmp_path, env=ENV
     ) as job:
-        script = wait_started(job, "w0", 1)
+        script = wait_started(job, "w0", 1, checkpoint)
         # The script is held while the joiners start (a loaded machine may take longer than the whole training).
         os.kill(script, signal.SIGSTOP)
         job.add(2)  # 1 -> 3
         job.wait_for(lambda v: len(v.ready_workers()) == 2 or v.generation > 1, 60, "2 ready joiners")
         os.kill(script, signal.SIGCONT)
         job.wait_for(lambda v: v.world_size == 3, 60, "3 members")
-        wait_started(job, "w0", 2)
+        wait_started(job, "w0", 2, checkpoint)  # steps at 3 workers: the hook saves a later step than the last start
         job.terminate("w1")  # 3 -> 2 by SIGTERM to w1 and its script (Slurm preemption): the checkpoint hook
         job.wait_for(lambda v: v.world_size == 2, 60, "2 members")
-        wait_started(job, "w0", 3)
-        since = time.time()
-        while not checkpoint.exists() or checkpoint.stat().st_mtime <= since:  # a periodic save at 2 workers
-            time.sleep(0.05)
+        wait_started(job, "w0", 3, checkpoint)  # a periodic save at 2 workers
         job.kill("w2")  # 2 -> 1: w0's script fails, restarts from the last periodic checkpoint
         result = job.wait(timeout_s=60)
     assert result.phase is Phase.FINISHED, job.log_tail("w0")
@@ -133,8 +135,9 @@ def test_a_plain_ddp_script_grows_shrinks_survives_a_kill_and_ends_with_the_fixe
 
 def test_a_script_error_on_one_rank_ends_every_worker_with_its_status(tmp_path: Path) -> None:
     code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n"
+    env = {**ENV, "AMOEBA_RESTART_SETTLE_S": "1"}  # waited out once: no generation ends to make the exit a restart
     with LocalJob(
-        restart_command([sys.executable, "-c", code]), initial_workers=2, job_id="failing", log_dir=tmp_path, env=ENV
+        restart_command([sys.executable, "-c", code]), initial_workers=2, job_id="failing", log_dir=tmp_path, env=env
     ) as job:
         started = time.monotonic()
         result = job.wait(timeout_s=40)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.launcher.sbatch import dry_run_release, prepare, submission_env
 from slurm_amoeba.slurm import het_submit_args
 from slurm_amoeba.slurm.release import SUPPORTED_SERIES, SlurmRelease
+from tests.unit.agent.fakes import FakeSlurm, node
 from tests.unit.launcher.test_executor import cluster
 
 PLAIN = "#!/bin/bash\n#SBATCH --elastic=2:8\n#SBATCH --ntasks=2 --gpus-per-task=1\namoeba-run python train.py\n"
@@ -242,3 +244,27 @@ def test_the_release_of_a_dry_run_comes_from_the_flag_then_the_environment_then_
         dry_run_release(["--slurm-release", "latest", *argv], {})
     with pytest.raises(SpecError, match="goes with --dry-run"):
         dry_run_release(["--slurm-release", "22.05", *argv[1:]], {})
+
+
+def sharing_cluster() -> FakeSlurm:
+    """Four nodes of batch and elastic, and s1 and p1 of the sharing partitions ``share`` and ``pairs``."""
+    shared = [dataclasses.replace(node(name), partitions=(part,)) for name, part in (("s1", "share"), ("p1", "pairs"))]
+    return FakeSlurm(node_list=[*cluster(4).node_list, *shared])
+
+
+def test_share_puts_the_minimum_workers_on_shards_of_the_sharing_partition_and_tells_the_agent(script: Path) -> None:
+    prepared = prepare(["--elastic", "1:4", "--share", str(script)], sharing_cluster())
+    job = " ".join(het_submit_args(prepared.shape.components()))
+    assert " : " not in job  # one component: the agent runs in its batch step, on the sharing partition too
+    assert "--partition=share" in job and "--gres=shard:2 --ntasks-per-node=1" in job and "--gpus-per-task" not in job
+    assert prepared.shape.environment()["AMOEBA_SHARE"] == "guaranteed"
+    argv = ["--elastic", "1:4", "--share=opportunistic", "--share-partition", "pairs", str(script)]
+    again = prepare(argv, sharing_cluster())
+    assert again.shape.environment()["AMOEBA_SHARE"] == "opportunistic"
+    assert "--partition=pairs" in " ".join(het_submit_args(again.shape.components()))
+    assert "AMOEBA_SHARE" not in prepare(["--elastic", "1:4", str(script)], cluster(4)).shape.environment()
+
+
+def test_share_with_more_than_one_gpu_per_worker_is_refused_with_the_fix(script: Path) -> None:
+    with pytest.raises(SpecError, match=r"--share with 2 GPU\(s\) per worker: .* give --gpus-per-worker 1"):
+        prepare(["--elastic", "1:4", "--gpus-per-worker", "2", "--share", str(script)], sharing_cluster())

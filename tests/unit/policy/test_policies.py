@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-
 from slurm_amoeba.policy import (
     ElasticBackfillPolicy,
     ElasticTiresiasPolicy,
     FifoPolicy,
+    MicroBatch,
     Share,
     SjfSharingPolicy,
     SrtfPolicy,
     TiresiasPolicy,
     check_actions,
-    sharing_benefit,
+    make_policy,
 )
 from slurm_amoeba.policy.tiresias import DEFAULT_QUEUE_THRESHOLD_GPU_S
 
@@ -106,33 +105,29 @@ def test_backfill_never_touches_a_pinned_job() -> None:
     assert ElasticBackfillPolicy().decide(snapshot([4, 4], [pinned, regular]), 10) == []
 
 
-@pytest.mark.parametrize(
-    ("mine", "partner", "keep_mine", "keep_partner", "expected"),
-    [
-        (100.0, 100.0, 1.0, 1.0, 100.0),  # free sharing: both finish at 100 instead of 100 and 200
-        (100.0, 100.0, 0.5, 0.5, -100.0),  # time slicing: both finish at 200 instead of 100 and 200
-    ],
-)
-def test_sharing_benefit_compares_together_with_one_after_the_other(
-    mine: float, partner: float, keep_mine: float, keep_partner: float, expected: float
-) -> None:
-    assert sharing_benefit(mine, partner, keep_mine, keep_partner) == pytest.approx(expected)
-
-
 def _sharing_case(keep: float) -> tuple[list[str], list[str | None]]:
     """(policy names, the partner each one picked or None) for a guest that may share a host's GPUs."""
     host = job("host", 4, placement={"n0": 4}, throughput={4: 1.0}, remaining_work=300.0, job_type="x")
-    guest = job("guest", 2, submit=5, throughput={2: 1.0}, remaining_work=1000.0, job_type="y")
+    guest = job(
+        "guest",
+        2,
+        submit=5,
+        throughput={2: 1.0},
+        remaining_work=1000.0,
+        job_type="y",
+        micro_batches={8: MicroBatch(1.0, 4.0, 1)},
+    )
     colocation = {("x", "y"): keep, ("y", "x"): keep}
     snap = snapshot([4], [host, guest], colocation=colocation)
+    policies = (make_policy("sjf-bsbf"), SjfSharingPolicy())
     results = []
-    for policy in (SjfSharingPolicy(best_benefit=True), SjfSharingPolicy(best_benefit=False)):
+    for policy in policies:
         decisions = policy.decide(snap, 10)
         check_actions(snap, decisions)
         shares = [action.host for action in decisions if isinstance(action, Share)]
         assert len(shares) == len(decisions), "a guest that waits on a full cluster can only share"
         results.append(shares[0] if shares else None)
-    return [p.name for p in (SjfSharingPolicy(True), SjfSharingPolicy(False))], results
+    return [policy.name for policy in policies], results
 
 
 def test_bsbf_shares_only_when_it_pays_and_ffs_shares_anyway() -> None:

@@ -4,7 +4,8 @@ It trains a float64 MLP on a synthetic regression set with ``ElasticSampler(max_
 ledger line per applied step (generation, step, epoch, this rank's indices, the step's samples) and, on finishing,
 the parameters. The batch is chosen either by the runtime (``--choose``) or by a fixed schedule of sizes that
 changes at every ``--adapt-every`` steps (the same on every worker, so a run can be compared with a fixed-size run).
-With ``--slow`` each step sleeps the seconds the test writes in the store (changes land while the job still runs).
+With ``--slow`` each step lasts at least the seconds the test writes in the store (a change lands at once, even in a
+step that is sleeping).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._C._distributed_c10d import TCPStore
 from torch.utils.data import TensorDataset
 
 from slurm_amoeba import runtime as amoeba
@@ -32,6 +34,14 @@ def build_dataset(size: int) -> TensorDataset:
     w = torch.randn(8, 1, generator=generator, dtype=torch.float64)
     y = x @ w + 0.3 * torch.randn(size, 1, generator=generator, dtype=torch.float64)
     return TensorDataset(x, y)
+
+
+def step_delay(store: TCPStore) -> None:
+    """Sleep until the step has lasted the seconds in store key ``DELAY_KEY``, reading it again every 0.05 s: a delay
+    the test lowers ends a step already sleeping at once, not at the end of the old delay."""
+    began = time.monotonic()
+    while (left := float(store.get(DELAY_KEY)) - (time.monotonic() - began)) > 0:
+        time.sleep(min(left, 0.05))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     for (x, y), weight in step:
                         (loss_fn(model(x), y) * weight).backward()
                     if args.slow:  # the test slows the job down while it resizes it, then lets it finish
-                        time.sleep(float(runtime.store.get(DELAY_KEY)))
+                        step_delay(runtime.store)
                     state.step()
                     entry = {
                         "generation": runtime.generation,

@@ -22,6 +22,7 @@ SCRIPT = Path(__file__).with_name("adaptive_train.py")
 EPOCHS, DATASET, ADAPT_EVERY = 6, 120, 3
 SCHEDULE = (8, 16, 12, 24)
 DEADLINE_S = 90.0
+WARM_UP_DELAY_S = 2.0  # a step's least length while a joiner warms up
 
 
 class AdaptiveJob(ToyJob):
@@ -62,11 +63,12 @@ class AdaptiveJob(ToyJob):
 
 def resized_run(out: Path, extra: list[str], delay_s: float = 0.4) -> LocalJobResult:
     """2 workers; a third joins; one is SIGKILLed (the survivors roll back and redo from the last commit)."""
-    with AdaptiveJob(out, workers=2, extra=["--slow", *extra], delay_s=2.0) as job:
+    with AdaptiveJob(out, workers=2, extra=["--slow", *extra], delay_s=delay_s) as job:
         job.wait_step(2)
+        job.slow(WARM_UP_DELAY_S)
         (joiner,) = job.job.add(1)
         job.wait_ready([joiner])  # at 2 s a step, the job waits for a slow warm-up on a loaded machine
-        job.slow(delay_s)
+        job.slow(delay_s)  # ends the 2 s step under way at once
         view = job.wait_members(3)
         job.wait_step(view.progress.get("step", 0) + 5)
         assert view.plan is not None

@@ -7,6 +7,7 @@ size of 2, apply every sample exactly once per epoch, and see the same learning 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -98,30 +99,48 @@ def assert_same_params(out: Path, reference: Path) -> None:
             assert diff <= PARAM_ATOL, f"{worker} {name} differs from {reference.name}'s by {diff:.2e}"
 
 
-def assert_same_run(tmp_path: Path, *, fsdp: bool) -> None:
-    fixed = run_fixed(tmp_path / "fixed", fsdp=fsdp)
+@dataclasses.dataclass(frozen=True)
+class FixedRun:
+    """A finished fixed-size run of ``loops_train.py`` (2 workers, no resize)."""
+
+    out: Path
+    result: LocalJobResult
+
+
+@pytest.fixture(scope="module")
+def unsharded(tmp_path_factory: pytest.TempPathFactory) -> FixedRun:
+    """The fixed-size run without FSDP, once for the module: the reference of a resized run and of an FSDP run."""
+    out = tmp_path_factory.mktemp("loops") / "unsharded"
+    return FixedRun(out, run_fixed(out, fsdp=False))
+
+
+def assert_same_run(tmp_path: Path, fixed: FixedRun, *, fsdp: bool) -> None:
+    """A resized run (in ``tmp_path``) applies every sample once, carries the schedule and the scaler, and ends with
+    the parameters of the fixed-size run ``fixed``."""
     resized = run_resized(tmp_path / "resized", fsdp=fsdp)
-    for out, result in ((tmp_path / "fixed", fixed), (tmp_path / "resized", resized)):
+    for out, result in ((fixed.out, fixed.result), (tmp_path / "resized", resized)):
         counts = epoch_counts(applied_ledger(read_ledgers(out), result.view.history))
         assert sorted(counts) == list(range(EPOCHS))
         for epoch, counter in counts.items():
             assert sorted(counter) == list(range(DATASET)) and set(counter.values()) == {1}, f"epoch {epoch}"
     for key in ("lr", "scale"):  # the schedule and the scaler travel with the state
-        assert per_step(tmp_path / "resized", resized, key) == per_step(tmp_path / "fixed", fixed, key), key
-    assert len(final_params(tmp_path / "fixed")) == 2
-    assert_same_params(tmp_path / "resized", tmp_path / "fixed")
+        assert per_step(tmp_path / "resized", resized, key) == per_step(fixed.out, fixed.result, key), key
+    assert len(final_params(fixed.out)) == 2
+    assert_same_params(tmp_path / "resized", fixed.out)
 
 
 @pytest.mark.timeout(240)
-def test_own_optimizer_step_with_clipping_scaler_schedule_autocast_resizes_like_fixed_run(tmp_path: Path) -> None:
-    assert_same_run(tmp_path, fsdp=False)
+def test_own_optimizer_step_with_clipping_scaler_schedule_autocast_resizes_like_fixed_run(
+    tmp_path: Path, unsharded: FixedRun
+) -> None:
+    assert_same_run(tmp_path, unsharded, fsdp=False)
 
 
 @pytest.mark.timeout(240)
-def test_fsdp2_model_resharded_on_resize_matches_fixed_fsdp_run(tmp_path: Path) -> None:
-    assert_same_run(tmp_path, fsdp=True)
-    run_fixed(tmp_path / "unsharded", fsdp=False)  # the same loop without FSDP: sharding changes no result
-    assert_same_params(tmp_path / "fixed", tmp_path / "unsharded")
+def test_fsdp2_model_resharded_on_resize_matches_fixed_fsdp_run(tmp_path: Path, unsharded: FixedRun) -> None:
+    fixed = FixedRun(tmp_path / "fixed", run_fixed(tmp_path / "fixed", fsdp=True))
+    assert_same_run(tmp_path, fixed, fsdp=True)
+    assert_same_params(fixed.out, unsharded.out)  # the same loop without FSDP: sharding changes no result
 
 
 def _sampler() -> amoeba.ElasticSampler:

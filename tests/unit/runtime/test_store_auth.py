@@ -41,6 +41,7 @@ from slurm_amoeba.runtime.protocol import (
 from tests.unit.runtime.conftest import ReferenceRun
 from tests.unit.runtime.jobs import ToyJob, final_params
 from tests.unit.runtime.test_elastic_job import assert_same_params
+from tests.waiting import wait_until
 
 KEY = "amoeba/assign/w0/3"
 
@@ -166,8 +167,17 @@ def test_a_client_without_the_secret_cannot_join_or_steer_a_running_job(
         toy.wait_held(4)
         assert view.plan is not None
         intruder = Intruder(job.coordinator.port)
+        refused = job.coordinator.view().refused
         intruder.attack(view.plan.members)
-        time.sleep(1.0)  # several coordinator rounds read the forged events
+        attacked_at = time.time()
+        forged = 2 + 3 * len(view.plan.members)  # the events Intruder.attack pushes
+        wait_until(
+            "the coordinator to read every forged event", lambda: job.coordinator.view().refused >= refused + forged
+        )
+        wait_until(
+            "the coordinator to read a progress report rank 0 wrote after the forged one",
+            lambda: job.coordinator.view().progress.get("time", 0.0) > attacked_at,
+        )
         view = job.coordinator.view()
         assert "intruder" not in view.workers and view.world_size == 2
         assert 99 not in view.throughput

@@ -188,3 +188,58 @@ def test_a_queue_depth_changes_nothing_for_fifo() -> None:
     exact, shallow = ({record.name: record for record in run.jobs} for run in runs)
     assert exact == shallow
     assert max(record.first_start or 0.0 for record in exact.values()) > 10_000  # the queue really was long
+
+
+class _ScriptedShare:
+    """Starts the first job alone, then shares its GPUs with the second with the given plan; records snapshots."""
+
+    name = "scripted-share"
+    decides_on_events_only = True
+    emits = frozenset({Start, Share})
+
+    def __init__(self, sub_batch: int | None, accumulation: int | None, pace_bound: float | None) -> None:
+        self.plan = (sub_batch, accumulation, pace_bound)
+        self.seen: list[Snapshot] = []
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        self.seen.append(snapshot)
+        if {job.job_id for job in snapshot.jobs} != {"a", "b"}:
+            return []
+        host = snapshot.job("a")
+        guest = snapshot.job("b")
+        if not host.workers:
+            return [Start("a", 2, {"node000": 2})]
+        if not guest.workers and host.shared_with is None:
+            sub_batch, accumulation, pace_bound = self.plan
+            return [Share("b", "a", 2, {"node000": 2}, "", sub_batch, accumulation, pace_bound)]
+        return []
+
+
+def test_a_paced_sharer_leaves_its_host_its_bound_and_takes_the_rest() -> None:
+    jobs = [JobSpec("a", 0, 2, duration=100), JobSpec("b", 0, 2, duration=100)]
+    policy = _ScriptedShare(None, None, 0.1)
+    config = SimConfig(nodes=1, gpus_per_node=2)
+    result = Simulator(jobs, policy, config, trace_models({}, 2), {("", ""): 0.5}).run()
+    done = {record.name: record.completion for record in result.jobs}
+    # a: alone 30..60 (30 done), then keeps 90 % (the bound), not the 50 % of the pair unpaced: 70 / 0.9 more.
+    # b: joins at 60, paused to 90, runs at 0.1 / 0.5 of its co-located 0.5 until a is done, then alone.
+    a_done = 60 + 70 / 0.9
+    assert done["a"] == pytest.approx(a_done)
+    assert done["b"] == pytest.approx(a_done + 100 - 0.1 * (a_done - 90))
+
+
+def test_a_sharer_runs_the_shares_sub_batch_and_the_policy_sees_its_memory() -> None:
+    apps = load_applications()
+    app = apps["cifar10"]
+    jobs = [JobSpec("a", 0, 2, "cifar10", 256), JobSpec("b", 0, 2, "cifar10", 256)]
+    config = SimConfig(nodes=1, gpus_per_node=2)
+    completion: dict[int, float] = {}
+    for sub_batch in (128, 32):
+        _, accumulation = app.plan_batch(256, 2, sub_batch)
+        policy = _ScriptedShare(sub_batch, accumulation + 1, None)
+        result = Simulator(jobs, policy, config, trace_models(apps, 2), {}).run()
+        completion[sub_batch] = next(record.completion for record in result.jobs if record.name == "b") or 0.0
+        shared = next(snap.job("b") for snap in policy.seen if snap.job("b").shared_with == "a")
+        assert shared.memory_gib == pytest.approx(16.0 * sub_batch / app.max_local_batch)
+        assert set(shared.micro_batches) >= {32, 128}, "the policy is shown the micro-batches it may search"
+    assert completion[32] > completion[128], "a smaller micro-batch with more accumulation runs slower"

@@ -165,6 +165,12 @@ def test_gpu_indices_are_node_wide() -> None:
     assert parse_gpu_indices("gpu:0(IDX:N/A)") == ()
 
 
+def test_a_gpu_held_as_shards_is_a_gpu_the_job_runs_on() -> None:
+    assert parse_gpu_indices("shard:2(IDX:1)") == (1,)
+    assert parse_gpu_indices("gpu:1(IDX:0),shard:1(IDX:3)") == (0, 3)
+    assert parse_gres_count("gpu:4,shard:12") == 4, "a node's shards are not more GPUs"
+
+
 def test_step_lines_give_job_step_nodes_and_name() -> None:
     steps = parse_step_lines("18.0|n1|stepA\n18.1|n[1-2]|name|with|bars\n18.batch|n1|batch\n")
     assert [(s.job_id, s.step, s.number, s.nodes, s.name) for s in steps] == [

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ from tests.e2e.test_daemon_restart import (
     agent_history,
     env,  # noqa: F401 (the fixture: the cluster, idle)
 )
-from tests.integration.daemon_helpers import DaemonProcess, end_job, script, wait_until
+from tests.integration.daemon_helpers import DaemonProcess, amoeba_sbatch_job, end_job, script, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
 
@@ -53,38 +52,14 @@ def test_the_goodput_policys_batch_is_applied_by_the_workers_exactly_once(
     job_script = script(tmp_path / "job.sh", f'exec amoeba-run {sys.executable} {train} "$@"\n')
     job_id = ""
     try:
-        submitted = subprocess.run(
-            [
-                "amoeba-sbatch",
-                "--elastic",
-                "1:2",
-                "--gpus-per-worker",
-                "1",
-                f"--output={tmp_path}/agent-%j.out",
-                str(job_script),
-                "--out",
-                str(out),
-                "--choose",
-                "--epochs",
-                "400",
-                "--dataset-size",
-                str(DATASET),
-                "--global-batch",
-                "8",
-                "--max-global-batch",
-                "64",
-                "--adapt-every",
-                "3",
-            ],
-            capture_output=True,
-            text=True,
-            env={**env, "AMOEBA_DAEMON_ENDPOINT": daemon.endpoint},
-            cwd=tmp_path,
-            timeout=60,
-            check=False,
+        args = ["--elastic", "1:2", "--gpus-per-worker", "1", f"--output={tmp_path}/agent-%j.out", str(job_script)]
+        args += ["--out", str(out), "--choose", "--epochs", "400", "--dataset-size", str(DATASET)]
+        job_id = amoeba_sbatch_job(
+            env,
+            tmp_path,
+            daemon.endpoint,
+            [*args, "--global-batch", "8", "--max-global-batch", "64", "--adapt-every", "3"],
         )
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = submitted.stdout.strip().splitlines()[-1]
         state_dir = tmp_path / f"amoeba-{job_id}"
         wait_until("the policy to order a batch", lambda: ORDER.search(daemon.log_text()) is not None, timeout=150)
         kind, size, target, batch = ORDER.search(daemon.log_text()).group(2, 3, 4, 5)  # type: ignore[union-attr]

@@ -425,21 +425,15 @@ def submit_mlp_job(
         workdir / f"{name}.sh", f'exec amoeba-run {sys.executable} {REPO / "examples/elastic_mlp.py"} "$@"\n'
     )
     gpus = cluster.gpus_per_node if gpus_per_worker is None else gpus_per_worker
+    args = ["--elastic", elastic, "--gpus-per-worker", str(gpus), *options]
+    args += [f"--output={workdir}/{'agent' if name == 'job' else name}-%j.out", str(job_script)]
+    return amoeba_sbatch_job(env, workdir, daemon_endpoint, [*args, "--epochs", "100000", "--sample-delay", "0.006"])
+
+
+def amoeba_sbatch_job(env: dict[str, str], workdir: Path, daemon_endpoint: str, args: list[str]) -> str:
+    """``amoeba-sbatch ARGS`` from ``workdir``, the job's agent reporting to ``daemon_endpoint``; returns the job id."""
     submitted = subprocess.run(
-        [
-            "amoeba-sbatch",
-            "--elastic",
-            elastic,
-            "--gpus-per-worker",
-            str(gpus),
-            *options,
-            f"--output={workdir}/{'agent' if name == 'job' else name}-%j.out",
-            str(job_script),
-            "--epochs",
-            "100000",
-            "--sample-delay",
-            "0.006",
-        ],
+        ["amoeba-sbatch", *args],
         capture_output=True,
         text=True,
         env={**env, "AMOEBA_DAEMON_ENDPOINT": daemon_endpoint},

@@ -4,7 +4,6 @@ the ordered size, the resize is not ordered twice, and no satellite is orphaned 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 

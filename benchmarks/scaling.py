@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import inspect
 import json
+import os
 import random
 import statistics
 import sys
@@ -56,35 +57,63 @@ SQUEUE_SAMPLE = (
 )
 
 
-def squeue_text(jobs: int) -> str:
-    """``squeue --json`` output with ``jobs`` jobs: the sample's first job under ids 1, 2, ..."""
-    doc = json.loads(SQUEUE_SAMPLE.read_text())
+def squeue_document(jobs: int) -> dict[str, Any]:
+    """``squeue --json``'s document with ``jobs`` jobs: the sample's first job under ids 1, 2, ..."""
+    doc: dict[str, Any] = json.loads(SQUEUE_SAMPLE.read_text())
     sample = doc["jobs"][0]
     doc["jobs"] = [{**sample, "job_id": index + 1} for index in range(jobs)]
-    return json.dumps(doc)
+    return doc
 
 
 def bench_parse(jobs: int, repeats: int) -> dict[str, float]:
-    """Median seconds to decode ``squeue --json`` of ``jobs`` jobs (``json_s``) and to parse it into records
-    (``parse_s``, decoding included; ``parse_cpu_s`` in CPU time)."""
-    text = squeue_text(jobs)
-    decode_t, parse_t, parse_cpu = [], [], []
-    for _ in range(repeats):
+    """Median seconds to read ``squeue --json`` of ``jobs`` jobs, indented as Slurm prints it.
+
+    Returns:
+        ``json_s``: decoding the whole text; ``parse_full_s``: parsing it whole into records
+        (:func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`, decoding included); ``parse_s`` and ``parse_cpu_s``
+        (CPU time): the daemon's read of a round in which :data:`MOVED_SHARE` of the jobs changed, with the reader
+        that decodes only those (:class:`~slurm_amoeba.slurm.parsers.SqueueReader`; a tree without it: whole).
+    """
+    doc = squeue_document(jobs)
+    rng = random.Random(2)
+    texts = []
+    for _ in range(repeats + 1):
+        for index in rng.sample(range(jobs), max(1, int(jobs * MOVED_SHARE))):
+            doc["jobs"][index] = {**doc["jobs"][index], "priority": {"set": True, "infinite": False, "number": index}}
+        texts.append(json.dumps(doc, indent=2))
+    try:
+        from slurm_amoeba.slurm.parsers import SqueueReader
+    except ImportError:  # an older checkout: every read parses the whole reply
+        read = parse_squeue_json
+    else:
+        read = SqueueReader().parse
+    read(texts[0])
+    decode_t, full_t, parse_t, parse_cpu = [], [], [], []
+    for text in texts[1:]:
         t0 = time.perf_counter()
         json.loads(text)
-        c1, t1 = time.thread_time(), time.perf_counter()
+        t1 = time.perf_counter()
         parse_squeue_json(text)
         c2, t2 = time.thread_time(), time.perf_counter()
+        read(text)
+        c3, t3 = time.thread_time(), time.perf_counter()
         decode_t.append(t1 - t0)
-        parse_t.append(t2 - t1)
-        parse_cpu.append(c2 - c1)
-    medians = (statistics.median(decode_t), statistics.median(parse_t), statistics.median(parse_cpu))
-    return dict(zip(("json_s", "parse_s", "parse_cpu_s"), medians, strict=True))
+        full_t.append(t2 - t1)
+        parse_t.append(t3 - t2)
+        parse_cpu.append(c3 - c2)
+    figures = (decode_t, full_t, parse_t, parse_cpu)
+    return {key: statistics.median(values) for key, values in zip(PARSE_FIGURES, figures, strict=True)}
+
+
+#: What :func:`bench_parse` measures.
+PARSE_FIGURES = ("json_s", "parse_full_s", "parse_s", "parse_cpu_s")
 
 
 def next_view(cluster: SyntheticCluster, rng: random.Random, now: float) -> ClusterView:
-    """Slurm's records as a new read gives them: new objects, :data:`MOVED_SHARE` of the jobs changed."""
-    jobs = [copy.copy(record) for record in cluster.jobs]
+    """Slurm's records as the daemon's next read gives them: :data:`MOVED_SHARE` of the jobs changed (new records),
+    the others the same objects (the incremental reader keeps a job's record while its text stays the same), every
+    node a new record (``sinfo --json`` is read whole)."""
+    jobs = list(cluster.jobs)
     for index in rng.sample(range(len(jobs)), max(1, int(len(jobs) * MOVED_SHARE))):
         jobs[index] = dataclasses.replace(jobs[index], priority=jobs[index].priority + 1)
     return ClusterView(tuple(jobs), tuple(copy.copy(node) for node in cluster.nodes), now)
@@ -150,6 +179,7 @@ def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_shar
                     "policy": name,
                     **parse,
                     **figures,
+                    "load_1m": os.getloadavg()[0],
                 }
             )
             print(f"{count} nodes, {name}: done", file=sys.stderr, flush=True)
@@ -161,8 +191,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("nodes", "nodes"),
     ("jobs", "jobs"),
     ("policy", "policy"),
-    ("parse", "parse_s"),
+    ("parse whole", "parse_full_s"),
     ("json", "json_s"),
+    ("parse", "parse_s"),
     ("snap 1st", "snapshot_full_s"),
     ("snapshot", "snapshot_s"),
     ("decision", "decision_s"),
@@ -170,12 +201,21 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("parse CPU", "parse_cpu_s"),
     ("snapshot CPU", "snapshot_cpu_s"),
     ("decision CPU", "decision_cpu_s"),
+    ("load", "load_1m"),
 )
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
     """A row's cells in :data:`COLUMNS`' order: times in milliseconds, counts and names as they are."""
-    return [f"{row[key] * 1e3:.1f}" if key.endswith("_s") else str(row[key]) for _, key in COLUMNS]
+    return [_cell(key, row.get(key)) for _, key in COLUMNS]
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"  # a document of an earlier run, without that figure
+    if key.endswith("_s"):
+        return f"{value * 1e3:.1f}"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def title(result: dict[str, Any]) -> str:

@@ -54,6 +54,7 @@ UNCLAIMED_MARGIN_S = 10.0
 
 
 _RUNNING, _COMPLETING = SlurmState.RUNNING, SlurmState.COMPLETING
+_RUNNING_PHASE = JobPhase.RUNNING
 
 
 def _gpus_by_node(records: Iterable[JobRecord]) -> dict[str, int]:
@@ -150,7 +151,7 @@ def build_snapshot(
         The observation.
     """
     pins = set(pinned)
-    split = split_satellites(view.active_groups(), agents)
+    split = split_satellites(view.groups, agents)
     reuse = SnapshotCache() if reuse is None else reuse
     reuse.start_round(regular_partitions, elastic_partition)
     placeable = reuse.placeable_nodes(view.nodes)
@@ -202,17 +203,17 @@ class SatelliteSplit:
             less than :data:`UNCLAIMED_MARGIN_S` does not count).
     """
 
-    groups: dict[str, list[JobRecord]]
+    groups: dict[str, Sequence[JobRecord]]
     satellites: dict[str, list[JobRecord]]
     orphans: tuple[SatelliteInfo, ...]
     unclaimed: tuple[SatelliteInfo, ...]
 
 
-def split_satellites(groups: Mapping[str, list[JobRecord]], agents: Mapping[str, AgentRecord]) -> SatelliteSplit:
+def split_satellites(groups: Mapping[str, Sequence[JobRecord]], agents: Mapping[str, AgentRecord]) -> SatelliteSplit:
     """Sort the satellites out of the active jobs: claimed by their registered parent (same owner), or orphans.
 
     Args:
-        groups: active job id -> records (:meth:`ClusterView.active_groups`).
+        groups: active job id -> records (:attr:`ClusterView.groups`).
         agents: job id -> registered agent.
 
     Returns:
@@ -601,10 +602,11 @@ class SnapshotCache:
         """:func:`unmanaged_job` for this round's partitions, reusing the job built from equal records (and the same
         pin) last round, its time-dependent fields brought up to ``now``."""
         known = self._jobs.get(key)
-        if known is not None and known[1] == pinned and known[0] == records:
+        if known is not None and known[1] == pinned and known[0] == records:  # the same records: a pointer test
             info = known[2]
-            if info is not None and info.state is JobPhase.RUNNING:
-                ran = run_seconds(min(records, key=lambda r: r.het_job_offset), now)
+            if info is not None and info.state is _RUNNING_PHASE:
+                first = records[0] if len(records) == 1 else min(records, key=lambda r: r.het_job_offset)
+                ran = run_seconds(first, now)
                 info.attained_service = ran * info.workers
                 info.executed_time = ran
             self.reused += 1

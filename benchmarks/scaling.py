@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import inspect
 import json
+import math
 import os
 import random
 import statistics
@@ -246,6 +247,49 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The figures :func:`growth_table` compares across sizes (CPU time: what load inflates least).
+GROWTH_FIGURES = (("parse", "parse_cpu_s"), ("snapshot", "snapshot_cpu_s"), ("decision", "decision_cpu_s"))
+
+
+def growth(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per policy and size beyond the smallest: each of :data:`GROWTH_FIGURES` divided by its value at the smallest
+    size, beside what n log n growth would give (``nlogn``: (N log N) / (N0 log N0), N in nodes)."""
+    rows = result["rows"]
+    smallest = min((row["nodes"] for row in rows), default=0)
+    base = {row["policy"]: row for row in rows if row["nodes"] == smallest}
+    out = []
+    for row in rows:
+        first = base.get(row["policy"])
+        if first is None or row["nodes"] == smallest or smallest < 2:
+            continue
+        ratio = row["nodes"] / smallest * math.log(row["nodes"]) / math.log(smallest)
+        grown = {name: row[key] / first[key] if first[key] > 0 else float("nan") for name, key in GROWTH_FIGURES}
+        out.append({"policy": row["policy"], "nodes": row["nodes"], "from": smallest, "nlogn": ratio, **grown})
+    return out
+
+
+def growth_table(result: dict[str, Any]) -> str:
+    """:func:`growth` as Markdown: a figure that grows by less than the n log n column grows no faster than that."""
+    names = [name for name, _ in GROWTH_FIGURES]
+    lines = [
+        "| policy | nodes | n log n | " + " | ".join(f"{name} CPU" for name in names) + " |",
+        "|" + "---|" * (3 + len(names)),
+    ]
+    for row in growth(result):
+        cells = [row["policy"], f"{row['from']} -> {row['nodes']}", f"x {row['nlogn']:.1f}"]
+        cells += [f"x {row[name]:.1f}" for name in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def growth_title(result: dict[str, Any]) -> str:
+    """What the growth table's figures are."""
+    return (
+        "growth from the smallest cluster: each CPU-time median divided by its value there, beside n log n "
+        "(N log N / N0 log N0, N in nodes)"
+    )
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """A log-log plot of decision (one line per policy), snapshot and parse CPU time against nodes."""
     import matplotlib
@@ -261,7 +305,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     first = [row for row in rows if row["policy"] == rows[0]["policy"]]
     xs = [r["nodes"] for r in first]
     axes.plot(xs, [r["snapshot_cpu_s"] * 1e3 for r in first], "k--", marker="s", label="snapshot (incremental)")
-    axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue JSON parse (Slurm's)")
+    axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue --json read (incremental)")
+    if all("parse_full_s" in r for r in first):
+        whole = [r["parse_full_s"] * 1e3 for r in first]
+        axes.plot(xs, whole, color="grey", linestyle=":", marker="v", label="squeue --json parsed whole (wall)")
+    if xs and xs[0] > 1:
+        start = first[0]["snapshot_cpu_s"] * 1e3
+        reference = [start * x / xs[0] * math.log(x) / math.log(xs[0]) for x in xs]
+        axes.plot(xs, reference, color="lightgrey", linewidth=3, zorder=0, label="n log n from the snapshot's start")
     axes.axhline(100, color="grey", linewidth=0.8)
     axes.set_xscale("log")
     axes.set_yscale("log")
@@ -296,8 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 2 if args.short else args.rounds
     result = run(nodes, [p for p in args.policies.split(",") if p], rounds, args.elastic_share)
     print(table(result))
+    print(growth_title(result))
+    print(growth_table(result))
     if args.json is not None:
-        recording.write(args.json, result, tables={title(result): markdown_table(result)})
+        tables = {title(result): markdown_table(result), growth_title(result): growth_table(result)}
+        recording.write(args.json, result, tables=tables)
         print(f"wrote {args.json}")
     if args.plot is not None:
         plot(result, args.plot)

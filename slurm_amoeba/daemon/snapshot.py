@@ -163,9 +163,7 @@ def build_snapshot(
         agent = agents.get(key)
         if agent is not None and any(r.state is SlurmState.RUNNING for r in records):
             sats = split.satellites.get(key, [])
-            info, leaving = managed_job(
-                key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus=cluster_gpus
-            )
+            info, leaving = reuse.managed_job(key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus)
             if service is not None:
                 info = _with_service(info, service)
             managed[key] = info
@@ -568,6 +566,8 @@ class SnapshotCache:
         self._nodes: dict[str, tuple[NodeRecord, NodeInfo | None]] = {}
         self._jobs: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
         self._asked: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
+        self._managed: dict[str, tuple[tuple[object, ...], JobInfo, dict[str, int]]] = {}
+        self._managed_asked: dict[str, tuple[tuple[object, ...], JobInfo, dict[str, int]]] = {}
         self.built = 0
         self.reused = 0
 
@@ -576,8 +576,9 @@ class SnapshotCache:
         partitions = (tuple(regular_partitions), elastic_partition)
         if partitions != self._partitions:
             self._partitions = partitions
-            self._nodes, self._asked = {}, {}
+            self._nodes, self._asked, self._managed_asked = {}, {}, {}
         self._jobs, self._asked = self._asked, {}
+        self._managed, self._managed_asked = self._managed_asked, {}
         self.built = self.reused = 0
 
     def placeable_nodes(self, nodes: Iterable[NodeRecord]) -> tuple[NodeInfo, ...]:
@@ -615,3 +616,49 @@ class SnapshotCache:
             self.built += 1
         self._asked[key] = (records, pinned, info)
         return info
+
+    def managed_job(
+        self,
+        key: str,
+        records: Sequence[JobRecord],
+        satellites: Sequence[JobRecord],
+        agent: AgentRecord,
+        pinned: bool,
+        stale_after_s: float,
+        now: float,
+        cluster_gpus: int,
+    ) -> tuple[JobInfo, dict[str, int]]:
+        """:func:`managed_job`, reusing last round's job where everything it is built from is equal: Slurm's records
+        and satellites, and of its agent the registration, the latest report and adaptive statistics, the size of a
+        resize in flight, whether its report is fresh and whether it is backed off (its time-dependent fields brought
+        up to ``now``)."""
+        in_flight = agent.in_flight
+        fresh = agent.is_fresh(now, stale_after_s)
+        inputs: tuple[object, ...] = (
+            records,
+            tuple(satellites),
+            agent.registration,
+            agent.user,
+            agent.report,
+            agent.adaptive,
+            None if in_flight is None else in_flight.target,
+            fresh,
+            agent.backoff_until > now,
+            pinned,
+            cluster_gpus,
+        )
+        known = self._managed.get(key)
+        if known is not None and known[0] == inputs:
+            _, info, leaving = known
+            first = records[0] if len(records) == 1 else min(records, key=lambda r: r.het_job_offset)
+            ran = max(0.0, now - first.start_time) if first.start_time else 0.0
+            info.attained_service = ran * info.workers * info.gpus_per_worker
+            info.executed_time = ran
+            self.reused += 1
+        else:
+            info, leaving = managed_job(
+                key, records, satellites, agent, pinned, stale_after_s, now, cluster_gpus=cluster_gpus
+            )
+            self.built += 1
+        self._managed_asked[key] = (inputs, info, leaving)
+        return info, leaving

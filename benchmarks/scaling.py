@@ -4,18 +4,26 @@ For each cluster size (1,000, 10,000 and 50,000 nodes x 8 GPUs by default, twice
 elastic with a registered agent; :func:`benchmarks.policy.synthetic_cluster`) and each policy the daemon runs live,
 it measures over successive rounds, as the daemon meets them:
 
-- ``parse_s``: Slurm's cost before the snapshot: ``squeue --json`` text of that many jobs (a recorded job of
-  Slurm 24.11 repeated under new ids) turned into records by :func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`,
-  of which ``json_s`` is the JSON decoding alone;
+- ``parse_full_s``: Slurm's reply parsed whole (``squeue --json`` text of that many jobs, a recorded job of Slurm
+  24.11 repeated under new ids and indented as Slurm prints it, turned into records by
+  :func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`), of which ``json_s`` is the JSON decoding alone;
+  ``parse_s`` (``parse_cpu_s`` in CPU time): the daemon's read of a round in which :data:`MOVED_SHARE` of the jobs
+  changed, by the incremental reader that decodes only those (:class:`~slurm_amoeba.slurm.parsers.SqueueReader`);
+- ``service_cpu_s``: the daemon's service book brought up to the round
+  (:class:`~slurm_amoeba.daemon.observer.ServiceBook`, every job's attained GPU-seconds, the snapshot's input);
 - ``snapshot_full_s``: the first round's snapshot, built from nothing;
-- ``snapshot_s``: the median of the next rounds' snapshots, each from freshly read records (equal objects, not the
-  same ones) of which :data:`MOVED_SHARE` changed (a priority moved), the clock 5 s later, with the round loop's
-  :class:`~slurm_amoeba.daemon.snapshot.SnapshotCache`;
+- ``snapshot_s``: the median of the next rounds' snapshots, each from the records the incremental reader gives (the
+  same objects for unchanged jobs, new ones for the :data:`MOVED_SHARE` that changed, new node records), the clock
+  5 s later, with the round loop's :class:`~slurm_amoeba.daemon.snapshot.SnapshotCache` and the service book;
 - ``decision_s``: the median of the policy's ``decide`` on those snapshots; ``check_s`` the invariant check;
+- the collector set as amoebad sets it once started (``gc`` in the result says which: a tree without
+  :func:`~slurm_amoeba.cli.amoebad.tune_gc` runs Python's defaults);
 - ``snapshot_cpu_s`` and ``decision_cpu_s``: the same medians in CPU time of the measuring thread, which a machine
-  shared with other work inflates far less than the wall-clock time (the load average is recorded beside them).
+  shared with other work inflates far less than the wall-clock time; ``load_1m``: the 1-minute load average when
+  the row was done.
 
-It prints a table, writes its result document (``--json FILE``: :class:`benchmarks.record.Recording`, named
+It prints a table and each CPU figure's growth from the smallest cluster beside n log n (:func:`growth`), writes its
+result document (``--json FILE``: :class:`benchmarks.record.Recording`, named
 ``scaling``, its rows as figures and the table in Markdown; ``docs/results.md#scaling``) and, with ``--plot FILE``,
 a log-log plot of time against nodes per policy (matplotlib). ``--short`` measures small clusters in seconds (the
 unit test's mode). A tree whose ``build_snapshot`` has no cache (an older checkout, on ``PYTHONPATH``) is measured
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import gc
 import inspect
 import json
 import math
@@ -41,7 +50,7 @@ from typing import Any
 
 from benchmarks.policy import SyntheticCluster, agent_records, bench_policy, snapshot_of, synthetic_cluster
 from benchmarks.record import Recording
-from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.observer import ClusterView, ServiceBook
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import check_actions
 from slurm_amoeba.slurm.parsers import parse_squeue_json
@@ -136,14 +145,17 @@ def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> di
 
         options["reuse"] = SnapshotCache()
     times: dict[str, list[float]] = {key: [] for key in ("snapshot_s", "decision_s", "check_s")}
-    cpu: dict[str, list[float]] = {"snapshot_cpu_s": [], "decision_cpu_s": []}
+    cpu: dict[str, list[float]] = {"snapshot_cpu_s": [], "decision_cpu_s": [], "service_cpu_s": []}
+    book = ServiceBook()
     first = 0.0
     made = 0
     for index in range(rounds + 1):
         at = now + 5.0 * index
         view = next_view(cluster, rng, at)
+        cs = time.thread_time()
+        service = book.update(view, at)
         c0, t0 = time.thread_time(), time.perf_counter()
-        obs = snapshot_of(view, agents, at, stale_after_s=3600.0, **options)
+        obs = snapshot_of(view, agents, at, stale_after_s=3600.0, service=service, **options)
         c1, t1 = time.thread_time(), time.perf_counter()
         if index == 0:
             first = t1 - t0
@@ -156,18 +168,34 @@ def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> di
         times["decision_s"].append(t2 - t1)
         times["check_s"].append(t3 - t2)
         cpu["snapshot_cpu_s"].append(c1 - c0)
+        cpu["service_cpu_s"].append(c0 - cs)
         cpu["decision_cpu_s"].append(c2 - c1)
         made = len(decisions)
     medians = {key: statistics.median(values) for key, values in {**times, **cpu}.items()}
     return {"snapshot_full_s": first, **medians, "decisions": made}
 
 
+def _collect_as_the_daemon() -> str:
+    """The collector as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`: what start-up
+    built, here the synthetic cluster, frozen out of its scans, and a higher first threshold); Python's defaults in a
+    tree without it. Returns which."""
+    try:
+        from slurm_amoeba.cli.amoebad import tune_gc
+    except ImportError:
+        return "Python's defaults"
+    tune_gc()
+    return "amoebad's (tune_gc)"
+
+
 def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_share: float) -> dict[str, Any]:
     """Every policy at every cluster size (see the module docstring); a JSON-ready result."""
     rows: list[dict[str, Any]] = []
+    collector = ""
     for count in nodes:
         jobs = 2 * count
+        gc.unfreeze()  # the last size's cluster becomes garbage like any other
         cluster = synthetic_cluster(count, 8, jobs, elastic_share)
+        collector = _collect_as_the_daemon()
         parse = bench_parse(jobs, max(1, min(rounds, 3)))
         for name in policies:
             figures = bench_rounds(cluster, name, rounds)
@@ -184,7 +212,7 @@ def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_shar
                 }
             )
             print(f"{count} nodes, {name}: done", file=sys.stderr, flush=True)
-    return {"rounds": rounds, "moved_share": MOVED_SHARE, "rows": rows}
+    return {"rounds": rounds, "moved_share": MOVED_SHARE, "gc": collector, "rows": rows}
 
 
 #: The table's columns: heading and the row's key (a key ending in ``_s`` is seconds, shown in milliseconds).
@@ -201,6 +229,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("check", "check_s"),
     ("parse CPU", "parse_cpu_s"),
     ("snapshot CPU", "snapshot_cpu_s"),
+    ("service CPU", "service_cpu_s"),
     ("decision CPU", "decision_cpu_s"),
     ("load", "load_1m"),
 )
@@ -248,7 +277,12 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 
 #: The figures :func:`growth_table` compares across sizes (CPU time: what load inflates least).
-GROWTH_FIGURES = (("parse", "parse_cpu_s"), ("snapshot", "snapshot_cpu_s"), ("decision", "decision_cpu_s"))
+GROWTH_FIGURES = (
+    ("parse", "parse_cpu_s"),
+    ("service", "service_cpu_s"),
+    ("snapshot", "snapshot_cpu_s"),
+    ("decision", "decision_cpu_s"),
+)
 
 
 def growth(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -263,9 +297,13 @@ def growth(result: dict[str, Any]) -> list[dict[str, Any]]:
         if first is None or row["nodes"] == smallest or smallest < 2:
             continue
         ratio = row["nodes"] / smallest * math.log(row["nodes"]) / math.log(smallest)
-        grown = {name: row[key] / first[key] if first[key] > 0 else float("nan") for name, key in GROWTH_FIGURES}
+        grown = {name: _ratio(row.get(key), first.get(key)) for name, key in GROWTH_FIGURES}
         out.append({"policy": row["policy"], "nodes": row["nodes"], "from": smallest, "nlogn": ratio, **grown})
     return out
+
+
+def _ratio(value: float | None, base: float | None) -> float:
+    return value / base if value is not None and base else float("nan")
 
 
 def growth_table(result: dict[str, Any]) -> str:
@@ -306,6 +344,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     xs = [r["nodes"] for r in first]
     axes.plot(xs, [r["snapshot_cpu_s"] * 1e3 for r in first], "k--", marker="s", label="snapshot (incremental)")
     axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue --json read (incremental)")
+    if all("service_cpu_s" in r for r in first):
+        axes.plot(xs, [r["service_cpu_s"] * 1e3 for r in first], "k-.", marker="d", label="service book")
     if all("parse_full_s" in r for r in first):
         whole = [r["parse_full_s"] * 1e3 for r in first]
         axes.plot(xs, whole, color="grey", linestyle=":", marker="v", label="squeue --json parsed whole (wall)")

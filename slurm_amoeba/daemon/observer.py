@@ -320,17 +320,18 @@ def service_key(record: JobRecord) -> str:
 
 def run_samples(view: ClusterView) -> list[RunSample]:
     """Every active record of the view as a run of its job, for :func:`~slurm_amoeba.policy.queue_order.account`."""
-    return [
-        RunSample(
-            job=service_key(record),
-            record=str(record.job_id),
-            running=record.state is JobState.RUNNING and bool(record.start_time),
-            start_time=float(record.start_time),
-            gpus=record.gpus_held,
-        )
-        for record in view.jobs
-        if record.state.is_active()
-    ]
+    return [run_sample(record) for record in view.jobs if record.state.is_active()]
+
+
+def run_sample(record: JobRecord) -> RunSample:
+    """One active record as a run of its job (:func:`run_samples`)."""
+    return RunSample(
+        job=service_key(record),
+        record=str(record.job_id),
+        running=record.state is JobState.RUNNING and bool(record.start_time),
+        start_time=float(record.start_time),
+        gpus=record.gpus_held,
+    )
 
 
 class ServiceBook:
@@ -352,10 +353,24 @@ class ServiceBook:
     def __init__(self, past_service: Callable[[Collection[int]], Mapping[int, float]] | None = None) -> None:
         self.book: dict[str, JobService] = {}
         self._past_service = past_service
+        self._samples: dict[int, tuple[JobRecord, RunSample]] = {}
 
     def update(self, view: ClusterView, now: float) -> dict[str, float]:
-        """Bank the view's runs; returns job id -> GPU-seconds attained (a satellite's count for its parent)."""
-        self.book = account(self.book, run_samples(view), now)
+        """Bank the view's runs; returns job id -> GPU-seconds attained (a satellite's count for its parent).
+
+        A record that is the same object as last round's (the incremental ``squeue`` reader keeps a job's record
+        while Slurm reports it alike) keeps its run sample (:func:`run_sample`)."""
+        known, self._samples = self._samples, {}
+        samples: list[RunSample] = []
+        active = _ACTIVE
+        for record in view.jobs:
+            if record.state not in active:
+                continue
+            last = known.get(record.job_id)
+            sample = last[1] if last is not None and last[0] is record else run_sample(record)
+            self._samples[record.job_id] = (record, sample)
+            samples.append(sample)
+        self.book = account(self.book, samples, now)
         if self._past_service is not None:
             read, self._past_service = self._past_service, None
             self._seed(view, read)

@@ -28,8 +28,12 @@ def test_the_short_scaling_run_measures_every_size_and_policy_and_writes_json_an
         (300, "goodput"),
     ]
     assert all(row["jobs"] == 2 * row["nodes"] and row["snapshot_s"] > 0 and row["parse_s"] > 0 for row in rows)
-    (table,) = document["tables"].values()
+    tables = document["tables"]
+    table = tables[scaling.title(document["figures"])]
+    grown = tables[scaling.growth_title(document["figures"])]
     assert table.count("\n| 100 | 200 |") == 2 and table.count("\n| 300 | 600 |") == 2, "a Markdown row per row"
+    assert grown.count("| 100 -> 300 |") == 2, "each policy's growth from the smallest size"
+    assert document["figures"]["gc"] == "amoebad's (tune_gc)"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

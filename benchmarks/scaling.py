@@ -329,7 +329,8 @@ def growth_title(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """A log-log plot of decision (one line per policy), snapshot and parse CPU time against nodes."""
+    """A log-log plot of CPU time against nodes: decision (one line per policy), snapshot, service book and the
+    incremental squeue read, with an n log n reference through the smallest snapshot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -346,13 +347,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue --json read (incremental)")
     if all("service_cpu_s" in r for r in first):
         axes.plot(xs, [r["service_cpu_s"] * 1e3 for r in first], "k-.", marker="d", label="service book")
-    if all("parse_full_s" in r for r in first):
-        whole = [r["parse_full_s"] * 1e3 for r in first]
-        axes.plot(xs, whole, color="grey", linestyle=":", marker="v", label="squeue --json parsed whole (wall)")
     if xs and xs[0] > 1:
         start = first[0]["snapshot_cpu_s"] * 1e3
         reference = [start * x / xs[0] * math.log(x) / math.log(xs[0]) for x in xs]
-        axes.plot(xs, reference, color="lightgrey", linewidth=3, zorder=0, label="n log n from the snapshot's start")
+        axes.plot(xs, reference, color="silver", linewidth=4, zorder=0, label="n log n from the snapshot's start")
     axes.axhline(100, color="grey", linewidth=0.8)
     axes.set_xscale("log")
     axes.set_yscale("log")

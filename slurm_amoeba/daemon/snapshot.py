@@ -163,7 +163,16 @@ def build_snapshot(
         agent = agents.get(key)
         if agent is not None and any(r.state is SlurmState.RUNNING for r in records):
             sats = split.satellites.get(key, [])
-            info, leaving = reuse.managed_job(key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus)
+            info, leaving = reuse.managed_job(
+                key,
+                agent,
+                records,
+                sats,
+                now,
+                stale_after_s=stale_after_s,
+                pinned=key in pins,
+                cluster_gpus=cluster_gpus,
+            )
             if service is not None:
                 info = _with_service(info, service)
             managed[key] = info
@@ -620,12 +629,13 @@ class SnapshotCache:
     def managed_job(
         self,
         key: str,
+        agent: AgentRecord,
         records: Sequence[JobRecord],
         satellites: Sequence[JobRecord],
-        agent: AgentRecord,
-        pinned: bool,
-        stale_after_s: float,
         now: float,
+        *,
+        stale_after_s: float,
+        pinned: bool,
         cluster_gpus: int,
     ) -> tuple[JobInfo, dict[str, int]]:
         """:func:`managed_job`, reusing last round's job where everything it is built from is equal: Slurm's records

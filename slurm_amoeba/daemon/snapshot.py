@@ -144,8 +144,8 @@ def build_snapshot(
         make_room_after_s: see above; 0 makes room for every pending job at once.
         service: job id -> GPU-seconds it attained, its earlier runs included (the daemon's service book); a job
             it does not name has attained what its current run has (None: every job).
-        reuse: the previous rounds' nodes and unmanaged jobs (:class:`SnapshotCache`): those whose Slurm records
-            did not change are taken from it instead of being built again (None: build every one).
+        reuse: the previous rounds' nodes and jobs (:class:`SnapshotCache`): those whose inputs did not change are
+            taken from it instead of being built again (None: build every one).
 
     Returns:
         The observation.
@@ -554,12 +554,14 @@ def adaptive_inputs(
 
 
 class SnapshotCache:
-    """The nodes and unmanaged jobs of the previous round, reused where Slurm's records did not change.
+    """The nodes and jobs of the previous round, reused where what they were built from did not change.
 
     Most of a large cluster is the same from one round to the next: a few jobs start, end or resize, a few nodes
-    change. The snapshot step asks this cache for each node and each job the daemon does not manage; a node or job
-    whose records equal (``==``: every field Slurm reported) those it was built from last round is answered with
-    the object built then, and only the others are built again (:func:`placeable_node`, :func:`unmanaged_job`).
+    change. The snapshot step asks this cache for each node and each job; a node or job the daemon does not manage
+    whose records equal (``==``: every field Slurm reported; the same objects, from the incremental squeue reader,
+    compare at once) those it was built from last round is answered with the object built then, and only the others
+    are built again (:func:`placeable_node`, :func:`unmanaged_job`). A managed job is reused likewise while its
+    records, its satellites and what :func:`managed_job` reads of its agent are equal (:meth:`managed_job`).
     A reused running job has its time-dependent fields (``attained_service``, ``executed_time``) brought up to
     ``now`` in place, as :class:`~slurm_amoeba.policy.JobInfo` allows its owner; the snapshot step copies before it
     changes anything else (the service book, young pending jobs). What a round does not ask for (a job that ended,

@@ -641,17 +641,20 @@ class SnapshotCache:
         cluster_gpus: int,
     ) -> tuple[JobInfo, dict[str, int]]:
         """:func:`managed_job`, reusing last round's job where everything it is built from is equal: Slurm's records
-        and satellites, and of its agent the registration, the latest report and adaptive statistics, the size of a
-        resize in flight, whether its report is fresh and whether it is backed off (its time-dependent fields brought
-        up to ``now``)."""
-        in_flight = agent.in_flight
-        fresh = agent.is_fresh(now, stale_after_s)
+        and satellites, and of its agent the registration, what the latest report says (size, target, throughput
+        measured and predicted, smallest feasible size: a report alike that came later changes nothing), the
+        adaptive statistics, the size of a resize in flight, whether its report is fresh and whether it is backed off
+        (its time-dependent fields brought up to ``now``)."""
+        in_flight, report = agent.in_flight, agent.report
+        fresh = agent.is_fresh(now, stale_after_s)  # the one use of the report's time: a new report alike reuses
         inputs: tuple[object, ...] = (
             records,
             tuple(satellites),
             agent.registration,
             agent.user,
-            agent.report,
+            None if report is None else (report.size, report.target, *report.throughput.items(), None),
+            None if report is None else tuple(report.predicted.items()),  # in order: the job's table keeps it
+            None if report is None else report.min_feasible,
             agent.adaptive,
             None if in_flight is None else in_flight.target,
             fresh,

@@ -150,3 +150,19 @@ def test_a_managed_job_is_rebuilt_when_its_agent_reports_or_is_ordered_and_reuse
     assert ordered.managed["100"].resizing and not reported.managed["100"].resizing
     stale = snap(records, nodes, NOW + 600, cache, agents=agents)  # no report for long: left alone
     assert stale.snapshot == snap(records, nodes, NOW + 600, None, agents=agents).snapshot
+
+
+def test_a_later_report_that_says_the_same_keeps_the_managed_job_and_one_with_new_rates_does_not() -> None:
+    records, nodes = cluster()
+    agents = {"100": agent("100")}
+    cache = SnapshotCache()
+    first = snap(records, nodes, NOW, cache, agents=agents).managed["100"]
+    same = agents["100"].report
+    assert same is not None
+    agents["100"].accept_report(dataclasses.replace(same, generation=2, history=({"event": "x"},), received_at=NOW + 4))
+    assert snap(records, nodes, NOW + 5, cache, agents=agents).managed["100"] is first
+    faster = {**same.throughput, 8: 390.0}
+    agents["100"].accept_report(dataclasses.replace(same, throughput=faster, received_at=NOW + 9))
+    rebuilt = snap(records, nodes, NOW + 10, cache, agents=agents)
+    assert rebuilt.managed["100"] is not first
+    assert rebuilt.snapshot == snap(records, nodes, NOW + 10, None, agents=agents).snapshot

@@ -12,7 +12,8 @@ munge, as at a site:
   user's, in one process;
 - each process registers its agents, then reports each of them every ``report_s`` seconds, and answers directives;
 - one more process of the first simulated user asks ``status`` twice a second, as ``amoebactl status`` does, and
-  times the replies while the agents report.
+  times the replies while the agents report;
+- the daemon's collector is set as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`).
 
 Where the daemon's defaults (:class:`~slurm_amoeba.daemon.config.Limits`: ``agents_per_uid``, ``requests_per_s``,
 ``burst``) would refuse the load, the benchmark raises them and reports which (``raised_limits``): a site with that
@@ -35,6 +36,7 @@ from typing import Any
 
 import zmq
 
+from slurm_amoeba.cli.amoebad import tune_gc
 from slurm_amoeba.core.messages import RETRY_SOON, Message, decode, encode
 from slurm_amoeba.daemon.agents import Registration
 from slurm_amoeba.daemon.config import AGENT_REPORT_S, AgentSettings, DaemonConfig, Limits
@@ -321,6 +323,7 @@ def bench_loop(
     daemon = Daemon(config, source_for(records))
     daemon.start()
     assert daemon.server is not None
+    tune_gc()  # as amoebad once started
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,), name="amoebad-loop", daemon=True)
     thread.start()

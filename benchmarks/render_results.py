@@ -125,12 +125,14 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "scaling",
         "How the daemon's round grows with the cluster",
-        "Parsing `squeue --json` (Slurm's cost), the snapshot (the first one built from nothing, then incremental) "
-        "and every live policy's decision on synthetic clusters of 1,000, 10,000 and 50,000 nodes x 8 GPUs, twice "
-        "as many jobs as nodes (5 % of them elastic with a registered agent), over successive rounds in which 0.5 % "
-        "of the jobs change: medians in wall-clock time and, beside them, in CPU time of the measuring thread (the "
-        "figure a machine shared with other work inflates least), on this 2-core machine under the load stated. "
-        "Plotted in docs/img/bench-scaling.png.",
+        "Reading `squeue --json` (parsed whole, and the daemon's incremental read that decodes only the jobs that "
+        "changed), the service book, the snapshot (the first one built from nothing, then incremental) and every "
+        "live policy's decision on synthetic clusters of 1,000, 10,000 and 50,000 nodes x 8 GPUs, twice as many jobs "
+        "as nodes (5 % of them elastic with a registered agent), over successive rounds in which 0.5 % of the jobs "
+        "change, the collector set as amoebad sets it: medians in wall-clock time and, beside them, in CPU time of "
+        "the measuring thread (the figure a machine shared with other work inflates least), on this 2-core machine "
+        "under the load stated on each row; then each CPU figure's growth from 1,000 nodes beside n log n. Plotted "
+        "in docs/img/bench-scaling.png.",
         "scripts/bench-policy --scaling --rounds 3 --json docs/results/scaling.json --plot docs/img/bench-scaling.png",
         needs="nothing but the package (no Slurm); matplotlib for the plot",
     ),

@@ -4,18 +4,26 @@ For each cluster size (1,000, 10,000 and 50,000 nodes x 8 GPUs by default, twice
 elastic with a registered agent; :func:`benchmarks.policy.synthetic_cluster`) and each policy the daemon runs live,
 it measures over successive rounds, as the daemon meets them:
 
-- ``parse_s``: Slurm's cost before the snapshot: ``squeue --json`` text of that many jobs (a recorded job of
-  Slurm 24.11 repeated under new ids) turned into records by :func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`,
-  of which ``json_s`` is the JSON decoding alone;
+- ``parse_full_s``: Slurm's reply parsed whole (``squeue --json`` text of that many jobs, a recorded job of Slurm
+  24.11 repeated under new ids and indented as Slurm prints it, turned into records by
+  :func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`), of which ``json_s`` is the JSON decoding alone;
+  ``parse_s`` (``parse_cpu_s`` in CPU time): the daemon's read of a round in which :data:`MOVED_SHARE` of the jobs
+  changed, by the incremental reader that decodes only those (:class:`~slurm_amoeba.slurm.parsers.SqueueReader`);
+- ``service_cpu_s``: the daemon's service book brought up to the round
+  (:class:`~slurm_amoeba.daemon.observer.ServiceBook`, every job's attained GPU-seconds, the snapshot's input);
 - ``snapshot_full_s``: the first round's snapshot, built from nothing;
-- ``snapshot_s``: the median of the next rounds' snapshots, each from freshly read records (equal objects, not the
-  same ones) of which :data:`MOVED_SHARE` changed (a priority moved), the clock 5 s later, with the round loop's
-  :class:`~slurm_amoeba.daemon.snapshot.SnapshotCache`;
+- ``snapshot_s``: the median of the next rounds' snapshots, each from the records the incremental reader gives (the
+  same objects for unchanged jobs, new ones for the :data:`MOVED_SHARE` that changed, new node records), the clock
+  5 s later, with the round loop's :class:`~slurm_amoeba.daemon.snapshot.SnapshotCache` and the service book;
 - ``decision_s``: the median of the policy's ``decide`` on those snapshots; ``check_s`` the invariant check;
+- the collector set as amoebad sets it once started (``gc`` in the result says which: a tree without
+  :func:`~slurm_amoeba.cli.amoebad.tune_gc` runs Python's defaults);
 - ``snapshot_cpu_s`` and ``decision_cpu_s``: the same medians in CPU time of the measuring thread, which a machine
-  shared with other work inflates far less than the wall-clock time (the load average is recorded beside them).
+  shared with other work inflates far less than the wall-clock time; ``load_1m``: the 1-minute load average when
+  the row was done.
 
-It prints a table, writes its result document (``--json FILE``: :class:`benchmarks.record.Recording`, named
+It prints a table and each CPU figure's growth from the smallest cluster beside n log n (:func:`growth`), writes its
+result document (``--json FILE``: :class:`benchmarks.record.Recording`, named
 ``scaling``, its rows as figures and the table in Markdown; ``docs/results.md#scaling``) and, with ``--plot FILE``,
 a log-log plot of time against nodes per policy (matplotlib). ``--short`` measures small clusters in seconds (the
 unit test's mode). A tree whose ``build_snapshot`` has no cache (an older checkout, on ``PYTHONPATH``) is measured
@@ -27,8 +35,11 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import gc
 import inspect
 import json
+import math
+import os
 import random
 import statistics
 import sys
@@ -39,7 +50,7 @@ from typing import Any
 
 from benchmarks.policy import SyntheticCluster, agent_records, bench_policy, snapshot_of, synthetic_cluster
 from benchmarks.record import Recording
-from slurm_amoeba.daemon.observer import ClusterView
+from slurm_amoeba.daemon.observer import ClusterView, ServiceBook
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import check_actions
 from slurm_amoeba.slurm.parsers import parse_squeue_json
@@ -56,35 +67,63 @@ SQUEUE_SAMPLE = (
 )
 
 
-def squeue_text(jobs: int) -> str:
-    """``squeue --json`` output with ``jobs`` jobs: the sample's first job under ids 1, 2, ..."""
-    doc = json.loads(SQUEUE_SAMPLE.read_text())
+def squeue_document(jobs: int) -> dict[str, Any]:
+    """``squeue --json``'s document with ``jobs`` jobs: the sample's first job under ids 1, 2, ..."""
+    doc: dict[str, Any] = json.loads(SQUEUE_SAMPLE.read_text())
     sample = doc["jobs"][0]
     doc["jobs"] = [{**sample, "job_id": index + 1} for index in range(jobs)]
-    return json.dumps(doc)
+    return doc
 
 
 def bench_parse(jobs: int, repeats: int) -> dict[str, float]:
-    """Median seconds to decode ``squeue --json`` of ``jobs`` jobs (``json_s``) and to parse it into records
-    (``parse_s``, decoding included; ``parse_cpu_s`` in CPU time)."""
-    text = squeue_text(jobs)
-    decode_t, parse_t, parse_cpu = [], [], []
-    for _ in range(repeats):
+    """Median seconds to read ``squeue --json`` of ``jobs`` jobs, indented as Slurm prints it.
+
+    Returns:
+        ``json_s``: decoding the whole text; ``parse_full_s``: parsing it whole into records
+        (:func:`~slurm_amoeba.slurm.parsers.parse_squeue_json`, decoding included); ``parse_s`` and ``parse_cpu_s``
+        (CPU time): the daemon's read of a round in which :data:`MOVED_SHARE` of the jobs changed, with the reader
+        that decodes only those (:class:`~slurm_amoeba.slurm.parsers.SqueueReader`; a tree without it: whole).
+    """
+    doc = squeue_document(jobs)
+    rng = random.Random(2)
+    texts = []
+    for _ in range(repeats + 1):
+        for index in rng.sample(range(jobs), max(1, int(jobs * MOVED_SHARE))):
+            doc["jobs"][index] = {**doc["jobs"][index], "priority": {"set": True, "infinite": False, "number": index}}
+        texts.append(json.dumps(doc, indent=2))
+    try:
+        from slurm_amoeba.slurm.parsers import SqueueReader
+    except ImportError:  # an older checkout: every read parses the whole reply
+        read = parse_squeue_json
+    else:
+        read = SqueueReader().parse
+    read(texts[0])
+    decode_t, full_t, parse_t, parse_cpu = [], [], [], []
+    for text in texts[1:]:
         t0 = time.perf_counter()
         json.loads(text)
-        c1, t1 = time.thread_time(), time.perf_counter()
+        t1 = time.perf_counter()
         parse_squeue_json(text)
         c2, t2 = time.thread_time(), time.perf_counter()
+        read(text)
+        c3, t3 = time.thread_time(), time.perf_counter()
         decode_t.append(t1 - t0)
-        parse_t.append(t2 - t1)
-        parse_cpu.append(c2 - c1)
-    medians = (statistics.median(decode_t), statistics.median(parse_t), statistics.median(parse_cpu))
-    return dict(zip(("json_s", "parse_s", "parse_cpu_s"), medians, strict=True))
+        full_t.append(t2 - t1)
+        parse_t.append(t3 - t2)
+        parse_cpu.append(c3 - c2)
+    figures = (decode_t, full_t, parse_t, parse_cpu)
+    return {key: statistics.median(values) for key, values in zip(PARSE_FIGURES, figures, strict=True)}
+
+
+#: What :func:`bench_parse` measures.
+PARSE_FIGURES = ("json_s", "parse_full_s", "parse_s", "parse_cpu_s")
 
 
 def next_view(cluster: SyntheticCluster, rng: random.Random, now: float) -> ClusterView:
-    """Slurm's records as a new read gives them: new objects, :data:`MOVED_SHARE` of the jobs changed."""
-    jobs = [copy.copy(record) for record in cluster.jobs]
+    """Slurm's records as the daemon's next read gives them: :data:`MOVED_SHARE` of the jobs changed (new records),
+    the others the same objects (the incremental reader keeps a job's record while its text stays the same), every
+    node a new record (``sinfo --json`` is read whole)."""
+    jobs = list(cluster.jobs)
     for index in rng.sample(range(len(jobs)), max(1, int(len(jobs) * MOVED_SHARE))):
         jobs[index] = dataclasses.replace(jobs[index], priority=jobs[index].priority + 1)
     return ClusterView(tuple(jobs), tuple(copy.copy(node) for node in cluster.nodes), now)
@@ -106,14 +145,17 @@ def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> di
 
         options["reuse"] = SnapshotCache()
     times: dict[str, list[float]] = {key: [] for key in ("snapshot_s", "decision_s", "check_s")}
-    cpu: dict[str, list[float]] = {"snapshot_cpu_s": [], "decision_cpu_s": []}
+    cpu: dict[str, list[float]] = {"snapshot_cpu_s": [], "decision_cpu_s": [], "service_cpu_s": []}
+    book = ServiceBook()
     first = 0.0
     made = 0
     for index in range(rounds + 1):
         at = now + 5.0 * index
         view = next_view(cluster, rng, at)
+        cs = time.thread_time()
+        service = book.update(view, at)
         c0, t0 = time.thread_time(), time.perf_counter()
-        obs = snapshot_of(view, agents, at, stale_after_s=3600.0, **options)
+        obs = snapshot_of(view, agents, at, stale_after_s=3600.0, service=service, **options)
         c1, t1 = time.thread_time(), time.perf_counter()
         if index == 0:
             first = t1 - t0
@@ -126,18 +168,34 @@ def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> di
         times["decision_s"].append(t2 - t1)
         times["check_s"].append(t3 - t2)
         cpu["snapshot_cpu_s"].append(c1 - c0)
+        cpu["service_cpu_s"].append(c0 - cs)
         cpu["decision_cpu_s"].append(c2 - c1)
         made = len(decisions)
     medians = {key: statistics.median(values) for key, values in {**times, **cpu}.items()}
     return {"snapshot_full_s": first, **medians, "decisions": made}
 
 
+def _collect_as_the_daemon() -> str:
+    """The collector as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`: what start-up
+    built, here the synthetic cluster, frozen out of its scans, and a higher first threshold); Python's defaults in a
+    tree without it. Returns which."""
+    try:
+        from slurm_amoeba.cli.amoebad import tune_gc
+    except ImportError:
+        return "Python's defaults"
+    tune_gc()
+    return "amoebad's (tune_gc)"
+
+
 def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_share: float) -> dict[str, Any]:
     """Every policy at every cluster size (see the module docstring); a JSON-ready result."""
     rows: list[dict[str, Any]] = []
+    collector = ""
     for count in nodes:
         jobs = 2 * count
+        gc.unfreeze()  # the last size's cluster becomes garbage like any other
         cluster = synthetic_cluster(count, 8, jobs, elastic_share)
+        collector = _collect_as_the_daemon()
         parse = bench_parse(jobs, max(1, min(rounds, 3)))
         for name in policies:
             figures = bench_rounds(cluster, name, rounds)
@@ -150,10 +208,11 @@ def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_shar
                     "policy": name,
                     **parse,
                     **figures,
+                    "load_1m": os.getloadavg()[0],
                 }
             )
             print(f"{count} nodes, {name}: done", file=sys.stderr, flush=True)
-    return {"rounds": rounds, "moved_share": MOVED_SHARE, "rows": rows}
+    return {"rounds": rounds, "moved_share": MOVED_SHARE, "gc": collector, "rows": rows}
 
 
 #: The table's columns: heading and the row's key (a key ending in ``_s`` is seconds, shown in milliseconds).
@@ -161,21 +220,32 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("nodes", "nodes"),
     ("jobs", "jobs"),
     ("policy", "policy"),
-    ("parse", "parse_s"),
+    ("parse whole", "parse_full_s"),
     ("json", "json_s"),
+    ("parse", "parse_s"),
     ("snap 1st", "snapshot_full_s"),
     ("snapshot", "snapshot_s"),
     ("decision", "decision_s"),
     ("check", "check_s"),
     ("parse CPU", "parse_cpu_s"),
     ("snapshot CPU", "snapshot_cpu_s"),
+    ("service CPU", "service_cpu_s"),
     ("decision CPU", "decision_cpu_s"),
+    ("load", "load_1m"),
 )
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
     """A row's cells in :data:`COLUMNS`' order: times in milliseconds, counts and names as they are."""
-    return [f"{row[key] * 1e3:.1f}" if key.endswith("_s") else str(row[key]) for _, key in COLUMNS]
+    return [_cell(key, row.get(key)) for _, key in COLUMNS]
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"  # a document of an earlier run, without that figure
+    if key.endswith("_s"):
+        return f"{value * 1e3:.1f}"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def title(result: dict[str, Any]) -> str:
@@ -206,8 +276,61 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The figures :func:`growth_table` compares across sizes (CPU time: what load inflates least).
+GROWTH_FIGURES = (
+    ("parse", "parse_cpu_s"),
+    ("service", "service_cpu_s"),
+    ("snapshot", "snapshot_cpu_s"),
+    ("decision", "decision_cpu_s"),
+)
+
+
+def growth(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per policy and size beyond the smallest: each of :data:`GROWTH_FIGURES` divided by its value at the smallest
+    size, beside what n log n growth would give (``nlogn``: (N log N) / (N0 log N0), N in nodes)."""
+    rows = result["rows"]
+    smallest = min((row["nodes"] for row in rows), default=0)
+    base = {row["policy"]: row for row in rows if row["nodes"] == smallest}
+    out = []
+    for row in rows:
+        first = base.get(row["policy"])
+        if first is None or row["nodes"] == smallest or smallest < 2:
+            continue
+        ratio = row["nodes"] / smallest * math.log(row["nodes"]) / math.log(smallest)
+        grown = {name: _ratio(row.get(key), first.get(key)) for name, key in GROWTH_FIGURES}
+        out.append({"policy": row["policy"], "nodes": row["nodes"], "from": smallest, "nlogn": ratio, **grown})
+    return out
+
+
+def _ratio(value: float | None, base: float | None) -> float:
+    return value / base if value is not None and base else float("nan")
+
+
+def growth_table(result: dict[str, Any]) -> str:
+    """:func:`growth` as Markdown: a figure that grows by less than the n log n column grows no faster than that."""
+    names = [name for name, _ in GROWTH_FIGURES]
+    lines = [
+        "| policy | nodes | n log n | " + " | ".join(f"{name} CPU" for name in names) + " |",
+        "|" + "---|" * (3 + len(names)),
+    ]
+    for row in growth(result):
+        cells = [row["policy"], f"{row['from']} -> {row['nodes']}", f"x {row['nlogn']:.1f}"]
+        cells += [f"x {row[name]:.1f}" for name in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def growth_title(result: dict[str, Any]) -> str:
+    """What the growth table's figures are."""
+    return (
+        "growth from the smallest cluster: each CPU-time median divided by its value there, beside n log n "
+        "(N log N / N0 log N0, N in nodes)"
+    )
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
-    """A log-log plot of decision (one line per policy), snapshot and parse CPU time against nodes."""
+    """A log-log plot of CPU time against nodes: decision (one line per policy), snapshot, service book and the
+    incremental squeue read, with an n log n reference through the smallest snapshot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,7 +344,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     first = [row for row in rows if row["policy"] == rows[0]["policy"]]
     xs = [r["nodes"] for r in first]
     axes.plot(xs, [r["snapshot_cpu_s"] * 1e3 for r in first], "k--", marker="s", label="snapshot (incremental)")
-    axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue JSON parse (Slurm's)")
+    axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue --json read (incremental)")
+    if all("service_cpu_s" in r for r in first):
+        axes.plot(xs, [r["service_cpu_s"] * 1e3 for r in first], "k-.", marker="d", label="service book")
+    if xs and xs[0] > 1:
+        start = first[0]["snapshot_cpu_s"] * 1e3
+        reference = [start * x / xs[0] * math.log(x) / math.log(xs[0]) for x in xs]
+        axes.plot(xs, reference, color="silver", linewidth=4, zorder=0, label="n log n from the snapshot's start")
     axes.axhline(100, color="grey", linewidth=0.8)
     axes.set_xscale("log")
     axes.set_yscale("log")
@@ -256,8 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 2 if args.short else args.rounds
     result = run(nodes, [p for p in args.policies.split(",") if p], rounds, args.elastic_share)
     print(table(result))
+    print(growth_title(result))
+    print(growth_table(result))
     if args.json is not None:
-        recording.write(args.json, result, tables={title(result): markdown_table(result)})
+        tables = {title(result): markdown_table(result), growth_title(result): growth_table(result)}
+        recording.write(args.json, result, tables=tables)
         print(f"wrote {args.json}")
     if args.plot is not None:
         plot(result, args.plot)

@@ -16,6 +16,7 @@ Logs go to stderr; under systemd (``JOURNAL_STREAM`` names stderr) each line car
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -214,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         daemon.request_reload()
     if not _listening(config, daemon):
         return 1
+    tune_gc()
     try:
         daemon.run(stop)
     finally:
@@ -222,6 +224,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             daemon.close()
     return 1 if daemon.deposed else 0
+
+
+#: The collector's first threshold while the daemon runs (Python's default: 700). A round on a large cluster makes
+#: tens of thousands of short-lived objects (a snapshot's jobs, a decision's placements) that reference counting
+#: frees; with the default the collector runs dozens of times a round for nothing. The benchmark that set it: the
+#: snapshot and decision of a 10,000-node cluster (docs/operations.md, "Large clusters").
+GC_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Once started: what start-up built (the configuration, the imported modules, the state) is frozen out of the
+    collector's scans (``gc.freeze``), and the collector runs every :data:`GC_THRESHOLD` allocations."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, older, oldest)
 
 
 class _Listener(Protocol):

@@ -61,6 +61,7 @@ class Ledger:
         self.metrics = metrics
         self.clock = clock
         self.agents: dict[str, AgentRecord] = {}
+        self._per_uid: dict[int, int] = {}  # uid -> its agents in ``agents`` (a registration's limit, in O(1))
         self.state_path = Path(config.state_file) if config.state_file else None
         self.state: DaemonState = load_state(self.state_path)
         self.recovered: dict[str, InFlight] = dict(self.state.in_flight)
@@ -124,8 +125,16 @@ class Ledger:
             record.history, record.adaptive = previous.history, previous.adaptive
         elif reg.job_id in self.recovered:
             record.in_flight = self.recovered.pop(reg.job_id)
+        if previous is not None:
+            self._per_uid[previous.uid] -= 1
+        self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
         self.agents[reg.job_id] = record
         return previous is not None
+
+    def registered_by(self, uid: int, besides: str = "") -> int:
+        """How many jobs of ``uid`` have their agent registered, the job ``besides`` not counted."""
+        agent = self.agents.get(besides)
+        return self._per_uid.get(uid, 0) - (1 if agent is not None and agent.uid == uid else 0)
 
     def take_report(self, agent: AgentRecord, report: Report) -> None:
         """Keep an agent's report and settle its resize in flight: reached, or abandoned by the agent."""
@@ -199,6 +208,7 @@ class Ledger:
         """
         for job_id in gone:
             agent = self.agents.pop(job_id)
+            self._per_uid[agent.uid] -= 1
             self.failing_nodes.pop(job_id, None)
             logger.info("[daemon/observer] job %s (user %s) has ended; its agent is forgotten", job_id, agent.user)
         stale_pins = {job for job in self.state.pinned if job not in active}

@@ -14,15 +14,19 @@ import functools
 import logging
 import re
 import threading
+import types
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from slurm_amoeba.policy import JobInfo, Snapshot
 from slurm_amoeba.policy.queue_order import JobService, RunSample, account
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError
-from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, parse_satellite_name
+from slurm_amoeba.slurm.satellite import PARENT_COMMENT_PREFIX, SATELLITE_PREFIX, parse_satellite_name
 
 logger = logging.getLogger(__name__)
+
+#: The states :meth:`JobState.is_active` names, as a set for the view's pass over every job.
+_ACTIVE = frozenset(state for state in JobState if state.is_active())
 
 #: The most pending jobs whose past runs the first round reads from accounting (one sacct call).
 SEED_MOST = 5000
@@ -60,17 +64,30 @@ class ClusterView:
         """Active jobs grouped by job id (a heterogeneous job's components under their leader's id); a fresh copy."""
         return {key: list(records) for key, records in self._groups.items()}
 
+    @property
+    def groups(self) -> Mapping[str, tuple[JobRecord, ...]]:
+        """:meth:`active_groups` without the copy (read-only: the snapshot step reads it once per round)."""
+        return types.MappingProxyType(self._groups)
+
+    @property
+    def active_ids(self) -> Collection[str]:
+        """The ids of the active jobs (:meth:`active_groups`' keys, without a copy)."""
+        return self._groups.keys()
+
     def active_job(self, job_id: str) -> list[JobRecord]:
         """The active records of one job (empty when it is not active); cheap, for each registration."""
         return list(self._groups.get(job_id, ()))
 
     @functools.cached_property
     def _groups(self) -> dict[str, tuple[JobRecord, ...]]:
-        groups: dict[str, list[JobRecord]] = {}
-        for record in self.jobs:
-            if record.state.is_active():
-                groups.setdefault(group_id(record), []).append(record)
-        return {key: tuple(records) for key, records in groups.items()}
+        groups: dict[str, tuple[JobRecord, ...]] = {}
+        active = _ACTIVE
+        for record in self.jobs:  # the round's one pass over every job: no call per record beyond str()
+            if record.state in active:
+                key = str(record.het_job_id or record.job_id)
+                known = groups.get(key)
+                groups[key] = (record,) if known is None else (*known, record)
+        return groups
 
 
 def observe(source: ClusterSource, now: float, submissions: SubmissionBook | None = None) -> ClusterView:
@@ -92,7 +109,7 @@ def observe(source: ClusterSource, now: float, submissions: SubmissionBook | Non
     jobs = source.jobs()
     view = ClusterView(tuple(jobs), tuple(nodes), now)
     if submissions is not None:
-        submissions.refresh(view.active_groups().keys())
+        submissions.refresh(view.active_ids)
     return view
 
 
@@ -110,6 +127,8 @@ def satellite_parent(record: JobRecord) -> str | None:
     Returns:
         The parent's id, or None when the job is not a satellite.
     """
+    if not record.name.startswith(SATELLITE_PREFIX):  # most jobs: no pattern match (one call per job per round)
+        return None
     parsed = parse_satellite_name(record.name)
     if parsed is None:
         return None
@@ -301,17 +320,18 @@ def service_key(record: JobRecord) -> str:
 
 def run_samples(view: ClusterView) -> list[RunSample]:
     """Every active record of the view as a run of its job, for :func:`~slurm_amoeba.policy.queue_order.account`."""
-    return [
-        RunSample(
-            job=service_key(record),
-            record=str(record.job_id),
-            running=record.state is JobState.RUNNING and bool(record.start_time),
-            start_time=float(record.start_time),
-            gpus=record.gpus_held,
-        )
-        for record in view.jobs
-        if record.state.is_active()
-    ]
+    return [run_sample(record) for record in view.jobs if record.state.is_active()]
+
+
+def run_sample(record: JobRecord) -> RunSample:
+    """One active record as a run of its job (:func:`run_samples`)."""
+    return RunSample(
+        job=service_key(record),
+        record=str(record.job_id),
+        running=record.state is JobState.RUNNING and bool(record.start_time),
+        start_time=float(record.start_time),
+        gpus=record.gpus_held,
+    )
 
 
 class ServiceBook:
@@ -333,10 +353,24 @@ class ServiceBook:
     def __init__(self, past_service: Callable[[Collection[int]], Mapping[int, float]] | None = None) -> None:
         self.book: dict[str, JobService] = {}
         self._past_service = past_service
+        self._samples: dict[int, tuple[JobRecord, RunSample]] = {}
 
     def update(self, view: ClusterView, now: float) -> dict[str, float]:
-        """Bank the view's runs; returns job id -> GPU-seconds attained (a satellite's count for its parent)."""
-        self.book = account(self.book, run_samples(view), now)
+        """Bank the view's runs; returns job id -> GPU-seconds attained (a satellite's count for its parent).
+
+        A record that is the same object as last round's (the incremental ``squeue`` reader keeps a job's record
+        while Slurm reports it alike) keeps its run sample (:func:`run_sample`)."""
+        known, self._samples = self._samples, {}
+        samples: list[RunSample] = []
+        active = _ACTIVE
+        for record in view.jobs:
+            if record.state not in active:
+                continue
+            last = known.get(record.job_id)
+            sample = last[1] if last is not None and last[0] is record else run_sample(record)
+            self._samples[record.job_id] = (record, sample)
+            samples.append(sample)
+        self.book = account(self.book, samples, now)
         if self._past_service is not None:
             read, self._past_service = self._past_service, None
             self._seed(view, read)

@@ -464,7 +464,7 @@ class RequestHandler:
         vetted = vet_registration(reg, self.round_loop.job_records(reg.job_id), self.config.limits, submitted)
         reg = vetted.registration
         most = self.config.limits.agents_per_uid
-        held = sum(1 for job, agent in self.ledger.agents.items() if agent.uid == owner.uid and job != reg.job_id)
+        held = self.ledger.registered_by(owner.uid, besides=reg.job_id)
         if held >= most:
             raise LimitError(
                 f"uid {owner.uid} has {held} elastic jobs registered already, this site's limit "

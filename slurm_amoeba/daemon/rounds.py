@@ -268,7 +268,7 @@ class RoundLoop:
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs
-        self.ledger.forget(obs.gone, view.active_groups())
+        self.ledger.forget(obs.gone, view.active_ids)
         self.watch.update(obs, now)
 
     def _book_round(self, summary: RoundSummary, now: float) -> None:

@@ -54,6 +54,7 @@ UNCLAIMED_MARGIN_S = 10.0
 
 
 _RUNNING, _COMPLETING = SlurmState.RUNNING, SlurmState.COMPLETING
+_RUNNING_PHASE = JobPhase.RUNNING
 
 
 def _gpus_by_node(records: Iterable[JobRecord]) -> dict[str, int]:
@@ -143,14 +144,14 @@ def build_snapshot(
         make_room_after_s: see above; 0 makes room for every pending job at once.
         service: job id -> GPU-seconds it attained, its earlier runs included (the daemon's service book); a job
             it does not name has attained what its current run has (None: every job).
-        reuse: the previous rounds' nodes and unmanaged jobs (:class:`SnapshotCache`): those whose Slurm records
-            did not change are taken from it instead of being built again (None: build every one).
+        reuse: the previous rounds' nodes and jobs (:class:`SnapshotCache`): those whose inputs did not change are
+            taken from it instead of being built again (None: build every one).
 
     Returns:
         The observation.
     """
     pins = set(pinned)
-    split = split_satellites(view.active_groups(), agents)
+    split = split_satellites(view.groups, agents)
     reuse = SnapshotCache() if reuse is None else reuse
     reuse.start_round(regular_partitions, elastic_partition)
     placeable = reuse.placeable_nodes(view.nodes)
@@ -162,8 +163,15 @@ def build_snapshot(
         agent = agents.get(key)
         if agent is not None and any(r.state is SlurmState.RUNNING for r in records):
             sats = split.satellites.get(key, [])
-            info, leaving = managed_job(
-                key, records, sats, agent, key in pins, stale_after_s, now, cluster_gpus=cluster_gpus
+            info, leaving = reuse.managed_job(
+                key,
+                agent,
+                records,
+                sats,
+                now,
+                stale_after_s=stale_after_s,
+                pinned=key in pins,
+                cluster_gpus=cluster_gpus,
             )
             if service is not None:
                 info = _with_service(info, service)
@@ -202,17 +210,17 @@ class SatelliteSplit:
             less than :data:`UNCLAIMED_MARGIN_S` does not count).
     """
 
-    groups: dict[str, list[JobRecord]]
+    groups: dict[str, Sequence[JobRecord]]
     satellites: dict[str, list[JobRecord]]
     orphans: tuple[SatelliteInfo, ...]
     unclaimed: tuple[SatelliteInfo, ...]
 
 
-def split_satellites(groups: Mapping[str, list[JobRecord]], agents: Mapping[str, AgentRecord]) -> SatelliteSplit:
+def split_satellites(groups: Mapping[str, Sequence[JobRecord]], agents: Mapping[str, AgentRecord]) -> SatelliteSplit:
     """Sort the satellites out of the active jobs: claimed by their registered parent (same owner), or orphans.
 
     Args:
-        groups: active job id -> records (:meth:`ClusterView.active_groups`).
+        groups: active job id -> records (:attr:`ClusterView.groups`).
         agents: job id -> registered agent.
 
     Returns:
@@ -546,12 +554,14 @@ def adaptive_inputs(
 
 
 class SnapshotCache:
-    """The nodes and unmanaged jobs of the previous round, reused where Slurm's records did not change.
+    """The nodes and jobs of the previous round, reused where what they were built from did not change.
 
     Most of a large cluster is the same from one round to the next: a few jobs start, end or resize, a few nodes
-    change. The snapshot step asks this cache for each node and each job the daemon does not manage; a node or job
-    whose records equal (``==``: every field Slurm reported) those it was built from last round is answered with
-    the object built then, and only the others are built again (:func:`placeable_node`, :func:`unmanaged_job`).
+    change. The snapshot step asks this cache for each node and each job; a node or job the daemon does not manage
+    whose records equal (``==``: every field Slurm reported; the same objects, from the incremental squeue reader,
+    compare at once) those it was built from last round is answered with the object built then, and only the others
+    are built again (:func:`placeable_node`, :func:`unmanaged_job`). A managed job is reused likewise while its
+    records, its satellites and what :func:`managed_job` reads of its agent are equal (:meth:`managed_job`).
     A reused running job has its time-dependent fields (``attained_service``, ``executed_time``) brought up to
     ``now`` in place, as :class:`~slurm_amoeba.policy.JobInfo` allows its owner; the snapshot step copies before it
     changes anything else (the service book, young pending jobs). What a round does not ask for (a job that ended,
@@ -567,6 +577,8 @@ class SnapshotCache:
         self._nodes: dict[str, tuple[NodeRecord, NodeInfo | None]] = {}
         self._jobs: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
         self._asked: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
+        self._managed: dict[str, tuple[tuple[object, ...], JobInfo, dict[str, int]]] = {}
+        self._managed_asked: dict[str, tuple[tuple[object, ...], JobInfo, dict[str, int]]] = {}
         self.built = 0
         self.reused = 0
 
@@ -575,8 +587,9 @@ class SnapshotCache:
         partitions = (tuple(regular_partitions), elastic_partition)
         if partitions != self._partitions:
             self._partitions = partitions
-            self._nodes, self._asked = {}, {}
+            self._nodes, self._asked, self._managed_asked = {}, {}, {}
         self._jobs, self._asked = self._asked, {}
+        self._managed, self._managed_asked = self._managed_asked, {}
         self.built = self.reused = 0
 
     def placeable_nodes(self, nodes: Iterable[NodeRecord]) -> tuple[NodeInfo, ...]:
@@ -601,10 +614,11 @@ class SnapshotCache:
         """:func:`unmanaged_job` for this round's partitions, reusing the job built from equal records (and the same
         pin) last round, its time-dependent fields brought up to ``now``."""
         known = self._jobs.get(key)
-        if known is not None and known[1] == pinned and known[0] == records:
+        if known is not None and known[1] == pinned and known[0] == records:  # the same records: a pointer test
             info = known[2]
-            if info is not None and info.state is JobPhase.RUNNING:
-                ran = run_seconds(min(records, key=lambda r: r.het_job_offset), now)
+            if info is not None and info.state is _RUNNING_PHASE:
+                first = records[0] if len(records) == 1 else min(records, key=lambda r: r.het_job_offset)
+                ran = run_seconds(first, now)
                 info.attained_service = ran * info.workers
                 info.executed_time = ran
             self.reused += 1
@@ -613,3 +627,53 @@ class SnapshotCache:
             self.built += 1
         self._asked[key] = (records, pinned, info)
         return info
+
+    def managed_job(
+        self,
+        key: str,
+        agent: AgentRecord,
+        records: Sequence[JobRecord],
+        satellites: Sequence[JobRecord],
+        now: float,
+        *,
+        stale_after_s: float,
+        pinned: bool,
+        cluster_gpus: int,
+    ) -> tuple[JobInfo, dict[str, int]]:
+        """:func:`managed_job`, reusing last round's job where everything it is built from is equal: Slurm's records
+        and satellites, and of its agent the registration, what the latest report says (size, target, throughput
+        measured and predicted, smallest feasible size: a report alike that came later changes nothing), the
+        adaptive statistics, the size of a resize in flight, whether its report is fresh and whether it is backed off
+        (its time-dependent fields brought up to ``now``)."""
+        in_flight, report = agent.in_flight, agent.report
+        fresh = agent.is_fresh(now, stale_after_s)  # the one use of the report's time: a new report alike reuses
+        inputs: tuple[object, ...] = (
+            records,
+            tuple(satellites),
+            agent.registration,
+            agent.user,
+            None if report is None else (report.size, report.target, *report.throughput.items(), None),
+            None if report is None else tuple(report.predicted.items()),  # in order: the job's table keeps it
+            None if report is None else report.min_feasible,
+            agent.adaptive,
+            None if in_flight is None else in_flight.target,
+            fresh,
+            agent.backoff_until > now,
+            pinned,
+            cluster_gpus,
+        )
+        known = self._managed.get(key)
+        if known is not None and known[0] == inputs:
+            _, info, leaving = known
+            first = records[0] if len(records) == 1 else min(records, key=lambda r: r.het_job_offset)
+            ran = max(0.0, now - first.start_time) if first.start_time else 0.0
+            info.attained_service = ran * info.workers * info.gpus_per_worker
+            info.executed_time = ran
+            self.reused += 1
+        else:
+            info, leaving = managed_job(
+                key, records, satellites, agent, pinned, stale_after_s, now, cluster_gpus=cluster_gpus
+            )
+            self.built += 1
+        self._managed_asked[key] = (inputs, info, leaving)
+        return info, leaving

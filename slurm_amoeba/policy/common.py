@@ -120,11 +120,14 @@ class FreeGpus:
 
     def change(self, name: str, delta: int) -> None:
         """Add ``delta`` GPUs (negative: take) to a node's free count."""
+        before = self.free.get(name)
+        if before is not None:
+            heapq.heappush(self._heap, self._count(name, before, before + delta))
+
+    def _count(self, name: str, before: int, after: int) -> tuple[int, int, int, str]:
+        """Record a node's new free count (``before`` -> ``after``); returns its heap entry, for the caller to put in
+        the heap (its entry before that one is stale from now on)."""
         free = self.free
-        before = free.get(name)
-        if before is None:
-            return
-        after = before + delta
         free[name] = after
         nodes_with = self._nodes_with
         nodes_with[before] -= 1
@@ -132,7 +135,7 @@ class FreeGpus:
         self._single_slots += (after if after > 0 else 0) - (before if before > 0 else 0)
         version = self._version[name] + 1
         self._version[name] = version
-        heapq.heappush(self._heap, (-after, self._index[name], version, name))
+        return (-after, self._index[name], version, name)
 
     def slots(self, gpus_per_worker: int = 1) -> int:
         """How many workers of ``gpus_per_worker`` GPUs fit on the free GPUs (each worker on one node)."""
@@ -154,6 +157,14 @@ class FreeGpus:
         """
         if self.slots(gpus_per_worker) < workers:
             return None
+        heap, versions = self._heap, self._version
+        while heap and heap[0][2] != versions[heap[0][3]]:  # stale entries on top: drop them for good
+            heapq.heappop(heap)
+        if heap and workers > 0 and -heap[0][0] // gpus_per_worker >= workers:
+            # The most free node holds them all (most starts): one heap move instead of a pop and two pushes.
+            neg, _, _, name = heap[0]
+            heapq.heapreplace(heap, self._count(name, -neg, -neg - workers * gpus_per_worker))
+            return {name: workers}
         placement: dict[str, int] = {}
         popped: list[tuple[int, int, int, str]] = []
         need = workers
@@ -245,7 +256,11 @@ def managed_capacity(snapshot: Snapshot) -> int:
 def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
     """The 2D-LAS queue of a job (Tiresias): how many of the thresholds its attained GPU-seconds have reached (0 is
     served first)."""
-    return sum(1 for threshold in thresholds_gpu_s if attained_gpu_s >= threshold)
+    queue = 0
+    for threshold in thresholds_gpu_s:  # a loop, not sum() over a generator: a decision calls this once per job
+        if attained_gpu_s >= threshold:
+            queue += 1
+    return queue
 
 
 def arrival_key(job: JobInfo) -> tuple[float, str]:

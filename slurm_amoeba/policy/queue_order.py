@@ -79,6 +79,10 @@ class JobService:
         return self.banked + sum(value for _, value in self.runs.values())
 
 
+#: The service of a job the book has not seen.
+_NOTHING = JobService()
+
+
 def account(book: Mapping[str, JobService], samples: Iterable[RunSample], now: float) -> dict[str, JobService]:
     """The book brought up to ``now``: each job's runs from ``samples``, ended runs banked.
 
@@ -102,7 +106,10 @@ def account(book: Mapping[str, JobService], samples: Iterable[RunSample], now: f
             runs[sample.record] = (sample.start_time, max(0.0, now - sample.start_time) * sample.gpus)
     fresh: dict[str, JobService] = {}
     for job, runs in seen.items():
-        old = book.get(job, JobService())
+        old = book.get(job, _NOTHING)
+        if not runs and not old.runs:  # a pending job: its book as it was (most of a queue, every round)
+            fresh[job] = old
+            continue
         banked = old.banked
         for record, (start, value) in old.runs.items():
             current = runs.get(record)

@@ -25,11 +25,11 @@ from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.slurm.parsers import (
     STEP_FORMAT,
     SlurmReportedError,
+    SqueueReader,
     parse_past_service,
     parse_sbatch_reply,
     parse_show_config,
     parse_sinfo_json,
-    parse_squeue_json,
     parse_step_lines,
 )
 from slurm_amoeba.slurm.records import JobRecord, JobState, NodeRecord, StepRecord
@@ -211,6 +211,7 @@ class CliSlurmClient(SlurmClient):
     def __init__(self, env: Mapping[str, str] | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._env = dict(env) if env is not None else dict(os.environ)
         self._timeout = timeout
+        self._squeue = SqueueReader()  # a job whose squeue text did not change keeps its record
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None, *, timeout: float | None = None) -> CliSlurmClient:
@@ -314,7 +315,7 @@ class CliSlurmClient(SlurmClient):
         states: Collection[JobState] | None = None,
     ) -> list[JobRecord]:
         """See :meth:`SlurmClient.jobs`."""
-        records = self._parse_json(["squeue", "--json"], parse_squeue_json)
+        records = self._parse_json(["squeue", "--json"], self._squeue.parse)
         ids = set(job_ids) if job_ids is not None else None
         wanted_states = set(states) if states is not None else None
         return [

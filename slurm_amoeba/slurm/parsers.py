@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -277,6 +278,94 @@ def parse_squeue_json(text: str) -> list[JobRecord]:
             the wrong type (the message names the field and the release).
     """
     return _parse_list(text, "jobs", "squeue --json", _job)
+
+
+class SqueueReader:
+    """``squeue --json`` parsed round after round, each job's record reused while its text stays the same.
+
+    Slurm prints its JSON indented, one line per field, so each job of the ``jobs`` list is a run of lines between
+    ``{`` and ``}`` at the list's indentation (a JSON string holds no raw newline, so those lines are never inside
+    a string). The reader cuts the list there, without decoding it, and decodes and builds only the jobs whose text
+    differs from every job of the last read; the others are answered with the record built then (the same object,
+    which the snapshot step's cache then recognises at once, :class:`~slurm_amoeba.daemon.snapshot.SnapshotCache`).
+    The rest of the reply (``meta``, ``errors``) is decoded on every read. Output laid out otherwise (compact JSON,
+    an empty list) or a piece that does not decode as one object is parsed whole by :func:`parse_squeue_json`, so
+    the answer is always the one that function gives.
+
+    Attributes:
+        built: jobs decoded and built in the last read.
+        reused: jobs answered from the last read's records.
+    """
+
+    _LIST = re.compile(r'\n( *)"jobs": \[\n( *)\{\n')
+
+    def __init__(self) -> None:
+        self._known: dict[str, JobRecord] = {}
+        self._shape: JsonShape | None = None
+        self._lock = threading.Lock()
+        self.built = 0
+        self.reused = 0
+
+    def parse(self, text: str) -> list[JobRecord]:
+        """The records :func:`parse_squeue_json` gives for ``text`` (see the class docstring for how); one read at a
+        time (the daemon's round and a registration may read at once)."""
+        with self._lock:
+            return self._parse(text)
+
+    def _parse(self, text: str) -> list[JobRecord]:
+        pieces = self._pieces(text)
+        try:
+            doc = None if pieces is None else _load_document(pieces[0], "squeue --json")
+        except ParseError:
+            doc = None  # what the whole reply says about itself (Slurm's errors, not JSON) is said below
+        if pieces is None or doc is None or doc.get("jobs") != []:
+            return self._whole(text)
+        shape = JsonShape.of(doc)
+        known = self._known if shape == self._shape else {}
+        fresh: dict[str, JobRecord] = {}
+        records: list[JobRecord] = []
+        reused = 0
+        for item in pieces[1]:
+            record = known.get(item)
+            if record is not None:
+                reused += 1
+            else:
+                record = fresh.get(item)
+                if record is None:
+                    try:
+                        value = json.loads("{" + item + "}")
+                    except (json.JSONDecodeError, RecursionError):
+                        return self._whole(text)  # not cut where Slurm's layout would be: parse it whole
+                    record = _job(_Fields(value, "squeue --json", shape))
+            fresh[item] = record
+            records.append(record)
+        self.built, self.reused = len(records) - reused, reused
+        self._known, self._shape = fresh, shape
+        return records
+
+    def _whole(self, text: str) -> list[JobRecord]:
+        """:func:`parse_squeue_json` of the whole reply; the next read starts from nothing."""
+        self._known, self._shape = {}, None
+        records = parse_squeue_json(text)
+        self.built, self.reused = len(records), 0
+        return records
+
+    def _pieces(self, text: str) -> tuple[str, list[str]] | None:
+        """The reply without its jobs (``"jobs": []``) and each job's text between its braces; None when the
+        layout is not Slurm's indented one."""
+        found = self._LIST.search(text)
+        if found is None:
+            return None
+        outer, inner = found.group(1), found.group(2)
+        if len(inner) <= len(outer):
+            return None
+        opened = found.end()
+        closed = text.find(f"\n{inner}}}\n{outer}]", opened)
+        if closed < 0:
+            return None
+        items = text[opened:closed].split(f"\n{inner}}},\n{inner}{{\n")
+        head = text[: found.start(2) - 1] + text[closed + len(inner) + 2 :]
+        return head, items
 
 
 def _job(fields: _Fields) -> JobRecord:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 from benchmarks import loop, scaling
@@ -27,14 +28,27 @@ def test_the_short_scaling_run_measures_every_size_and_policy_and_writes_json_an
         (300, "goodput"),
     ]
     assert all(row["jobs"] == 2 * row["nodes"] and row["snapshot_s"] > 0 and row["parse_s"] > 0 for row in rows)
-    (table,) = document["tables"].values()
+    tables = document["tables"]
+    table = tables[scaling.title(document["figures"])]
+    grown = tables[scaling.growth_title(document["figures"])]
     assert table.count("\n| 100 | 200 |") == 2 and table.count("\n| 300 | 600 |") == 2, "a Markdown row per row"
+    assert grown.count("| 100 -> 300 |") == 2, "each policy's growth from the smallest size"
+    assert document["figures"]["gc"] == "amoebad's (tune_gc)"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_squeue_text_parses_into_as_many_jobs_as_asked() -> None:
-    assert scaling.bench_parse(7, 1)["parse_s"] > 0
-    assert json.loads(scaling.squeue_text(7))["jobs"][-1]["job_id"] == 7
+def test_the_squeue_document_has_as_many_jobs_as_asked_and_every_parse_figure_is_measured() -> None:
+    assert scaling.squeue_document(7)["jobs"][-1]["job_id"] == 7
+    figures = scaling.bench_parse(40, 1)
+    assert sorted(figures) == sorted(scaling.PARSE_FIGURES) and all(value > 0 for value in figures.values())
+
+
+def test_the_next_rounds_view_keeps_the_records_of_the_jobs_that_did_not_change() -> None:
+    cluster = synthetic_cluster(nodes=200, jobs=400, elastic_share=0.1)
+    view = scaling.next_view(cluster, random.Random(0), 0.0)
+    changed = [new for new, old in zip(view.jobs, cluster.jobs, strict=True) if new is not old]
+    assert len(changed) == max(1, int(400 * scaling.MOVED_SHARE))
+    assert all(new != old for new, old in zip(view.jobs, cluster.jobs, strict=True) if new is not old)
 
 
 def test_the_loop_gives_the_elastic_jobs_to_simulated_users_and_leaves_the_others_alone() -> None:

@@ -7,7 +7,7 @@ import copy
 import dataclasses
 import random
 
-from slurm_amoeba.daemon.agents import AgentRecord
+from slurm_amoeba.daemon.agents import AgentRecord, InFlight, Report
 from slurm_amoeba.daemon.observer import ClusterView, Observation
 from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
 from slurm_amoeba.policy import JobInfo
@@ -35,10 +35,12 @@ def snap(
     reuse: SnapshotCache | None,
     pinned: tuple[str, ...] = (),
     regular_partitions: tuple[str, ...] = ("batch",),
+    agents: dict[str, AgentRecord] | None = None,
 ) -> Observation:
-    """A snapshot of freshly read records (equal to, not the same objects as, the last round's)."""
+    """A snapshot of freshly read records (equal to, not the same objects as, the last round's); job 100's agent
+    registered (a new record equal to the last round's unless ``agents`` are given)."""
     view = ClusterView(tuple(copy.copy(r) for r in records), tuple(copy.copy(n) for n in nodes), now)
-    agents: dict[str, AgentRecord] = {"100": agent("100")}
+    agents = {"100": agent("100")} if agents is None else agents
     return build_snapshot(
         view,
         agents,
@@ -64,7 +66,7 @@ def test_a_round_where_one_job_changed_reuses_every_other_unmanaged_job_and_node
     second = jobs_by_id(second_obs)
     assert second["9"] is not first["9"]
     assert second["7"] is first["7"] and second["8"] is first["8"] and second["10"] is first["10"]
-    assert cache.built == 1 and cache.reused == 3 + len(nodes)
+    assert cache.built == 1 and cache.reused == 3 + 1 + len(nodes), "3 unmanaged jobs, the managed one, the nodes"
     assert second_obs.snapshot == snap(records, nodes, NOW + 5, None).snapshot
 
 
@@ -130,3 +132,37 @@ def test_the_incremental_snapshot_equals_a_fresh_one_round_after_round() -> None
             records.pop(rng.randrange(len(records)))
         assert snap(records, nodes, now, cache).snapshot == snap(records, nodes, now, None).snapshot
     assert cache.reused > cache.built
+
+
+def test_a_managed_job_is_rebuilt_when_its_agent_reports_or_is_ordered_and_reused_otherwise() -> None:
+    records, nodes = cluster()
+    agents = {"100": agent("100")}
+    cache = SnapshotCache()
+    first = snap(records, nodes, NOW, cache, agents=agents).managed["100"]
+    later = snap(records, nodes, NOW + 5, cache, agents=agents)
+    assert later.managed["100"] is first and cache.built == 0
+    assert later.snapshot == snap(records, nodes, NOW + 5, None, agents=agents).snapshot, "its service by now"
+    agents["100"].accept_report(Report(3, 2, 3, {2: 100.0, 3: 150.0}, (), (), NOW + 6))
+    reported = snap(records, nodes, NOW + 7, cache, agents=agents)
+    assert reported.managed["100"] is not first and reported.managed["100"].workers == 3
+    agents["100"].in_flight = InFlight(target=4, ordered_at=NOW + 8, source="policy", reason="grow")
+    ordered = snap(records, nodes, NOW + 9, cache, agents=agents)
+    assert ordered.managed["100"].resizing and not reported.managed["100"].resizing
+    stale = snap(records, nodes, NOW + 600, cache, agents=agents)  # no report for long: left alone
+    assert stale.snapshot == snap(records, nodes, NOW + 600, None, agents=agents).snapshot
+
+
+def test_a_later_report_that_says_the_same_keeps_the_managed_job_and_one_with_new_rates_does_not() -> None:
+    records, nodes = cluster()
+    agents = {"100": agent("100")}
+    cache = SnapshotCache()
+    first = snap(records, nodes, NOW, cache, agents=agents).managed["100"]
+    same = agents["100"].report
+    assert same is not None
+    agents["100"].accept_report(dataclasses.replace(same, generation=2, history=({"event": "x"},), received_at=NOW + 4))
+    assert snap(records, nodes, NOW + 5, cache, agents=agents).managed["100"] is first
+    faster = {**same.throughput, 8: 390.0}
+    agents["100"].accept_report(dataclasses.replace(same, throughput=faster, received_at=NOW + 9))
+    rebuilt = snap(records, nodes, NOW + 10, cache, agents=agents)
+    assert rebuilt.managed["100"] is not first
+    assert rebuilt.snapshot == snap(records, nodes, NOW + 10, None, agents=agents).snapshot

@@ -29,6 +29,8 @@ PROGRESS_KEY = PREFIX + "progress"
 JOB_KEY = PREFIX + "job"
 JOIN_KEY = PREFIX + "join"
 BATCH_KEY = PREFIX + "batch"
+#: Where the coordinator publishes how the job shares its devices (a ``runtime/share.py`` ``ShareDirective``).
+SHARE_KEY = PREFIX + "share"
 #: The largest global batch a scheduling policy may set (it rides as three bytes on the gradient all-reduce,
 #: :class:`~slurm_amoeba.runtime.gns.NormProbe`, exact in any floating-point dtype).
 MAX_POLICY_BATCH = (1 << 24) - 1

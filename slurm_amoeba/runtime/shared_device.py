@@ -272,7 +272,7 @@ class SharedDevice:
             else:
                 steps = partner.steps
                 self.pacer.learn_baseline(exclusive_step_times(steps, self._first_compute, self._quiet))
-                self.pacer.decide(steps)
+                self.pacer.decide([s for s in steps if s.end > self._first_compute])  # only what it may have slowed
         pause = self.pacer.pause_s(busy)
         if pause > 0:
             start = self._clock()

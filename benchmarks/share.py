@@ -6,15 +6,19 @@ every worker pinned to the same cores (:mod:`benchmarks.share_worker`). The guar
 share of its compute time without computing (``--idle``: its input pipeline or communication), which is what a
 sharer can use. The run:
 
-1. the guaranteed job alone: its exclusive throughput;
+1. the guaranteed job alone: its exclusive throughput; and alone again beside a neighbour process that only keeps
+   the cores awake (1 ms of work every 20 ms): on a virtual machine a core that goes idle between the guaranteed
+   job's steps wakes slowly, so a job that idles runs faster beside any neighbour that keeps the core busy, the
+   sharer included; ``guaranteed_ratio_vs_warm`` compares with that baseline;
 2. the sharer alone, under its memory cap, unpaced: its own throughput;
 3. both together: the guaranteed job writes its status file, the sharer reads it and paces itself
    (:class:`~slurm_amoeba.runtime.pacing.Pacer`); half-way the owner "grows back": the sharer's cap is lowered
    (a smaller micro-batch, more accumulation, the same global batch) and it must apply it at its next step;
    when the guaranteed job ends the sharer is made guaranteed and finishes unpaced.
 
-The document (:mod:`benchmarks.record`) holds ``guaranteed_ratio`` (the guaranteed job's throughput while the
-sharer ran over its exclusive one), ``pair_gain`` (each job's throughput together over its own alone, summed),
+The document (:mod:`benchmarks.record`) holds, as medians over ``--rounds`` rounds with their spread,
+``guaranteed_ratio`` (the guaranteed job's throughput while the sharer ran over its exclusive one),
+``guaranteed_ratio_vs_warm``, ``guaranteed_ratio_seen_by_pacer`` (the sharer's controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone, summed),
 ``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs once per
 epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered and the steps it took to
 apply it, and its controller's duty. On a CPU the memory cap bounds only the micro-batch the runtime plans (a
@@ -27,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.plans import exactly_once
-from benchmarks.record import Recording
+from benchmarks.record import Recording, spread
 from slurm_amoeba.local import LocalJob
 from slurm_amoeba.runtime.share import ShareDirective, ShareRole, largest_micro_batch, need_bytes
 from slurm_amoeba.runtime.view import CoordinatorView
@@ -147,49 +153,87 @@ def run_together(work: Path, args: argparse.Namespace, caps: tuple[int, int]) ->
     }
 
 
-def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Run the three phases; the figures."""
-    from benchmarks.share_worker import probe
+def run_warm_alone(work: Path, args: argparse.Namespace) -> float:
+    """The guaranteed job alone beside a neighbour that only keeps the cores awake (about 5 % of them); its
+    throughput (see the module docstring: an idle virtual core wakes slowly)."""
+    neighbour = subprocess.Popen([sys.executable, str(WORKER), "--keep-warm", "--cores", args.cores])
+    try:
+        return run_alone(work / "guaranteed-warm", "guaranteed-warm", args, args.steps, args.idle, 0)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
 
-    profile = probe(args.width)
-    share = args.global_batch
-    # the sharer's cap: room for a quarter of its share in one pass, then an eighth once the owner grows back
-    caps = tuple(
-        int(need_bytes(profile, share, 1) + profile.memory.per_sample * (share // k - 1) + 1) for k in (4, 8)
-    )
-    assert len(caps) == 2
+
+def one_round(args: argparse.Namespace, work: Path, caps: tuple[int, int]) -> dict[str, Any]:
+    """The three phases once (and the warm baseline); the round's figures."""
     owner_alone = run_alone(work / "guaranteed-alone", "guaranteed-alone", args, args.steps, args.idle, 0)
+    owner_warm = run_warm_alone(work, args)
     sharer_alone = run_alone(work / "sharer-alone", "sharer-alone", args, args.sharer_steps, 0.0, caps[0])
-    together = run_together(work / "together", args, (caps[0], caps[1]))
+    together = run_together(work / "together", args, caps)
     ratio = together["owner_rate"] / owner_alone if owner_alone else 0.0
     sharer_ratio = together["sharer_rate"] / sharer_alone if sharer_alone else 0.0
     once = all(
         exactly_once(work / run, steps * args.global_batch, 1)
         for run, steps in (
             ("guaranteed-alone", args.steps),
+            ("guaranteed-warm", args.steps),
             ("sharer-alone", args.sharer_steps),
             ("together/guaranteed", args.steps),
             ("together/sharer", args.sharer_steps),
         )
     )
+    report = together["sharer_report"]
     return {
-        "guaranteed_ratio": round(ratio, 4),
-        "pair_gain": round(ratio + sharer_ratio, 4),
-        "sharer_ratio": round(sharer_ratio, 4),
+        "guaranteed_ratio": ratio,
+        "guaranteed_ratio_vs_warm": together["owner_rate"] / owner_warm if owner_warm else 0.0,
+        "guaranteed_warm_samples_per_s": owner_warm,
+        "pair_gain": ratio + sharer_ratio,
+        "sharer_ratio": sharer_ratio,
+        "guaranteed_ratio_seen_by_pacer": report.get("partner_ratio_mean"),
         "guaranteed_failures": together["guaranteed_failures"],
         "exactly_once": once,
-        "guaranteed_alone_samples_per_s": round(owner_alone, 2),
-        "sharer_alone_samples_per_s": round(sharer_alone, 2),
-        "guaranteed_shared_samples_per_s": round(together["owner_rate"], 2),
-        "sharer_shared_samples_per_s": round(together["sharer_rate"], 2),
-        "sharer_caps_bytes": list(caps),
-        "sharer_micro_expected": [largest_micro_batch(profile, share, 1, cap) for cap in caps],
+        "guaranteed_alone_samples_per_s": owner_alone,
+        "sharer_alone_samples_per_s": sharer_alone,
+        "guaranteed_shared_samples_per_s": together["owner_rate"],
+        "sharer_shared_samples_per_s": together["sharer_rate"],
         **{k: together[k] for k in ("sharer_micro_before", "sharer_micro_after", "sharer_steps_to_apply_lower_cap")},
         "sharer_steps_while_shared": together["sharer_steps_while_shared"],
         "sharer_finished": together["sharer_finished"],
-        "sharer_final_duty": together["sharer_report"].get("duty"),
-        "sharer_violations": together["sharer_report"].get("violations"),
+        "sharer_final_duty": report.get("duty"),
+        "sharer_violations": report.get("violations"),
     }
+
+
+def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Run ``args.rounds`` rounds; the figures (medians with their spread where a round measures a number)."""
+    from benchmarks.share_worker import probe
+
+    profile = probe(args.width)
+    share = args.global_batch
+    # the sharer's cap: room for a quarter of its share in one pass, then an eighth once the owner grows back
+    low, lower = (int(need_bytes(profile, share, 1) + profile.memory.per_sample * (share // k - 1) + 1) for k in (4, 8))
+    rounds = [one_round(args, work / f"round{i}", (low, lower)) for i in range(args.rounds)]
+    figures: dict[str, Any] = {
+        "guaranteed_failures": sum(r["guaranteed_failures"] for r in rounds),
+        "exactly_once": all(r["exactly_once"] for r in rounds),
+        "sharer_finished": all(r["sharer_finished"] for r in rounds),
+        "sharer_caps_bytes": [low, lower],
+        "sharer_micro_expected": [largest_micro_batch(profile, share, 1, cap) for cap in (low, lower)],
+        "rounds": rounds,
+    }
+    for key in (
+        "guaranteed_ratio",
+        "guaranteed_ratio_vs_warm",
+        "pair_gain",
+        "sharer_ratio",
+        "guaranteed_ratio_seen_by_pacer",
+    ):
+        values = [float(r[key]) for r in rounds if r[key] is not None]
+        figures[key] = round(statistics.median(values), 4) if values else None
+        figures[f"{key}_spread"] = spread(values)
+    for key in ("sharer_micro_before", "sharer_micro_after", "sharer_steps_to_apply_lower_cap"):
+        figures[key] = max((r[key] for r in rounds if r[key] is not None), default=None)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,10 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="the guaranteed job's steps (one epoch)")
     parser.add_argument("--sharer-steps", type=int, default=150, help="the sharer's steps (one epoch)")
     parser.add_argument("--idle", type=float, default=1.0, help="the guaranteed job's idle time per step / compute")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (medians are reported)")
     parser.add_argument("--keep", type=Path, help="keep the runs' directories (ledgers, logs) under this one")
     args = parser.parse_args(argv)
     if args.short:
-        args.width, args.steps, args.sharer_steps = 512, 200, 60
+        args.width, args.steps, args.sharer_steps, args.rounds = 512, 200, 60, 1
     recording = Recording("share", vars(args))
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)

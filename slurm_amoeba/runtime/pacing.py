@@ -108,6 +108,8 @@ class Pacer:
         baseline_s: the guaranteed job's exclusive step time as learned so far (``None``: not yet known).
         ratio: the guaranteed job's last measured speed over its exclusive speed (``None``: not measured yet).
         violations: decisions at which the guaranteed job was under ``target``.
+        decisions: decisions taken.
+        ratio_mean: the mean of ``ratio`` over them (``None`` before the first).
     """
 
     config: PacingConfig = dataclasses.field(default_factory=PacingConfig)
@@ -115,6 +117,8 @@ class Pacer:
     baseline_s: float | None = None
     ratio: float | None = None
     violations: int = 0
+    decisions: int = 0
+    ratio_mean: float | None = None
     _last_seen: float = dataclasses.field(default=float("-inf"), repr=False)
 
     def __post_init__(self) -> None:
@@ -148,6 +152,10 @@ class Pacer:
         self._last_seen = judged[-1].end
         recent = statistics.fmean(s.seconds for s in judged)
         self.ratio = self.baseline_s / recent if recent > 0 else 1.0
+        self.decisions += 1
+        self.ratio_mean = (
+            self.ratio if self.ratio_mean is None else self.ratio_mean + (self.ratio - self.ratio_mean) / self.decisions
+        )
         if self.ratio < self.config.target + self.config.margin:
             if self.ratio < self.config.target:
                 self.violations += 1

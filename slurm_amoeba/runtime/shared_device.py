@@ -150,6 +150,8 @@ class SharedDevice:
             "micro_batch": self.micro_batch,
             "duty": round(self.pacer.duty, 4),
             "partner_ratio": self.pacer.ratio,
+            "partner_ratio_mean": self.pacer.ratio_mean,
+            "decisions": self.pacer.decisions,
             "partner_baseline_s": self.pacer.baseline_s,
             "violations": self.pacer.violations,
             "paused_s": round(self.paused_s, 3),

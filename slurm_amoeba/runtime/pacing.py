@@ -41,18 +41,26 @@ def exclusive_step_times(
 ) -> list[float]:
     """The guaranteed job's step times that the sharer cannot have slowed.
 
+    A step counts when it ended before the sharer first computed, or when it ended inside one of the sharer's
+    pauses at least two typical steps (twice the median) after the pause began, so that it began inside the pause
+    too. Which steps count depends on where they end, not on how long they took: asking that a step lie wholly
+    inside a pause would favour short steps and make the exclusive step time look shorter than it is.
+
     Args:
         steps: the guaranteed job's recent steps.
         first_compute: when the sharer first computed (``None``: not yet: every step counts).
         quiet: intervals ``(start, end)`` in which the sharer slept.
 
     Returns:
-        The durations of the steps that ended before ``first_compute`` or lay wholly inside one quiet interval.
+        The durations of the steps that count, in the order given.
     """
+    if not steps:
+        return []
+    guard = 2 * statistics.median(s.seconds for s in steps)
     kept = []
     for step in steps:
         before = first_compute is None or step.end <= first_compute
-        if before or any(low <= step.start and step.end <= high for low, high in quiet):
+        if before or any(low + guard <= step.end <= high for low, high in quiet):
             kept.append(step.seconds)
     return kept
 

@@ -112,12 +112,13 @@ class SharedDevice:
 
     def attach(self, state: TorchState) -> None:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
-        so that a sharer's first step already fits."""
+        so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
         self._next_read = 0.0
         self._read_directive(state.driver)
         directive = self.directive
-        if directive is not None and directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
-            self._apply_cap(state, directive)
+        if self.profile is not None and directive is not None:
+            if directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
+                self._apply_cap(state, directive)
         self._busy_from = self._clock()
 
     def after_step(self, state: TorchState) -> None:

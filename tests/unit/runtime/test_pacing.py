@@ -20,9 +20,12 @@ def steps(*pairs: tuple[float, float]) -> list[StepRecord]:
     [
         (steps((1, 0.5), (2, 0.6)), None, [], [0.5, 0.6]),  # the sharer has not computed yet: every step counts
         (steps((1, 0.5), (2, 0.6), (3, 0.9)), 2.0, [], [0.5, 0.6]),  # steps that ended before its first step
-        (steps((5, 0.5), (6, 0.7)), 2.0, [(4.4, 5.1)], [0.5]),  # wholly inside a pause
-        (steps((5, 0.5)), 2.0, [(4.6, 5.1)], []),  # began before the pause: the sharer may have slowed it
-        (steps((5, 0.5)), 2.0, [(4.4, 4.9)], []),  # ended after the pause
+        # a pause from 4 to 6, steps of typically 0.5 s: those ending from 5 (4 + 2 x 0.5) to 6 count
+        (steps((4.8, 0.5), (5.3, 0.5), (5.9, 0.6), (6.4, 0.5)), 2.0, [(4.0, 6.0)], [0.5, 0.6]),
+        # a slow step counts as well as a fast one: only where it ends decides, not how long it took
+        (steps((5.1, 0.5), (5.4, 0.3), (5.9, 0.5), (9.0, 0.5)), 2.0, [(4.0, 6.0)], [0.5, 0.3, 0.5]),
+        (steps((5, 0.5)), 2.0, [(4.6, 5.1)], []),  # ended too soon after the pause began
+        ([], 2.0, [(4.0, 6.0)], []),
     ],
 )
 def test_only_steps_the_sharer_cannot_have_slowed_count_as_exclusive(

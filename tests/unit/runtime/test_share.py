@@ -198,6 +198,8 @@ def test_without_a_profile_one_step_is_measured_before_the_cap_applies() -> None
     driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=1 << 30))
     sharing = SharedDevice(read_every_s=0.0)
     state = _state(sharing, driver)
+    state.after_step()  # the first boundary with the cap known: measure the next step
+    assert sharing.profile is None and _micro(state) == 32
     state.model(torch.ones(32, 4)).sum().backward()
     state.after_step()
     assert sharing.profile is not None and sharing.profile.memory.per_sample > 0

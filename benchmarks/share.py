@@ -13,17 +13,19 @@ sharer can use. The run:
 2. the sharer alone, under its memory cap, unpaced: its own throughput;
 3. both together: the guaranteed job writes its status file, the sharer reads it and paces itself
    (:class:`~slurm_amoeba.runtime.pacing.Pacer`); half-way the owner "grows back": the sharer's cap is lowered
-   (a smaller micro-batch, more accumulation, the same global batch) and it must apply it at its next step;
+   (a smaller micro-batch, more accumulation, the same global batch) and it applies it at a step boundary;
    when the guaranteed job ends the sharer is made guaranteed and finishes unpaced.
 
 The document (:mod:`benchmarks.record`) holds, as medians over ``--rounds`` rounds with their spread,
 ``guaranteed_ratio`` (the guaranteed job's throughput while the sharer ran over its exclusive one),
-``guaranteed_ratio_vs_warm``, ``guaranteed_ratio_seen_by_pacer`` (the sharer's controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone, summed),
+``guaranteed_ratio_vs_warm`` (the same over the warm baseline), ``guaranteed_ratio_seen_by_pacer`` (the sharer's
+controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone, summed), and
 ``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs once per
 epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered and the steps it took to
-apply it, and its controller's duty. On a CPU the memory cap bounds only the micro-batch the runtime plans (a
-prediction from the probed bytes); nothing stops a process from allocating more. Run:
-``scripts/bench-share --json docs/results/share.json`` (``--short``: the unit test's size).
+apply it (counted from the harness's call; the loader plans one step ahead), each round's figures. On a CPU the
+memory cap bounds only the micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a
+process from allocating more. Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the
+integration test's size, one round).
 """
 
 from __future__ import annotations

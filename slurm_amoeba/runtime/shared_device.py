@@ -115,10 +115,9 @@ class SharedDevice:
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
         self._next_read = 0.0
         self._read_directive(state.driver)
-        directive = self.directive
-        if self.profile is not None and directive is not None:
-            if directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
-                self._apply_cap(state, directive)
+        directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
+        if self.profile is not None and directive is not None and directive.applies_to(worker):
+            self._apply_cap(state, directive)
         self._busy_from = self._clock()
 
     def after_step(self, state: TorchState) -> None:

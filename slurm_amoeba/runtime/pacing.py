@@ -75,9 +75,10 @@ class PacingConfig:
         backoff: on a violation the duty is multiplied by this (0 < backoff < 1).
         increase: while the guaranteed job keeps its speed, the duty grows by this per decision.
         min_duty: the least duty (the sharer never stops entirely: it must measure its own step time).
-        window: how many new steps of the guaranteed job one decision judges (their mean step time).
-        max_pause_s: the longest pause after one step (the sharer must reach its next step boundary, where a
-            leave or a new cap is applied, within about this).
+        window: the fewest new steps of the guaranteed job a decision judges (their mean step time).
+        max_pause_s: the longest pause after one step (a new directive ends a pause at once, see
+            :class:`~slurm_amoeba.runtime.shared_device.SharedDevice`; the limit keeps the sharer measuring its own
+            step time).
     """
 
     target: float = 0.95
@@ -86,7 +87,7 @@ class PacingConfig:
     increase: float = 0.1
     min_duty: float = 0.02
     window: int = 10
-    max_pause_s: float = 1.0
+    max_pause_s: float = 5.0
 
     def __post_init__(self) -> None:
         checks = (
@@ -143,9 +144,10 @@ class Pacer:
     def decide(self, steps: Sequence[StepRecord]) -> float:
         """One decision from the guaranteed job's recent steps: cut the duty if it is slowed, else grow it.
 
-        A decision needs ``window`` steps newer than those of the previous decision (so that no step is judged
-        twice) and a known baseline; until then the duty stays. The guaranteed job's speed is that of the mean of
-        those steps (a throughput, not a median: a few slowed steps count).
+        A decision needs at least ``window`` steps newer than those of the previous decision and a known baseline;
+        until then the duty stays. It judges every new step (the guaranteed job's throughput since the last
+        decision: the mean step time, so a few slowed steps count), never the same step twice, and not only the
+        latest ones, which would be those that ran beside the sharer's own last step.
 
         Args:
             steps: the guaranteed job's recent steps, oldest first.
@@ -156,9 +158,8 @@ class Pacer:
         fresh = [s for s in steps if s.end > self._last_seen]
         if len(fresh) < self.config.window or self.baseline_s is None:
             return self.duty
-        judged = fresh[-self.config.window :]
-        self._last_seen = judged[-1].end
-        recent = statistics.fmean(s.seconds for s in judged)
+        self._last_seen = fresh[-1].end
+        recent = statistics.fmean(s.seconds for s in fresh)
         self.ratio = self.baseline_s / recent if recent > 0 else 1.0
         self.decisions += 1
         self.ratio_mean = (

@@ -15,7 +15,8 @@ after every step. There it
   below its need;
 * writes this worker's status file (its recent step times) when the directive names one;
 * **computation**: an opportunistic worker reads its guaranteed partner's status file (owner checked) and sleeps
-  after its step as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides.
+  after its step as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides; a new directive that arrives during
+  the pause ends it and is applied at once (the worker is still at its step boundary).
 
 DESIGN.md, layer ``runtime/``, worker side; the directive's path from the daemon is ``Coordinator.set_share``.
 """
@@ -34,7 +35,6 @@ import torch
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.runtime.errors import BatchPlanError
 from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
-from slurm_amoeba.runtime.plan_probe import PeakMeter
 from slurm_amoeba.runtime.plans import ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
 from slurm_amoeba.runtime.share import (
@@ -50,6 +50,7 @@ from slurm_amoeba.runtime.share import (
 )
 
 if TYPE_CHECKING:
+    from slurm_amoeba.runtime.plan_probe import PeakMeter
     from slurm_amoeba.runtime.state import TorchState
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class SharedDevice:
         if directive.status_path:
             self._write_status(Path(directive.status_path.replace("{worker}", worker)), state, worker, directive)
         if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
-            self._pace(directive, busy)
+            self._pace(state, directive, busy)
         self._busy_from = self._clock()
 
     @property
@@ -225,6 +226,8 @@ class SharedDevice:
     def _measure(self, state: TorchState) -> None:
         """Measure one step's peak (from this boundary to the next) and derive the profile from it."""
         if self._meter is None:
+            from slurm_amoeba.runtime.plan_probe import PeakMeter  # torch's MemTracker: only for a job that measures
+
             self._meter = PeakMeter(state.model, state.optimizer)
             self._meter.start()
             return
@@ -263,7 +266,7 @@ class SharedDevice:
         except OSError as exc:
             self._warn_once("status", "the status file %s cannot be written (%s)", path, exc)
 
-    def _pace(self, directive: ShareDirective, busy: float) -> None:
+    def _pace(self, state: TorchState, directive: ShareDirective, busy: float) -> None:
         now = self._clock()
         if now >= self._next_partner:
             self._next_partner = now + self.read_every_s
@@ -276,12 +279,20 @@ class SharedDevice:
                 self.pacer.learn_baseline(exclusive_step_times(steps, self._first_compute, self._quiet))
                 self.pacer.decide([s for s in steps if s.end > self._first_compute])  # only what it may have slowed
         pause = self.pacer.pause_s(busy)
-        if pause > 0:
-            start = self._clock()
-            self._sleep(pause)
-            end = self._clock()
-            self.paused_s += end - start
-            self._quiet = [*self._quiet, (start, end)][-_QUIET_KEPT:]
+        if pause <= 0:
+            return
+        start = self._clock()
+        seq = directive.seq
+        while (left := start + pause - self._clock()) > 0:
+            self._sleep(min(left, max(self.read_every_s, 0.01)))
+            self._read_directive(state.driver)
+            if self.directive is not None and self.directive.seq != seq:
+                if self.directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
+                    self._apply_cap(state, self.directive)  # still at the step boundary: a new cap or a leave now
+                break
+        end = self._clock()
+        self.paused_s += end - start
+        self._quiet = [*self._quiet, (start, end)][-_QUIET_KEPT:]
 
     def _warn_once(self, what: str, message: str, *args: object) -> None:
         if what not in self._warned:

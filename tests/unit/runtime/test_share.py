@@ -3,6 +3,7 @@ owner check, the memory fit, and what a worker does at a step boundary when told
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -212,11 +213,14 @@ def test_the_sharer_paces_itself_by_the_owners_status_and_never_writes_it(tmp_pa
     guaranteed = ShareDirective(ShareRole.GUARANTEED, status_path=str(tmp_path / "owner-{worker}.json"))
     owner_state = _state(SharedDevice(PROFILE, read_every_s=0.0, clock=clock), Driver(guaranteed))
 
+    next_end = [clock.now + 0.1]
+
     def owner_steps(seconds: float) -> None:  # the owner trains on in 0.1 s steps while the sharer sleeps
         end = clock.now + seconds
-        while clock.now + 0.1 <= end:
-            clock.now += 0.1
+        while next_end[0] <= end + 1e-9:
+            clock.now = next_end[0]
             owner_state.after_step()
+            next_end[0] += 0.1
         clock.now = end
 
     owner_steps(0.3)
@@ -224,7 +228,7 @@ def test_the_sharer_paces_itself_by_the_owners_status_and_never_writes_it(tmp_pa
     sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=owner_steps, pacing=PacingConfig(window=2))
     opportunistic = ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=str(owner_path))
     sharer_state = _state(sharer, Driver(opportunistic, worker_id="s0"))
-    clock.now += 0.01
+    clock.now += 0.01  # the sharer's step; the owner's step in progress ends later
     sharer_state.after_step()  # one 0.01 s step since it was bound
     assert sharer.paused_s == pytest.approx(0.01 * (1 / 0.02 - 1)), "it starts at the least duty"
     assert sharer.pacer.baseline_s == pytest.approx(0.1), "learned from the owner's steps before it computed"
@@ -232,6 +236,25 @@ def test_the_sharer_paces_itself_by_the_owners_status_and_never_writes_it(tmp_pa
     sharer_state.after_step()
     assert sharer.pacer.duty == pytest.approx(0.12), "the owner kept its speed: the sharer takes more"
     assert owner_path.read_text() != written and read_status(owner_path, -1).role is ShareRole.GUARANTEED
+
+
+def test_a_new_directive_ends_the_sharers_pause_and_applies_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "owner.json"
+    write_status(path, JobStatus("g", "w0", ShareRole.GUARANTEED, ()))
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8, partner_status_path=str(path))
+    driver = Driver(directive)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        driver.tell(dataclasses.replace(directive, memory_cap_bytes=300 + 10 * 2, seq=1))  # the owner grows back
+
+    sharer = SharedDevice(PROFILE, read_every_s=0.05, clock=clock, sleep=sleep)
+    state = _state(sharer, driver)
+    clock.now += 0.1
+    state.after_step()
+    assert clock.slept == [0.05] and sharer.paused_s == pytest.approx(0.05), "cut short, not 4.9 s"
+    assert _micro(state) == 2
 
 
 def test_a_partner_status_file_of_another_owner_is_not_believed(tmp_path: Path) -> None:

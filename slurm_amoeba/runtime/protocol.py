@@ -76,7 +76,12 @@ def group_prefix(generation: int, token: str) -> str:
     return generation_space(generation, token) + "pg"
 
 
-def _load(text: str | bytes, what: str) -> dict[str, Any]:
+def load_object(text: str | bytes, what: str) -> dict[str, Any]:
+    """A JSON object from ``text`` (the messages of this module, and ``runtime/share.py``'s).
+
+    Raises:
+        ParseError: not JSON, or not an object; ``what`` names the message.
+    """
     raw = text.decode() if isinstance(text, bytes) else text
     try:
         data = json.loads(raw)
@@ -158,7 +163,7 @@ class WorkerEvent:
         Raises:
             ParseError: the text is not a valid event.
         """
-        data = _load(text, "worker event")
+        data = load_object(text, "worker event")
         try:
             data["kind"] = EventKind(data["kind"])
             data["allowed_sizes"] = tuple(int(s) for s in data.get("allowed_sizes", ()))
@@ -291,7 +296,7 @@ class Assignment:
         Raises:
             ParseError: the text is not an assignment.
         """
-        data = _load(text, "assignment")
+        data = load_object(text, "assignment")
         try:
             action = AssignAction(data["action"])
         except (KeyError, ValueError) as exc:
@@ -330,7 +335,7 @@ class JoinRequest:
         Raises:
             ParseError: not a join request, or its nonce is not 32 hex digits.
         """
-        data = _load(text, "join request")
+        data = load_object(text, "join request")
         nonce, hint = data.get("nonce"), data.get("hint")
         if not isinstance(nonce, str) or not isinstance(hint, str) or len(nonce) != 32 or not _is_hex(nonce):
             raise ParseError("not a join request (nonce: 32 hex digits, hint: text)", source="join request")
@@ -364,7 +369,7 @@ class JoinAnswer:
         Raises:
             ParseError: not a join answer.
         """
-        data = _load(text, "join answer")
+        data = load_object(text, "join answer")
         worker, job_id = data.get("worker"), data.get("job_id")
         if not isinstance(worker, str) or not isinstance(job_id, str):
             raise ParseError("not a join answer (worker, job_id: text)", source="join answer")
@@ -406,7 +411,7 @@ class PolicyBatch:
         Raises:
             ParseError: not a policy batch, or a value out of range.
         """
-        data = _load(text, "policy batch")
+        data = load_object(text, "policy batch")
         try:
             return cls(batch=data["batch"], world_size=data["world_size"], seq=data["seq"])
         except KeyError as exc:

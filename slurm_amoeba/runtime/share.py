@@ -31,6 +31,7 @@ from typing import Any
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.runtime.pacing import StepRecord
 from slurm_amoeba.runtime.plans import Layout, Linear, ModelProfile, Plan, PlanSpace
+from slurm_amoeba.runtime.protocol import load_object
 
 #: The format of directives and status files; a reader refuses another.
 SHARE_VERSION = 1
@@ -98,7 +99,7 @@ class ShareDirective:
         Raises:
             ParseError: not a directive, another version, or a value out of range.
         """
-        data = _object(text, "share directive")
+        data = load_object(text, "share directive")
         if data.pop("version", None) != SHARE_VERSION:
             raise ParseError(f"a share directive of another version (this runtime reads {SHARE_VERSION})")
         try:
@@ -110,17 +111,6 @@ class ShareDirective:
             return cls(**data)
         except (KeyError, TypeError, ValueError) as exc:
             raise ParseError(f"not a share directive ({exc})", source="share directive", text=str(text)) from None
-
-
-def _object(text: str | bytes, what: str) -> dict[str, Any]:
-    raw = text.decode() if isinstance(text, bytes) else text
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"not JSON ({exc})", source=what, text=raw) from None
-    if not isinstance(data, dict):
-        raise ParseError("expected a JSON object", source=what, text=raw)
-    return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +142,7 @@ class JobStatus:
         Raises:
             ParseError: not a status, or another version.
         """
-        data = _object(text, "job status")
+        data = load_object(text, "job status")
         if data.get("version") != SHARE_VERSION:
             raise ParseError(f"a job status of another version (this runtime reads {SHARE_VERSION})")
         try:

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -37,6 +37,7 @@ from slurm_amoeba.runtime.errors import BatchPlanError
 from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
 from slurm_amoeba.runtime.plans import ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
+from slurm_amoeba.runtime.sampler import ElasticSampler
 from slurm_amoeba.runtime.share import (
     JobStatus,
     ShareDirective,
@@ -48,10 +49,10 @@ from slurm_amoeba.runtime.share import (
     recent_steps,
     write_status,
 )
+from slurm_amoeba.runtime.topology import Topology
 
 if TYPE_CHECKING:
     from slurm_amoeba.runtime.plan_probe import PeakMeter
-    from slurm_amoeba.runtime.state import TorchState
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,27 @@ log = logging.getLogger(__name__)
 ENV_SHARE = "AMOEBA_SHARE"
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
+
+
+class SharingState(Protocol):
+    """What sharing uses of the training state it belongs to (:class:`~slurm_amoeba.runtime.state.TorchState`)."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model (its device, and its bytes when a step is measured)."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer (its state's bytes)."""
+
+    @property
+    def sampler(self) -> ElasticSampler:
+        """The sampler whose micro-batch the cap sets."""
+
+    @property
+    def driver(self) -> Topology:
+        """The worker's runtime: rank and world size; ``coordinator_value``, ``request_leave``, ``worker_id`` and
+        ``job_id`` where it has them (a test's driver may not)."""
 
 
 class SharedDevice:
@@ -111,7 +133,7 @@ class SharedDevice:
 
     # ----------------------------------------------------------------------------------------------- the hooks
 
-    def attach(self, state: TorchState) -> None:
+    def attach(self, state: SharingState) -> None:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
         self._next_read = 0.0
@@ -121,7 +143,7 @@ class SharedDevice:
             self._apply_cap(state, directive)
         self._busy_from = self._clock()
 
-    def after_step(self, state: TorchState) -> None:
+    def after_step(self, state: SharingState) -> None:
         """Everything sharing does at a step boundary (the state calls it after each step)."""
         now = self._clock()
         busy = max(0.0, now - self._busy_from)
@@ -179,7 +201,7 @@ class SharedDevice:
 
     # ----------------------------------------------------------------------------------------------- memory
 
-    def _apply_cap(self, state: TorchState, directive: ShareDirective) -> None:
+    def _apply_cap(self, state: SharingState, directive: ShareDirective) -> None:
         """Apply a new directive's cap: the micro-batch that fits (the same at every world size: only the share a
         worker cuts into micro-batches changes with it), the device limit, or a leave."""
         if self._applied == directive.seq:
@@ -215,7 +237,7 @@ class SharedDevice:
         log.info("memory cap %d bytes: micro-batch %d (global batch %d stays)", cap, micro, global_batch)
 
     @staticmethod
-    def _plannable(state: TorchState, micro: int) -> bool:
+    def _plannable(state: SharingState, micro: int) -> bool:
         planner = state.sampler.planner
         try:
             dataclasses.replace(planner, max_local_batch=micro).check_world_size(max(1, state.driver.world_size))
@@ -223,7 +245,7 @@ class SharedDevice:
             return False
         return True
 
-    def _measure(self, state: TorchState) -> None:
+    def _measure(self, state: SharingState) -> None:
         """Measure one step's peak (from this boundary to the next) and derive the profile from it."""
         if self._meter is None:
             from slurm_amoeba.runtime.plan_probe import PeakMeter  # torch's MemTracker: only for a job that measures
@@ -246,7 +268,7 @@ class SharedDevice:
         self.profile = profile_from_peak(params, moments, peak, micro)
         log.info("measured one step: peak %d bytes at micro-batch %d", peak, micro)
 
-    def _limit_device(self, state: TorchState, cap: int) -> None:
+    def _limit_device(self, state: SharingState, cap: int) -> None:
         """Limit the CUDA caching allocator to ``cap`` bytes of the model's device (0: the whole device) and return
         what it caches beyond; nothing on a CPU, where the cap bounds only the micro-batch the runtime plans."""
         device = next(iter(state.model.parameters()), torch.empty(0)).device
@@ -259,14 +281,14 @@ class SharedDevice:
 
     # ----------------------------------------------------------------------------------------------- status, pacing
 
-    def _write_status(self, path: Path, state: TorchState, worker: str, directive: ShareDirective) -> None:
+    def _write_status(self, path: Path, state: SharingState, worker: str, directive: ShareDirective) -> None:
         job = str(getattr(state.driver, "job_id", ""))
         try:
             write_status(path, JobStatus(job, worker, directive.role, self._steps))
         except OSError as exc:
             self._warn_once("status", "the status file %s cannot be written (%s)", path, exc)
 
-    def _pace(self, state: TorchState, directive: ShareDirective, busy: float) -> None:
+    def _pace(self, state: SharingState, directive: ShareDirective, busy: float) -> None:
         now = self._clock()
         if now >= self._next_partner:
             self._next_partner = now + self.read_every_s

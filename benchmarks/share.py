@@ -238,6 +238,23 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return figures
 
 
+def spread_note(figures: dict[str, Any], load: tuple[float, float, float], cores: int) -> str:
+    """A sentence on how far the rounds agree, and the load they ran under (the alone and together phases run one
+    after the other, so other users' load between them moves the ratios)."""
+
+    def span(key: str) -> str:
+        values = [r[key] for r in figures["rounds"] if r[key] is not None]
+        return f"{min(values):.3f}..{max(values):.3f}" if values else "not measured"
+
+    return (
+        f"Over {len(figures['rounds'])} round(s): guaranteed_ratio {span('guaranteed_ratio')}, against the warm "
+        f"baseline {span('guaranteed_ratio_vs_warm')}, as the sharer's controller measured it beside its own pauses "
+        f"{span('guaranteed_ratio_seen_by_pacer')}; sharer_ratio {span('sharer_ratio')}. The load average was "
+        f"{load[0]:.1f} on {cores} usable cores at the start: where the rounds spread wider than 5 %, these figures "
+        "do not resolve the 0.95 bound; read the controller's own estimate and the spread with them."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit status 1 when the guaranteed job failed or a ledger does not hold."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "allocator is limited too).",
         f"The guaranteed job idles {args.idle:g} x its compute time per step (input pipeline, communication): the "
         "room a sharer can use.",
+        spread_note(figures, recording.load_before, len(os.sched_getaffinity(0))),
     ]
     document = recording.document(figures, notes=notes)
     if args.json:

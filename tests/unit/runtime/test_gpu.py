@@ -81,7 +81,7 @@ def test_a_memory_cap_limits_the_caching_allocator_and_lifting_it_gives_the_devi
     sampler = amoeba.ElasticSampler(256, 32, seed=0)
     driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=64 << 20))
     state = amoeba.TorchState(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, sharing=SharedDevice(PROFILE)
+        model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, sharing=SharedDevice(PROFILE, read_every_s=0.0)
     )
     state.bind(driver)  # type: ignore[arg-type]
     try:

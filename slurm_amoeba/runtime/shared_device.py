@@ -1,8 +1,8 @@
 """A worker's side of sharing a device: it applies the share directive at step boundaries (AntMan's two mechanisms).
 
 :class:`SharedDevice` belongs to a :class:`~slurm_amoeba.runtime.state.TorchState` (``TorchState(...,
-sharing=SharedDevice())``, or by default when ``AMOEBA_SHARE=1``); the state calls :meth:`SharedDevice.after_step`
-after every step. There it
+sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMOEBA_SHARE`` set); the state calls
+:meth:`SharedDevice.after_step` after every step. There it
 
 * reads the coordinator's :class:`~slurm_amoeba.runtime.share.ShareDirective` (at most every ``read_every_s``);
 * **memory**: applies the directive's per-worker cap: the sampler's micro-batch becomes the largest whose predicted
@@ -28,16 +28,16 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.runtime.adaptive import AdaptedState
 from slurm_amoeba.runtime.errors import BatchPlanError
 from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
 from slurm_amoeba.runtime.plans import ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
-from slurm_amoeba.runtime.sampler import ElasticSampler
 from slurm_amoeba.runtime.share import (
     JobStatus,
     ShareDirective,
@@ -49,38 +49,23 @@ from slurm_amoeba.runtime.share import (
     recent_steps,
     write_status,
 )
-from slurm_amoeba.runtime.topology import Topology
 
 if TYPE_CHECKING:
     from slurm_amoeba.runtime.plan_probe import PeakMeter
 
 log = logging.getLogger(__name__)
 
-#: ``AMOEBA_SHARE=1`` in a worker's environment gives its ``TorchState`` a default :class:`SharedDevice`.
+#: A worker whose environment has ``AMOEBA_SHARE`` (the job's sharing mode, or ``1``; not empty, not ``0``) gets a
+#: default :class:`SharedDevice` in its ``TorchState``.
 ENV_SHARE = "AMOEBA_SHARE"
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
 
 
-class SharingState(Protocol):
-    """What sharing uses of the training state it belongs to (:class:`~slurm_amoeba.runtime.state.TorchState`)."""
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The model (its device, and its bytes when a step is measured)."""
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer (its state's bytes)."""
-
-    @property
-    def sampler(self) -> ElasticSampler:
-        """The sampler whose micro-batch the cap sets."""
-
-    @property
-    def driver(self) -> Topology:
-        """The worker's runtime: rank and world size; ``coordinator_value``, ``request_leave``, ``worker_id`` and
-        ``job_id`` where it has them (a test's driver may not)."""
+#: What sharing uses of the training state it belongs to (:class:`~slurm_amoeba.runtime.state.TorchState`): the parts
+#: the adaptive batch uses too (model, optimizer, sampler; the driver's rank and world size, and its
+#: ``coordinator_value``, ``request_leave``, ``worker_id`` and ``job_id`` where it has them).
+SharingState = AdaptedState
 
 
 class SharedDevice:

@@ -287,7 +287,8 @@ class TorchState:
             that its first real step does not pay the first-call costs of your model's kernels (docs/runtime.md
             section 2). The runtime zeroes the gradients and restores the model, the optimizer and the RNG after it.
         sharing: how this worker shares its device (:class:`~slurm_amoeba.runtime.shared_device.SharedDevice`:
-            memory cap, pacing; docs/runtime.md "Sharing a GPU"); a default one when ``AMOEBA_SHARE=1``.
+            memory cap, pacing; docs/runtime.md "Sharing a GPU"); a default one when the job opted in to sharing
+            (``AMOEBA_SHARE`` set to a sharing mode, or ``1``).
 
     Raises:
         StateError: an extra cannot be sent.
@@ -326,7 +327,7 @@ class TorchState:
         self._copying: _CommitCopy | None = None
         self._driver: StepDriver | None = None
         self.adaptive = self._adaptive_controller(adaptive)
-        if sharing is None and os.environ.get(ENV_SHARE) == "1":
+        if sharing is None and os.environ.get(ENV_SHARE, "") not in ("", "0"):
             sharing = SharedDevice()
         self.sharing = sharing
 

@@ -13,7 +13,8 @@ sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMO
   :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` when the first cap arrives. An opportunistic worker that cannot
   fit a micro-batch of 1 leaves at this boundary (the runtime's graceful leave); a guaranteed worker is never capped
   below its need;
-* writes this worker's status file (its recent step times) when the directive names one;
+* writes this worker's status file (its recent step times) when the directive names one, at most every
+  ``read_every_s``;
 * **computation**: an opportunistic worker reads its guaranteed partner's status file (owner checked) and sleeps
   after its step as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides; a new directive that arrives during
   the pause ends it and is applied at once (the worker is still at its step boundary).
@@ -75,7 +76,8 @@ class SharedDevice:
         profile: the model's measured bytes (:func:`~slurm_amoeba.runtime.plan_probe.probe_model`); ``None``: one
             step is measured when the first cap arrives.
         pacing: the pacing controller's settings.
-        read_every_s: the least time between two reads of the directive, and of the partner's status file.
+        read_every_s: the least time between two reads of the directive, two reads of the partner's status file, and
+            two writes of this worker's own.
         directive: a directive to start with (tests, and jobs told before they start); the coordinator's replaces it.
         clock: the wall clock (status files hold wall-clock times).
         sleep: how to pause (tests pass a fake).
@@ -114,6 +116,7 @@ class SharedDevice:
         self._busy_from = clock()
         self._next_read = 0.0
         self._next_partner = 0.0
+        self._next_status = 0.0
         self._warned: set[str] = set()
 
     # ----------------------------------------------------------------------------------------------- the hooks
@@ -142,7 +145,8 @@ class SharedDevice:
             return
         if not self.leaving:
             self._apply_cap(state, directive)
-        if directive.status_path:
+        if directive.status_path and now >= self._next_status:
+            self._next_status = now + self.read_every_s  # the partner reads no more often; the steps accumulate
             self._write_status(Path(directive.status_path.replace("{worker}", worker)), state, worker, directive)
         if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
             self._pace(state, directive, busy)

@@ -238,6 +238,19 @@ def test_the_sharer_paces_itself_by_the_owners_status_and_never_writes_it(tmp_pa
     assert owner_path.read_text() != written and read_status(owner_path, -1).role is ShareRole.GUARANTEED
 
 
+def test_the_owner_writes_its_status_at_most_every_read_interval_and_keeps_every_step(tmp_path: Path) -> None:
+    clock = Clock()
+    directive = ShareDirective(ShareRole.GUARANTEED, status_path=str(tmp_path / "g-{worker}.json"))
+    state = _state(SharedDevice(PROFILE, read_every_s=1.0, clock=clock), Driver(directive))
+    for _ in range(3):
+        clock.now += 0.1
+        state.after_step()
+    assert len(read_status(tmp_path / "g-w0.json", -1).steps) == 1, "written at the first step only"
+    clock.now += 1.0
+    state.after_step()
+    assert len(read_status(tmp_path / "g-w0.json", -1).steps) == 4, "the steps in between are not lost"
+
+
 def test_a_new_directive_ends_the_sharers_pause_and_applies_at_once(tmp_path: Path) -> None:
     clock = Clock()
     path = tmp_path / "owner.json"

@@ -137,9 +137,11 @@ class Pacer:
             raise RuntimeConfigError(f"duty={self.duty!r} is invalid: it must be in [{self.config.min_duty}, 1]")
 
     def learn_baseline(self, exclusive: Sequence[float]) -> None:
-        """Set the exclusive step time to the median of ``exclusive`` (nothing when it is empty)."""
+        """Set the exclusive step time to the mean of ``exclusive`` (nothing when it is empty): the statistic a
+        decision compares it with, so that step times skewed by other load (a few long steps) weigh the same on
+        both sides."""
         if exclusive:
-            self.baseline_s = statistics.median(exclusive)
+            self.baseline_s = statistics.fmean(exclusive)
 
     def decide(self, steps: Sequence[StepRecord]) -> float:
         """One decision from the guaranteed job's recent steps: cut the duty if it is slowed, else grow it.

@@ -75,6 +75,16 @@ def test_no_decision_without_a_baseline_or_enough_new_steps() -> None:
     assert pacer.baseline_s == 1.0, "no exclusive step: the baseline stays"
 
 
+def test_the_baseline_is_a_mean_like_the_speed_it_is_compared_with() -> None:
+    """Step times skewed by other load (one long step in five) on both sides read as no slowdown: a median baseline
+    against a mean would read 0.7 here and throttle a sharer that slows nothing."""
+    skewed = [1.0, 1.0, 1.0, 1.0, 3.0]
+    pacer = Pacer(PacingConfig(window=5), duty=0.4)
+    pacer.learn_baseline(skewed)
+    pacer.decide([StepRecord(float(i), s) for i, s in enumerate(skewed, start=1)])
+    assert pacer.ratio == pytest.approx(1.0) and pacer.duty == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize(("duty", "busy", "pause"), [(0.25, 1.0, 3.0), (1.0, 1.0, 0.0), (0.25, 0.0, 0.0)])
 def test_the_pause_makes_computing_the_duty_share_of_the_time(duty: float, busy: float, pause: float) -> None:
     assert Pacer(PacingConfig(max_pause_s=10.0), duty=duty).pause_s(busy) == pytest.approx(pause)

@@ -206,6 +206,17 @@ CATALOG: tuple[Entry, ...] = (
         needs="nothing but the package and torch (no Slurm); a few minutes on 2 cores",
     ),
     Entry(
+        "share",
+        "Two jobs on one device: a guaranteed job and a paced, memory-capped sharer",
+        "The CPU stand-in for a shared GPU: a guaranteed job (an MLP that idles as long as it computes each step, "
+        "as for its input) and an opportunistic one, every worker pinned to the same core, with `amoeba-local`: "
+        "each alone, then together, the sharer paced by the owner's step times and memory-capped, its cap lowered "
+        "half-way (the owner grows back). The guaranteed job's throughput together over alone, the pair's summed "
+        "normalised throughput, failures, every sample of both jobs once (docs/runtime.md section 13).",
+        "scripts/bench-share --json docs/results/share.json",
+        needs="nothing but the package and torch (no Slurm); about 10 minutes on 2 cores",
+    ),
+    Entry(
         "plans-cuda",
         "The plan chosen on a GPU",
         "The `plans` benchmark's small model on one CUDA GPU (one NCCL worker, size 1, a budget of about 5 MB): "

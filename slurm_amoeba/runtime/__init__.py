@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from slurm_amoeba.runtime.port_model import ElasticDDP
     from slurm_amoeba.runtime.result import GenerationTiming, RunResult, RunStatus
     from slurm_amoeba.runtime.sampler import ElasticSampler, Progress, StepAssignment
+    from slurm_amoeba.runtime.shared_device import SharedDevice
     from slurm_amoeba.runtime.state import StepDriver, TorchState
     from slurm_amoeba.runtime.topology import Generation, Topology
     from slurm_amoeba.runtime.view import CoordinatorView, ThroughputStats
@@ -78,6 +79,7 @@ _WHERE = {
     "RunStatus": "result",
     "RuntimeConfigError": "errors",
     "RuntimeTimeout": "errors",
+    "SharedDevice": "shared_device",
     "StateError": "errors",
     "Step": "loader",
     "StepAssignment": "sampler",
@@ -117,6 +119,7 @@ __all__ = [
     "RunStatus",
     "RuntimeConfigError",
     "RuntimeTimeout",
+    "SharedDevice",
     "StateError",
     "Step",
     "StepAssignment",

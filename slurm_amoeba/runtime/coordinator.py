@@ -16,6 +16,7 @@ The launcher side needs only this::
     coordinator.request_leave("w3")      # graceful: leaves at the next step boundary
     coordinator.mark_dead("w5", "step ended with signal 9")   # launcher saw the process die
     coordinator.set_policy_batch(96, world_size=4)   # a scheduler's batch for an adaptive job at 4 workers
+    coordinator.set_share(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=2 << 30, ...))  # runtime/share.py
     coordinator.view()                   # generation, members, workers, history, throughput
 
 It never talks to Slurm (DESIGN.md, layer ``runtime/``).
@@ -65,6 +66,7 @@ from slurm_amoeba.runtime.protocol import (
     JOB_KEY,
     JOIN_KEY,
     PROGRESS_KEY,
+    SHARE_KEY,
     WANT_KEY,
     GenerationPlan,
     JoinAnswer,
@@ -77,6 +79,7 @@ from slurm_amoeba.runtime.protocol import (
     heartbeat_key,
     join_answer_key,
 )
+from slurm_amoeba.runtime.share import ShareDirective
 from slurm_amoeba.runtime.view import CoordinatorView, ThroughputStats, WorkerView
 
 log = logging.getLogger(__name__)
@@ -314,6 +317,7 @@ class Coordinator:
         self._desk = JoinDesk(self._auth, self._env_template, lambda w: w in self.membership.workers)
         self._refused = 0  # refusals beyond the opener's and the desk's own counts
         self._batch_seq = 0  # policy batches published (set_policy_batch)
+        self._share_seq = 0  # share directives published (set_share)
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -462,6 +466,26 @@ class Coordinator:
         self._auth.put(self.store, BATCH_KEY, choice.to_json())
         log.info("%s policy batch %d for %d workers (choice %d)", self._prefix, batch, world_size, choice.seq)
         return choice
+
+    def set_share(self, directive: ShareDirective) -> ShareDirective:
+        """Publish how the job shares its devices (sealed, at ``share``); workers apply it at their next step
+        boundary (:class:`~slurm_amoeba.runtime.shared_device.SharedDevice`: memory cap, pacing, status file).
+
+        Args:
+            directive: the directive; its ``seq`` is replaced by the coordinator's count.
+
+        Returns:
+            The directive as published.
+
+        Raises:
+            RuntimeConfigError: the coordinator is not started.
+        """
+        with self._lock:
+            self._share_seq += 1
+            published = dataclasses.replace(directive, seq=self._share_seq)
+        self._auth.put(self.store, SHARE_KEY, published.to_json())
+        log.info("%s share directive %d: %s", self._prefix, published.seq, published.to_json())
+        return published
 
     def view(self) -> CoordinatorView:
         """A consistent snapshot of the job's state.

@@ -29,6 +29,8 @@ PROGRESS_KEY = PREFIX + "progress"
 JOB_KEY = PREFIX + "job"
 JOIN_KEY = PREFIX + "join"
 BATCH_KEY = PREFIX + "batch"
+#: Where the coordinator publishes how the job shares its devices (a ``runtime/share.py`` ``ShareDirective``).
+SHARE_KEY = PREFIX + "share"
 #: The largest global batch a scheduling policy may set (it rides as three bytes on the gradient all-reduce,
 #: :class:`~slurm_amoeba.runtime.gns.NormProbe`, exact in any floating-point dtype).
 MAX_POLICY_BATCH = (1 << 24) - 1
@@ -74,7 +76,12 @@ def group_prefix(generation: int, token: str) -> str:
     return generation_space(generation, token) + "pg"
 
 
-def _load(text: str | bytes, what: str) -> dict[str, Any]:
+def load_object(text: str | bytes, what: str) -> dict[str, Any]:
+    """A JSON object from ``text`` (the messages of this module, and ``runtime/share.py``'s).
+
+    Raises:
+        ParseError: not JSON, or not an object; ``what`` names the message.
+    """
     raw = text.decode() if isinstance(text, bytes) else text
     try:
         data = json.loads(raw)
@@ -156,7 +163,7 @@ class WorkerEvent:
         Raises:
             ParseError: the text is not a valid event.
         """
-        data = _load(text, "worker event")
+        data = load_object(text, "worker event")
         try:
             data["kind"] = EventKind(data["kind"])
             data["allowed_sizes"] = tuple(int(s) for s in data.get("allowed_sizes", ()))
@@ -289,7 +296,7 @@ class Assignment:
         Raises:
             ParseError: the text is not an assignment.
         """
-        data = _load(text, "assignment")
+        data = load_object(text, "assignment")
         try:
             action = AssignAction(data["action"])
         except (KeyError, ValueError) as exc:
@@ -328,7 +335,7 @@ class JoinRequest:
         Raises:
             ParseError: not a join request, or its nonce is not 32 hex digits.
         """
-        data = _load(text, "join request")
+        data = load_object(text, "join request")
         nonce, hint = data.get("nonce"), data.get("hint")
         if not isinstance(nonce, str) or not isinstance(hint, str) or len(nonce) != 32 or not _is_hex(nonce):
             raise ParseError("not a join request (nonce: 32 hex digits, hint: text)", source="join request")
@@ -362,7 +369,7 @@ class JoinAnswer:
         Raises:
             ParseError: not a join answer.
         """
-        data = _load(text, "join answer")
+        data = load_object(text, "join answer")
         worker, job_id = data.get("worker"), data.get("job_id")
         if not isinstance(worker, str) or not isinstance(job_id, str):
             raise ParseError("not a join answer (worker, job_id: text)", source="join answer")
@@ -404,7 +411,7 @@ class PolicyBatch:
         Raises:
             ParseError: not a policy batch, or a value out of range.
         """
-        data = _load(text, "policy batch")
+        data = load_object(text, "policy batch")
         try:
             return cls(batch=data["batch"], world_size=data["world_size"], seq=data["seq"])
         except KeyError as exc:

@@ -136,6 +136,7 @@ class ElasticSampler:
         self.planner = GlobalBatchPlanner(
             global_batch=global_batch, max_local_batch=max_local_batch, even=even, max_accumulation=max_accumulation
         )
+        self.user_local_batch = max_local_batch  # the user's own cap; a share cap only lowers it
         if dataset_size < global_batch:
             raise BatchPlanError(
                 f"the dataset of {dataset_size} samples is smaller than one global batch of {global_batch}: "
@@ -167,6 +168,26 @@ class ElasticSampler:
     def adaptive(self) -> bool:
         """Whether the global batch may change (``max_global_batch`` was given)."""
         return self.max_global_batch is not None
+
+    def cap_local_batch(self, micro_batch: int) -> int:
+        """Plan this worker's next steps with micro-batches of at most ``micro_batch`` (a device memory cap,
+        :mod:`~slurm_amoeba.runtime.shared_device`), never above the user's own ``max_local_batch``; 0 lifts the cap
+        back to the user's. The global batch stays; the rest goes to gradient accumulation. Only this worker's
+        split changes (its share of each step does not), so workers may differ.
+
+        Returns:
+            The micro-batch cap now in force (0: none).
+
+        Raises:
+            BatchPlanError: ``micro_batch`` is negative.
+        """
+        if micro_batch < 0:
+            raise BatchPlanError(f"cap_local_batch({micro_batch}): give a micro-batch of 1 or more, or 0 for none")
+        caps = [c for c in (micro_batch, self.user_local_batch) if c > 0]
+        cap = min(caps, default=0)
+        if cap != self.planner.max_local_batch:
+            self.planner = dataclasses.replace(self.planner, max_local_batch=cap)
+        return cap
 
     def set_global_batch(self, batch: int) -> None:
         """Change the global batch from the next step on (adaptive batch only; call it between steps).

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar, Protocol
@@ -29,6 +30,7 @@ from slurm_amoeba.runtime.adaptive import AdaptiveBatch
 from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.sampler import ElasticSampler
+from slurm_amoeba.runtime.shared_device import ENV_SHARE, SharedDevice
 from slurm_amoeba.runtime.topology import GradientReducer, Topology
 
 log = logging.getLogger(__name__)
@@ -284,6 +286,9 @@ class TorchState:
             ``lambda m: loss_fn(m(x0), y0).backward()``), which a joining worker runs while the others still train, so
             that its first real step does not pay the first-call costs of your model's kernels (docs/runtime.md
             section 2). The runtime zeroes the gradients and restores the model, the optimizer and the RNG after it.
+        sharing: how this worker shares its device (:class:`~slurm_amoeba.runtime.shared_device.SharedDevice`:
+            memory cap, pacing; docs/runtime.md "Sharing a GPU"); a default one when the job opted in to sharing
+            (``AMOEBA_SHARE`` set to a sharing mode, or ``1``).
 
     Raises:
         StateError: an extra cannot be sent.
@@ -307,6 +312,7 @@ class TorchState:
         scaler: torch.amp.GradScaler | None = None,
         adaptive: AdaptiveBatch | None = None,
         warm_up: Callable[[torch.nn.Module], object] | None = None,
+        sharing: SharedDevice | None = None,
     ) -> None:
         refuse_wrapped(model)
         self.warm_up = warm_up
@@ -321,6 +327,9 @@ class TorchState:
         self._copying: _CommitCopy | None = None
         self._driver: StepDriver | None = None
         self.adaptive = self._adaptive_controller(adaptive)
+        if sharing is None and os.environ.get(ENV_SHARE, "") not in ("", "0"):
+            sharing = SharedDevice()
+        self.sharing = sharing
 
     def _adaptive_controller(self, adaptive: AdaptiveBatch | None) -> AdaptiveBatch | None:
         """The state's adaptive-batch controller: ``adaptive``, a default one for an adaptive sampler, or ``None``
@@ -346,6 +355,8 @@ class TorchState:
         """
         self._driver = driver
         self.sampler.bind(driver)
+        if driver is not None and self.sharing is not None:
+            self.sharing.attach(self)
 
     @property
     def driver(self) -> StepDriver:
@@ -428,12 +439,16 @@ class TorchState:
         """Called after each step's end (a hook for states that must act before a switch; the adaptive batch's)."""
         if self.adaptive is not None:
             self.adaptive.after_step()
+        if self.sharing is not None:
+            self.sharing.after_step(self)
 
     def progress_report(self) -> dict[str, Any]:
         """The position (and the adaptive batch's measurements) for the coordinator's progress report."""
         report: dict[str, Any] = dict(self.sampler.state_dict())
         if self.adaptive is not None:
             report["adaptive"] = self.adaptive.report
+        if self.sharing is not None:
+            report["share"] = self.sharing.report
         return report
 
     def switch_pending(self) -> bool:

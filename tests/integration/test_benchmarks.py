@@ -107,3 +107,12 @@ def test_bench_checkpoint_writes_its_result_quickly(tmp_path: Path) -> None:
     out = tmp_path / "checkpoint.json"
     _run(["bench-checkpoint", "--quick", "--block", "10", "--json", str(out)], dict(os.environ), timeout=900)
     assert _document(out, "checkpoint")["figures"]["write_s"] > 0
+
+
+def test_bench_share_writes_its_result_short(tmp_path: Path) -> None:
+    """No Slurm, but a minute or more of CPU: a guaranteed job and a paced, capped sharer pinned to one core."""
+    out = tmp_path / "share.json"
+    _run(["bench-share", "--short", "--json", str(out)], dict(os.environ), timeout=900)
+    figures = _document(out, "share")["figures"]
+    assert figures["guaranteed_failures"] == 0 and figures["exactly_once"] is True
+    assert figures["sharer_micro_after"] < figures["sharer_micro_before"], "the owner grew back: the sharer shrank"

@@ -67,3 +67,29 @@ def test_the_tiny_lm_example_trains_one_fsdp2_worker_in_bf16_over_nccl(tmp_path:
     losses = [float(line.rsplit("~", 1)[1]) for line in log.splitlines() if line.startswith("step ")]
     assert len(losses) >= 4, log[-2000:]
     assert losses[-1] < losses[0] - 0.1, losses  # it learns the Markov chain: about 4.2 falling towards 3.x
+
+
+def test_a_memory_cap_limits_the_caching_allocator_and_lifting_it_gives_the_device_back() -> None:
+    """AntMan's memory mechanism on a GPU: a sharer's cap bounds what torch's caching allocator may hold in this
+    process (an allocation beyond it fails here, not in the owner's process); a cap of 0 lifts the limit."""
+    from slurm_amoeba import runtime as amoeba
+    from slurm_amoeba.runtime.share import ShareDirective, ShareRole
+    from slurm_amoeba.runtime.shared_device import SharedDevice
+    from tests.unit.runtime.test_share import PROFILE, Driver
+
+    model = torch.nn.Linear(4, 1).cuda()
+    sampler = amoeba.ElasticSampler(256, 32, seed=0)
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=64 << 20))
+    state = amoeba.TorchState(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, sharing=SharedDevice(PROFILE, read_every_s=0.0)
+    )
+    state.bind(driver)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, seq=1))
+        state.after_step()
+        assert torch.empty(256 << 20, dtype=torch.uint8, device="cuda").numel() == 256 << 20
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

@@ -1,0 +1,182 @@
+"""How an opportunistic worker paces itself so that the job that owns a shared device keeps its speed (AntMan's
+computation mechanism).
+
+A worker of an opportunistic job (a *sharer*) trains on a device a guaranteed job owns. After each of its own steps
+it sleeps for a while, so that it computes only a fraction of the time (its *duty*). :class:`Pacer` chooses the
+duty by feedback from the guaranteed job's own step times, never by a fixed duty cycle: whenever the guaranteed job's
+recent speed falls under ``target`` of its exclusive speed (plus a margin), the duty is cut multiplicatively; while
+it holds, the duty grows additively (AIMD, as TCP's congestion window). The exclusive speed is learned from the
+guaranteed job's steps that ran while the sharer did not compute: before the sharer's first step, and inside its
+pauses (:func:`exclusive_step_times`).
+
+The guaranteed job's step times come from the status file it writes about itself
+(:mod:`~slurm_amoeba.runtime.share`); this module only decides. It is pure (no torch, no I/O, the clock passed
+in) and pinned by tables in ``tests/unit/runtime/test_pacing.py`` (DESIGN.md, layer ``runtime/``, worker side).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+
+from slurm_amoeba.runtime.errors import RuntimeConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One step of the guaranteed job: when it ended (wall clock, seconds) and how long it took."""
+
+    end: float
+    seconds: float
+
+    @property
+    def start(self) -> float:
+        """When the step began."""
+        return self.end - self.seconds
+
+
+def exclusive_step_times(
+    steps: Sequence[StepRecord], first_compute: float | None, quiet: Sequence[tuple[float, float]]
+) -> list[float]:
+    """The guaranteed job's step times that the sharer cannot have slowed.
+
+    A step counts when it ended before the sharer first computed, or when it ended inside one of the sharer's
+    pauses at least two typical steps (twice the median) after the pause began, so that it began inside the pause
+    too. Which steps count depends on where they end, not on how long they took: asking that a step lie wholly
+    inside a pause would favour short steps and make the exclusive step time look shorter than it is.
+
+    Args:
+        steps: the guaranteed job's recent steps.
+        first_compute: when the sharer first computed (``None``: not yet: every step counts).
+        quiet: intervals ``(start, end)`` in which the sharer slept.
+
+    Returns:
+        The durations of the steps that count, in the order given.
+    """
+    if not steps:
+        return []
+    guard = 2 * statistics.median(s.seconds for s in steps)
+    kept = []
+    for step in steps:
+        before = first_compute is None or step.end <= first_compute
+        if before or any(low + guard <= step.end <= high for low, high in quiet):
+            kept.append(step.seconds)
+    return kept
+
+
+@dataclasses.dataclass(frozen=True)
+class PacingConfig:
+    """Settings of the pacing controller.
+
+    Attributes:
+        target: the share of its exclusive speed the guaranteed job must keep (0.95: at most 5 % slower).
+        margin: the controller aims this much above ``target``, so that noise does not cross it.
+        backoff: on a violation the duty is multiplied by this (0 < backoff < 1).
+        increase: while the guaranteed job keeps its speed, the duty grows by this per decision.
+        min_duty: the least duty (the sharer never stops entirely: it must measure its own step time).
+        window: the fewest new steps of the guaranteed job a decision judges (their mean step time).
+        max_pause_s: the longest pause after one step (a new directive ends a pause at once, see
+            :class:`~slurm_amoeba.runtime.shared_device.SharedDevice`; the limit keeps the sharer measuring its own
+            step time).
+    """
+
+    target: float = 0.95
+    margin: float = 0.02
+    backoff: float = 0.5
+    increase: float = 0.1
+    min_duty: float = 0.02
+    window: int = 10
+    max_pause_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("target", self.target, 0.0 < self.target <= 1.0, "a fraction in (0, 1]"),
+            ("margin", self.margin, 0.0 <= self.margin < 1.0, "a fraction in [0, 1)"),
+            ("backoff", self.backoff, 0.0 < self.backoff < 1.0, "a factor in (0, 1)"),
+            ("increase", self.increase, 0.0 < self.increase <= 1.0, "a step in (0, 1]"),
+            ("min_duty", self.min_duty, 0.0 < self.min_duty <= 1.0, "a fraction in (0, 1]"),
+            ("window", self.window, self.window >= 1, "at least 1"),
+            ("max_pause_s", self.max_pause_s, self.max_pause_s > 0, "positive"),
+        )
+        for name, value, ok, what in checks:
+            if not ok:
+                raise RuntimeConfigError(f"pacing {name}={value!r} is invalid: it must be {what}")
+
+
+@dataclasses.dataclass
+class Pacer:
+    """The AIMD controller of a sharer's duty (see the module docstring).
+
+    Args:
+        config: its settings.
+        duty: the starting duty; the least one by default (a sharer starts gently and earns its share).
+
+    Attributes:
+        duty: the fraction of time the sharer computes, ``min_duty`` to 1.
+        baseline_s: the guaranteed job's exclusive step time as learned so far (``None``: not yet known).
+        ratio: the guaranteed job's last measured speed over its exclusive speed (``None``: not measured yet).
+        violations: decisions at which the guaranteed job was under ``target``.
+        decisions: decisions taken.
+        ratio_mean: the mean of ``ratio`` over them (``None`` before the first).
+    """
+
+    config: PacingConfig = dataclasses.field(default_factory=PacingConfig)
+    duty: float = -1.0
+    baseline_s: float | None = None
+    ratio: float | None = None
+    violations: int = 0
+    decisions: int = 0
+    ratio_mean: float | None = None
+    _last_seen: float = dataclasses.field(default=float("-inf"), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.duty < 0:
+            self.duty = self.config.min_duty
+        if not self.config.min_duty <= self.duty <= 1.0:
+            raise RuntimeConfigError(f"duty={self.duty!r} is invalid: it must be in [{self.config.min_duty}, 1]")
+
+    def learn_baseline(self, exclusive: Sequence[float]) -> None:
+        """Set the exclusive step time to the mean of ``exclusive`` (nothing when it is empty): the statistic a
+        decision compares it with, so that step times skewed by other load (a few long steps) weigh the same on
+        both sides."""
+        if exclusive:
+            self.baseline_s = statistics.fmean(exclusive)
+
+    def decide(self, steps: Sequence[StepRecord]) -> float:
+        """One decision from the guaranteed job's recent steps: cut the duty if it is slowed, else grow it.
+
+        A decision needs at least ``window`` steps newer than those of the previous decision and a known baseline;
+        until then the duty stays. It judges every new step (the guaranteed job's throughput since the last
+        decision: the mean step time, so a few slowed steps count), never the same step twice, and not only the
+        latest ones, which would be those that ran beside the sharer's own last step.
+
+        Args:
+            steps: the guaranteed job's recent steps, oldest first.
+
+        Returns:
+            The new duty.
+        """
+        fresh = [s for s in steps if s.end > self._last_seen]
+        if len(fresh) < self.config.window or self.baseline_s is None:
+            return self.duty
+        self._last_seen = fresh[-1].end
+        recent = statistics.fmean(s.seconds for s in fresh)
+        self.ratio = self.baseline_s / recent if recent > 0 else 1.0
+        self.decisions += 1
+        self.ratio_mean = (
+            self.ratio if self.ratio_mean is None else self.ratio_mean + (self.ratio - self.ratio_mean) / self.decisions
+        )
+        if self.ratio < self.config.target + self.config.margin:
+            if self.ratio < self.config.target:
+                self.violations += 1
+            self.duty = max(self.config.min_duty, self.duty * self.config.backoff)
+        else:
+            self.duty = min(1.0, self.duty + self.config.increase)
+        return self.duty
+
+    def pause_s(self, busy_s: float) -> float:
+        """How long to sleep after a step that computed for ``busy_s`` so that computing is ``duty`` of the time."""
+        if busy_s <= 0:
+            return 0.0
+        return min(self.config.max_pause_s, busy_s * (1.0 / self.duty - 1.0))

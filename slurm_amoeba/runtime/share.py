@@ -1,0 +1,257 @@
+"""Two jobs on one device: the share directive, the status file a job writes about itself, and the memory fit.
+
+The daemon (or a test, or ``benchmarks/share.py``) tells a job how it shares its devices through its coordinator
+(:meth:`~slurm_amoeba.runtime.coordinator.Coordinator.set_share`, the sealed ``share`` key): a
+:class:`ShareDirective` — the job's role (``guaranteed``: it owns the device; ``opportunistic``: it trains on a device
+another job owns and yields to it), a per-worker device memory cap, and where the partner's status file is. The
+workers apply it at a step boundary (:class:`~slurm_amoeba.runtime.shared_device.SharedDevice`, worker side).
+
+Every worker of a sharing job writes a :class:`JobStatus` about itself to its own status file (atomically, mode
+0644, owned by the job's user): its recent step times. A sharer reads its partner's file only after checking that
+the file's owner is the uid the directive names (:func:`read_status`), and uses it only to slow itself down
+(:mod:`~slurm_amoeba.runtime.pacing`): nothing in the file can steer the job that wrote it.
+
+:func:`largest_micro_batch` is the memory side: the largest micro-batch whose predicted peak (the plans' replicated
+estimate, :mod:`~slurm_amoeba.runtime.plans`) fits a cap; the rest of the worker's share of the fixed global batch
+goes to gradient accumulation. This module imports no torch (DESIGN.md, layer ``runtime/``, shared by both sides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.runtime.pacing import StepRecord
+from slurm_amoeba.runtime.plans import Layout, Linear, ModelProfile, Plan, PlanSpace
+from slurm_amoeba.runtime.protocol import load_object
+
+#: The format of directives and status files; a reader refuses another.
+SHARE_VERSION = 1
+#: The most step records a status file holds.
+MAX_STATUS_STEPS = 64
+#: A status file larger than this is refused unread.
+MAX_STATUS_BYTES = 16 << 10
+
+
+class ShareRole(str, enum.Enum):
+    """How a job uses a device it shares."""
+
+    GUARANTEED = "guaranteed"  # owns the device: never capped below its need, never paced
+    OPPORTUNISTIC = "opportunistic"  # a sharer: capped, paced by the owner's step times, leaves when it cannot fit
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareDirective:
+    """How one job shares its devices (the coordinator's sealed ``share`` key; versioned JSON).
+
+    Attributes:
+        role: guaranteed or opportunistic.
+        memory_cap_bytes: the most device bytes one worker may hold (0: no cap). An opportunistic worker that
+            cannot train a micro-batch of 1 under it leaves; a guaranteed worker is never capped below its need
+            (a cap under it is raised to the need, and the worker logs that).
+        partner_status_path: the guaranteed partner's status file (opportunistic role; empty: unpaced).
+        partner_uid: the uid that must own that file (-1: this process's own uid).
+        status_path: where this job's workers write their own status (``{worker}`` is replaced by the worker id;
+            empty: no status file).
+        workers: the workers it applies to (empty: every worker of the job).
+        seq: grows with every new directive (the coordinator's count).
+    """
+
+    role: ShareRole
+    memory_cap_bytes: int = 0
+    partner_status_path: str = ""
+    partner_uid: int = -1
+    status_path: str = ""
+    workers: tuple[str, ...] = ()
+    seq: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value in (("memory_cap_bytes", self.memory_cap_bytes), ("seq", self.seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
+                raise ParseError(f"a share directive's {name} is {value!r:.40}, not a count of 0 or more")
+        if isinstance(self.partner_uid, bool) or not isinstance(self.partner_uid, int) or self.partner_uid < -1:
+            raise ParseError(f"a share directive's partner_uid is {self.partner_uid!r:.40}, not a uid or -1")
+
+    def applies_to(self, worker_id: str) -> bool:
+        """Whether this directive is meant for ``worker_id``."""
+        return not self.workers or worker_id in self.workers
+
+    def to_json(self) -> str:
+        """Encode as JSON text (with the format's version)."""
+        data: dict[str, Any] = dataclasses.asdict(self)
+        data["role"] = self.role.value
+        data["workers"] = list(self.workers)
+        data["version"] = SHARE_VERSION
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ShareDirective:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: not a directive, another version, or a value out of range.
+        """
+        data = load_object(text, "share directive")
+        if data.pop("version", None) != SHARE_VERSION:
+            raise ParseError(f"a share directive of another version (this runtime reads {SHARE_VERSION})")
+        try:
+            data["role"] = ShareRole(data["role"])
+            data["workers"] = tuple(str(w) for w in data.get("workers", ()))
+            for name in ("partner_status_path", "status_path"):
+                if not isinstance(data.get(name, ""), str):
+                    raise TypeError(f"{name} must be text")
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParseError(f"not a share directive ({exc})", source="share directive", text=str(text)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """What one worker says about itself in its status file.
+
+    Attributes:
+        job_id: the job.
+        worker: the worker.
+        role: its role.
+        steps: its latest steps (at most :data:`MAX_STATUS_STEPS`), oldest first.
+    """
+
+    job_id: str
+    worker: str
+    role: ShareRole
+    steps: tuple[StepRecord, ...]
+
+    def to_json(self) -> str:
+        """Encode as JSON text (with the format's version)."""
+        steps = [[s.end, s.seconds] for s in self.steps[-MAX_STATUS_STEPS:]]
+        data = {"version": SHARE_VERSION, "job_id": self.job_id, "worker": self.worker, "role": self.role.value}
+        return json.dumps({**data, "steps": steps}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JobStatus:
+        """Decode JSON text from :meth:`to_json`.
+
+        Raises:
+            ParseError: not a status, or another version.
+        """
+        data = load_object(text, "job status")
+        if data.get("version") != SHARE_VERSION:
+            raise ParseError(f"a job status of another version (this runtime reads {SHARE_VERSION})")
+        try:
+            steps = tuple(StepRecord(float(end), float(seconds)) for end, seconds in data["steps"])
+            return cls(str(data["job_id"]), str(data["worker"]), ShareRole(data["role"]), steps)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParseError(f"not a job status ({exc})", source="job status", text=str(text)) from None
+
+
+def write_status(path: Path, status: JobStatus) -> None:
+    """Write ``status`` to ``path`` atomically (a temporary file in the same directory, then a rename), mode 0644.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            os.fchmod(out.fileno(), 0o644)
+            out.write(status.to_json())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_status(path: Path, owner_uid: int) -> JobStatus:
+    """Read a partner's status file, refusing one that another user owns or that is not a plain file.
+
+    The file is opened without following a link, and its owner is checked on the open descriptor, so the check
+    and the read see the same file.
+
+    Args:
+        path: the file.
+        owner_uid: the uid that must own it (-1: this process's own uid).
+
+    Returns:
+        The status.
+
+    Raises:
+        OSError: it cannot be opened.
+        ParseError: another owner, not a plain file, too large, or not a status.
+    """
+    expected = os.getuid() if owner_uid == -1 else owner_uid
+    handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(handle, "rb") as source:
+        info = os.fstat(source.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ParseError(f"the status file {path} is not a plain file; give the partner's own status file")
+        if info.st_uid != expected:
+            raise ParseError(
+                f"the status file {path} is owned by uid {info.st_uid}, not by the partner's uid {expected}: "
+                "refused (only the partner job may say how fast it runs)"
+            )
+        raw = source.read(MAX_STATUS_BYTES + 1)
+    if len(raw) > MAX_STATUS_BYTES:
+        raise ParseError(f"the status file {path} is larger than {MAX_STATUS_BYTES} bytes: refused")
+    return JobStatus.from_json(raw)
+
+
+def largest_micro_batch(profile: ModelProfile, global_batch: int, world_size: int, cap_bytes: int) -> int:
+    """The largest micro-batch whose predicted peak per worker fits ``cap_bytes`` (replicated state, no
+    checkpointing: the runtime's own data parallelism), up to a worker's share of the global batch.
+
+    Args:
+        profile: the model's measured bytes (:func:`~slurm_amoeba.runtime.plan_probe.probe_model`, or
+            :func:`profile_from_peak`).
+        global_batch: samples per optimizer step.
+        world_size: workers.
+        cap_bytes: the cap (0: none).
+
+    Returns:
+        The micro-batch (the share cut evenly: a micro-batch of 10 in a share of 32 runs as 4 of 8, so 8); 0 when
+        not even one sample fits.
+    """
+    space = PlanSpace(profile, global_batch)
+    share = space.share(world_size)
+    if cap_bytes == 0:
+        return share
+    fits = [
+        micro
+        for micro in {-(-share // accumulation) for accumulation in range(1, share + 1)}
+        if space.estimate(Plan(Layout.REPLICATED, False, micro), world_size).peak_bytes <= cap_bytes
+    ]
+    return max(fits, default=0)
+
+
+def need_bytes(profile: ModelProfile, global_batch: int, world_size: int) -> int:
+    """The predicted peak of a worker that trains with micro-batches of 1: the least it can train with."""
+    space = PlanSpace(profile, global_batch)
+    return int(space.estimate(Plan(Layout.REPLICATED, False, 1), world_size).peak_bytes + 0.999)
+
+
+def profile_from_peak(param_bytes: int, optimizer_bytes: int, peak_bytes: int, micro_batch: int) -> ModelProfile:
+    """A memory-only profile from one measured step: the peak beyond parameters, gradients and optimizer state is
+    taken as proportional to the micro-batch (times are left at 0; only the memory fit reads this profile).
+
+    Args:
+        param_bytes: the parameters' bytes.
+        optimizer_bytes: the optimizer state's bytes.
+        peak_bytes: the measured peak of one step.
+        micro_batch: the step's largest micro-batch.
+    """
+    per_sample = max(0.0, (peak_bytes - 2 * param_bytes - optimizer_bytes) / max(1, micro_batch))
+    line = Linear(0.0, per_sample)
+    flat = Linear(0.0, 0.0)
+    return ModelProfile(param_bytes, optimizer_bytes, param_bytes, 1, line, line, flat, flat, 0.0)
+
+
+def recent_steps(steps: Sequence[StepRecord], record: StepRecord) -> tuple[StepRecord, ...]:
+    """``steps`` with ``record`` appended, keeping the latest :data:`MAX_STATUS_STEPS`."""
+    return (*steps, record)[-MAX_STATUS_STEPS:]

@@ -1,0 +1,311 @@
+"""A worker's side of sharing a device: it applies the share directive at step boundaries (AntMan's two mechanisms).
+
+:class:`SharedDevice` belongs to a :class:`~slurm_amoeba.runtime.state.TorchState` (``TorchState(...,
+sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMOEBA_SHARE`` set); the state calls
+:meth:`SharedDevice.after_step` after every step. There it
+
+* reads the coordinator's :class:`~slurm_amoeba.runtime.share.ShareDirective` (at most every ``read_every_s``);
+* **memory**: applies the directive's per-worker cap: the sampler's micro-batch becomes the largest whose predicted
+  peak fits the cap (:func:`~slurm_amoeba.runtime.share.largest_micro_batch`), the rest of the worker's share of the
+  unchanged global batch becomes gradient accumulation; on a GPU the caching allocator is limited to the cap too
+  (``torch.cuda.set_per_process_memory_fraction``) and its cache emptied, so the bytes return to the device. The
+  bytes per micro-batch come from a profile given to it or, by default, from one step measured with
+  :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` when the first cap arrives. An opportunistic worker that cannot
+  fit a micro-batch of 1 leaves at this boundary (the runtime's graceful leave); a guaranteed worker is never capped
+  below its need;
+* writes this worker's status file (its recent step times) when the directive names one, at most every
+  ``read_every_s``;
+* **computation**: an opportunistic worker reads its guaranteed partner's status file (owner checked) and sleeps
+  after its step as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides; a new directive that arrives during
+  the pause ends it and is applied at once (the worker is still at its step boundary).
+
+DESIGN.md, layer ``runtime/``, worker side; the directive's path from the daemon is ``Coordinator.set_share``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.runtime.adaptive import AdaptedState
+from slurm_amoeba.runtime.errors import BatchPlanError
+from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
+from slurm_amoeba.runtime.plans import ModelProfile
+from slurm_amoeba.runtime.protocol import SHARE_KEY
+from slurm_amoeba.runtime.share import (
+    JobStatus,
+    ShareDirective,
+    ShareRole,
+    largest_micro_batch,
+    need_bytes,
+    profile_from_peak,
+    read_status,
+    recent_steps,
+    write_status,
+)
+
+if TYPE_CHECKING:
+    from slurm_amoeba.runtime.plan_probe import PeakMeter
+
+log = logging.getLogger(__name__)
+
+#: A worker whose environment has ``AMOEBA_SHARE`` (the job's sharing mode, or ``1``; not empty, not ``0``) gets a
+#: default :class:`SharedDevice` in its ``TorchState``.
+ENV_SHARE = "AMOEBA_SHARE"
+#: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
+_QUIET_KEPT = 64
+
+
+#: What sharing uses of the training state it belongs to (:class:`~slurm_amoeba.runtime.state.TorchState`): the parts
+#: the adaptive batch uses too (model, optimizer, sampler; the driver's rank and world size, and its
+#: ``coordinator_value``, ``request_leave``, ``worker_id`` and ``job_id`` where it has them).
+SharingState = AdaptedState
+
+
+class SharedDevice:
+    """Applies a job's share directive on one worker (see the module docstring).
+
+    Args:
+        profile: the model's measured bytes (:func:`~slurm_amoeba.runtime.plan_probe.probe_model`); ``None``: one
+            step is measured when the first cap arrives.
+        pacing: the pacing controller's settings.
+        read_every_s: the least time between two reads of the directive, two reads of the partner's status file, and
+            two writes of this worker's own.
+        directive: a directive to start with (tests, and jobs told before they start); the coordinator's replaces it.
+        clock: the wall clock (status files hold wall-clock times).
+        sleep: how to pause (tests pass a fake).
+
+    Attributes:
+        directive: the directive in force (``None``: the job does not share).
+        micro_batch: the micro-batch the cap allows (0: no cap applied).
+        leaving: the worker asked to leave because it cannot fit under the cap.
+        pacer: the opportunistic role's controller.
+        paused_s: the seconds slept so far.
+    """
+
+    def __init__(
+        self,
+        profile: ModelProfile | None = None,
+        *,
+        pacing: PacingConfig | None = None,
+        read_every_s: float = 0.1,
+        directive: ShareDirective | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.profile = profile
+        self.read_every_s = read_every_s
+        self.directive = directive
+        self.micro_batch = 0
+        self.leaving = False
+        self.pacer = Pacer(pacing or PacingConfig())
+        self.paused_s = 0.0
+        self._clock, self._sleep = clock, sleep
+        self._applied: int | None = None  # the seq of the directive whose cap is in force
+        self._meter: PeakMeter | None = None
+        self._steps: tuple[StepRecord, ...] = ()
+        self._quiet: list[tuple[float, float]] = []
+        self._first_compute = clock()
+        self._busy_from = clock()
+        self._next_read = 0.0
+        self._next_partner = 0.0
+        self._next_status = 0.0
+        self._warned: set[str] = set()
+
+    # ----------------------------------------------------------------------------------------------- the hooks
+
+    def attach(self, state: SharingState) -> None:
+        """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
+        so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
+        self._next_read = 0.0
+        self._read_directive(state.driver)
+        directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
+        if self.profile is not None and directive is not None and directive.applies_to(worker):
+            self._apply_cap(state, directive)
+        self._busy_from = self._clock()
+
+    def after_step(self, state: SharingState) -> None:
+        """Everything sharing does at a step boundary (the state calls it after each step)."""
+        now = self._clock()
+        busy = max(0.0, now - self._busy_from)
+        self._steps = recent_steps(self._steps, StepRecord(now, busy))
+        driver = state.driver
+        self._read_directive(driver)
+        directive = self.directive
+        worker = str(getattr(driver, "worker_id", ""))
+        if directive is None or not directive.applies_to(worker):
+            self._busy_from = self._clock()
+            return
+        if not self.leaving:
+            self._apply_cap(state, directive)
+        if directive.status_path and now >= self._next_status:
+            self._next_status = now + self.read_every_s  # the partner reads no more often; the steps accumulate
+            self._write_status(Path(directive.status_path.replace("{worker}", worker)), state, worker, directive)
+        if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
+            self._pace(state, directive, busy)
+        self._busy_from = self._clock()
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """What sharing did, for the progress report (role, cap, micro-batch, duty, the partner's ratio)."""
+        directive = self.directive
+        return {
+            "role": None if directive is None else directive.role.value,
+            "memory_cap_bytes": 0 if directive is None else directive.memory_cap_bytes,
+            "micro_batch": self.micro_batch,
+            "duty": round(self.pacer.duty, 4),
+            "partner_ratio": self.pacer.ratio,
+            "partner_ratio_mean": self.pacer.ratio_mean,
+            "decisions": self.pacer.decisions,
+            "partner_baseline_s": self.pacer.baseline_s,
+            "violations": self.pacer.violations,
+            "paused_s": round(self.paused_s, 3),
+            "leaving": self.leaving,
+        }
+
+    # ----------------------------------------------------------------------------------------------- directive
+
+    def _read_directive(self, driver: object) -> None:
+        read = getattr(driver, "coordinator_value", None)
+        now = self._clock()
+        if read is None or now < self._next_read:
+            return
+        self._next_read = now + self.read_every_s
+        try:
+            text = read(SHARE_KEY)
+            if text is not None:
+                directive = ShareDirective.from_json(text)
+                if self.directive is None or directive.seq != self.directive.seq:
+                    log.info("share directive %d: %s", directive.seq, directive)
+                    self.directive = directive
+        except (ParseError, RuntimeError, OSError) as exc:  # a malformed value, a store error: keep the last one
+            self._warn_once("directive", "the share directive could not be read (%s); the last one stays", exc)
+
+    # ----------------------------------------------------------------------------------------------- memory
+
+    def _apply_cap(self, state: SharingState, directive: ShareDirective) -> None:
+        """Apply a new directive's cap: the micro-batch that fits (the same at every world size: only the share a
+        worker cuts into micro-batches changes with it), the device limit, or a leave."""
+        if self._applied == directive.seq:
+            return
+        if directive.memory_cap_bytes == 0:
+            self._applied = directive.seq
+            self.micro_batch = state.sampler.cap_local_batch(0)
+            self._limit_device(state, 0)
+            return
+        if self.profile is None:
+            self._measure(state)
+            if self.profile is None:
+                return  # measuring this step; applied at the next boundary
+        cap = directive.memory_cap_bytes
+        global_batch = state.sampler.global_batch
+        need = need_bytes(self.profile, global_batch, 1)
+        if directive.role is ShareRole.GUARANTEED and cap < need:
+            log.warning("a cap of %d bytes is below this guaranteed worker's need of %d: it keeps %d", cap, need, need)
+            cap = need
+        micro = largest_micro_batch(self.profile, global_batch, 1, cap)
+        self._applied = directive.seq
+        if micro and not self._plannable(state, micro):
+            micro = 0  # fits the bytes, but needs more accumulation than the sampler's max_accumulation allows
+        if micro == 0:
+            log.warning("a cap of %d bytes does not fit a micro-batch of 1 (%d bytes): this worker leaves", cap, need)
+            self.leaving = True
+            leave = getattr(state.driver, "request_leave", None)
+            if leave is not None:
+                leave()
+            return
+        self.micro_batch = state.sampler.cap_local_batch(micro)
+        self._limit_device(state, cap)
+        log.info("memory cap %d bytes: micro-batch %d (global batch %d stays)", cap, micro, global_batch)
+
+    @staticmethod
+    def _plannable(state: SharingState, micro: int) -> bool:
+        planner = state.sampler.planner
+        try:
+            dataclasses.replace(planner, max_local_batch=micro).check_world_size(max(1, state.driver.world_size))
+        except BatchPlanError:
+            return False
+        return True
+
+    def _measure(self, state: SharingState) -> None:
+        """Measure one step's peak (from this boundary to the next) and derive the profile from it."""
+        if self._meter is None:
+            from slurm_amoeba.runtime.plan_probe import PeakMeter  # torch's MemTracker: only for a job that measures
+
+            self._meter = PeakMeter(state.model, state.optimizer)
+            self._meter.start()
+            return
+        peak = self._meter.stop()
+        self._meter = None
+        params = sum(p.numel() * p.element_size() for p in state.model.parameters())
+        moments = sum(
+            v.numel() * v.element_size()
+            for per_param in state.optimizer.state.values()
+            for v in per_param.values()
+            if isinstance(v, torch.Tensor)
+        )
+        topology = state.driver
+        plan = state.sampler.planner.plan(state.sampler.global_batch, topology.world_size)
+        micro = max(plan.micro_batches[topology.rank], default=1)
+        self.profile = profile_from_peak(params, moments, peak, micro)
+        log.info("measured one step: peak %d bytes at micro-batch %d", peak, micro)
+
+    def _limit_device(self, state: SharingState, cap: int) -> None:
+        """Limit the CUDA caching allocator to ``cap`` bytes of the model's device (0: the whole device) and return
+        what it caches beyond; nothing on a CPU, where the cap bounds only the micro-batch the runtime plans."""
+        device = next(iter(state.model.parameters()), torch.empty(0)).device
+        if device.type != "cuda":
+            return
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(1.0 if cap == 0 else min(1.0, cap / total), index)
+        torch.cuda.empty_cache()
+
+    # ----------------------------------------------------------------------------------------------- status, pacing
+
+    def _write_status(self, path: Path, state: SharingState, worker: str, directive: ShareDirective) -> None:
+        job = str(getattr(state.driver, "job_id", ""))
+        try:
+            write_status(path, JobStatus(job, worker, directive.role, self._steps))
+        except OSError as exc:
+            self._warn_once("status", "the status file %s cannot be written (%s)", path, exc)
+
+    def _pace(self, state: SharingState, directive: ShareDirective, busy: float) -> None:
+        now = self._clock()
+        if now >= self._next_partner:
+            self._next_partner = now + self.read_every_s
+            try:
+                partner = read_status(Path(directive.partner_status_path), directive.partner_uid)
+            except (OSError, ParseError) as exc:
+                self._warn_once("partner", "the partner's status cannot be read (%s); the duty stays", exc)
+            else:
+                steps = partner.steps
+                self.pacer.learn_baseline(exclusive_step_times(steps, self._first_compute, self._quiet))
+                self.pacer.decide([s for s in steps if s.end > self._first_compute])  # only what it may have slowed
+        pause = self.pacer.pause_s(busy)
+        if pause <= 0:
+            return
+        start = self._clock()
+        seq = directive.seq
+        while (left := start + pause - self._clock()) > 0:
+            self._sleep(min(left, max(self.read_every_s, 0.01)))
+            self._read_directive(state.driver)
+            if self.directive is not None and self.directive.seq != seq:
+                if self.directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
+                    self._apply_cap(state, self.directive)  # still at the step boundary: a new cap or a leave now
+                break
+        end = self._clock()
+        self.paused_s += end - start
+        self._quiet = [*self._quiet, (start, end)][-_QUIET_KEPT:]
+
+    def _warn_once(self, what: str, message: str, *args: object) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning(message, *args)

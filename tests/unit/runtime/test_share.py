@@ -1,0 +1,292 @@
+"""Sharing a device (``runtime/share.py``, ``runtime/shared_device.py``): the directive, the status files and their
+owner check, the memory fit, and what a worker does at a step boundary when told a cap or a partner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_amoeba import runtime as amoeba
+from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth
+from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
+from slurm_amoeba.runtime.pacing import PacingConfig, StepRecord
+from slurm_amoeba.runtime.plans import Linear, ModelProfile
+from slurm_amoeba.runtime.protocol import SHARE_KEY
+from slurm_amoeba.runtime.share import (
+    MAX_STATUS_BYTES,
+    JobStatus,
+    ShareDirective,
+    ShareRole,
+    largest_micro_batch,
+    need_bytes,
+    read_status,
+    write_status,
+)
+from slurm_amoeba.runtime.shared_device import SharedDevice
+
+#: 100 bytes of parameters, 100 of optimizer state, 10 bytes per sample: a worker needs 300 + 10 * micro.
+PROFILE = ModelProfile(100, 100, 100, 1, Linear(0, 10), Linear(0, 10), Linear(0, 0), Linear(0, 0), 0.0)
+
+
+def test_a_directive_travels_as_versioned_json() -> None:
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, 4096, "/run/amoeba/g.json", 1000, "", ("w1",), 3)
+    text = directive.to_json()
+    assert json.loads(text)["version"] == 1
+    assert ShareDirective.from_json(text) == directive
+    assert directive.applies_to("w1") and not directive.applies_to("w0")
+    assert ShareDirective(ShareRole.GUARANTEED).applies_to("anyone")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"role": "guaranteed", "version": 2},
+        {"role": "guaranteed"},
+        {"role": "owner", "version": 1},
+        {"role": "guaranteed", "memory_cap_bytes": -1, "version": 1},
+        {"role": "guaranteed", "memory_cap_bytes": True, "version": 1},
+        {"role": "guaranteed", "partner_uid": -2, "version": 1},
+        {"role": "guaranteed", "partner_status_path": 5, "version": 1},
+        {"role": "guaranteed", "pickle": "x", "version": 1},
+    ],
+)
+def test_a_directive_of_another_version_or_with_a_bad_value_is_refused(data: dict[str, object]) -> None:
+    with pytest.raises(ParseError):
+        ShareDirective.from_json(json.dumps(data))
+
+
+def test_a_status_file_is_written_atomically_readable_by_others_and_read_back(tmp_path: Path) -> None:
+    status = JobStatus("g", "w0", ShareRole.GUARANTEED, (StepRecord(10.0, 0.5), StepRecord(10.6, 0.6)))
+    path = tmp_path / "g.json"
+    write_status(path, status)
+    write_status(path, status)
+    assert read_status(path, -1) == status
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["g.json"], "no temporary file is left behind"
+
+
+def test_a_status_file_of_another_owner_a_link_or_too_large_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    write_status(path, JobStatus("g", "w0", ShareRole.GUARANTEED, ()))
+    with pytest.raises(ParseError, match="owned by uid"):
+        read_status(path, os.getuid() + 1)
+    (tmp_path / "link.json").symlink_to(path)
+    with pytest.raises(OSError):
+        read_status(tmp_path / "link.json", -1)
+    (tmp_path / "big.json").write_text(" " * (MAX_STATUS_BYTES + 1))
+    with pytest.raises(ParseError, match="larger"):
+        read_status(tmp_path / "big.json", -1)
+
+
+@pytest.mark.parametrize(
+    ("cap", "micro"),
+    [
+        (0, 32),  # no cap: the whole share in one pass
+        (300 + 10 * 8, 8),
+        (300 + 10 * 8 - 1, 7),  # 7 does not divide 32: five passes of 7, 7, 6, 6, 6
+        (300 + 10 * 32, 32),
+        (300 + 10, 1),
+        (300 + 9, 0),  # not even one sample
+    ],
+)
+def test_the_largest_micro_batch_that_fits_a_cap(cap: int, micro: int) -> None:
+    assert largest_micro_batch(PROFILE, 32, 1, cap) == micro
+
+
+def test_the_need_is_the_peak_at_a_micro_batch_of_one() -> None:
+    assert need_bytes(PROFILE, 32, 4) == 310
+
+
+class Driver:
+    """What sharing asks of the worker runtime; the coordinator's values are a dictionary here."""
+
+    def __init__(self, directive: ShareDirective | None = None, worker_id: str = "w0") -> None:
+        self.values = {} if directive is None else {SHARE_KEY: directive.to_json()}
+        self.worker_id, self.job_id = worker_id, "job"
+        self.rank, self.world_size = 0, 1
+        self.leave_requests = 0
+
+    def tell(self, directive: ShareDirective) -> None:
+        self.values[SHARE_KEY] = directive.to_json()
+
+    def coordinator_value(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def request_leave(self) -> None:
+        self.leave_requests += 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _state(sharing: SharedDevice, driver: Driver, max_local_batch: int = 0) -> amoeba.TorchState:
+    model = torch.nn.Linear(4, 1)
+    sampler = amoeba.ElasticSampler(256, 32, seed=0, max_local_batch=max_local_batch)
+    state = amoeba.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, sharing=sharing)
+    state.bind(driver)  # type: ignore[arg-type]
+    return state
+
+
+def _micro(state: amoeba.TorchState) -> int:
+    return max(state.sampler.assignment(0, 1).plan.micro_batches[0])
+
+
+def test_a_cap_is_applied_before_the_first_step_and_changed_at_a_step_boundary_with_the_same_global_batch() -> None:
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8))
+    sharing = SharedDevice(PROFILE, read_every_s=0.0)
+    state = _state(sharing, driver)
+    assert _micro(state) == 8 and state.sampler.global_batch == 32, "the first step already fits the cap"
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 4, seq=1))
+    state.after_step()
+    assert _micro(state) == 4 and state.sampler.assignment(0, 1).plan.step_samples == 32
+    assert sharing.report["micro_batch"] == 4
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, seq=2))
+    state.after_step()
+    assert _micro(state) == 32, "no cap: back to the whole share"
+
+
+def test_lifting_a_cap_goes_back_to_the_users_own_micro_batch_never_above() -> None:
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 32))
+    state = _state(SharedDevice(PROFILE, read_every_s=0.0), driver, max_local_batch=16)
+    assert _micro(state) == 16
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, seq=1))
+    state.after_step()
+    assert _micro(state) == 16
+
+
+def test_an_opportunistic_worker_that_cannot_fit_one_sample_leaves_once() -> None:
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8))
+    sharing = SharedDevice(PROFILE, read_every_s=0.0)
+    state = _state(sharing, driver)
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=305, seq=1))
+    state.after_step()
+    state.after_step()
+    assert driver.leave_requests == 1 and sharing.leaving
+    assert _micro(state) == 8, "the worker leaves with the plan it had"
+
+
+def test_a_guaranteed_worker_is_never_capped_below_its_need() -> None:
+    driver = Driver(ShareDirective(ShareRole.GUARANTEED, memory_cap_bytes=10))
+    state = _state(SharedDevice(PROFILE, read_every_s=0.0), driver)
+    assert driver.leave_requests == 0 and _micro(state) == 1
+
+
+def test_a_directive_for_other_workers_changes_nothing() -> None:
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=305, workers=("w1",)))
+    state = _state(SharedDevice(PROFILE, read_every_s=0.0), driver)
+    state.after_step()
+    assert driver.leave_requests == 0 and _micro(state) == 32
+
+
+def test_without_a_profile_one_step_is_measured_before_the_cap_applies() -> None:
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=1 << 30))
+    sharing = SharedDevice(read_every_s=0.0)
+    state = _state(sharing, driver)
+    state.after_step()  # the first boundary with the cap known: measure the next step
+    assert sharing.profile is None and _micro(state) == 32
+    state.model(torch.ones(32, 4)).sum().backward()
+    state.after_step()
+    assert sharing.profile is not None and sharing.profile.memory.per_sample > 0
+    assert _micro(state) == 32, "a gibibyte holds the whole share of this model"
+
+
+def test_the_sharer_paces_itself_by_the_owners_status_and_never_writes_it(tmp_path: Path) -> None:
+    clock = Clock()
+    owner_path = tmp_path / "owner-w0.json"
+    guaranteed = ShareDirective(ShareRole.GUARANTEED, status_path=str(tmp_path / "owner-{worker}.json"))
+    owner_state = _state(SharedDevice(PROFILE, read_every_s=0.0, clock=clock), Driver(guaranteed))
+
+    next_end = [clock.now + 0.1]
+
+    def owner_steps(seconds: float) -> None:  # the owner trains on in 0.1 s steps while the sharer sleeps
+        end = clock.now + seconds
+        while next_end[0] <= end + 1e-9:
+            clock.now = next_end[0]
+            owner_state.after_step()
+            next_end[0] += 0.1
+        clock.now = end
+
+    owner_steps(0.3)
+    written = owner_path.read_text()
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=owner_steps, pacing=PacingConfig(window=2))
+    opportunistic = ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=str(owner_path))
+    sharer_state = _state(sharer, Driver(opportunistic, worker_id="s0"))
+    clock.now += 0.01  # the sharer's step; the owner's step in progress ends later
+    sharer_state.after_step()  # one 0.01 s step since it was bound
+    assert sharer.paused_s == pytest.approx(0.01 * (1 / 0.02 - 1)), "it starts at the least duty"
+    assert sharer.pacer.baseline_s == pytest.approx(0.1), "learned from the owner's steps before it computed"
+    clock.now += 0.01
+    sharer_state.after_step()
+    assert sharer.pacer.duty == pytest.approx(0.12), "the owner kept its speed: the sharer takes more"
+    assert owner_path.read_text() != written and read_status(owner_path, -1).role is ShareRole.GUARANTEED
+
+
+def test_the_owner_writes_its_status_at_most_every_read_interval_and_keeps_every_step(tmp_path: Path) -> None:
+    clock = Clock()
+    directive = ShareDirective(ShareRole.GUARANTEED, status_path=str(tmp_path / "g-{worker}.json"))
+    state = _state(SharedDevice(PROFILE, read_every_s=1.0, clock=clock), Driver(directive))
+    for _ in range(3):
+        clock.now += 0.1
+        state.after_step()
+    assert len(read_status(tmp_path / "g-w0.json", -1).steps) == 1, "written at the first step only"
+    clock.now += 1.0
+    state.after_step()
+    assert len(read_status(tmp_path / "g-w0.json", -1).steps) == 4, "the steps in between are not lost"
+
+
+def test_a_new_directive_ends_the_sharers_pause_and_applies_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "owner.json"
+    write_status(path, JobStatus("g", "w0", ShareRole.GUARANTEED, ()))
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8, partner_status_path=str(path))
+    driver = Driver(directive)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        driver.tell(dataclasses.replace(directive, memory_cap_bytes=300 + 10 * 2, seq=1))  # the owner grows back
+
+    sharer = SharedDevice(PROFILE, read_every_s=0.05, clock=clock, sleep=sleep)
+    state = _state(sharer, driver)
+    clock.now += 0.1
+    state.after_step()
+    assert clock.slept == [0.05] and sharer.paused_s == pytest.approx(0.05), "cut short, not 4.9 s"
+    assert _micro(state) == 2
+
+
+def test_a_partner_status_file_of_another_owner_is_not_believed(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "owner.json"
+    write_status(path, JobStatus("g", "w0", ShareRole.GUARANTEED, tuple(StepRecord(990.0 + i, 0.1) for i in range(5))))
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=str(path), partner_uid=os.getuid() + 1)
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=clock.sleep)
+    state = _state(sharer, Driver(directive))
+    clock.now += 0.01
+    state.after_step()
+    assert sharer.pacer.baseline_s is None and sharer.pacer.duty == 0.02, "no feedback: the least duty stays"
+    assert clock.slept, "it still yields"
+
+
+def test_the_coordinator_publishes_the_directive_sealed_with_a_growing_seq() -> None:
+    with Coordinator(CoordinatorConfig(job_id="share")) as coordinator:
+        first = coordinator.set_share(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=1 << 20))
+        second = coordinator.set_share(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=1 << 19))
+        assert (first.seq, second.seq) == (1, 2)
+        text = JobAuth(coordinator.job_key, "w0").read(coordinator.store, SHARE_KEY, sender=COORDINATOR)
+        assert text is not None and ShareDirective.from_json(text) == second

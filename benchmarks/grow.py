@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,7 @@ def main() -> int:
     parser.add_argument("--workers-per-satellite", type=int, default=1, choices=(1, 2, 4))
     parser.add_argument("--satellites", type=int, default=2)
     parser.add_argument("--cold", action="store_true", help="satellites start their workers cold (srun)")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the job's state folder (its logs) here")
     args = parser.parse_args()
     if args.cold:
         os.environ["AMOEBA_WARM_START"] = "0"  # the job inherits the environment, its satellites too
@@ -149,6 +151,8 @@ def main() -> int:
                     flush=True,
                 )
             modes = start_modes(job.state_dir)
+            if args.keep:
+                shutil.copytree(job.state_dir, args.keep, dirs_exist_ok=True)
             job.cancel()
             parent = int(job.job_id)
             wait("none of its jobs in squeue", lambda: not [j for j in client.jobs() if _ours(j, parent)], 60)

@@ -14,7 +14,8 @@ How, in order (:meth:`WarmWorkers.start`):
    options, a program that is not Python) cannot.
 2. :func:`split_devices` gives each worker its slice of the batch step's ``CUDA_VISIBLE_DEVICES``, ``GPUS`` each, in
    task order, as ``srun --gpus-per-task`` does; :func:`split_cpus` its slice of the CPUs the step may use.
-3. :func:`warm_up` imports the modules of ``AMOEBA_WARM_PRELOAD`` (default ``torch``) and, for a ``-m`` module of
+3. :func:`warm_up` imports the modules of ``AMOEBA_WARM_PRELOAD`` (default: torch and the runtime's worker side,
+   :data:`DEFAULT_PRELOAD`) and, for a ``-m`` module of
    this package, the module itself, calling its ``warm_up()`` when it has one (the executor's
    :mod:`~slurm_amoeba.launcher.fn_worker` loads the submitted function there, which imports the user's module).
    The warm process never initializes CUDA: :func:`fork_hazard` refuses to fork when CUDA was initialized or a
@@ -65,7 +66,12 @@ ENV_WARM_START = "AMOEBA_WARM_START"
 """``0`` in the job's environment: satellites start their workers cold (``srun``), as a plain step."""
 ENV_WARM_PRELOAD = "AMOEBA_WARM_PRELOAD"
 """Comma-separated modules the warm process imports before it forks (default: :data:`DEFAULT_PRELOAD`)."""
-DEFAULT_PRELOAD = ("torch",)
+DEFAULT_PRELOAD = (
+    "torch",
+    *(f"slurm_amoeba.runtime.{m}" for m in ("worker", "group", "transfer", "state", "sampler", "loader", "gradients")),
+)
+"""torch and the runtime's worker side (``slurm_amoeba.runtime`` imports it lazily, at ``init()``: torch.distributed
+and its ~700 modules, as long again as torch itself)."""
 OWN_PACKAGE = "slurm_amoeba."
 
 
@@ -165,7 +171,7 @@ def split_cpus(allowed: Sequence[int], tasks: int, per_task: int) -> list[frozen
 
 
 def preload_modules(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The modules the warm process imports before it forks (``AMOEBA_WARM_PRELOAD``, else torch)."""
+    """The modules the warm process imports before it forks (``AMOEBA_WARM_PRELOAD``, else :data:`DEFAULT_PRELOAD`)."""
     value = env.get(ENV_WARM_PRELOAD)
     if value is None:
         return DEFAULT_PRELOAD

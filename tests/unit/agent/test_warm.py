@@ -67,8 +67,8 @@ def test_each_worker_gets_its_slice_of_the_devices_in_task_order_as_srun_gives_t
     assert split_cpus([0, 1], 4, 1) is None
 
 
-def test_the_preloaded_modules_are_torch_unless_the_job_names_others() -> None:
-    assert preload_modules({}) == ("torch",)
+def test_the_preloaded_modules_are_torch_and_the_runtimes_worker_side_unless_the_job_names_others() -> None:
+    assert preload_modules({})[0] == "torch" and "slurm_amoeba.runtime.worker" in preload_modules({})
     assert preload_modules({"AMOEBA_WARM_PRELOAD": " json, ,csv"}) == ("json", "csv")
     assert preload_modules({"AMOEBA_WARM_PRELOAD": ""}) == ()
 

@@ -10,10 +10,11 @@ worker per satellite; --workers-per-satellite N gives each worker 4/N GPUs and e
          boundary; their allocations are released right after).
 Beside them, in the same run, the time of one `python -c "import torch"` on the machine (import_torch_s: the median
 of one before the rounds and one after each), the yardstick of the runtime's part, and how the satellites started
-their workers (warm: forked from one process per satellite, agent/warm.py; cold: an srun step; --cold asks for cold
-with AMOEBA_WARM_START=0).
+their workers (warm: forked from one process per satellite, agent/warm.py, which first imports torch, what torch
+imports at the first optimizer and the runtime: warm_preload_s; cold: an srun step; --cold asks for cold with
+AMOEBA_WARM_START=0).
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
-shrink_total_s, import_torch_s, start, plus the rounds). Needs the local cluster (it starts it if needed and stops
+shrink_total_s, import_torch_s, warm_preload_s, start, plus the rounds). Needs the local cluster (it starts it if needed and stops
 it if it did) and root. Leaves no job of its own behind in squeue.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -68,13 +70,19 @@ def import_torch_s() -> float:
     return time.monotonic() - start
 
 
-def start_modes(state: Path) -> dict[str, int]:
-    """How many satellites started their workers warm (forked) and how many cold (srun), from their logs."""
+PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s")
+
+
+def start_modes(state: Path) -> tuple[dict[str, int], list[float]]:
+    """How many satellites started their workers warm (forked) and how many cold (srun), from their logs; and each
+    warm one's preloading time (its imports before the fork)."""
     logs = [p.read_text(errors="replace") for p in state.glob("satellite-g*.log")]
-    return {
+    preloads = [float(m.group(1)) for text in logs for m in PRELOADING.finditer(text)]
+    modes = {
         "warm": sum("warm start:" in text for text in logs),
         "cold": sum("starting the workers cold" in text for text in logs),
     }
+    return modes, preloads
 
 
 def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
@@ -115,7 +123,7 @@ def main() -> int:
     parser.add_argument("--workers-per-satellite", type=int, default=1, choices=(1, 2, 4))
     parser.add_argument("--satellites", type=int, default=2)
     parser.add_argument("--cold", action="store_true", help="satellites start their workers cold (srun)")
-    parser.add_argument("--keep", type=Path, default=None, help="copy the job's state folder (its logs) here")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the job's folder (its logs) here")
     args = parser.parse_args()
     if args.cold:
         os.environ["AMOEBA_WARM_START"] = "0"  # the job inherits the environment, its satellites too
@@ -133,6 +141,7 @@ def main() -> int:
     low, high = 2, 2 + args.satellites * args.workers_per_satellite
     imports = [import_torch_s()]
     modes: dict[str, int] = {}
+    preloads: list[float] = []
     rounds: list[dict[str, float]] = []
     job: ElasticJob[Any] | None = None
     try:
@@ -150,9 +159,9 @@ def main() -> int:
                     f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s; import torch {imports[-1]:.2f} s",
                     flush=True,
                 )
-            modes = start_modes(job.state_dir)
+            modes, preloads = start_modes(job.state_dir)
             if args.keep:
-                shutil.copytree(job.state_dir, args.keep, dirs_exist_ok=True)
+                shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
             job.cancel()
             parent = int(job.job_id)
             wait("none of its jobs in squeue", lambda: not [j for j in client.jobs() if _ours(j, parent)], 60)
@@ -164,6 +173,7 @@ def main() -> int:
     keys = ["grow_total_s", "slurm_s", "runtime_s", "agent_s", "shrink_total_s", "pause_s"]
     median = {k: statistics.median(r[k] for r in rounds) for k in keys}
     median["import_torch_s"] = statistics.median(imports)
+    median["warm_preload_s"] = statistics.median(preloads) if preloads else 0.0
     print(f"\n{'measure':<16}{'median':>9}" + "".join(f"{'#' + str(i + 1):>9}" for i in range(len(rounds))))
     for k in keys:
         print(f"{k:<16}{median[k]:>9.3f}" + "".join(f"{r[k]:>9.3f}" for r in rounds))
@@ -172,7 +182,8 @@ def main() -> int:
         "\nscript running; runtime_s: satellite running -> workers joined (process start, imports, model, join);"
         "\npause_s: what the training workers lose at the switch. shrink: resize() -> generation without them."
         f"\nimport_torch_s (one `python -c 'import torch'`, median of {len(imports)}): {median['import_torch_s']:.3f}; "
-        f"satellites started warm {modes.get('warm', 0)}, cold {modes.get('cold', 0)}"
+        f"satellites started warm {modes.get('warm', 0)}, cold {modes.get('cold', 0)}; the warm ones' preloading "
+        f"(imports before the fork, median): {median['warm_preload_s']:.3f}"
     )
     if args.json:
         spread_of = {f"{k}_spread": spread([r[k] for r in rounds]) for k in keys}
@@ -180,6 +191,7 @@ def main() -> int:
             **median,
             **spread_of,
             "import_torch_s_all": imports,
+            "warm_preload_s_all": preloads,
             "start": modes,
             "workers_per_satellite": args.workers_per_satellite,
             "rounds": rounds,

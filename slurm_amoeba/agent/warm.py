@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -68,10 +69,12 @@ ENV_WARM_PRELOAD = "AMOEBA_WARM_PRELOAD"
 """Comma-separated modules the warm process imports before it forks (default: :data:`DEFAULT_PRELOAD`)."""
 DEFAULT_PRELOAD = (
     "torch",
+    "torch._dynamo",
     *(f"slurm_amoeba.runtime.{m}" for m in ("worker", "group", "transfer", "state", "sampler", "loader", "gradients")),
 )
-"""torch and the runtime's worker side (``slurm_amoeba.runtime`` imports it lazily, at ``init()``: torch.distributed
-and its ~700 modules, as long again as torch itself)."""
+"""torch; what torch imports lazily at a process's first optimizer (``torch.optim.Optimizer.__init__`` imports
+``torch._dynamo``, and with it sympy: about as long as torch itself, in every training process); and the runtime's
+worker side (``slurm_amoeba.runtime`` imports it at ``init()``: torch.distributed's ~700 modules)."""
 OWN_PACKAGE = "slurm_amoeba."
 
 
@@ -96,6 +99,8 @@ class ForkPlan:
     def run(self) -> None:
         """Run the command as Python would (in the calling process, with ``sys.argv`` set)."""
         sys.argv = list(self.argv)
+        # The warm process imported the package's module to warm it up; running it again as __main__ is meant.
+        warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package", module="runpy")
         if self.module is not None:
             runpy.run_module(self.module, run_name="__main__", alter_sys=True)
         else:

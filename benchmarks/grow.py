@@ -14,8 +14,8 @@ their workers (warm: forked from one process per satellite, agent/warm.py, which
 imports at the first optimizer and the runtime: warm_preload_s; cold: an srun step; --cold asks for cold with
 AMOEBA_WARM_START=0).
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
-shrink_total_s, import_torch_s, warm_preload_s, start, plus the rounds). Needs the local cluster (it starts it if needed and stops
-it if it did) and root. Leaves no job of its own behind in squeue.
+shrink_total_s, import_torch_s, warm_preload_s, start, plus the rounds). Needs the local cluster (it starts it if
+needed and stops it if it did) and root. Leaves no job of its own behind in squeue.
 """
 
 from __future__ import annotations

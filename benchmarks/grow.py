@@ -90,7 +90,7 @@ def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
     before = {p.name for p in state.glob("satellite-*.started")}
     t_request = time.time()
     job.resize(high, reason="bench-grow")
-    wait(f"{high} workers", lambda: generation_with(job, high, t_request) is not None, 120)
+    wait(f"{high} workers", lambda: generation_with(job, high, t_request) is not None, 300)
     formed = generation_with(job, high, t_request)
     assert formed is not None
     started = [float(p.read_text()) for p in state.glob("satellite-*.started") if p.name not in before]
@@ -149,19 +149,22 @@ def main() -> int:
             executor = ElasticExecutor(folder=Path(tmp) / "%j")
             executor.update_parameters(min_workers=low, max_workers=high, gpus_per_worker=gpus, job_name="bench-grow")
             job = executor.submit(train, epochs=1000, dataset_size=4096, global_batch=128, sample_delay=0.002)
-            wait("the first generation", lambda: job is not None and job.workers() == low, 120)
-            for i in range(args.rounds):
-                rounds.append(one_round(job, low, high))
-                r = rounds[-1]
-                imports.append(import_torch_s())
-                print(
-                    f"round {i + 1}: grow {r['grow_total_s']:.2f} s (Slurm {r['slurm_s']:.2f} s, runtime "
-                    f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s; import torch {imports[-1]:.2f} s",
-                    flush=True,
-                )
-            modes, preloads = start_modes(job.state_dir)
-            if args.keep:
-                shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
+            try:
+                wait("the first generation", lambda: job is not None and job.workers() == low, 120)
+                for i in range(args.rounds):
+                    rounds.append(one_round(job, low, high))
+                    r = rounds[-1]
+                    imports.append(import_torch_s())
+                    print(
+                        f"round {i + 1}: grow {r['grow_total_s']:.2f} s (Slurm {r['slurm_s']:.2f} s, runtime "
+                        f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s; import torch "
+                        f"{imports[-1]:.2f} s",
+                        flush=True,
+                    )
+                modes, preloads = start_modes(job.state_dir)
+            finally:
+                if args.keep:  # the logs of a failed run too
+                    shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
             job.cancel()
             parent = int(job.job_id)
             wait("none of its jobs in squeue", lambda: not [j for j in client.jobs() if _ours(j, parent)], 60)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -192,3 +193,27 @@ def test_the_satellite_forks_its_workers_warm_when_it_can(tmp_path: Path, monkey
     assert isinstance(workers, warm.WarmWorkers)
     assert workers.wait(timeout=30) == 1
     assert sorted(_records(tmp_path)) == ["g2-0", "g2-1"]
+
+
+def test_the_executors_warm_up_imports_the_submitted_functions_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from submitit.core import utils
+
+    from slurm_amoeba.launcher import fn_worker
+    from tests.unit.launcher import worker_fns
+
+    paths = utils.JobPaths(tmp_path, job_id="7", task_id=0)
+    paths.folder.mkdir(parents=True, exist_ok=True)
+    utils.DelayedSubmission(worker_fns.shout, "hi").dump(paths.submitted_pickle)
+    monkeypatch.setenv("AMOEBA_JOB_FOLDER", str(tmp_path))
+    monkeypatch.setenv("AMOEBA_PARENT_JOB", "7")
+    monkeypatch.delitem(sys.modules, worker_fns.__name__)
+    fn_worker.warm_up()
+    assert worker_fns.__name__ in sys.modules and not (tmp_path / "7_0_result.pkl").exists()
+
+
+def test_the_runtimes_worker_side_imports_no_dcp_so_a_worker_does_not_pay_for_it_at_its_start() -> None:
+    code = "import sys, slurm_amoeba.runtime.worker; print('torch.distributed.checkpoint' in sys.modules)"
+    found = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert found.stdout.strip() == "False"

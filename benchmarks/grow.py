@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
 """bench-grow: how long an elastic job takes to grow and shrink on the local Slurm cluster.
 
-For each round, on a running job of examples/elastic_mlp.py (each worker a whole node's 4 GPUs):
-  grow   resize(2 -> 4): request -> satellites submitted -> satellites running (Slurm's part) -> the generation with
-         the new workers formed (the runtime's part: start, warm-up, join at a step boundary);
-  shrink resize(4 -> 2): request -> the generation without the satellites' workers formed (they left at a step
+For each round, on a running job of examples/elastic_mlp.py (by default each worker a whole node's 4 GPUs, one
+worker per satellite; --workers-per-satellite N gives each worker 4/N GPUs and each satellite N workers):
+  grow   resize(2 -> 2 + S x N), S = --satellites: request -> satellites submitted -> satellites running (Slurm's
+         part) -> the generation with the new workers formed (the runtime's part: start, warm-up, join at a step
+         boundary);
+  shrink resize back to 2: request -> the generation without the satellites' workers formed (they left at a step
          boundary; their allocations are released right after).
+Beside them, in the same run, the time of one `python -c "import torch"` on the machine (import_torch_s: the median
+of one before the rounds and one after each), the yardstick of the runtime's part, and how the satellites started
+their workers (warm: forked from one process per satellite, agent/warm.py, which first imports torch, what torch
+imports at the first optimizer and the runtime: warm_preload_s; cold: an srun step; --cold asks for cold with
+AMOEBA_WARM_START=0).
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
-shrink_total_s, plus the rounds). Needs the local cluster (it starts it if needed and stops it if it did) and root.
-Leaves no job of its own behind in squeue.
+shrink_total_s, import_torch_s, warm_preload_s, start, plus the rounds). Needs the local cluster (it starts it if
+needed and stops it if it did) and root. Leaves no job of its own behind in squeue.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,12 +63,34 @@ def generation_with(job: ElasticJob[Any], size: int, after: float) -> dict[str, 
     return None
 
 
+def import_torch_s() -> float:
+    """Seconds one `python -c "import torch"` takes now, with this benchmark's Python."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.monotonic() - start
+
+
+PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s")
+
+
+def start_modes(state: Path) -> tuple[dict[str, int], list[float]]:
+    """How many satellites started their workers warm (forked) and how many cold (srun), from their logs; and each
+    warm one's preloading time (its imports before the fork)."""
+    logs = [p.read_text(errors="replace") for p in state.glob("satellite-g*.log")]
+    preloads = [float(m.group(1)) for text in logs for m in PRELOADING.finditer(text)]
+    modes = {
+        "warm": sum("warm start:" in text for text in logs),
+        "cold": sum("starting the workers cold" in text for text in logs),
+    }
+    return modes, preloads
+
+
 def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
     state = job.state_dir
     before = {p.name for p in state.glob("satellite-*.started")}
     t_request = time.time()
     job.resize(high, reason="bench-grow")
-    wait(f"{high} workers", lambda: generation_with(job, high, t_request) is not None, 120)
+    wait(f"{high} workers", lambda: generation_with(job, high, t_request) is not None, 300)
     formed = generation_with(job, high, t_request)
     assert formed is not None
     started = [float(p.read_text()) for p in state.glob("satellite-*.started") if p.name not in before]
@@ -89,7 +120,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--workers-per-satellite", type=int, default=1, choices=(1, 2, 4))
+    parser.add_argument("--satellites", type=int, default=2)
+    parser.add_argument("--cold", action="store_true", help="satellites start their workers cold (srun)")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the job's folder (its logs) here")
     args = parser.parse_args()
+    if args.cold:
+        os.environ["AMOEBA_WARM_START"] = "0"  # the job inherits the environment, its satellites too
     recording = Recording("grow", vars(args))
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     script = str(REPO / "scripts" / "slurm-cluster")
@@ -100,23 +137,34 @@ def main() -> int:
         return 1
     os.environ["SLURM_CONF"] = next(x.split("=", 1)[1] for x in up.stdout.splitlines() if x.startswith("SLURM_CONF="))
     client = CliSlurmClient.from_environment()
-    gpus = max(n.gpus_total for n in client.nodes())
+    gpus = max(n.gpus_total for n in client.nodes()) // args.workers_per_satellite
+    low, high = 2, 2 + args.satellites * args.workers_per_satellite
+    imports = [import_torch_s()]
+    modes: dict[str, int] = {}
+    preloads: list[float] = []
     rounds: list[dict[str, float]] = []
     job: ElasticJob[Any] | None = None
     try:
         with tempfile.TemporaryDirectory(prefix="bench-grow-") as tmp:
             executor = ElasticExecutor(folder=Path(tmp) / "%j")
-            executor.update_parameters(min_workers=2, max_workers=4, gpus_per_worker=gpus, job_name="bench-grow")
+            executor.update_parameters(min_workers=low, max_workers=high, gpus_per_worker=gpus, job_name="bench-grow")
             job = executor.submit(train, epochs=1000, dataset_size=4096, global_batch=128, sample_delay=0.002)
-            wait("the first generation", lambda: job is not None and job.workers() == 2, 120)
-            for i in range(args.rounds):
-                rounds.append(one_round(job, 2, 4))
-                r = rounds[-1]
-                print(
-                    f"round {i + 1}: grow {r['grow_total_s']:.2f} s (Slurm {r['slurm_s']:.2f} s, runtime "
-                    f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s",
-                    flush=True,
-                )
+            try:
+                wait("the first generation", lambda: job is not None and job.workers() == low, 120)
+                for i in range(args.rounds):
+                    rounds.append(one_round(job, low, high))
+                    r = rounds[-1]
+                    imports.append(import_torch_s())
+                    print(
+                        f"round {i + 1}: grow {r['grow_total_s']:.2f} s (Slurm {r['slurm_s']:.2f} s, runtime "
+                        f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s; import torch "
+                        f"{imports[-1]:.2f} s",
+                        flush=True,
+                    )
+                modes, preloads = start_modes(job.state_dir)
+            finally:
+                if args.keep:  # the logs of a failed run too
+                    shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
             job.cancel()
             parent = int(job.job_id)
             wait("none of its jobs in squeue", lambda: not [j for j in client.jobs() if _ours(j, parent)], 60)
@@ -127,6 +175,8 @@ def main() -> int:
             subprocess.run([script, "down"], capture_output=True, check=False)
     keys = ["grow_total_s", "slurm_s", "runtime_s", "agent_s", "shrink_total_s", "pause_s"]
     median = {k: statistics.median(r[k] for r in rounds) for k in keys}
+    median["import_torch_s"] = statistics.median(imports)
+    median["warm_preload_s"] = statistics.median(preloads) if preloads else 0.0
     print(f"\n{'measure':<16}{'median':>9}" + "".join(f"{'#' + str(i + 1):>9}" for i in range(len(rounds))))
     for k in keys:
         print(f"{k:<16}{median[k]:>9.3f}" + "".join(f"{r[k]:>9.3f}" for r in rounds))
@@ -134,10 +184,23 @@ def main() -> int:
         "\ngrow: resize() -> the generation with the new workers formed; slurm_s: satellite submitted -> its batch"
         "\nscript running; runtime_s: satellite running -> workers joined (process start, imports, model, join);"
         "\npause_s: what the training workers lose at the switch. shrink: resize() -> generation without them."
+        f"\nimport_torch_s (one `python -c 'import torch'`, median of {len(imports)}): {median['import_torch_s']:.3f}; "
+        f"satellites started warm {modes.get('warm', 0)}, cold {modes.get('cold', 0)}; the warm ones' preloading "
+        f"(imports before the fork, median): {median['warm_preload_s']:.3f}"
     )
     if args.json:
         spread_of = {f"{k}_spread": spread([r[k] for r in rounds]) for k in keys}
-        figures = {**median, **spread_of, "rounds": rounds, "workers": "2 <-> 4", "gpus_per_worker": gpus}
+        figures = {
+            **median,
+            **spread_of,
+            "import_torch_s_all": imports,
+            "warm_preload_s_all": preloads,
+            "start": modes,
+            "workers_per_satellite": args.workers_per_satellite,
+            "rounds": rounds,
+            "workers": f"{low} <-> {high}",
+            "gpus_per_worker": gpus,
+        }
         recording.write(args.json, figures)
     return 0
 

@@ -152,8 +152,12 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "grow",
         "Grow and shrink times of an elastic job",
-        "An elastic job of 2 <-> 4 workers on the local cluster: `resize()` to the generation with the new workers "
-        "(Slurm's part: satellite submitted to running; the runtime's part: running to joined), and the shrink.",
+        "An elastic job of 2 <-> 4 workers on the local cluster (`--workers-per-satellite 4 --satellites 1`: 2 <-> 6, "
+        "four workers in one satellite): `resize()` to the generation with the new workers (Slurm's part: satellite "
+        "submitted to running; the runtime's part: running to joined), and the shrink; beside them, measured in the "
+        'same run, one `python -c "import torch"` (`import_torch_s`, the yardstick of the runtime\'s part), how the '
+        "satellites started their workers (`start`: warm, forked by agent/warm.py; cold, an srun step, with `--cold`) "
+        "and the warm start's imports before its fork (`warm_preload_s`).",
         "scripts/bench-grow --json docs/results/grow.json",
         needs=CLUSTER,
         recorded="Grow 6.7 s (Slurm 0.68 s, runtime 5.8 s, mostly starting Python and importing torch), shrink "

@@ -5,7 +5,9 @@
     expects) and replaces itself with the user's command, which joins the job through the runtime.
 
 ``python -m slurm_amoeba.agent.entry satellite --parent JOB --group g1 --ntasks K ... -- CMD...``
-    is a satellite's batch script: it starts the group's step and watches the parent job. When the parent is gone
+    is a satellite's batch script: it starts the group's workers — forked from itself once it has imported torch and
+    the user's module (:mod:`slurm_amoeba.agent.warm`), else, the reason logged, cold as a step of ``srun`` tasks of
+    the ``worker`` mode — and watches the parent job. When the parent is gone
     (finished, cancelled, failed, or requeued: its next run has a new agent) it stops its workers and exits within a
     few seconds, so no satellite outlives its job. On SIGTERM (preemption, shrink) it passes the signal to its
     workers, who leave at a step boundary.
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from slurm_amoeba.agent.warm import ENV_WARM_START, WarmStartRefused, WarmWorkers, preload_modules
 from slurm_amoeba.core.errors import AmoebaError, SpecError
 from slurm_amoeba.core.runtime_env import ENV_WORKER_ID
 from slurm_amoeba.slurm import CliSlurmClient, JobState, SlurmClient, SlurmCommandError
@@ -88,18 +91,7 @@ def run_satellite(args: argparse.Namespace, client: SlurmClient) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    entry = worker_entry(args.group, args.command)
-    step = start_step(
-        StepOptions(
-            ntasks=args.ntasks,
-            cpus_per_task=args.cpus_per_task,
-            gpus_per_task=args.gpus_per_task,
-            name=f"amoeba-workers-{args.group}",
-            output=str(Path(args.log_dir) / f"worker-{args.group}-%t.log"),
-        ),
-        entry,
-        env=os.environ,
-    )
+    step = start_workers(args, prefix)
     started = parent_started(client, args.parent)
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
@@ -118,7 +110,41 @@ def run_satellite(args: argparse.Namespace, client: SlurmClient) -> int:
         time.sleep(0.2)
 
 
-def _stop_step(step: subprocess.Popen[bytes], grace_s: float) -> int:
+def start_workers(args: argparse.Namespace, prefix: str) -> WarmWorkers | subprocess.Popen[bytes]:
+    """Start the satellite's workers: forked warm (:mod:`slurm_amoeba.agent.warm`), else cold as an srun step, the
+    reason logged."""
+    if os.environ.get(ENV_WARM_START, "1") == "0":
+        reason = f"{ENV_WARM_START}=0"
+    else:
+        try:
+            workers = WarmWorkers(
+                args.group,
+                args.ntasks,
+                args.cpus_per_task,
+                args.gpus_per_task,
+                Path(args.log_dir),
+                args.command,
+                os.environ,
+            )
+            workers.start(preload_modules(os.environ))
+            return workers
+        except (WarmStartRefused, OSError) as exc:
+            reason = str(exc)
+    log.warning("%s starting the workers cold, as an srun step: %s", prefix, reason)
+    return start_step(
+        StepOptions(
+            ntasks=args.ntasks,
+            cpus_per_task=args.cpus_per_task,
+            gpus_per_task=args.gpus_per_task,
+            name=f"amoeba-workers-{args.group}",
+            output=str(Path(args.log_dir) / f"worker-{args.group}-%t.log"),
+        ),
+        worker_entry(args.group, args.command),
+        env=os.environ,
+    )
+
+
+def _stop_step(step: WarmWorkers | subprocess.Popen[bytes], grace_s: float) -> int:
     step.send_signal(signal.SIGTERM)  # srun forwards it to every task
     try:
         return step.wait(timeout=grace_s)

@@ -132,18 +132,32 @@ def checkpoint_submission(folder: Path, job_id: str) -> str:
     return ""
 
 
+def _submission_paths() -> utils.JobPaths | None:
+    folder = os.environ.get(ENV_JOB_FOLDER, "")
+    if not folder:
+        return None
+    job_id = os.environ.get(ENV_PARENT_JOB) or os.environ.get("SLURM_JOB_ID", "")
+    return utils.JobPaths(Path(folder), job_id=job_id, task_id=0)
+
+
+def warm_up() -> None:
+    """Load the submitted function once in a satellite's warm process (:mod:`slurm_amoeba.agent.warm`), so that the
+    workers it forks find its module, and what that module imports, already imported. Nothing is called."""
+    paths = _submission_paths()
+    if paths is not None and paths.submitted_pickle.exists():
+        utils.DelayedSubmission.load(paths.submitted_pickle)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the job's function (see the module docstring)."""
     args = sys.argv[1:] if argv is None else argv
-    folder = os.environ.get(ENV_JOB_FOLDER, "")
-    if args or not folder:
+    paths = _submission_paths()
+    if args or paths is None:
         print(
             "usage: AMOEBA_JOB_FOLDER=DIR python -m slurm_amoeba.launcher.fn_worker (the executor sets it)",
             file=sys.stderr,
         )
         return 2
-    job_id = os.environ.get(ENV_PARENT_JOB) or os.environ.get("SLURM_JOB_ID", "")
-    paths = utils.JobPaths(Path(folder), job_id=job_id, task_id=0)
     deadline = time.monotonic() + PICKLE_WAIT_S
     while not paths.submitted_pickle.exists():  # submitit moves it into place right after sbatch returns
         if time.monotonic() > deadline:

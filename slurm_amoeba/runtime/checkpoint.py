@@ -36,9 +36,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError, StateError
 from slurm_amoeba.runtime.state import decode_tree, encode_tree
@@ -268,6 +265,11 @@ def write_checkpoint(policy: CheckpointPolicy, run_id: str, job: CheckpointJob, 
     shards = shard_assignment([t.numel() * t.element_size() for t in tensors], job.world_size)
     own = {f"t{index}": tensors[index].detach().cpu() for index in shards[job.rank]}
     if own:
+        # DCP is imported where it is used: it pulls in DTensor and sympy, about as long to import as torch itself,
+        # which every worker would otherwise pay at its start (the writer thread pays it at the first checkpoint).
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
         dcp_save(own, storage_writer=FileSystemWriter(path / f"shard-{job.rank}"), no_dist=True)
     _write_atomically(path / f"shard-{job.rank}.done", str(len(own)))
     if job.rank != 0:
@@ -307,6 +309,11 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise StateError(f"{path} is not a complete checkpoint (no {COMPLETE} marker); pick another one")
     manifest = json.loads((path / MANIFEST).read_text())
     tensors = [torch.empty(shape, dtype=getattr(torch, dtype)) for dtype, shape in manifest["tensors"]]
+    from torch.distributed.checkpoint.filesystem import (
+        FileSystemReader,
+    )  # imported when used (write_checkpoint says why)
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     for rank, shard in enumerate(manifest["shards"]):
         if shard:
             part = {f"t{index}": tensors[index] for index in shard}

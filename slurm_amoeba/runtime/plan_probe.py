@@ -12,13 +12,13 @@ same things (DESIGN.md, layer ``runtime/``, worker side).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.checkpoint import checkpoint
 
 from slurm_amoeba.runtime.plans import Linear, ModelProfile
@@ -46,17 +46,26 @@ def checkpoint_blocks(blocks: Iterable[torch.nn.Module]) -> None:
         block.forward = forward
 
 
-class _StepTracker(MemTracker):  # type: ignore[no-untyped-call]
+@functools.cache
+def _step_tracker() -> type[Any]:
     """torch's ``MemTracker`` over several forwards of the root module (gradient accumulation): its per-module
     statistics (which this project does not read) start again at each root forward, which ``MemTracker`` would
-    refuse as "multiple iterative calls"; the device totals and the peak go on."""
+    refuse as "multiple iterative calls"; the device totals and the peak go on.
 
-    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        name = self._mod_tracker.get_known_fqn(module)  # type: ignore[no-untyped-call]
-        again = module in self.memory_tracking and not self._mod_tracker.is_bw
-        if again and set(self._mod_tracker.parents) - {name} == {"Global"}:
-            self.reset_mod_stats()
-        super()._pre_fw_hook(module, inputs)
+    Built at the first meter: importing ``MemTracker`` costs about a second, which a worker that never measures
+    (every worker imports this module through its shared device) does not pay.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
+        def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+            name = self._mod_tracker.get_known_fqn(module)  # type: ignore[no-untyped-call]
+            again = module in self.memory_tracking and not self._mod_tracker.is_bw
+            if again and set(self._mod_tracker.parents) - {name} == {"Global"}:
+                self.reset_mod_stats()
+            super()._pre_fw_hook(module, inputs)
+
+    return StepTracker
 
 
 class PeakMeter:
@@ -72,7 +81,7 @@ class PeakMeter:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self._tracker = _StepTracker()
+        self._tracker = _step_tracker()()
         self._tracker.track_external(model, optimizer, *(p.grad for p in model.parameters() if p.grad is not None))
         self._active = False
         self.peak_bytes = 0

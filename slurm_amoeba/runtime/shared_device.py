@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -37,6 +37,7 @@ from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.runtime.adaptive import AdaptedState
 from slurm_amoeba.runtime.errors import BatchPlanError
 from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
+from slurm_amoeba.runtime.plan_probe import PeakMeter
 from slurm_amoeba.runtime.plans import ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
 from slurm_amoeba.runtime.share import (
@@ -50,9 +51,6 @@ from slurm_amoeba.runtime.share import (
     recent_steps,
     write_status,
 )
-
-if TYPE_CHECKING:
-    from slurm_amoeba.runtime.plan_probe import PeakMeter
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +235,6 @@ class SharedDevice:
     def _measure(self, state: SharingState) -> None:
         """Measure one step's peak (from this boundary to the next) and derive the profile from it."""
         if self._meter is None:
-            from slurm_amoeba.runtime.plan_probe import PeakMeter  # torch's MemTracker: only for a job that measures
-
             self._meter = PeakMeter(state.model, state.optimizer)
             self._meter.start()
             return

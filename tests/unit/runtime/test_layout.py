@@ -15,10 +15,12 @@ WORKER_SIDE |= {"caught"}  # the class of an exception a worker caught (needs to
 WORKER_SIDE |= {"port", "port_model", "bridge", "sigterm"}  # a ported torchrun loop (docs/port.md)
 WORKER_SIDE |= {"restart_data"}  # restart-mode scripts' sampler and batch split
 WORKER_SIDE |= {"planned", "plan_probe"}  # the plan per size, chosen and measured in the workers (docs/plans.md)
+WORKER_SIDE |= {"shared_device"}  # a worker sharing a device: its memory cap and pacing (docs/runtime.md)
 COORDINATOR_SIDE = {"coordinator", "membership", "view"}
 SHARED = {"protocol", "errors", "planner"}
 SHARED |= {"failures"}  # failure classes: the worker classifies, the coordinator and agent decide
 SHARED |= {"plans"}  # plans, their prediction and the frontier: pure, read by the agent's reports too
+SHARED |= {"share", "pacing"}  # the share directive and status files, the pacer: torch-free, coordinator and workers
 SHARED |= {"auth"}  # the job's secret: the coordinator seals assignments, workers seal events, each opens the other's
 
 

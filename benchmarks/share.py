@@ -45,6 +45,7 @@ from benchmarks.plans import exactly_once
 from benchmarks.record import Recording, spread
 from slurm_amoeba.local import LocalJob
 from slurm_amoeba.runtime.share import ShareDirective, ShareRole, largest_micro_batch, need_bytes
+from slurm_amoeba.runtime.shared_device import CUDA_ALLOWANCE_BYTES
 from slurm_amoeba.runtime.view import CoordinatorView
 
 WORKER = Path(__file__).with_name("share_worker.py")
@@ -64,7 +65,7 @@ def start_job(out: Path, job_id: str, args: argparse.Namespace, steps: int, idle
         initial_workers=1,
         job_id=job_id,
         log_dir=out / "logs",
-        env={"PYTHONPATH": str(WORKER.parent.parent)},
+        env={"PYTHONPATH": str(WORKER.parent.parent), "AMOEBA_DEVICE": args.device},
         collective_timeout_s=120,
         report_timeout_s=60,
         heartbeat_timeout_s=60,
@@ -213,14 +214,16 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     profile = probe(args.width)
     share = args.global_batch
     # the sharer's cap: room for a quarter of its share in one pass, then an eighth once the owner grows back
-    low, lower = (int(need_bytes(profile, share, 1) + profile.memory.per_sample * (share // k - 1) + 1) for k in (4, 8))
+    allowance = CUDA_ALLOWANCE_BYTES if args.device == "cuda" else 0  # what a CUDA worker keeps out of its cap
+    base = need_bytes(profile, share, 1) + 1 + allowance
+    low, lower = (int(base + profile.memory.per_sample * (share // k - 1)) for k in (4, 8))
     rounds = [one_round(args, work / f"round{i}", (low, lower)) for i in range(args.rounds)]
     figures: dict[str, Any] = {
         "guaranteed_failures": sum(r["guaranteed_failures"] for r in rounds),
         "exactly_once": all(r["exactly_once"] for r in rounds),
         "sharer_finished": all(r["sharer_finished"] for r in rounds),
         "sharer_caps_bytes": [low, lower],
-        "sharer_micro_expected": [largest_micro_batch(profile, share, 1, cap) for cap in (low, lower)],
+        "sharer_micro_expected": [largest_micro_batch(profile, share, 1, cap - allowance) for cap in (low, lower)],
         "rounds": rounds,
     }
     for key in (
@@ -262,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="a short run (the unit test's)")
     parser.add_argument("--cores", default=str(min(os.sched_getaffinity(0))), help="cores every worker is pinned to")
     parser.add_argument("--width", type=int, default=1024, help="the MLP's width")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the jobs share pinned cores (the stand-in); cuda: they share GPU 0 (caps through torch's allocator)",
+    )
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=300, help="the guaranteed job's steps (one epoch)")
     parser.add_argument("--sharer-steps", type=int, default=150, help="the sharer's steps (one epoch)")

@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime = amoeba.init()
     profile = probe(args.width)
     model, data = build(args.width, args.dataset_size)
+    device = runtime.device  # AMOEBA_DEVICE=cuda (bench-share --device cuda): both jobs on the one GPU
+    model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sampler = amoeba.ElasticSampler(len(data), args.global_batch, seed=3)
     loader = amoeba.ElasticDataLoader(data, sampler)
@@ -114,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 for step in loader:
                     started = time.perf_counter()
                     for (x, y), weight in step:
-                        (loss_fn(model(x), y) * weight).backward()
+                        (loss_fn(model(x.to(device)), y.to(device)) * weight).backward()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()  # the step's compute is the device's, not the launch's
                     if args.idle_per_step:
                         time.sleep(args.idle_per_step * (time.perf_counter() - started))
                     state.step()

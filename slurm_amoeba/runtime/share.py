@@ -204,8 +204,9 @@ def read_status(path: Path, owner_uid: int) -> JobStatus:
 
 
 def largest_micro_batch(profile: ModelProfile, global_batch: int, world_size: int, cap_bytes: int) -> int:
-    """The largest micro-batch whose predicted peak per worker fits ``cap_bytes`` (replicated state, no
-    checkpointing: the runtime's own data parallelism), up to a worker's share of the global batch.
+    """The largest micro-batch whose predicted peak per worker, with the runtime's commit (:func:`commit_bytes`),
+    fits ``cap_bytes`` (replicated state, no checkpointing: the runtime's own data parallelism), up to a worker's
+    share of the global batch.
 
     Args:
         profile: the model's measured bytes (:func:`~slurm_amoeba.runtime.plan_probe.probe_model`, or
@@ -225,15 +226,24 @@ def largest_micro_batch(profile: ModelProfile, global_batch: int, world_size: in
     fits = [
         micro
         for micro in {-(-share // accumulation) for accumulation in range(1, share + 1)}
-        if space.estimate(Plan(Layout.REPLICATED, False, micro), world_size).peak_bytes <= cap_bytes
+        if space.estimate(Plan(Layout.REPLICATED, False, micro), world_size).peak_bytes + commit_bytes(profile)
+        <= cap_bytes
     ]
     return max(fits, default=0)
 
 
+def commit_bytes(profile: ModelProfile) -> int:
+    """The runtime's own copy of the state on the device: its in-memory commit (``TorchState.save``) clones the
+    parameters and the optimizer's state where they live, beside the training step's peak."""
+    return profile.param_bytes + profile.optimizer_bytes
+
+
 def need_bytes(profile: ModelProfile, global_batch: int, world_size: int) -> int:
-    """The predicted peak of a worker that trains with micro-batches of 1: the least it can train with."""
+    """The predicted peak of a worker that trains with micro-batches of 1, with the runtime's commit: the least it
+    can train with."""
     space = PlanSpace(profile, global_batch)
-    return int(space.estimate(Plan(Layout.REPLICATED, False, 1), world_size).peak_bytes + 0.999)
+    peak = space.estimate(Plan(Layout.REPLICATED, False, 1), world_size).peak_bytes
+    return int(peak + commit_bytes(profile) + 0.999)
 
 
 def profile_from_peak(param_bytes: int, optimizer_bytes: int, peak_bytes: int, micro_batch: int) -> ModelProfile:

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 #: A worker whose environment has ``AMOEBA_SHARE`` (the job's sharing mode, or ``1``; not empty, not ``0``) gets a
 #: default :class:`SharedDevice` in its ``TorchState``.
 ENV_SHARE = "AMOEBA_SHARE"
+#: Bytes a CUDA worker keeps out of its cap when it plans its micro-batch: torch's caching allocator rounds blocks
+#: up and holds cuBLAS's workspace beside the tensors the profile counts (the device limit stays the whole cap).
+CUDA_ALLOWANCE_BYTES = 64 << 20
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
 
@@ -208,7 +211,7 @@ class SharedDevice:
         if directive.role is ShareRole.GUARANTEED and cap < need:
             log.warning("a cap of %d bytes is below this guaranteed worker's need of %d: it keeps %d", cap, need, need)
             cap = need
-        micro = largest_micro_batch(self.profile, global_batch, 1, cap)
+        micro = largest_micro_batch(self.profile, global_batch, 1, max(1, cap - self._allowance(state)))
         self._applied = directive.seq
         if micro and not self._plannable(state, micro):
             micro = 0  # fits the bytes, but needs more accumulation than the sampler's max_accumulation allows
@@ -252,6 +255,12 @@ class SharedDevice:
         micro = max(plan.micro_batches[topology.rank], default=1)
         self.profile = profile_from_peak(params, moments, peak, micro)
         log.info("measured one step: peak %d bytes at micro-batch %d", peak, micro)
+
+    @staticmethod
+    def _allowance(state: SharingState) -> int:
+        """:data:`CUDA_ALLOWANCE_BYTES` for a model on a GPU; 0 on a CPU."""
+        device = next(iter(state.model.parameters()), torch.empty(0)).device
+        return CUDA_ALLOWANCE_BYTES if device.type == "cuda" else 0
 
     def _limit_device(self, state: SharingState, cap: int) -> None:
         """Limit the CUDA caching allocator to ``cap`` bytes of the model's device (0: the whole device) and return

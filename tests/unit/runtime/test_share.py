@@ -31,8 +31,11 @@ from slurm_amoeba.runtime.share import (
 )
 from slurm_amoeba.runtime.shared_device import SharedDevice
 
-#: 100 bytes of parameters, 100 of optimizer state, 10 bytes per sample: a worker needs 300 + 10 * micro.
+#: 100 bytes of parameters, 100 of optimizer state, 10 bytes per sample: a worker needs STATE + 10 * micro.
 PROFILE = ModelProfile(100, 100, 100, 1, Linear(0, 10), Linear(0, 10), Linear(0, 0), Linear(0, 0), 0.0)
+#: PROFILE's bytes before its micro-batch: parameters, gradients, optimizer state, and the runtime's commit of the
+#: parameters and optimizer state (runtime/share.py commit_bytes).
+STATE = 100 + 100 + 100 + (100 + 100)
 
 
 def test_a_directive_travels_as_versioned_json() -> None:
@@ -89,11 +92,11 @@ def test_a_status_file_of_another_owner_a_link_or_too_large_is_refused(tmp_path:
     ("cap", "micro"),
     [
         (0, 32),  # no cap: the whole share in one pass
-        (300 + 10 * 8, 8),
-        (300 + 10 * 8 - 1, 7),  # 7 does not divide 32: five passes of 7, 7, 6, 6, 6
-        (300 + 10 * 32, 32),
-        (300 + 10, 1),
-        (300 + 9, 0),  # not even one sample
+        (STATE + 10 * 8, 8),
+        (STATE + 10 * 8 - 1, 7),  # 7 does not divide 32: five passes of 7, 7, 6, 6, 6
+        (STATE + 10 * 32, 32),
+        (STATE + 10, 1),
+        (STATE + 9, 0),  # not even one sample
     ],
 )
 def test_the_largest_micro_batch_that_fits_a_cap(cap: int, micro: int) -> None:
@@ -101,7 +104,7 @@ def test_the_largest_micro_batch_that_fits_a_cap(cap: int, micro: int) -> None:
 
 
 def test_the_need_is_the_peak_at_a_micro_batch_of_one() -> None:
-    assert need_bytes(PROFILE, 32, 4) == 310
+    assert need_bytes(PROFILE, 32, 4) == STATE + 10
 
 
 class Driver:
@@ -149,11 +152,11 @@ def _micro(state: amoeba.TorchState) -> int:
 
 
 def test_a_cap_is_applied_before_the_first_step_and_changed_at_a_step_boundary_with_the_same_global_batch() -> None:
-    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8))
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 8))
     sharing = SharedDevice(PROFILE, read_every_s=0.0)
     state = _state(sharing, driver)
     assert _micro(state) == 8 and state.sampler.global_batch == 32, "the first step already fits the cap"
-    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 4, seq=1))
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 4, seq=1))
     state.after_step()
     assert _micro(state) == 4 and state.sampler.assignment(0, 1).plan.step_samples == 32
     assert sharing.report["micro_batch"] == 4
@@ -163,7 +166,7 @@ def test_a_cap_is_applied_before_the_first_step_and_changed_at_a_step_boundary_w
 
 
 def test_lifting_a_cap_goes_back_to_the_users_own_micro_batch_never_above() -> None:
-    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 32))
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 32))
     state = _state(SharedDevice(PROFILE, read_every_s=0.0), driver, max_local_batch=16)
     assert _micro(state) == 16
     driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, seq=1))
@@ -172,10 +175,10 @@ def test_lifting_a_cap_goes_back_to_the_users_own_micro_batch_never_above() -> N
 
 
 def test_an_opportunistic_worker_that_cannot_fit_one_sample_leaves_once() -> None:
-    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8))
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 8))
     sharing = SharedDevice(PROFILE, read_every_s=0.0)
     state = _state(sharing, driver)
-    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=305, seq=1))
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 5, seq=1))
     state.after_step()
     state.after_step()
     assert driver.leave_requests == 1 and sharing.leaving
@@ -189,7 +192,7 @@ def test_a_guaranteed_worker_is_never_capped_below_its_need() -> None:
 
 
 def test_a_directive_for_other_workers_changes_nothing() -> None:
-    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=305, workers=("w1",)))
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 5, workers=("w1",)))
     state = _state(SharedDevice(PROFILE, read_every_s=0.0), driver)
     state.after_step()
     assert driver.leave_requests == 0 and _micro(state) == 32
@@ -255,12 +258,12 @@ def test_a_new_directive_ends_the_sharers_pause_and_applies_at_once(tmp_path: Pa
     clock = Clock()
     path = tmp_path / "owner.json"
     write_status(path, JobStatus("g", "w0", ShareRole.GUARANTEED, ()))
-    directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=300 + 10 * 8, partner_status_path=str(path))
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 8, partner_status_path=str(path))
     driver = Driver(directive)
 
     def sleep(seconds: float) -> None:
         clock.sleep(seconds)
-        driver.tell(dataclasses.replace(directive, memory_cap_bytes=300 + 10 * 2, seq=1))  # the owner grows back
+        driver.tell(dataclasses.replace(directive, memory_cap_bytes=STATE + 10 * 2, seq=1))  # the owner grows back
 
     sharer = SharedDevice(PROFILE, read_every_s=0.05, clock=clock, sleep=sleep)
     state = _state(sharer, driver)

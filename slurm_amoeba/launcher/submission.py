@@ -183,6 +183,7 @@ class ElasticJobShape:
                 minimum workers (plus the agent) need.
         """
         partition = self.share_partition if self.share is not None else self.partition
+        partition = partition or slurm.default_partition()  # a job that names none goes to the default one
         nodes = slurm.nodes(partition=partition) if partition else slurm.nodes()
         if not nodes:
             raise SpecError(f"partition {partition!r} has no nodes (or does not exist); `sinfo` lists them")
@@ -192,7 +193,7 @@ class ElasticJobShape:
         if need_gpus > gpus:
             raise SpecError(
                 f"--elastic {spec.min_workers}:{spec.max_workers} with {spec.gpus_per_worker} GPU(s) per worker needs "
-                f"{need_gpus} GPUs at least, but partition {self.partition or '(default)'} has {gpus} in all; "
+                f"{need_gpus} GPUs at least, but partition {partition or '(default)'} has {gpus} in all; "
                 f"lower MIN to {gpus // max(1, spec.gpus_per_worker)} or fewer"
             )
         cpus = sum(n.cpus for n in nodes)
@@ -200,5 +201,5 @@ class ElasticJobShape:
         if need_cpus > cpus:
             raise SpecError(
                 f"--elastic {spec.min_workers}:{spec.max_workers} needs {need_cpus} CPUs at least (workers and the "
-                f"agent), but partition {self.partition or '(default)'} has {cpus} in all"
+                f"agent), but partition {partition or '(default)'} has {cpus} in all"
             )

@@ -26,6 +26,7 @@ from slurm_amoeba.slurm.parsers import (
     STEP_FORMAT,
     SlurmReportedError,
     SqueueReader,
+    parse_default_partition,
     parse_past_service,
     parse_sbatch_reply,
     parse_show_config,
@@ -119,6 +120,11 @@ class SlurmClient(abc.ABC):
     @abc.abstractmethod
     def nodes(self, *, partition: str | None = None) -> list[NodeRecord]:
         """Nodes, optionally only those of one partition."""
+
+    def default_partition(self) -> str | None:
+        """The partition a job that names none goes to (``Default=YES``); None when the cluster has none or the
+        client cannot tell."""
+        return None
 
     @abc.abstractmethod
     def accounting_state(self, job_id: int) -> JobState:
@@ -336,6 +342,10 @@ class CliSlurmClient(SlurmClient):
         """See :meth:`SlurmClient.nodes`."""
         records = self._parse_json(["sinfo", "--json"], parse_sinfo_json)
         return [n for n in records if partition is None or partition in n.partitions]
+
+    def default_partition(self) -> str | None:
+        """See :meth:`SlurmClient.default_partition` (``scontrol show partition --oneliner``)."""
+        return parse_default_partition(self._run(["scontrol", "show", "partition", "--oneliner"]))
 
     def accounting_state(self, job_id: int) -> JobState:
         """See :meth:`SlurmClient.accounting_state`; UNKNOWN while accounting has no record of the job yet."""

@@ -643,3 +643,13 @@ def parse_show_config(text: str) -> dict[str, str]:
         if sep and key.strip() and " " not in key.strip():
             values[key.strip()] = value.strip()
     return values
+
+
+def parse_default_partition(text: str) -> str | None:
+    """The partition marked ``Default=YES`` in ``scontrol show partition --oneliner`` output (one partition a line,
+    every release since 22.05); None when none is."""
+    for line in text.splitlines():
+        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        if fields.get("Default") == "YES" and fields.get("PartitionName"):
+            return fields["PartitionName"]
+    return None

@@ -85,8 +85,12 @@ def test_guards_hold_their_own_jobs_at_the_daemons_word_and_let_go_when_it_stops
     logs = {name: workdir / f"guard-{name}.log" for name in "EW"}
     try:
         daemon.start()
-        wait_until("8 GPUs or more to be free", lambda: sum(n.gpus_free for n in client.nodes()) >= 8, timeout=240)
-        free = sum(n.gpus_free for n in client.nodes())
+        wait_until(
+            "8 GPUs or more to be free",
+            lambda: sum(n.gpus_free for n in client.nodes(partition=slurm_cluster.regular_partition)) >= 8,
+            timeout=240,
+        )
+        free = sum(n.gpus_free for n in client.nodes(partition=slurm_cluster.regular_partition))
         blocker = ["sbatch", "--parsable", "-J", "owner-X", "-p", slurm_cluster.regular_partition, f"--gpus={free - 4}"]
         blocker += ["--time=1", "--chdir=/tmp", "-o", "/dev/null", "--wrap", "sleep 8"]
         out = subprocess.run(blocker, env=slurm_cluster.env, capture_output=True, text=True, timeout=30, check=True)

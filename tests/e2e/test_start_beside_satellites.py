@@ -72,7 +72,11 @@ def test_an_elastic_job_that_preempts_satellites_to_start_is_never_dropped_at_it
     script.chmod(0o755)
     mine: list[int] = []
     try:
-        wait_until("2 GPUs or more to be free", lambda: sum(n.gpus_free for n in client.nodes()) >= 2, timeout=240)
+        wait_until(
+            "2 GPUs or more to be free",
+            lambda: sum(n.gpus_free for n in client.nodes(partition=slurm_cluster.regular_partition)) >= 2,
+            timeout=240,
+        )
         # The heterogeneous shape amoeba-sbatch used to submit: the agent's component starts, the workers' cannot.
         mine += fill_with_satellites(slurm_cluster, client)
         old = ["-p", slurm_cluster.regular_partition, "-t", "2", "-o", "/dev/null", "--chdir=/tmp", "-n1", "-c1"]

@@ -202,7 +202,7 @@ def test_a_regular_job_that_needs_the_elastic_jobs_gpus_runs_within_grace_time_a
             lambda: (
                 agent.size > 1
                 and agent.size == agent.target
-                and sum(c.free for c in client.gpus_per_node()) == 0
+                and sum(c.free for c in client.gpus_per_node(partition=slurm_cluster.elastic_partition)) == 0
                 and daemon.status()["in_flight"] == {}
             ),
             timeout=60,
@@ -224,7 +224,10 @@ def test_a_regular_job_that_needs_the_elastic_jobs_gpus_runs_within_grace_time_a
         # everything the regular job left, and nothing more.
         wait_until(
             "the elastic job to settle at the GPUs left",
-            lambda: agent.size == agent.target == grown - 2 and sum(c.free for c in client.gpus_per_node()) == 0,
+            lambda: (
+                agent.size == agent.target == grown - 2
+                and sum(c.free for c in client.gpus_per_node(partition=slurm_cluster.elastic_partition)) == 0
+            ),
             timeout=40,
         )
         wait_until("the daemon to see the regular job run", lambda: daemon.status()["jobs"]["regular_running"] == 1)

@@ -116,7 +116,8 @@ def test_a_heterogeneous_job_has_two_components(tmp_path: Path, client: CliSlurm
 def test_cancelling_one_step_with_sigterm_leaves_the_other_running(tmp_path: Path, client: CliSlurmClient) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    step = f"trap 'echo term > {marks}/\\$SLURM_STEP_ID; exit 0' TERM; while true; do sleep 0.1; done"
+    ready = f"touch {marks}/ready.\\$SLURM_STEP_ID"  # the step's process runs: slurmstepd takes signals for it
+    step = f"trap 'echo term > {marks}/\\$SLURM_STEP_ID; exit 0' TERM; {ready}; while true; do sleep 0.1; done"
     job_script = script(
         tmp_path,
         "steps.sh",
@@ -124,6 +125,7 @@ def test_cancelling_one_step_with_sigterm_leaves_the_other_running(tmp_path: Pat
     )
     job_id = client.submit(job_script, SubmitOptions(ntasks=2, nodes=1, output=str(tmp_path / "steps.out")))
     wait_until("two steps to run", lambda: _running_steps(client, job_id) == {0, 1})
+    wait_until("both steps' TERM handlers to be set", lambda: len(list(marks.glob("ready.*"))) == 2)
     client.cancel(job_id, step=0, signal="TERM")
     wait_until("step 0's TERM handler", lambda: (marks / "0").exists())
     wait_until("step 0 to end", lambda: _running_steps(client, job_id) == {1})
@@ -153,7 +155,10 @@ def test_a_regular_job_preempts_an_elastic_job_within_its_grace_time(
             output=str(tmp_path / "elastic.out"),
         ),
     )
-    wait_until("the elastic job to hold every GPU", lambda: sum(c.free for c in client.gpus_per_node()) == 0)
+    wait_until(
+        "the elastic job to hold every GPU",
+        lambda: sum(c.free for c in client.gpus_per_node(partition=slurm_cluster.elastic_partition)) == 0,
+    )
     started = time.time()
     regular_id = client.submit(
         script(tmp_path, "regular.sh", "date +%s.%N\n"),

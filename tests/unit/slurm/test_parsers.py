@@ -28,7 +28,7 @@ from slurm_amoeba.slurm import (
     parse_squeue_json,
     parse_step_lines,
 )
-from slurm_amoeba.slurm.parsers import parse_past_service, tres_gpus
+from slurm_amoeba.slurm.parsers import parse_default_partition, parse_past_service, tres_gpus
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "slurm"
 
@@ -270,3 +270,13 @@ def test_tres_gpus_takes_the_untyped_count_else_sums_the_typed_ones() -> None:
     assert tres_gpus("cpu=2,mem=1G") == 0
     # sacct lines whose GPUs are typed count too; a line with an unreadable count is skipped
     assert parse_past_service("7|10|cpu=1,gres/gpu:a100=2\n8|10|gres/gpu=x\n") == {7: 20.0}
+
+
+def test_the_default_partition_is_the_one_scontrol_marks_default_yes() -> None:
+    text = (
+        "PartitionName=batch AllowGroups=ALL Default=YES GraceTime=0 Nodes=n[1-4]\n"
+        "PartitionName=elastic AllowGroups=ALL Default=NO GraceTime=10 Nodes=n[1-4]\n"
+    )
+    assert parse_default_partition(text) == "batch"
+    assert parse_default_partition(text.replace("Default=YES", "Default=NO")) is None
+    assert parse_default_partition("") is None

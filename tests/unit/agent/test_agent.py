@@ -29,6 +29,7 @@ from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.runtime.share import ShareDirective
 from slurm_amoeba.slurm import JobState
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
+from tests.unit.test_messages import PLACE
 
 Parts = tuple[Agent, FakeSlurm, FakeCoordinator, FakeSteps, FakeClock]
 
@@ -311,23 +312,14 @@ def test_a_move_directive_vacates_the_node_once_and_keeps_the_size(parts: Parts)
 
 
 #: A share as the daemon's directive carries it (core/messages.check_place_beside): one worker beside job 77 on s1.
-PLACE = {
-    "host": "77",
-    "partition": "share",
-    "nodes": {"s1": 1},
-    "role": "opportunistic",
-    "host_uid": 4321,
-    "status_path": "/dev/shm/amoeba-share-77.json",
-    "pace_bound": 0.1,
-    "sub_batch": 8,
-}
+ONE_BESIDE = {**PLACE, "nodes": {"s1": 1}}
 
 
 def test_the_workers_placed_beside_a_host_get_an_opportunistic_directive_cleared_when_the_place_is_taken_back(
     parts: Parts,
 ) -> None:
     agent, slurm, coordinator, _, clock = parts
-    order = {"job_id": str(PARENT), "target": 3, "reason": "pays", "place_beside": PLACE}
+    order = {"job_id": str(PARENT), "target": 3, "reason": "pays", "place_beside": ONE_BESIDE}
     wire = decode(encode(Message("resize", order))).body
     agent.resize(int(wire["target"]), str(wire["reason"]))
     agent.order_beside(PlaceBeside.from_body(wire["place_beside"]), str(wire["reason"]))
@@ -336,10 +328,10 @@ def test_the_workers_placed_beside_a_host_get_an_opportunistic_directive_cleared
     expected = ShareDirective(
         ShareRole.OPPORTUNISTIC,
         partner_status_path="/dev/shm/amoeba-share-77.json",
-        partner_uid=4321,
+        partner_uid=1001,
         workers=("g1-0",),
         seq=1,
-        pace_bound=0.1,
+        pace_bound=0.05,
         sub_batch=8,
     )
     assert coordinator.shares == [expected], "published with the satellite: in force when its worker joins"

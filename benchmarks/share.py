@@ -43,8 +43,9 @@ from typing import Any
 
 from benchmarks.plans import exactly_once
 from benchmarks.record import Recording, spread
+from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.local import LocalJob
-from slurm_amoeba.runtime.share import ShareDirective, ShareRole, largest_micro_batch, need_bytes
+from slurm_amoeba.runtime.share import ShareDirective, largest_micro_batch, need_bytes
 from slurm_amoeba.runtime.shared_device import CUDA_ALLOWANCE_BYTES
 from slurm_amoeba.runtime.view import CoordinatorView
 

@@ -23,6 +23,7 @@ that is the user's or the daemon's call. One thread runs the loop and handles di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -80,12 +81,14 @@ from slurm_amoeba.core.errors import AmoebaError, ParseError, SpecError
 from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.layout import AGENT_STATUS_FILE
 from slurm_amoeba.core.messages import quote
+from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.runtime.auth import JOB_SECRET_FILE
 from slurm_amoeba.runtime.checkpoint import ENV_CHECKPOINT_DIR
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.membership import Phase
 from slurm_amoeba.runtime.protocol import PolicyBatch
+from slurm_amoeba.runtime.share import ShareDirective
 from slurm_amoeba.runtime.view import CoordinatorView
 from slurm_amoeba.slurm import JobRecord, SlurmClient, SlurmCommandError
 from slurm_amoeba.slurm.steps import StepOptions, start_step
@@ -124,6 +127,8 @@ class JobCoordinator(Protocol):
     def view(self) -> CoordinatorView: ...
 
     def set_policy_batch(self, batch: int, world_size: int) -> PolicyBatch: ...
+
+    def set_share(self, directive: ShareDirective) -> ShareDirective: ...
 
 
 class RunningStep(Protocol):
@@ -185,6 +190,8 @@ class Agent:
         self._requeue_reason = ""
         self._vacate = ""  # a node the daemon asked the job's satellites to move off (:meth:`order_move`)
         self._beside: PlaceBeside | None = None  # where the daemon asked the next growth to go (:meth:`order_beside`)
+        self._sharing: PlaceBeside | None = None  # the order the job's workers beside a host follow (:meth:`_submit`)
+        self._shared: ShareDirective | None = None  # the share directive last published (:meth:`publish_share`)
         self.life = JobLife(config, self.journal, self.prefix, before_requeue)
         self.new_coordinator = new_coordinator or (lambda: default_coordinator(config))
         self._main_step: RunningStep | None = None
@@ -332,7 +339,10 @@ class Agent:
         seen = self.observe()
         spec = self.config.spec
         limits = Limits(spec.min_workers, workers_per_satellite(spec, self._node_gpus))
-        return self.apply(plan(seen, limits))
+        status = self.apply(plan(seen, limits))
+        if status is None:
+            self.publish_share()
+        return status
 
     def shutdown(self) -> None:
         """Release every satellite, stop the workers, write the final status. Safe to call more than once."""
@@ -447,6 +457,7 @@ class Agent:
         self.groups[:] = [g for g in self.groups if g.satellite]  # ended satellites stay: new groups get new names
         self.coordinator = self.new_coordinator()
         self.coordinator.start()
+        self._shared = None  # the fresh coordinator has no directive: the next round publishes it again
         self.target = self.config.spec.min_workers
         self._over_since = None
         self.start_main_group()
@@ -571,6 +582,8 @@ class Agent:
             self.target = action.target_if_refused
             return False
         self.groups.append(new_satellite_group(action, job))
+        if action.beside is not None:
+            self._sharing = action.beside
         log.info("%s satellite %d (%s) submitted for %d workers", self.prefix, job, action.group, action.workers)
         self.journal.event("satellite_submitted", group=action.group, slurm_job=job, workers=action.workers)
         return True
@@ -625,6 +638,51 @@ class Agent:
         log.info("%s placing workers beside job %s on %s (%s)", self.prefix, order.host, dict(order.nodes), reason)
         self.journal.event("share_requested", host=order.host, nodes=dict(order.nodes), role=order.role, reason=reason)
         self._beside = order
+
+    def publish_share(self) -> None:
+        """Hand the job's workers beside a host their share directive through the coordinator, when it changes.
+
+        The workers of groups beside another job (not asked to leave) get an ``opportunistic`` directive whose
+        partner is the host: its status file and uid, the policy's pace bound and sub-batch, as the daemon's
+        ``place_beside`` gave them. It is published as soon as their satellite is submitted, so it is in force
+        when they join the sharing generation (their first step is paced). When the place is taken back (the
+        workers asked to leave, their satellite released) the directive is cleared: the same workers, no partner,
+        no cap, so that they stop pacing at once and leave at their next step boundary.
+        """
+        order = self._sharing
+        beside = tuple(sorted(w for g in self.groups if g.beside for w in g.active_workers))
+        if beside and order is not None:
+            wanted = ShareDirective(
+                ShareRole.OPPORTUNISTIC,
+                partner_status_path=order.status_path,
+                partner_uid=order.host_uid,
+                workers=beside,
+                pace_bound=order.pace_bound,
+                sub_batch=order.sub_batch,
+            )
+        elif self._shared is not None and self._shared.partner_status_path:
+            wanted = ShareDirective(ShareRole.OPPORTUNISTIC, workers=self._shared.workers)
+        else:
+            return
+        if self._shared is not None and dataclasses.replace(self._shared, seq=0) == wanted:
+            return
+        try:
+            self._shared = self.coordinator.set_share(wanted)
+        except (RuntimeConfigError, RuntimeError, OSError) as exc:  # the store failed: the next round tries again
+            log.warning("%s share directive not published: %s", self.prefix, exc)
+            return
+        host = order.host if order is not None else ""
+        kind = "share_directive" if wanted.partner_status_path else "share_cleared"
+        log.info("%s %s %d for %s beside job %s", self.prefix, kind, self._shared.seq, ",".join(wanted.workers), host)
+        self.journal.event(
+            kind,
+            host=host,
+            workers=list(wanted.workers),
+            role=wanted.role.value,
+            partner_uid=wanted.partner_uid,
+            partner_status_path=wanted.partner_status_path,
+            seq=self._shared.seq,
+        )
 
     def _take_beside(self) -> PlaceBeside | None:
         """The share ordered since the last round, or None; the order is taken (one round's)."""
@@ -691,9 +749,7 @@ class Agent:
             self.order_move(str(msg.body["vacate"]), str(msg.body["reason"]))
         place = msg.body.get("place_beside")
         if place is not None:  # checked by the protocol (core/messages.check_place_beside)
-            nodes = {str(node): int(count) for node, count in place["nodes"].items()}
-            order = PlaceBeside(str(place["host"]), str(place["partition"]), nodes, str(place["role"]))
-            self.order_beside(order, str(msg.body["reason"]))
+            self.order_beside(PlaceBeside.from_body(place), str(msg.body["reason"]))
         channel.answer(req, msg.reply(data={"size": self.coordinator.view().world_size, "target": target}))
 
     def planned_size(self) -> int:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slurm_amoeba.agent.groups import (
     GroupState,
@@ -162,12 +163,35 @@ class PlaceBeside:
         partition: the sharing partition the host runs in.
         nodes: node name -> workers to place there.
         role: the new workers' part (:class:`~slurm_amoeba.core.sharing.ShareRole` value).
+        host_uid: the host owner's uid: the owner the new workers require of its status file (-1: none given).
+        status_path: the host's node-local status file they pace against ("": they do not pace).
+        pace_bound: the share of its exclusive speed the host may lose (0: the runtime's default bound).
+        sub_batch: the new workers' local micro-batch (0: the runtime fits its own).
     """
 
     host: str
     partition: str
     nodes: Mapping[str, int]
     role: str
+    host_uid: int = -1
+    status_path: str = ""
+    pace_bound: float = 0.0
+    sub_batch: int = 0
+
+    @classmethod
+    def from_body(cls, place: Mapping[str, Any]) -> PlaceBeside:
+        """The order a directive's ``place_beside`` object carries (checked by the protocol:
+        :func:`~slurm_amoeba.core.messages.check_place_beside`)."""
+        return cls(
+            str(place["host"]),
+            str(place["partition"]),
+            {str(node): int(count) for node, count in place["nodes"].items()},
+            str(place["role"]),
+            host_uid=int(place["host_uid"]),
+            status_path=str(place["status_path"]),
+            pace_bound=float(place["pace_bound"]),
+            sub_batch=int(place["sub_batch"]),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,11 @@ kind                sender           body
                                      name, :data:`NODE_NAME`: move the job's satellites off it, keeping the size)
                                      and ``fence`` (from a daemon of a standby pair: its lease generation; an agent
                                      refuses a directive whose fence is older than one it has seen) and
-                                     ``place_beside`` (GPU sharing: ``{"host", "partition", "nodes", "role"}``, the
-                                     new workers run beside job ``host``, ``nodes[node]`` of them on each node,
-                                     in satellites of one shard in ``partition``; :func:`check_place_beside`)
+                                     ``place_beside`` (GPU sharing: ``{"host", "partition", "nodes", "role",
+                                     "host_uid", "status_path", "pace_bound", "sub_batch"}``, the new workers run
+                                     beside job ``host``, ``nodes[node]`` of them on each node, in satellites of one
+                                     shard in ``partition``, pacing against the host's status file ``status_path``
+                                     owned by ``host_uid``; :func:`check_place_beside`)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
 ``share``           ctl -> daemon    ``job_id``, ``host``, ``nodes`` (an operator places ``nodes[node]`` new workers
                                      of job ``job_id`` beside job ``host``: a share applied at the next round)
@@ -131,6 +133,7 @@ MAX_BESIDE_PER_NODE = 64
 MAX_BESIDE_NODES = 64
 _JOB_ID = re.compile(r"[0-9]{1,12}")
 _PARTITION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_STATUS_PATH = re.compile(r"/[A-Za-z0-9_.\-/]{1,255}")
 _NONE = type(None)
 #: A report's ``adaptive`` object: field -> (accepted types, required). Values are checked for type, finiteness and
 #: count here, for range by the daemon (``daemon/agents.py``). ``step_time_s`` holds at most :data:`MAX_STEP_TIMES`
@@ -263,21 +266,32 @@ def check_adaptive(adaptive: Mapping[str, Any]) -> None:
 def check_place_beside(place: Mapping[str, Any]) -> None:
     """Check a directive's ``place_beside`` object: ``host`` a job id, ``partition`` a partition name, ``nodes`` node
     name -> 1 to :data:`MAX_BESIDE_PER_NODE` workers (1 to :data:`MAX_BESIDE_NODES` nodes), ``role`` a
-    :class:`~slurm_amoeba.core.sharing.ShareRole` value.
+    :class:`~slurm_amoeba.core.sharing.ShareRole` value, ``host_uid`` the host owner's uid, ``status_path`` the
+    host's status file (:func:`~slurm_amoeba.core.sharing.host_status_path`), ``pace_bound`` the share of its
+    exclusive speed the host may lose (0 to under 1; 0: the runtime's default bound) and ``sub_batch`` the sharer's
+    local micro-batch (0: the runtime fits its own).
 
     Raises:
         ProtocolError: the first field that is wrong, named with its value.
     """
-    fields = ("host", "partition", "nodes", "role")
+    fields = ("host", "partition", "nodes", "role", "host_uid", "status_path", "pace_bound", "sub_batch")
     if set(place) != set(fields):
         raise ProtocolError(f"resize: place_beside has fields {quote(sorted(place), 80)}, not {', '.join(fields)}")
-    host, partition, nodes, role = (place[name] for name in fields)
+    host, partition, nodes, role, host_uid, status_path, pace_bound, sub_batch = (place[name] for name in fields)
     if not isinstance(host, str) or _JOB_ID.fullmatch(host) is None:
         raise ProtocolError(f"resize: place_beside host {quote(host)} is not a job id")
     if not isinstance(partition, str) or _PARTITION.fullmatch(partition) is None:
         raise ProtocolError(f"resize: place_beside partition {quote(partition)} is not a partition name")
     if role not in [r.value for r in ShareRole]:
         raise ProtocolError(f"resize: place_beside role {quote(role)} is not one of {', '.join(SHARE_MODES)}")
+    if not _typed(host_uid, (int,)) or not 0 <= host_uid < 1 << 32:
+        raise ProtocolError(f"resize: place_beside host_uid {quote(host_uid)} is not a uid")
+    if not isinstance(status_path, str) or _STATUS_PATH.fullmatch(status_path) is None:
+        raise ProtocolError(f"resize: place_beside status_path {quote(status_path)} is not an absolute file path")
+    if not _typed(pace_bound, (int, float)) or not 0 <= pace_bound < 1:
+        raise ProtocolError(f"resize: place_beside pace_bound {quote(pace_bound)} is not a fraction from 0 to under 1")
+    if not _typed(sub_batch, (int,)) or not 0 <= sub_batch < 1 << 31:
+        raise ProtocolError(f"resize: place_beside sub_batch {quote(sub_batch)} is not a micro-batch of 0 or more")
     _check_beside_nodes("resize: place_beside", nodes)
 
 

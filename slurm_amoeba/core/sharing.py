@@ -8,11 +8,17 @@ it, so Slurm never pairs two such jobs by itself. The daemon's ``Share`` action 
 sharer's agent start a worker in a satellite of :data:`SHARER_SHARDS` shard on the host's node: the one shard left
 of a host's GPU. Slurm fences nothing between them (no memory limit, no compute priority); the runtime's memory cap
 and pacing do.
+
+The host's workers write their recent step times to a node-local status file whose place both sides derive from the
+host's job id alone (:func:`host_status_path`); the daemon sends it, with the host's uid, in the sharer's directive,
+and the sharer's workers read it only when that uid owns it (:mod:`slurm_amoeba.runtime.share`).
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from pathlib import Path
 
 #: The sharing modes a job opts in with (``--share=MODE``; ``--share`` alone is the first).
 SHARE_MODES = ("guaranteed", "opportunistic")
@@ -28,6 +34,24 @@ DEFAULT_SHARE_PARTITION = "share"
 #: (the runtime's memory cap and pacing read them).
 ENV_SHARE_ROLE = "AMOEBA_SHARE_ROLE"
 ENV_SHARE_HOST = "AMOEBA_SHARE_HOST"
+
+
+#: The node-local directory of the hosts' status files: memory-backed, on every node, world-writable with the sticky
+#: bit (a user may replace only their own files there).
+STATUS_DIR = Path("/dev/shm")
+_HOST_JOB_ID = re.compile(r"[A-Za-z0-9_]{1,32}")
+
+
+def host_status_path(host_job_id: str, directory: Path = STATUS_DIR) -> Path:
+    """Where the workers of the guaranteed job ``host_job_id`` write their status on each of its nodes
+    (``/dev/shm/amoeba-share-<job id>.json``), and where the workers placed beside it read it.
+
+    Raises:
+        ValueError: ``host_job_id`` is not a job id (letters, digits and ``_``, at most 32: no path in it).
+    """
+    if _HOST_JOB_ID.fullmatch(host_job_id) is None:
+        raise ValueError(f"host job id {host_job_id!r:.40} is not a job id: give the id Slurm assigned (its digits)")
+    return directory / f"amoeba-share-{host_job_id}.json"
 
 
 class ShareRole(str, enum.Enum):

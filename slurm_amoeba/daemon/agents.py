@@ -152,12 +152,22 @@ class Beside:
         partition: the sharing partition.
         nodes: node name -> the job's workers beside the host there.
         role: their part (:class:`~slurm_amoeba.core.sharing.ShareRole` value).
+        host_uid: the host owner's uid (from its registration): the owner the sharer's workers require of the
+            host's status file.
+        status_path: the host's node-local status file (:func:`~slurm_amoeba.core.sharing.host_status_path`).
+        pace_bound: the share of its exclusive speed the host may lose to the sharer (the policy's; 0: the
+            runtime's default bound).
+        sub_batch: the sharer's local micro-batch the policy searched (0: the runtime fits its own).
     """
 
     host: str
     partition: str
     nodes: Mapping[str, int]
     role: str
+    host_uid: int
+    status_path: str
+    pace_bound: float = 0.0
+    sub_batch: int = 0
 
     @property
     def workers(self) -> int:
@@ -166,7 +176,8 @@ class Beside:
 
     def to_body(self) -> dict[str, Any]:
         """The directive's ``place_beside`` object."""
-        return {"host": self.host, "partition": self.partition, "nodes": dict(self.nodes), "role": self.role}
+        fields = dataclasses.asdict(self)
+        return {**fields, "nodes": dict(self.nodes)}
 
 
 @dataclasses.dataclass(frozen=True)

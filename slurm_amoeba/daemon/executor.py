@@ -26,7 +26,9 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
   (``sharing.partitions``), the nodes are the host's, and the sharer keeps its own workers: ``placement`` is the
   sharer's workers to place beside the host, ``workers`` its size afterwards or (as the simulator's shares of a
   pending job have it) the same as ``placement``'s; :meth:`LiveExecutor.share_refusal` says why not, and the action
-  is skipped. The place is taken back — a directive to the sharer with
+  is skipped. The directive also carries what the sharer's workers pace with: the host's uid (its registration's)
+  and node-local status file (:func:`~slurm_amoeba.core.sharing.host_status_path`), the policy's ``pace_bound``
+  and ``sub_batch``. The place is taken back — a directive to the sharer with
   its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
   shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
   ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the
@@ -49,7 +51,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TypeVar
 
 import slurm_amoeba.policy.actions as act
-from slurm_amoeba.core.sharing import ShareRole
+from slurm_amoeba.core.sharing import ShareRole, host_status_path
 from slurm_amoeba.daemon.actuator import Actuator, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
 from slurm_amoeba.daemon.agents import AgentRecord, Beside
@@ -343,9 +345,17 @@ class LiveExecutor:
                 "[daemon/executor] share of job %s beside %s not applied: %s", action.job_id, action.host, refusal
             )
             return None
-        agent = self.ledger.agents[action.job_id]
-        partition = self.ledger.agents[action.host].registration.share_partition
-        beside = Beside(action.host, partition, dict(action.placement), ShareRole.OPPORTUNISTIC.value)
+        agent, host = self.ledger.agents[action.job_id], self.ledger.agents[action.host]
+        beside = Beside(
+            action.host,
+            host.registration.share_partition,
+            dict(action.placement),
+            ShareRole.OPPORTUNISTIC.value,
+            host_uid=host.uid,  # the uid the host registered with: the owner its status file must have
+            status_path=str(host_status_path(action.host)),
+            pace_bound=action.pace_bound or 0.0,
+            sub_batch=action.sub_batch or 0,
+        )
         reason = action.reason or f"{source}: beside job {action.host}"
         target = jobs[action.job_id].workers + beside.workers  # its own workers stay
         self.actuator.send(self.ledger.order(agent, target, reason, source, beside=beside))

@@ -136,6 +136,16 @@ class Pacer:
         if not self.config.min_duty <= self.duty <= 1.0:
             raise RuntimeConfigError(f"duty={self.duty!r} is invalid: it must be in [{self.config.min_duty}, 1]")
 
+    def bound(self, pace_bound: float, configured: PacingConfig) -> None:
+        """Keep the guaranteed job at ``1 - pace_bound`` of its exclusive speed from the next decision on (a share
+        directive's bound); ``pace_bound`` 0 restores ``configured``'s target.
+
+        Raises:
+            RuntimeConfigError: ``pace_bound`` is not a fraction from 0 to under 1.
+        """
+        target = configured.target if pace_bound == 0 else 1.0 - pace_bound
+        self.config = dataclasses.replace(self.config, target=target)
+
     def learn_baseline(self, exclusive: Sequence[float]) -> None:
         """Set the exclusive step time to the mean of ``exclusive`` (nothing when it is empty): the statistic a
         decision compares it with, so that step times skewed by other load (a few long steps) weigh the same on

@@ -19,7 +19,6 @@ goes to gradient accumulation. This module imports no torch (DESIGN.md, layer ``
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import os
 import stat
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.runtime.pacing import StepRecord
 from slurm_amoeba.runtime.plans import Layout, Linear, ModelProfile, Plan, PlanSpace
 from slurm_amoeba.runtime.protocol import load_object
@@ -39,13 +39,6 @@ SHARE_VERSION = 1
 MAX_STATUS_STEPS = 64
 #: A status file larger than this is refused unread.
 MAX_STATUS_BYTES = 16 << 10
-
-
-class ShareRole(str, enum.Enum):
-    """How a job uses a device it shares."""
-
-    GUARANTEED = "guaranteed"  # owns the device: never capped below its need, never paced
-    OPPORTUNISTIC = "opportunistic"  # a sharer: capped, paced by the owner's step times, leaves when it cannot fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +56,9 @@ class ShareDirective:
             empty: no status file).
         workers: the workers it applies to (empty: every worker of the job).
         seq: grows with every new directive (the coordinator's count).
+        pace_bound: the share of its exclusive speed the partner may lose to this job (opportunistic role; 0: the
+            pacer's configured target).
+        sub_batch: the most samples of one micro-batch (the daemon's policy searched it; 0: the cap alone decides).
     """
 
     role: ShareRole
@@ -72,13 +68,19 @@ class ShareDirective:
     status_path: str = ""
     workers: tuple[str, ...] = ()
     seq: int = 0
+    pace_bound: float = 0.0
+    sub_batch: int = 0
 
     def __post_init__(self) -> None:
-        for name, value in (("memory_cap_bytes", self.memory_cap_bytes), ("seq", self.seq)):
+        counts = (("memory_cap_bytes", self.memory_cap_bytes), ("seq", self.seq), ("sub_batch", self.sub_batch))
+        for name, value in counts:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
                 raise ParseError(f"a share directive's {name} is {value!r:.40}, not a count of 0 or more")
         if isinstance(self.partner_uid, bool) or not isinstance(self.partner_uid, int) or self.partner_uid < -1:
             raise ParseError(f"a share directive's partner_uid is {self.partner_uid!r:.40}, not a uid or -1")
+        bound = self.pace_bound
+        if isinstance(bound, bool) or not isinstance(bound, int | float) or not 0 <= bound < 1:
+            raise ParseError(f"a share directive's pace_bound is {bound!r:.40}, not a fraction from 0 to under 1")
 
     def applies_to(self, worker_id: str) -> bool:
         """Whether this directive is meant for ``worker_id``."""

@@ -27,13 +27,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
+from slurm_amoeba.core.sharing import STATUS_DIR, ShareRole, host_status_path
 from slurm_amoeba.runtime.adaptive import AdaptedState
 from slurm_amoeba.runtime.errors import BatchPlanError
 from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
@@ -43,7 +45,6 @@ from slurm_amoeba.runtime.protocol import SHARE_KEY
 from slurm_amoeba.runtime.share import (
     JobStatus,
     ShareDirective,
-    ShareRole,
     largest_micro_batch,
     need_bytes,
     profile_from_peak,
@@ -106,7 +107,8 @@ class SharedDevice:
         self.directive = directive
         self.micro_batch = 0
         self.leaving = False
-        self.pacer = Pacer(pacing or PacingConfig())
+        self._pacing = pacing or PacingConfig()
+        self.pacer = Pacer(self._pacing)
         self.paused_s = 0.0
         self._clock, self._sleep = clock, sleep
         self._applied: int | None = None  # the seq of the directive whose cap is in force
@@ -119,6 +121,29 @@ class SharedDevice:
         self._next_partner = 0.0
         self._next_status = 0.0
         self._warned: set[str] = set()
+
+    @classmethod
+    def for_job(cls, env: Mapping[str, str], status_dir: Path = STATUS_DIR) -> SharedDevice | None:
+        """The default of a worker whose job opted in to sharing (``AMOEBA_SHARE`` not empty, not ``0``), else None.
+
+        A guaranteed job (``AMOEBA_SHARE`` ``guaranteed`` or ``1``) starts with a directive naming its status file,
+        :func:`~slurm_amoeba.core.sharing.host_status_path` of its job id (``AMOEBA_PARENT_JOB``, set by its agent)
+        in ``status_dir``: the place a sharer's workers beside it read its step times from. Its coordinator's
+        directive, if one comes, replaces it. An opportunistic job waits for the directive its agent publishes for
+        the workers it places beside a host.
+        """
+        mode = env.get(ENV_SHARE, "")
+        if mode in ("", "0"):
+            return None
+        job = env.get(ENV_PARENT_JOB, "")
+        if mode not in ("1", ShareRole.GUARANTEED.value) or not job:
+            return cls()
+        try:
+            path = host_status_path(job, status_dir)
+        except ValueError as exc:
+            log.warning("no status file for sharers to pace against: %s", exc)
+            return cls()
+        return cls(directive=ShareDirective(ShareRole.GUARANTEED, status_path=str(path)))
 
     # ----------------------------------------------------------------------------------------------- the hooks
 
@@ -186,6 +211,7 @@ class SharedDevice:
                 if self.directive is None or directive.seq != self.directive.seq:
                     log.info("share directive %d: %s", directive.seq, directive)
                     self.directive = directive
+                    self.pacer.bound(directive.pace_bound, self._pacing)
         except (ParseError, RuntimeError, OSError) as exc:  # a malformed value, a store error: keep the last one
             self._warn_once("directive", "the share directive could not be read (%s); the last one stays", exc)
 
@@ -198,7 +224,7 @@ class SharedDevice:
             return
         if directive.memory_cap_bytes == 0:
             self._applied = directive.seq
-            self.micro_batch = state.sampler.cap_local_batch(0)
+            self.micro_batch = state.sampler.cap_local_batch(directive.sub_batch)
             self._limit_device(state, 0)
             return
         if self.profile is None:
@@ -212,6 +238,8 @@ class SharedDevice:
             log.warning("a cap of %d bytes is below this guaranteed worker's need of %d: it keeps %d", cap, need, need)
             cap = need
         micro = largest_micro_batch(self.profile, global_batch, 1, max(1, cap - self._allowance(state)))
+        if directive.sub_batch:
+            micro = min(micro, directive.sub_batch)  # the policy's sub-batch, when it searched a smaller one
         self._applied = directive.seq
         if micro and not self._plannable(state, micro):
             micro = 0  # fits the bytes, but needs more accumulation than the sampler's max_accumulation allows

@@ -30,7 +30,7 @@ from slurm_amoeba.runtime.adaptive import AdaptiveBatch
 from slurm_amoeba.runtime.errors import MembershipChanged, RuntimeConfigError, StateError
 from slurm_amoeba.runtime.gradients import GradientBuckets
 from slurm_amoeba.runtime.sampler import ElasticSampler
-from slurm_amoeba.runtime.shared_device import ENV_SHARE, SharedDevice
+from slurm_amoeba.runtime.shared_device import SharedDevice
 from slurm_amoeba.runtime.topology import GradientReducer, Topology
 
 log = logging.getLogger(__name__)
@@ -327,9 +327,7 @@ class TorchState:
         self._copying: _CommitCopy | None = None
         self._driver: StepDriver | None = None
         self.adaptive = self._adaptive_controller(adaptive)
-        if sharing is None and os.environ.get(ENV_SHARE, "") not in ("", "0"):
-            sharing = SharedDevice()
-        self.sharing = sharing
+        self.sharing = sharing if sharing is not None else SharedDevice.for_job(os.environ)
 
     def _adaptive_controller(self, adaptive: AdaptiveBatch | None) -> AdaptiveBatch | None:
         """The state's adaptive-batch controller: ``adaptive``, a default one for an adaptive sampler, or ``None``

@@ -5,7 +5,7 @@ GPU of the sharing partition as 2 of its 3 shards. An operator's share (``amoeba
 daemon's executor with the same rules as a policy's) places one more worker of the sharer beside the host: the
 sharer's agent submits a satellite of one shard on the host's node, and Slurm gives it the host's GPU (the lowest
 with a shard free). Then ``amoebactl resize`` of the host makes the daemon take the place back: the sharer goes back
-to its own worker and its satellite beside the host is released.
+to its own worker, its satellite beside the host is released and the directive cleared.
 
 Needs the cluster started with the sharing partition (scripts/slurm-cluster's default, ``share`` on n5).
 """
@@ -16,6 +16,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -70,6 +71,12 @@ def satellites(client: CliSlurmClient, job_id: str) -> list[JobRecord]:
     return [j for j in client.jobs() if j.state.is_active() and j.comment == f"amoeba-parent={job_id}"]
 
 
+def share_events(daemon: DaemonProcess, job_id: str, kind: str) -> list[dict[str, Any]]:
+    """The ``kind`` events in the history the job's agent reported (``share_directive``, ``share_cleared``)."""
+    (job,) = [j for j in daemon.status_jobs() if j["job_id"] == job_id]
+    return [e for e in job["history"] if e.get("event") == kind]
+
+
 def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_the_hosts_resize_takes_it_back(
     slurm_cluster: ClusterHandle, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -111,6 +118,14 @@ def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_th
         assert beside.partition == SHARE_PARTITION and beside.nodes == (node,)
         assert beside.gpu_indices == (host_gpus,), "the sharer's worker runs on the host's GPU"
         assert f"job {sharer}: share 1 -> 2 workers, beside job {host}" in daemon.log_text()
+        told = wait_until(
+            "the sharer's agent to hand its worker beside the host the opportunistic share directive",
+            lambda: share_events(daemon, sharer, "share_directive"),
+            60,
+        )
+        assert told[-1]["role"] == "opportunistic" and len(told[-1]["workers"]) == 1
+        assert (told[-1]["host"], told[-1]["partner_uid"]) == (host, os.getuid()), "the host's owner, as registered"
+        assert told[-1]["partner_status_path"] == f"/dev/shm/amoeba-share-{host}.json"
 
         back = daemon.ask("resize", {"job_id": host, "target": 2, "reason": "the owner needs its GPUs"}, 60)
         assert back is not None and back.body["ok"], back
@@ -121,6 +136,10 @@ def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_th
             90,
         )
         assert f"host job {host} needs its GPUs back" in daemon.log_text()
+        cleared = wait_until(
+            "the sharer's directive to be cleared", lambda: share_events(daemon, sharer, "share_cleared"), 60
+        )
+        assert cleared[-1]["workers"] == told[-1]["workers"] and cleared[-1]["partner_status_path"] == ""
         assert workers_record(client, host) is not None, "the host never failed"
     finally:
         daemon.stop()

@@ -183,7 +183,16 @@ def test_vacate_is_one_node_name(node: object) -> None:
         encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "vacate": node}))
 
 
-PLACE = {"host": "77", "partition": "share", "nodes": {"s1": 2}, "role": "opportunistic"}
+PLACE = {
+    "host": "77",
+    "partition": "share",
+    "nodes": {"s1": 2},
+    "role": "opportunistic",
+    "host_uid": 1001,
+    "status_path": "/dev/shm/amoeba-share-77.json",
+    "pace_bound": 0.05,
+    "sub_batch": 8,
+}
 
 
 def test_a_directive_may_place_workers_beside_another_job_and_a_registration_name_its_sharing_mode() -> None:
@@ -207,6 +216,13 @@ def test_a_directive_may_place_workers_beside_another_job_and_a_registration_nam
         ({"nodes": {"s1": 0}}, "nodes\\['s1'\\] = 0 is not 1 to 64 workers"),
         ({"nodes": {"s1": True}}, "nodes\\['s1'\\] = True is not 1 to 64 workers"),
         ({"extra": 1}, "place_beside has fields"),
+        ({"host_uid": -1}, "host_uid -1 is not a uid"),
+        ({"host_uid": "1001"}, "host_uid '1001' is not a uid"),
+        ({"status_path": "shm/x.json"}, "status_path 'shm/x.json' is not an absolute file path"),
+        ({"status_path": "/dev/shm/a b"}, "is not an absolute file path"),
+        ({"pace_bound": 1.0}, "pace_bound 1.0 is not a fraction from 0 to under 1"),
+        ({"pace_bound": True}, "pace_bound True is not a fraction"),
+        ({"sub_batch": -1}, "sub_batch -1 is not a micro-batch of 0 or more"),
     ],
 )
 def test_a_place_beside_that_is_not_well_formed_is_refused_naming_the_field(

@@ -19,6 +19,7 @@ from slurm_amoeba.agent.plan import Action, LowerTarget, Observation, SubmitSate
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
 from slurm_amoeba.runtime.protocol import PolicyBatch
+from slurm_amoeba.runtime.share import ShareDirective
 from slurm_amoeba.runtime.view import CoordinatorView, WorkerView
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord, SlurmClient, SlurmCommandError, StepRecord
 from slurm_amoeba.slurm.script import SubmitOptions
@@ -243,6 +244,7 @@ class FakeCoordinator:
     closed: bool = False
     batches: list[PolicyBatch] = dataclasses.field(default_factory=list)
     progress: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shares: list[ShareDirective] = dataclasses.field(default_factory=list)
 
     @property
     def port(self) -> int:
@@ -267,6 +269,11 @@ class FakeCoordinator:
         choice = PolicyBatch(batch=batch, world_size=world_size, seq=len(self.batches) + 1)
         self.batches.append(choice)
         return choice
+
+    def set_share(self, directive: ShareDirective) -> ShareDirective:
+        published = dataclasses.replace(directive, seq=len(self.shares) + 1)
+        self.shares.append(published)
+        return published
 
     def members(self, *workers: str) -> None:
         """These workers are members of the current generation."""

@@ -18,14 +18,18 @@ import pytest
 from slurm_amoeba.agent.agent import Agent
 from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.groups import GroupState
+from slurm_amoeba.agent.plan import PlaceBeside
 from slurm_amoeba.agent.status import adaptive_fields
 from slurm_amoeba.core.errors import SpecError
 from slurm_amoeba.core.messages import MAX_NOISE_SCALE, MAX_STEP_TIMES, Message, decode, encode
+from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.failures import FailureClass
 from slurm_amoeba.runtime.membership import Phase, WorkerStatus
+from slurm_amoeba.runtime.share import ShareDirective
 from slurm_amoeba.slurm import JobState
 from tests.unit.agent.fakes import PARENT, FakeClock, FakeCoordinator, FakeSlurm, FakeSteps
+from tests.unit.test_messages import PLACE
 
 Parts = tuple[Agent, FakeSlurm, FakeCoordinator, FakeSteps, FakeClock]
 
@@ -305,3 +309,51 @@ def test_a_move_directive_vacates_the_node_once_and_keeps_the_size(parts: Parts)
     assert agent.planned_size() == 4 and events(agent).count("move_requested") == 1
     rounds(agent, clock, 2)  # taken once: no second leave, no second satellite
     assert coordinator.leave_requests == ["g1-0", "g1-1"] and len(slurm.submissions) == 2
+
+
+#: A share as the daemon's directive carries it (core/messages.check_place_beside): one worker beside job 77 on s1.
+ONE_BESIDE = {**PLACE, "nodes": {"s1": 1}}
+
+
+def test_the_workers_placed_beside_a_host_get_an_opportunistic_directive_cleared_when_the_place_is_taken_back(
+    parts: Parts,
+) -> None:
+    agent, slurm, coordinator, _, clock = parts
+    order = {"job_id": str(PARENT), "target": 3, "reason": "pays", "place_beside": ONE_BESIDE}
+    wire = decode(encode(Message("resize", order))).body
+    agent.resize(int(wire["target"]), str(wire["reason"]))
+    agent.order_beside(PlaceBeside.from_body(wire["place_beside"]), str(wire["reason"]))
+    rounds(agent, clock)
+    assert "#SBATCH --nodelist=s1" in slurm.submissions[-1].script and agent.groups[1].beside == "77"
+    expected = ShareDirective(
+        ShareRole.OPPORTUNISTIC,
+        partner_status_path="/dev/shm/amoeba-share-77.json",
+        partner_uid=1001,
+        workers=("g1-0",),
+        seq=1,
+        pace_bound=0.05,
+        sub_batch=8,
+    )
+    assert coordinator.shares == [expected], "published with the satellite: in force when its worker joins"
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members("g1-0")
+    rounds(agent, clock, 2)
+    assert len(coordinator.shares) == 1, "published again only when it changes"
+
+    agent.resize(2, "the host needs its GPU back")
+    rounds(agent, clock)
+    assert coordinator.leave_requests == ["g1-0"]
+    cleared = coordinator.shares[-1]
+    assert (cleared.role, cleared.workers, cleared.seq) == (ShareRole.OPPORTUNISTIC, ("g1-0",), 2)
+    assert (cleared.partner_status_path, cleared.memory_cap_bytes, cleared.sub_batch) == ("", 0, 0)
+    assert events(agent).count("share_directive") == 1 and events(agent).count("share_cleared") == 1
+    rounds(agent, clock, 2)
+    assert len(coordinator.shares) == 2, "cleared once"
+
+
+def test_a_job_placed_nowhere_beside_another_publishes_no_share_directive(parts: Parts) -> None:
+    agent, _, coordinator, _, clock = parts
+    grow_into_a_running_satellite(parts, 4)
+    agent.resize(2)
+    rounds(agent, clock, 2)
+    assert coordinator.shares == []

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 import slurm_amoeba.policy.actions as act
+from slurm_amoeba.core.messages import Message, decode, encode
+from slurm_amoeba.core.sharing import host_status_path
 from slurm_amoeba.daemon.actuator import Actuator, Directive, QueueOrderer
 from slurm_amoeba.daemon.admission import Admitter
 from slurm_amoeba.daemon.agents import Beside, Registration, Report
@@ -201,8 +203,12 @@ class SharingWorld:
 def crowded() -> SharingWorld:
     """A world where another job's worker runs beside ``h`` on s1 already."""
     world = SharingWorld()
-    world.ledger.agents["p"].beside = Beside("h", "share", {"s1": 1}, "opportunistic")
+    world.ledger.agents["p"].beside = Beside("h", "share", {"s1": 1}, "opportunistic", ME, HOST_STATUS)
     return world
+
+
+#: Where host ``h`` writes its status on its node (the convention both sides derive).
+HOST_STATUS = str(host_status_path("h"))
 
 
 def test_a_share_of_two_opted_in_jobs_sends_the_sharer_its_place_beside_the_host() -> None:
@@ -210,9 +216,24 @@ def test_a_share_of_two_opted_in_jobs_sends_the_sharer_its_place_beside_the_host
     assert world.apply(act.Share("o", "h", 2, {"s1": 1}, reason="pays")) == {"o": 2}
     (sent,) = world.actuator.sent
     assert (sent.job_id, sent.target, sent.reason) == ("o", 2, "pays")
-    assert sent.place_beside == Beside("h", "share", {"s1": 1}, "opportunistic")
+    assert sent.place_beside == Beside("h", "share", {"s1": 1}, "opportunistic", ME, HOST_STATUS)
     assert world.ledger.agents["o"].beside == sent.place_beside
     assert 'amoeba_decisions_total{kind="share",source="policy"} 1.0' in world.metrics.registry.render()
+
+
+def test_a_share_directive_carries_the_hosts_uid_and_status_file_and_the_policys_pace_bound_and_sub_batch() -> None:
+    world = SharingWorld()
+    world.ledger.agents["h"].uid = ME + 7  # the host's owner is another user than the sharer's
+    share = act.Share("o", "h", 2, {"s1": 1}, sub_batch=8, accumulation=4, pace_bound=0.05)
+    assert world.apply(share) == {"o": 2}
+    (sent,) = world.actuator.sent
+    assert sent.place_beside is not None
+    body = sent.place_beside.to_body()
+    assert (body["host_uid"], body["status_path"]) == (ME + 7, str(host_status_path("h")))
+    assert (body["pace_bound"], body["sub_batch"]) == (0.05, 8)
+    wire = {**body, "host": "77"}  # the wire takes Slurm's job ids only
+    order = {"job_id": "78", "target": 2, "reason": "r", "place_beside": wire}
+    assert decode(encode(Message("resize", order))).body["place_beside"] == wire
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,8 @@ def test_a_memory_cap_limits_the_caching_allocator_and_lifting_it_gives_the_devi
     """AntMan's memory mechanism on a GPU: a sharer's cap bounds what torch's caching allocator may hold in this
     process (an allocation beyond it fails here, not in the owner's process); a cap of 0 lifts the limit."""
     from slurm_amoeba import runtime as amoeba
-    from slurm_amoeba.runtime.share import ShareDirective, ShareRole
+    from slurm_amoeba.core.sharing import ShareRole
+    from slurm_amoeba.runtime.share import ShareDirective
     from slurm_amoeba.runtime.shared_device import SharedDevice
     from tests.unit.runtime.test_share import PROFILE, Driver
 

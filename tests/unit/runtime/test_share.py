@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from slurm_amoeba import runtime as amoeba
 from slurm_amoeba.core.errors import ParseError
+from slurm_amoeba.core.sharing import ShareRole, host_status_path
 from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
 from slurm_amoeba.runtime.pacing import PacingConfig, StepRecord
@@ -23,7 +25,6 @@ from slurm_amoeba.runtime.share import (
     MAX_STATUS_BYTES,
     JobStatus,
     ShareDirective,
-    ShareRole,
     largest_micro_batch,
     need_bytes,
     read_status,
@@ -293,3 +294,57 @@ def test_the_coordinator_publishes_the_directive_sealed_with_a_growing_seq() -> 
         assert (first.seq, second.seq) == (1, 2)
         text = JobAuth(coordinator.job_key, "w0").read(coordinator.store, SHARE_KEY, sender=COORDINATOR)
         assert text is not None and ShareDirective.from_json(text) == second
+
+
+def test_a_guaranteed_job_that_opted_in_writes_its_status_where_the_sharers_beside_it_read_it(tmp_path: Path) -> None:
+    env = {"AMOEBA_SHARE": "guaranteed", "AMOEBA_PARENT_JOB": "4242"}
+    host = SharedDevice.for_job(env, tmp_path)
+    assert host is not None and host.directive is not None and host.directive.role is ShareRole.GUARANTEED
+    path = host_status_path("4242", tmp_path)
+    assert host.directive.status_path == str(path)
+    host_state = _state(host, Driver())  # no directive from its coordinator: the default stays
+    host_state.after_step()
+    assert read_status(path, os.getuid()).role is ShareRole.GUARANTEED
+
+    # The sharer's directive as its agent publishes it from the daemon's place_beside: partner = the host.
+    clock = Clock()
+    clock.now = time.time() + 10.0  # the sharer starts after the host's step: that step shows its exclusive speed
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=clock.sleep)
+    told = ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=str(path), partner_uid=os.getuid(), seq=1)
+    sharer_state = _state(sharer, Driver(told, worker_id="g1-0"))
+    clock.now += 0.01
+    sharer_state.after_step()
+    assert sharer.pacer.baseline_s is not None, "it believed the host's status file (its owner checked)"
+    assert sharer.paused_s > 0, "and paced itself"
+
+
+@pytest.mark.parametrize(
+    ("env", "role"),
+    [
+        ({}, None),
+        ({"AMOEBA_SHARE": "0", "AMOEBA_PARENT_JOB": "42"}, None),
+        ({"AMOEBA_SHARE": "opportunistic", "AMOEBA_PARENT_JOB": "42"}, "none yet"),
+        ({"AMOEBA_SHARE": "1", "AMOEBA_PARENT_JOB": "42"}, "guaranteed"),
+        ({"AMOEBA_SHARE": "guaranteed", "AMOEBA_PARENT_JOB": "../42"}, "none yet"),
+    ],
+)
+def test_only_a_guaranteed_job_with_a_job_id_starts_with_a_status_file(
+    env: dict[str, str], role: str | None, tmp_path: Path
+) -> None:
+    sharing = SharedDevice.for_job(env, tmp_path)
+    if role is None:
+        assert sharing is None
+        return
+    assert sharing is not None
+    assert (sharing.directive.role.value if sharing.directive else "none yet") == role
+
+
+def test_the_directives_pace_bound_sets_the_hosts_target_and_its_sub_batch_caps_the_micro_batch() -> None:
+    sharing = SharedDevice(PROFILE, read_every_s=0.0)
+    driver = Driver(ShareDirective(ShareRole.OPPORTUNISTIC, pace_bound=0.2, sub_batch=8, seq=1))
+    state = _state(sharing, driver)
+    state.after_step()
+    assert sharing.pacer.config.target == pytest.approx(0.8) and _micro(state) == 8
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, seq=2))  # cleared: the configured target, the user's batch
+    state.after_step()
+    assert sharing.pacer.config.target == PacingConfig().target and _micro(state) == 32

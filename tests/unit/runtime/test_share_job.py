@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_amoeba.runtime.share import ShareDirective, ShareRole
+from slurm_amoeba.core.sharing import ShareRole
+from slurm_amoeba.runtime.share import ShareDirective
 from tests.unit.runtime.jobs import NEVER, ToyJob, applied_ledger, epoch_counts, read_ledgers
 
 

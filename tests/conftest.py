@@ -160,13 +160,15 @@ def _handle() -> ClusterHandle:
 
 
 class _Teardown:
-    """Brings the cluster down exactly once, from the fixture, atexit, or a signal."""
+    """Brings the cluster down exactly once, from the fixture, atexit, or a signal; only in the process that started
+    it (a test's forked child inherits the atexit handler and must not stop the session's cluster on its exit)."""
 
     def __init__(self) -> None:
         self.done = False
+        self.pid = os.getpid()
 
     def __call__(self) -> str:
-        if self.done:
+        if self.done or os.getpid() != self.pid:
             return ""
         self.done = True
         result = _script("down", timeout=120)

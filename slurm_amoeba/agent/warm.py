@@ -358,6 +358,7 @@ class WarmWorkers:
         try:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
+            atexit._clear()  # the satellite's exit handlers are its own: the worker runs only those it registers
             with os.fdopen(release, "rb") as pipe:
                 order = json.loads(pipe.readline() or b'{"run": false}')
             if not order.get("run"):

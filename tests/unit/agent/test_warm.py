@@ -7,6 +7,7 @@ The forking tests fork this test process: each worker runs ``warm_target.py`` in
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
@@ -98,6 +99,20 @@ def test_forked_workers_run_the_command_once_each_with_their_task_devices_and_lo
     assert {r["ppid"] for r in records.values()} == {os.getpid()}  # forked from this process, not started anew
     assert all(r["name"] == "__main__" and r["argv"] == [TARGET, str(tmp_path)] for r in records.values())
     assert (tmp_path / "worker-g2-1.log").read_text() == "worker g2-1 running\n"
+
+
+def test_a_forked_worker_runs_none_of_the_exit_handlers_its_parent_registered(tmp_path: Path) -> None:
+    """A worker exits as a started Python does: only handlers it registered itself run (the test session's own,
+    such as the one that stops its Slurm cluster, must not run once per forked worker)."""
+    mark = tmp_path / "parent-handler-ran"
+    atexit.register(mark.touch)
+    try:
+        workers = _workers(tmp_path, 2)
+        workers.start(preload=["json"])
+        assert workers.wait(timeout=30) == 1
+    finally:
+        atexit.unregister(mark.touch)
+    assert sorted(_records(tmp_path)) == ["g2-0", "g2-1"] and not mark.exists()
 
 
 def test_a_signal_reaches_every_forked_worker(tmp_path: Path) -> None:

@@ -89,8 +89,13 @@ def test_sigkill_of_the_active_daemon_hands_the_job_to_the_standby_within_the_bo
         resized = second.ask("resize", {"job_id": job_id, "target": 2, "reason": "after the takeover"}, timeout_s=30)
         assert resized is not None and resized.body["ok"], resized
         wait_until("the job to shrink to 2 workers", lambda: sizes(second) == [(2, 2)], 90)
-        requested = [e for e in agent_history(state_dir) if e.get("event") == "resize_requested"]
-        assert [e["target"] for e in requested] == [3, 2]
+
+        def targets() -> list[int]:
+            return [e["target"] for e in agent_history(state_dir) if e.get("event") == "resize_requested"]
+
+        # the agent's status file is written on its own cadence: wait for the one that holds the shrink
+        wait_until("the agent's history to hold the shrink", lambda: len(targets()) >= 2, 30)
+        assert targets() == [3, 2]
         status = second.status()
         assert status["ha"]["role"] == "active" and status["ha"]["generation"] == 2
         assert status["orphans"] == [] and status["unclaimed"] == []

@@ -197,7 +197,7 @@ def test_stopped_worker_is_caught_by_the_collective_timeout_and_the_rest_go_on(
     tmp_path: Path, fixed_run: ReferenceRun
 ) -> None:
     out = tmp_path / "job"
-    toy = ToyJob(out, workers=3, hold=True, collective_timeout_s=3, heartbeat_timeout_s=3)
+    toy = ToyJob(out, workers=3, hold=True, collective_timeout_s=3, heartbeat_timeout_s=6)
     with toy:
         toy.release(6)
         view = toy.wait_members(3)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord
-from tests.conftest import REPO, ClusterHandle
+from tests.conftest import REPO, ClusterHandle, require_slurm
 from tests.integration.daemon_helpers import DaemonProcess, end_job, idle_cluster_env, submit_mlp_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
@@ -39,7 +39,7 @@ def env(slurm_cluster: ClusterHandle) -> dict[str, str]:
             f"the cluster has no {SHARE_PARTITION!r} partition: restart it with this tree's scripts/slurm-cluster "
             "(down, then up) so that it offers gres/shard"
         )
-        if os.environ.get("AMOEBA_REQUIRE_SLURM"):
+        if require_slurm():
             pytest.fail(message)
         pytest.skip(message)
     environ = idle_cluster_env(slurm_cluster)

@@ -138,7 +138,9 @@ def run_together(work: Path, args: argparse.Namespace, caps: tuple[int, int]) ->
     owner_steps, sharer_steps = ledger(work / "guaranteed"), ledger(work / "sharer")
     owner_started = owner_steps[0]["end"] if owner_steps else owner_end
     overlap_sharer = [e for e in sharer_steps if owner_started < e["end"] <= owner_end]
-    before = [e for e in overlap_sharer if e["end"] <= lowered_at]
+    # The sharer's micro-batch under the first cap: its last step before the cap was lowered (paced while the owner
+    # runs, it may finish none between the owner's start and the lowering on a loaded machine).
+    before = [e for e in sharer_steps if e["end"] <= lowered_at]
     after = [e for e in sharer_steps if e["end"] > lowered_at]
     micro_after = max(after[-1]["micro"]) if after else 0
     applied = next((i for i, e in enumerate(after) if max(e["micro"]) == micro_after), None)

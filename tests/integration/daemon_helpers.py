@@ -327,6 +327,11 @@ class FakeAgent:
             with self._lock:
                 states = self._satellite_states()
                 self.satellites = [s for s, state in states.items() if state.is_active()]
+                if len(self.satellites) < len(states):
+                    # Lost without a shrink (Slurm preempted them: they show as ended from the start of their
+                    # GraceTime): as the real agent does, the target follows what the job still has, so that the
+                    # job does not fight Slurm for the GPUs; the daemon may grow it again.
+                    self.target = max(self.min_workers, min(self.target, self.min_workers + len(self.satellites)))
                 running = sum(1 for s in self.satellites if states[s] is JobState.RUNNING)
                 if self.min_workers + running != self.size:
                     self.size = self.min_workers + running

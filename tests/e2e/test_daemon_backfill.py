@@ -1,4 +1,5 @@
-"""amoebad end to end with real elastic jobs: ``scripts/bench-backfill`` on the local cluster, shortened.
+"""amoebad end to end with real elastic jobs: ``scripts/bench-backfill`` on the local cluster, shortened (it also
+writes the results page's document, as the full benchmark does).
 
 Two elastic jobs (the example MLP under the real agent, ``amoeba-sbatch --elastic 1:3``, a whole node per worker) and
 a stream of regular jobs that each take a node, first without the daemon, then with it. With the daemon the elastic
@@ -40,6 +41,8 @@ def test_with_the_daemon_elastic_jobs_fill_idle_gpus_and_regular_jobs_wait_at_mo
             "12",
             "--workdir",
             str(tmp_path),
+            "--out",
+            str(tmp_path / "backfill.json"),
         ],
         capture_output=True,
         text=True,
@@ -58,5 +61,7 @@ def test_with_the_daemon_elastic_jobs_fill_idle_gpus_and_regular_jobs_wait_at_mo
     assert result["elastic_gpus_with"] > result["elastic_gpus_without"], result
     assert result["grows"] >= 1 and result["elastic_drops_with"] >= 1, result
     assert len(result["regular_waits_with_s"]) == len(result["regular_waits_without_s"]) == 2
+    document = json.loads((tmp_path / "backfill.json").read_text())  # the results page's document
+    assert document["benchmark"] == "backfill" and document["figures"]["util_with"] == result["util_with"]
     log = (tmp_path / "with" / "amoebad.log").read_text()
     assert "registered" in log and "grow 1 -> " in log

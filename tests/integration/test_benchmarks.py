@@ -3,7 +3,8 @@
 Each runs its ``scripts/bench-*`` wrapper with small parameters and checks that it wrote its result document
 (``benchmarks/record.py``): the benchmark's name, the machine, the load before and after, the parameters and its
 figures. The figures of such a short run mean nothing; the test only keeps the benchmark from rotting. The ones
-that need no Slurm and take seconds run in ``tests/unit/benchmarks/``.
+that need no Slurm and take seconds run in ``tests/unit/benchmarks/``; ``bench-backfill``'s short run is the e2e test
+``tests/e2e/test_daemon_backfill.py``, which checks its document too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, ClusterHandle
-from tests.integration.daemon_helpers import wait_until
 
 
 def _run(command: list[str], env: dict[str, str], timeout: float, ok: tuple[int, ...] = (0,)) -> None:
@@ -48,19 +48,6 @@ def test_bench_grow_writes_its_result_in_one_round(slurm_cluster: ClusterHandle,
     _run(["bench-grow", "--rounds", "1", "--json", str(out)], slurm_cluster.env, timeout=600)
     figures = _document(out, "grow")["figures"]
     assert figures["grow_total_s"] > 0 and figures["grow_total_s_spread"]["n"] == 1
-
-
-@pytest.mark.slurm
-def test_bench_backfill_writes_its_result_on_a_short_window(slurm_cluster: ClusterHandle, tmp_path: Path) -> None:
-    out = tmp_path / "backfill.json"
-    client = slurm_cluster.client()
-    # Its two phases must see the same cluster: the jobs of the tests before it (ending, or their satellites) first.
-    wait_until("the cluster to have no active job", lambda: not [j for j in client.jobs() if j.state.is_active()], 180)
-    argv = ["--window", "15", "--regular-jobs", "1", "--first-regular", "5", "--regular-runtime", "3"]
-    argv += ["--quiet", "--out", str(out)]
-    _run(["bench-backfill", *argv], slurm_cluster.env, timeout=900, ok=(0, 1))
-    figures = _document(out, "backfill")["figures"]
-    assert 0 <= figures["util_with"] <= 1
 
 
 @pytest.mark.slurm

@@ -13,9 +13,16 @@ of one before the rounds and one after each), the yardstick of the runtime's par
 their workers (warm: forked from one process per satellite, agent/warm.py, which first imports torch, what torch
 imports at the first optimizer and the runtime: warm_preload_s; cold: an srun step; --cold asks for cold with
 AMOEBA_WARM_START=0).
+The runtime's part is split into its parts, from the satellites' and the agent's logs (the last satellite to fork
+decides each): warm_s, satellite running -> its workers forked (the preloading, warm_preload_s, of which torch's
+import is warm_torch_s; the fork itself); ready_s, forked -> every joiner warm and ready (the coordinator asks the
+members to end their generation at the next step boundary: the workers' start, warm-up, registration); join_s,
+that ask -> the generation formed (the members' step boundary, their reports, the plan). A cold start has no
+warm_s, and ready_s counts from the satellite's start.
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
-shrink_total_s, import_torch_s, warm_preload_s, start, plus the rounds). Needs the local cluster (it starts it if
-needed and stops it if it did) and root. Leaves no job of its own behind in squeue.
+warm_s, ready_s, join_s, shrink_total_s, import_torch_s, warm_preload_s, warm_torch_s, runtime_per_import, start,
+plus the rounds). Needs the local cluster (it starts it if needed and stops it if it did) and root. Leaves no job of
+its own behind in squeue.
 """
 
 from __future__ import annotations
@@ -71,6 +78,38 @@ def import_torch_s() -> float:
 
 
 PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s")
+FORKED = re.compile(r"^(\S+ \S+) INFO .*warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s.*$", re.MULTILINE)
+TORCH_PART = re.compile(r"preloaded torch ([0-9.]+) s")
+ASKED = re.compile(r"^(\S+ \S+) INFO .*asking generation \d+ to end at its next step boundary", re.MULTILINE)
+
+
+def log_time(stamp: str) -> float:
+    """The epoch time of a log line's ``asctime`` (``2026-11-28 22:10:28,440``, this machine's local time)."""
+    day, ms = stamp.rsplit(",", 1)
+    return time.mktime(time.strptime(day, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+
+
+def runtime_parts(state: Path, agent_log: Path, groups: list[str], started: float, formed: float) -> dict[str, float]:
+    """The runtime's part of one grow split as the module docstring says (``groups``: the round's satellites,
+    ``started``: when the last one ran, ``formed``: when the generation with their workers formed)."""
+    forks = [
+        (log_time(m.group(1)), float(m.group(2)), float(t.group(1)) if (t := TORCH_PART.search(m.group(0))) else 0.0)
+        for g in groups
+        if (path := state / f"satellite-{g}.log").exists()
+        for m in FORKED.finditer(path.read_text(errors="replace"))
+    ]
+    forked = max((f[0] for f in forks), default=started)
+    text = agent_log.read_text(errors="replace") if agent_log.exists() else ""
+    asks = [t for m in ASKED.finditer(text) if forked - 0.01 <= (t := log_time(m.group(1))) <= formed + 0.01]
+    asked = min(asks, default=formed)
+    last = max(forks, default=(started, 0.0, 0.0))
+    return {
+        "warm_s": forked - started,
+        "ready_s": asked - forked,
+        "join_s": formed - asked,
+        "preload_s": last[1],
+        "preload_torch_s": last[2],
+    }
 
 
 def start_modes(state: Path) -> tuple[dict[str, int], list[float]]:
@@ -93,7 +132,8 @@ def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
     wait(f"{high} workers", lambda: generation_with(job, high, t_request) is not None, 300)
     formed = generation_with(job, high, t_request)
     assert formed is not None
-    started = [float(p.read_text()) for p in state.glob("satellite-*.started") if p.name not in before]
+    new = [p for p in state.glob("satellite-*.started") if p.name not in before]
+    started = [float(p.read_text()) for p in new]
     submitted = [
         e["t"] for e in job.history()["history"] if e["event"] == "satellite_submitted" and e["t"] >= t_request - 0.01
     ]
@@ -104,6 +144,8 @@ def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
         "runtime_s": formed["formed_at"] - running,
         "agent_s": min(submitted) - t_request,
     }
+    groups = [p.name.removeprefix("satellite-").removesuffix(".started") for p in new]
+    grow.update(runtime_parts(state, job.agent_log_path(), groups, running, formed["formed_at"]))
     time.sleep(2)
     t_shrink = time.time()
     job.resize(low, reason="bench-grow")
@@ -173,20 +215,34 @@ def main() -> int:
             job.cancel(check=False)
         if not was_up:
             subprocess.run([script, "down"], capture_output=True, check=False)
-    keys = ["grow_total_s", "slurm_s", "runtime_s", "agent_s", "shrink_total_s", "pause_s"]
+    keys = [
+        "grow_total_s",
+        "slurm_s",
+        "runtime_s",
+        "warm_s",
+        "ready_s",
+        "join_s",
+        "agent_s",
+        "shrink_total_s",
+        "pause_s",
+    ]
     median = {k: statistics.median(r[k] for r in rounds) for k in keys}
     median["import_torch_s"] = statistics.median(imports)
     median["warm_preload_s"] = statistics.median(preloads) if preloads else 0.0
+    median["warm_torch_s"] = statistics.median(r["preload_torch_s"] for r in rounds)
+    median["runtime_per_import"] = median["runtime_s"] / median["import_torch_s"]
     print(f"\n{'measure':<16}{'median':>9}" + "".join(f"{'#' + str(i + 1):>9}" for i in range(len(rounds))))
     for k in keys:
         print(f"{k:<16}{median[k]:>9.3f}" + "".join(f"{r[k]:>9.3f}" for r in rounds))
     print(
         "\ngrow: resize() -> the generation with the new workers formed; slurm_s: satellite submitted -> its batch"
-        "\nscript running; runtime_s: satellite running -> workers joined (process start, imports, model, join);"
+        "\nscript running; runtime_s: satellite running -> workers joined (process start, imports, model, join)"
+        "\n= warm_s (-> workers forked) + ready_s (-> every joiner ready) + join_s (-> generation formed);"
         "\npause_s: what the training workers lose at the switch. shrink: resize() -> generation without them."
         f"\nimport_torch_s (one `python -c 'import torch'`, median of {len(imports)}): {median['import_torch_s']:.3f}; "
         f"satellites started warm {modes.get('warm', 0)}, cold {modes.get('cold', 0)}; the warm ones' preloading "
-        f"(imports before the fork, median): {median['warm_preload_s']:.3f}"
+        f"(imports before the fork, median): {median['warm_preload_s']:.3f}, torch's {median['warm_torch_s']:.3f}"
+        f"\nruntime_s / import_torch_s: {median['runtime_per_import']:.2f}"
     )
     if args.json:
         spread_of = {f"{k}_spread": spread([r[k] for r in rounds]) for k in keys}

@@ -93,7 +93,11 @@ def runtime_parts(state: Path, agent_log: Path, groups: list[str], started: floa
     """The runtime's part of one grow split as the module docstring says (``groups``: the round's satellites,
     ``started``: when the last one ran, ``formed``: when the generation with their workers formed)."""
     forks = [
-        (log_time(m.group(1)), float(m.group(2)), float(t.group(1)) if (t := TORCH_PART.search(m.group(0))) else 0.0)
+        (
+            log_time(m.group(1)),
+            float(m.group(2)),
+            float(part.group(1)) if (part := TORCH_PART.search(m.group(0))) else 0.0,
+        )
         for g in groups
         if (path := state / f"satellite-{g}.log").exists()
         for m in FORKED.finditer(path.read_text(errors="replace"))
@@ -145,7 +149,7 @@ def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
         "agent_s": min(submitted) - t_request,
     }
     groups = [p.name.removeprefix("satellite-").removesuffix(".started") for p in new]
-    grow.update(runtime_parts(state, job.agent_log_path(), groups, running, formed["formed_at"]))
+    grow.update(runtime_parts(state, job.agent_log_path, groups, running, formed["formed_at"]))
     time.sleep(2)
     t_shrink = time.time()
     job.resize(low, reason="bench-grow")

@@ -16,9 +16,10 @@ AMOEBA_WARM_START=0).
 The runtime's part is split into its parts, from the satellites' and the agent's logs (the last satellite to fork
 decides each): warm_s, satellite running -> its workers forked (the preloading, warm_preload_s, of which torch's
 import is warm_torch_s; the fork itself); ready_s, forked -> every joiner warm and ready (the coordinator asks the
-members to end their generation at the next step boundary: the workers' start, warm-up, registration); join_s,
-that ask -> the generation formed (the members' step boundary, their reports, the plan). A cold start has no
-warm_s, and ready_s counts from the satellite's start.
+members to end their generation at the next step boundary: the workers' start, warm-up, registration; 0 when it
+asked for an earlier satellite's joiners and the last one's were ready by that boundary); join_s, the later of the
+two -> the generation formed (the members' step boundary, their reports, the plan). A cold start has no warm_s,
+and ready_s counts from the satellite's start.
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
 warm_s, ready_s, join_s, shrink_total_s, import_torch_s, warm_preload_s, warm_torch_s, runtime_per_import, start,
 plus the rounds). Needs the local cluster (it starts it if needed and stops it if it did) and root. Leaves no job of
@@ -104,13 +105,13 @@ def runtime_parts(state: Path, agent_log: Path, groups: list[str], started: floa
     ]
     forked = max((f[0] for f in forks), default=started)
     text = agent_log.read_text(errors="replace") if agent_log.exists() else ""
-    asks = [t for m in ASKED.finditer(text) if forked - 0.01 <= (t := log_time(m.group(1))) <= formed + 0.01]
-    asked = min(asks, default=formed)
+    asks = [t for m in ASKED.finditer(text) if started - 0.01 <= (t := log_time(m.group(1))) <= formed + 0.01]
+    asked = max(asks, default=formed)  # the ask that ended the generation before the one formed
     last = max(forks, default=(started, 0.0, 0.0))
     return {
         "warm_s": forked - started,
-        "ready_s": asked - forked,
-        "join_s": formed - asked,
+        "ready_s": max(0.0, asked - forked),
+        "join_s": formed - max(asked, forked),
         "preload_s": last[1],
         "preload_torch_s": last[2],
     }

@@ -50,6 +50,19 @@ def test_the_runtimes_part_is_split_at_the_last_fork_and_the_coordinators_ask(tm
     assert (parts["preload_s"], parts["preload_torch_s"]) == (1.4, 0.7)
 
 
+def test_a_last_satellite_whose_joiner_is_ready_by_the_step_boundary_another_asked_for_has_no_ready_part(
+    tmp_path: Path,
+) -> None:
+    t0 = 1_795_903_820.0  # g3's joiner was ready at +1.3 s and the coordinator asked; g4's forked at +1.4 s
+    (tmp_path / "satellite-g3.log").write_text(_forked(t0 + 1.2, "g3", 1.1, 0.6))
+    (tmp_path / "satellite-g4.log").write_text(_forked(t0 + 1.4, "g4", 1.3, 0.7))
+    agent = tmp_path / "agent.log"
+    agent.write_text(_asked(t0 + 1.3, 3))
+    parts = runtime_parts(tmp_path, agent, ["g3", "g4"], started=t0, formed=t0 + 1.6)
+    assert parts["ready_s"] == 0.0 and parts["join_s"] == pytest.approx(0.2, abs=0.002)
+    assert parts["warm_s"] + parts["ready_s"] + parts["join_s"] == pytest.approx(1.6, abs=0.002)
+
+
 def test_a_cold_start_counts_the_workers_start_from_the_satellites(tmp_path: Path) -> None:
     t0 = 1_795_903_820.0
     agent = tmp_path / "agent.log"

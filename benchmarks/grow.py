@@ -22,8 +22,9 @@ two -> the generation formed (the members' step boundary, their reports, the pla
 and ready_s counts from the satellite's start.
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
 warm_s, ready_s, join_s, shrink_total_s, import_torch_s, warm_preload_s, warm_torch_s, runtime_per_import, start,
-plus the rounds). Needs the local cluster (it starts it if needed and stops it if it did) and root. Leaves no job of
-its own behind in squeue.
+plus the rounds; import_torch_cpu_s, warm_preload_cpu_s and their ratio preload_cpu_per_import_cpu: the same imports
+in CPU seconds, a yardstick that a loaded machine hardly moves). Needs the local cluster (it starts it if needed
+and stops it if it did) and root. Leaves no job of its own behind in squeue.
 """
 
 from __future__ import annotations
@@ -71,14 +72,19 @@ def generation_with(job: ElasticJob[Any], size: int, after: float) -> dict[str, 
     return None
 
 
-def import_torch_s() -> float:
-    """Seconds one `python -c "import torch"` takes now, with this benchmark's Python."""
-    start = time.monotonic()
+def import_torch() -> tuple[float, float]:
+    """Seconds one `python -c "import torch"` takes now, with this benchmark's Python: wall-clock and CPU (the
+    latter hardly depends on what else the machine runs)."""
+    start, before = time.monotonic(), os.times()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    return time.monotonic() - start
+    after = os.times()
+    return (
+        time.monotonic() - start,
+        after.children_user + after.children_system - before.children_user - before.children_system,
+    )
 
 
-PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s")
+PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s(?:, ([0-9.]+) s of CPU)?")
 FORKED = re.compile(r"^(\S+ \S+) INFO .*warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s.*$", re.MULTILINE)
 TORCH_PART = re.compile(r"preloaded torch ([0-9.]+) s")
 ASKED = re.compile(r"^(\S+ \S+) INFO .*asking generation \d+ to end at its next step boundary", re.MULTILINE)
@@ -117,16 +123,16 @@ def runtime_parts(state: Path, agent_log: Path, groups: list[str], started: floa
     }
 
 
-def start_modes(state: Path) -> tuple[dict[str, int], list[float]]:
+def start_modes(state: Path) -> tuple[dict[str, int], list[float], list[float]]:
     """How many satellites started their workers warm (forked) and how many cold (srun), from their logs; and each
-    warm one's preloading time (its imports before the fork)."""
+    warm one's preloading time (its imports before the fork), wall-clock and CPU."""
     logs = [p.read_text(errors="replace") for p in state.glob("satellite-g*.log")]
-    preloads = [float(m.group(1)) for text in logs for m in PRELOADING.finditer(text)]
+    found = [m for text in logs for m in PRELOADING.finditer(text)]
     modes = {
         "warm": sum("warm start:" in text for text in logs),
         "cold": sum("starting the workers cold" in text for text in logs),
     }
-    return modes, preloads
+    return modes, [float(m.group(1)) for m in found], [float(m.group(2)) for m in found if m.group(2)]
 
 
 def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
@@ -186,9 +192,11 @@ def main() -> int:
     client = CliSlurmClient.from_environment()
     gpus = max(n.gpus_total for n in client.nodes()) // args.workers_per_satellite
     low, high = 2, 2 + args.satellites * args.workers_per_satellite
-    imports = [import_torch_s()]
+    wall, cpu = import_torch()
+    imports, imports_cpu = [wall], [cpu]
     modes: dict[str, int] = {}
     preloads: list[float] = []
+    preloads_cpu: list[float] = []
     rounds: list[dict[str, float]] = []
     job: ElasticJob[Any] | None = None
     try:
@@ -201,14 +209,16 @@ def main() -> int:
                 for i in range(args.rounds):
                     rounds.append(one_round(job, low, high))
                     r = rounds[-1]
-                    imports.append(import_torch_s())
+                    wall, cpu = import_torch()
+                    imports.append(wall)
+                    imports_cpu.append(cpu)
                     print(
                         f"round {i + 1}: grow {r['grow_total_s']:.2f} s (Slurm {r['slurm_s']:.2f} s, runtime "
                         f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s; import torch "
                         f"{imports[-1]:.2f} s",
                         flush=True,
                     )
-                modes, preloads = start_modes(job.state_dir)
+                modes, preloads, preloads_cpu = start_modes(job.state_dir)
             finally:
                 if args.keep:  # the logs of a failed run too
                     shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
@@ -236,6 +246,9 @@ def main() -> int:
     median["warm_preload_s"] = statistics.median(preloads) if preloads else 0.0
     median["warm_torch_s"] = statistics.median(r["preload_torch_s"] for r in rounds)
     median["runtime_per_import"] = median["runtime_s"] / median["import_torch_s"]
+    median["import_torch_cpu_s"] = statistics.median(imports_cpu)
+    median["warm_preload_cpu_s"] = statistics.median(preloads_cpu) if preloads_cpu else 0.0
+    median["preload_cpu_per_import_cpu"] = median["warm_preload_cpu_s"] / median["import_torch_cpu_s"]
     print(f"\n{'measure':<16}{'median':>9}" + "".join(f"{'#' + str(i + 1):>9}" for i in range(len(rounds))))
     for k in keys:
         print(f"{k:<16}{median[k]:>9.3f}" + "".join(f"{r[k]:>9.3f}" for r in rounds))
@@ -247,7 +260,9 @@ def main() -> int:
         f"\nimport_torch_s (one `python -c 'import torch'`, median of {len(imports)}): {median['import_torch_s']:.3f}; "
         f"satellites started warm {modes.get('warm', 0)}, cold {modes.get('cold', 0)}; the warm ones' preloading "
         f"(imports before the fork, median): {median['warm_preload_s']:.3f}, torch's {median['warm_torch_s']:.3f}"
-        f"\nruntime_s / import_torch_s: {median['runtime_per_import']:.2f}"
+        f"\nruntime_s / import_torch_s: {median['runtime_per_import']:.2f}; in CPU seconds, which the machine's load "
+        f"hardly changes, the preloading {median['warm_preload_cpu_s']:.3f} / the import "
+        f"{median['import_torch_cpu_s']:.3f} = {median['preload_cpu_per_import_cpu']:.2f}"
     )
     if args.json:
         spread_of = {f"{k}_spread": spread([r[k] for r in rounds]) for k in keys}
@@ -256,6 +271,8 @@ def main() -> int:
             **spread_of,
             "import_torch_s_all": imports,
             "warm_preload_s_all": preloads,
+            "import_torch_cpu_s_all": imports_cpu,
+            "warm_preload_cpu_s_all": preloads_cpu,
             "start": modes,
             "workers_per_satellite": args.workers_per_satellite,
             "rounds": rounds,

@@ -335,13 +335,13 @@ class WarmWorkers:
         Raises:
             WarmStartRefused: forking is unsafe here, or a fork failed; no worker ran anything of the user's.
         """
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         with collector_paused():
             parts = warm_up(self.plan, preload, self.prefix)
         hazard = fork_hazard()
         if hazard:
             raise WarmStartRefused(hazard)
-        warmed = time.monotonic()
+        warmed, cpu = time.monotonic(), time.process_time() - cpu0
         gc.freeze()  # what the imports made: no worker's collection walks it or writes to its pages (module doc)
         pipes: list[int] = []
         try:
@@ -370,10 +370,12 @@ class WarmWorkers:
             raise WarmStartRefused(f"fork failed after {forked} worker(s): {exc}") from None
         self._release(pipes, run=True)
         log.info(
-            "%s warm start: %d worker(s) forked (preloading %.2f s, forking %.3f s; preloaded %s; %d objects frozen)",
+            "%s warm start: %d worker(s) forked (preloading %.2f s, %.2f s of CPU, forking %.3f s; preloaded %s; "
+            "%d objects frozen)",
             self.prefix,
             len(self.slots),
             warmed - t0,
+            cpu,
             time.monotonic() - warmed,
             preload_parts(parts),
             gc.get_freeze_count(),

@@ -3,12 +3,19 @@ agent's logs as they write them."""
 
 from __future__ import annotations
 
+import gc
+import logging
+import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.grow import log_time, runtime_parts
+from benchmarks.grow import log_time, runtime_parts, start_modes
+from slurm_amoeba.agent.warm import WarmWorkers
+
+TARGET = str(Path(__file__).parents[1] / "agent" / "warm_target.py")
 
 
 def _stamp(epoch: float) -> str:
@@ -70,3 +77,23 @@ def test_a_cold_start_counts_the_workers_start_from_the_satellites(tmp_path: Pat
     parts = runtime_parts(tmp_path, agent, ["g3"], started=t0, formed=t0 + 4.25)
     assert parts["warm_s"] == 0.0 and parts["preload_s"] == 0.0
     assert parts["ready_s"] == pytest.approx(4.0, abs=0.002) and parts["join_s"] == pytest.approx(0.25, abs=0.002)
+
+
+def test_the_bench_reads_the_preloading_a_warm_satellite_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The satellite's log line, as :mod:`slurm_amoeba.agent.warm` writes it in the satellite's format (agent/entry.py's
+    ``basicConfig``: asctime, level, message), read back."""
+    env = {**os.environ, "AMOEBA_PARENT_JOB": "7"}
+    workers = WarmWorkers("g2", 1, 1, 0, tmp_path, [sys.executable, TARGET, str(tmp_path)], env)
+    started = time.time()
+    try:
+        with caplog.at_level(logging.INFO, logger="slurm_amoeba.agent.warm"):
+            workers.start(preload=["json"])
+    finally:
+        gc.unfreeze()  # the warm start froze this test process's objects before it forked
+    assert workers.wait(timeout=30) == 0
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    (tmp_path / "satellite-g2.log").write_text("".join(formatter.format(r) + "\n" for r in caplog.records))
+    modes, walls, cpus = start_modes(tmp_path)
+    assert modes == {"warm": 1, "cold": 0} and len(walls) == 1 and len(cpus) == 1 and 0 <= cpus[0] <= 30
+    parts = runtime_parts(tmp_path, tmp_path / "no-agent.log", ["g2"], started=started, formed=time.time())
+    assert 0 <= parts["warm_s"] < 30 and parts["preload_s"] == walls[0]

@@ -78,9 +78,9 @@ DEFAULT_PRELOAD = (
     "torch._dynamo",
     *(f"slurm_amoeba.runtime.{m}" for m in ("worker", "group", "transfer", "state", "sampler", "loader", "gradients")),
 )
-"""torch; what torch imports lazily at a process's first optimizer (``torch.optim.Optimizer.__init__`` imports
-``torch._dynamo``, and with it sympy: about as long as torch itself, in every training process); and the runtime's
-worker side (``slurm_amoeba.runtime`` imports it at ``init()``: torch.distributed's ~700 modules)."""
+"""torch; what torch imports lazily at a process's first optimizer step (``torch.optim``'s steps import
+``torch._dynamo``, and with it sympy: half to nearly as long as torch itself, in every training process); and the
+runtime's worker side (``slurm_amoeba.runtime`` imports it at ``init()``: torch.distributed's ~700 modules)."""
 OWN_PACKAGE = "slurm_amoeba."
 
 

@@ -13,9 +13,18 @@ of one before the rounds and one after each), the yardstick of the runtime's par
 their workers (warm: forked from one process per satellite, agent/warm.py, which first imports torch, what torch
 imports at the first optimizer and the runtime: warm_preload_s; cold: an srun step; --cold asks for cold with
 AMOEBA_WARM_START=0).
+The runtime's part is split into its parts, from the satellites' and the agent's logs (the last satellite to fork
+decides each): warm_s, satellite running -> its workers forked (the preloading, warm_preload_s, of which torch's
+import is warm_torch_s; the fork itself); ready_s, forked -> every joiner warm and ready (the coordinator asks the
+members to end their generation at the next step boundary: the workers' start, warm-up, registration; 0 when it
+asked for an earlier satellite's joiners and the last one's were ready by that boundary); join_s, the later of the
+two -> the generation formed (the members' step boundary, their reports, the plan). A cold start has no warm_s,
+and ready_s counts from the satellite's start.
 Prints a table of the median and every round, writes JSON with --json FILE (keys grow_total_s, slurm_s, runtime_s,
-shrink_total_s, import_torch_s, warm_preload_s, start, plus the rounds). Needs the local cluster (it starts it if
-needed and stops it if it did) and root. Leaves no job of its own behind in squeue.
+warm_s, ready_s, join_s, shrink_total_s, import_torch_s, warm_preload_s, warm_torch_s, runtime_per_import, start,
+plus the rounds; import_torch_cpu_s, warm_preload_cpu_s and their ratio preload_cpu_per_import_cpu: the same imports
+in CPU seconds, a yardstick that a loaded machine hardly moves). Needs the local cluster (it starts it if needed
+and stops it if it did) and root. Leaves no job of its own behind in squeue.
 """
 
 from __future__ import annotations
@@ -63,26 +72,67 @@ def generation_with(job: ElasticJob[Any], size: int, after: float) -> dict[str, 
     return None
 
 
-def import_torch_s() -> float:
-    """Seconds one `python -c "import torch"` takes now, with this benchmark's Python."""
-    start = time.monotonic()
+def import_torch() -> tuple[float, float]:
+    """Seconds one `python -c "import torch"` takes now, with this benchmark's Python: wall-clock and CPU (the
+    latter hardly depends on what else the machine runs)."""
+    start, before = time.monotonic(), os.times()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    return time.monotonic() - start
+    after = os.times()
+    return (
+        time.monotonic() - start,
+        after.children_user + after.children_system - before.children_user - before.children_system,
+    )
 
 
-PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s")
+PRELOADING = re.compile(r"warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s(?:, ([0-9.]+) s of CPU)?")
+FORKED = re.compile(r"^(\S+ \S+) INFO .*warm start: \d+ worker\(s\) forked \(preloading ([0-9.]+) s.*$", re.MULTILINE)
+TORCH_PART = re.compile(r"preloaded torch ([0-9.]+) s")
+ASKED = re.compile(r"^(\S+ \S+) INFO .*asking generation \d+ to end at its next step boundary", re.MULTILINE)
 
 
-def start_modes(state: Path) -> tuple[dict[str, int], list[float]]:
+def log_time(stamp: str) -> float:
+    """The epoch time of a log line's ``asctime`` (``2026-11-28 22:10:28,440``, this machine's local time)."""
+    day, ms = stamp.rsplit(",", 1)
+    return time.mktime(time.strptime(day, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+
+
+def runtime_parts(state: Path, agent_log: Path, groups: list[str], started: float, formed: float) -> dict[str, float]:
+    """The runtime's part of one grow split as the module docstring says (``groups``: the round's satellites,
+    ``started``: when the last one ran, ``formed``: when the generation with their workers formed)."""
+    forks = [
+        (
+            log_time(m.group(1)),
+            float(m.group(2)),
+            float(part.group(1)) if (part := TORCH_PART.search(m.group(0))) else 0.0,
+        )
+        for g in groups
+        if (path := state / f"satellite-{g}.log").exists()
+        for m in FORKED.finditer(path.read_text(errors="replace"))
+    ]
+    forked = max((f[0] for f in forks), default=started)
+    text = agent_log.read_text(errors="replace") if agent_log.exists() else ""
+    asks = [t for m in ASKED.finditer(text) if started - 0.01 <= (t := log_time(m.group(1))) <= formed + 0.01]
+    asked = max(asks, default=formed)  # the ask that ended the generation before the one formed
+    last = max(forks, default=(started, 0.0, 0.0))
+    return {
+        "warm_s": forked - started,
+        "ready_s": max(0.0, asked - forked),
+        "join_s": formed - max(asked, forked),
+        "preload_s": last[1],
+        "preload_torch_s": last[2],
+    }
+
+
+def start_modes(state: Path) -> tuple[dict[str, int], list[float], list[float]]:
     """How many satellites started their workers warm (forked) and how many cold (srun), from their logs; and each
-    warm one's preloading time (its imports before the fork)."""
+    warm one's preloading time (its imports before the fork), wall-clock and CPU."""
     logs = [p.read_text(errors="replace") for p in state.glob("satellite-g*.log")]
-    preloads = [float(m.group(1)) for text in logs for m in PRELOADING.finditer(text)]
+    found = [m for text in logs for m in PRELOADING.finditer(text)]
     modes = {
         "warm": sum("warm start:" in text for text in logs),
         "cold": sum("starting the workers cold" in text for text in logs),
     }
-    return modes, preloads
+    return modes, [float(m.group(1)) for m in found], [float(m.group(2)) for m in found if m.group(2)]
 
 
 def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
@@ -93,7 +143,8 @@ def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
     wait(f"{high} workers", lambda: generation_with(job, high, t_request) is not None, 300)
     formed = generation_with(job, high, t_request)
     assert formed is not None
-    started = [float(p.read_text()) for p in state.glob("satellite-*.started") if p.name not in before]
+    new = [p for p in state.glob("satellite-*.started") if p.name not in before]
+    started = [float(p.read_text()) for p in new]
     submitted = [
         e["t"] for e in job.history()["history"] if e["event"] == "satellite_submitted" and e["t"] >= t_request - 0.01
     ]
@@ -104,6 +155,8 @@ def one_round(job: ElasticJob[Any], low: int, high: int) -> dict[str, float]:
         "runtime_s": formed["formed_at"] - running,
         "agent_s": min(submitted) - t_request,
     }
+    groups = [p.name.removeprefix("satellite-").removesuffix(".started") for p in new]
+    grow.update(runtime_parts(state, job.agent_log_path, groups, running, formed["formed_at"]))
     time.sleep(2)
     t_shrink = time.time()
     job.resize(low, reason="bench-grow")
@@ -139,9 +192,11 @@ def main() -> int:
     client = CliSlurmClient.from_environment()
     gpus = max(n.gpus_total for n in client.nodes()) // args.workers_per_satellite
     low, high = 2, 2 + args.satellites * args.workers_per_satellite
-    imports = [import_torch_s()]
+    wall, cpu = import_torch()
+    imports, imports_cpu = [wall], [cpu]
     modes: dict[str, int] = {}
     preloads: list[float] = []
+    preloads_cpu: list[float] = []
     rounds: list[dict[str, float]] = []
     job: ElasticJob[Any] | None = None
     try:
@@ -154,14 +209,16 @@ def main() -> int:
                 for i in range(args.rounds):
                     rounds.append(one_round(job, low, high))
                     r = rounds[-1]
-                    imports.append(import_torch_s())
+                    wall, cpu = import_torch()
+                    imports.append(wall)
+                    imports_cpu.append(cpu)
                     print(
                         f"round {i + 1}: grow {r['grow_total_s']:.2f} s (Slurm {r['slurm_s']:.2f} s, runtime "
                         f"{r['runtime_s']:.2f} s), shrink {r['shrink_total_s']:.2f} s; import torch "
                         f"{imports[-1]:.2f} s",
                         flush=True,
                     )
-                modes, preloads = start_modes(job.state_dir)
+                modes, preloads, preloads_cpu = start_modes(job.state_dir)
             finally:
                 if args.keep:  # the logs of a failed run too
                     shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
@@ -173,20 +230,39 @@ def main() -> int:
             job.cancel(check=False)
         if not was_up:
             subprocess.run([script, "down"], capture_output=True, check=False)
-    keys = ["grow_total_s", "slurm_s", "runtime_s", "agent_s", "shrink_total_s", "pause_s"]
+    keys = [
+        "grow_total_s",
+        "slurm_s",
+        "runtime_s",
+        "warm_s",
+        "ready_s",
+        "join_s",
+        "agent_s",
+        "shrink_total_s",
+        "pause_s",
+    ]
     median = {k: statistics.median(r[k] for r in rounds) for k in keys}
     median["import_torch_s"] = statistics.median(imports)
     median["warm_preload_s"] = statistics.median(preloads) if preloads else 0.0
+    median["warm_torch_s"] = statistics.median(r["preload_torch_s"] for r in rounds)
+    median["runtime_per_import"] = median["runtime_s"] / median["import_torch_s"]
+    median["import_torch_cpu_s"] = statistics.median(imports_cpu)
+    median["warm_preload_cpu_s"] = statistics.median(preloads_cpu) if preloads_cpu else 0.0
+    median["preload_cpu_per_import_cpu"] = median["warm_preload_cpu_s"] / median["import_torch_cpu_s"]
     print(f"\n{'measure':<16}{'median':>9}" + "".join(f"{'#' + str(i + 1):>9}" for i in range(len(rounds))))
     for k in keys:
         print(f"{k:<16}{median[k]:>9.3f}" + "".join(f"{r[k]:>9.3f}" for r in rounds))
     print(
         "\ngrow: resize() -> the generation with the new workers formed; slurm_s: satellite submitted -> its batch"
-        "\nscript running; runtime_s: satellite running -> workers joined (process start, imports, model, join);"
+        "\nscript running; runtime_s: satellite running -> workers joined (process start, imports, model, join)"
+        "\n= warm_s (-> workers forked) + ready_s (-> every joiner ready) + join_s (-> generation formed);"
         "\npause_s: what the training workers lose at the switch. shrink: resize() -> generation without them."
         f"\nimport_torch_s (one `python -c 'import torch'`, median of {len(imports)}): {median['import_torch_s']:.3f}; "
         f"satellites started warm {modes.get('warm', 0)}, cold {modes.get('cold', 0)}; the warm ones' preloading "
-        f"(imports before the fork, median): {median['warm_preload_s']:.3f}"
+        f"(imports before the fork, median): {median['warm_preload_s']:.3f}, torch's {median['warm_torch_s']:.3f}"
+        f"\nruntime_s / import_torch_s: {median['runtime_per_import']:.2f}; in CPU seconds, which the machine's load "
+        f"hardly changes, the preloading {median['warm_preload_cpu_s']:.3f} / the import "
+        f"{median['import_torch_cpu_s']:.3f} = {median['preload_cpu_per_import_cpu']:.2f}"
     )
     if args.json:
         spread_of = {f"{k}_spread": spread([r[k] for r in rounds]) for k in keys}
@@ -195,6 +271,8 @@ def main() -> int:
             **spread_of,
             "import_torch_s_all": imports,
             "warm_preload_s_all": preloads,
+            "import_torch_cpu_s_all": imports_cpu,
+            "warm_preload_cpu_s_all": preloads_cpu,
             "start": modes,
             "workers_per_satellite": args.workers_per_satellite,
             "rounds": rounds,

@@ -48,6 +48,11 @@ def test_bench_grow_writes_its_result_in_one_round(slurm_cluster: ClusterHandle,
     _run(["bench-grow", "--rounds", "1", "--json", str(out)], slurm_cluster.env, timeout=600)
     figures = _document(out, "grow")["figures"]
     assert figures["grow_total_s"] > 0 and figures["grow_total_s_spread"]["n"] == 1
+    # The runtime's part, split at the last satellite's fork and the coordinator's ask (warm start, the default).
+    grow = figures["rounds"][0]
+    assert figures["start"]["warm"] >= 1 and 0 < figures["warm_torch_s"] <= figures["warm_preload_s"]
+    assert grow["warm_s"] + grow["ready_s"] + grow["join_s"] == pytest.approx(grow["runtime_s"], abs=0.01)
+    assert min(grow["warm_s"], grow["ready_s"], grow["join_s"]) > -0.01  # log times are to the millisecond
 
 
 @pytest.mark.slurm

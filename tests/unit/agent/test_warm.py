@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import logging
 import os
@@ -25,15 +26,26 @@ from slurm_amoeba.agent import entry, warm
 from slurm_amoeba.agent.warm import (
     WarmStartRefused,
     WarmWorkers,
+    collector_paused,
     exit_status,
     fork_plan,
     preload_modules,
+    preload_parts,
     split_cpus,
     split_devices,
+    warm_up,
 )
 
 TARGET = str(Path(__file__).with_name("warm_target.py"))
 PY = sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_after() -> Any:
+    """A warm start freezes the process's objects before it forks (for good, in a satellite); the test session's
+    are given back to its collector after each test."""
+    yield
+    gc.unfreeze()
 
 
 def test_a_module_or_a_script_of_this_python_is_run_in_process() -> None:
@@ -99,6 +111,45 @@ def test_forked_workers_run_the_command_once_each_with_their_task_devices_and_lo
     assert {r["ppid"] for r in records.values()} == {os.getpid()}  # forked from this process, not started anew
     assert all(r["name"] == "__main__" and r["argv"] == [TARGET, str(tmp_path)] for r in records.values())
     assert (tmp_path / "worker-g2-1.log").read_text() == "worker g2-1 running\n"
+
+
+def test_a_forked_worker_collects_garbage_but_never_walks_the_objects_the_warm_process_imported(
+    tmp_path: Path,
+) -> None:
+    before = gc.get_freeze_count()
+    workers = _workers(tmp_path, 2)
+    workers.start(preload=["json"])
+    assert workers.wait(timeout=30) == 1
+    records = _records(tmp_path).values()
+    assert all(r["gc_enabled"] for r in records)
+    assert all(r["frozen"] > before for r in records)  # the warm process's objects, frozen before the fork
+    assert gc.isenabled()
+
+
+def test_the_collector_is_off_while_the_warm_process_imports_and_as_it_was_after() -> None:
+    sys.modules.pop("tests.unit.agent.gc_probe", None)
+    plan = fork_plan([PY, TARGET])
+    with collector_paused():
+        seconds = warm_up(plan, ["tests.unit.agent.gc_probe", "json"], "[7/satellite g2]")
+    from tests.unit.agent import gc_probe
+
+    assert gc_probe.COLLECTOR_ON_AT_IMPORT is False and gc.isenabled()
+    assert list(seconds) == ["tests.unit.agent.gc_probe", "json"] and all(s >= 0 for s in seconds.values())
+    gc.disable()
+    try:
+        with pytest.raises(KeyError), collector_paused():
+            raise KeyError("x")
+        assert not gc.isenabled()  # a collector that was off stays off
+    finally:
+        gc.enable()
+
+
+def test_the_warm_up_times_each_preloaded_module_and_the_commands_own_warm_up() -> None:
+    plan = fork_plan([PY, "-m", "slurm_amoeba.launcher.fn_worker"])
+    seconds = warm_up(plan, ["json"], "[7/satellite g2]")
+    assert list(seconds) == ["json", "slurm_amoeba.launcher.fn_worker"]
+    assert preload_parts({"torch": 1.234, "json": 0.001, "torch._dynamo": 0.5}) == "torch 1.23 s, torch._dynamo 0.50 s"
+    assert preload_parts({"json": 0.0}) == "nothing to import"
 
 
 def test_a_forked_worker_runs_none_of_the_exit_handlers_its_parent_registered(tmp_path: Path) -> None:

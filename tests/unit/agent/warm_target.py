@@ -1,12 +1,13 @@
 """A worker command for tests/unit/agent/test_warm.py: writes what it was started with, then exits as told.
 
 ``python warm_target.py OUT_DIR [wait]``: writes ``OUT_DIR/<worker id>.json`` (its argv, ``__name__``, pid, parent
-pid and the variables a task gets) and exits with its task number; with ``wait`` it first waits for SIGTERM (a
-satellite's shrink) and exits 0 once it came.
+pid, the variables a task gets, its garbage collector's state) and exits with its task number; with ``wait`` it
+first waits for SIGTERM (a satellite's shrink) and exits 0 once it came.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -26,6 +27,8 @@ def main() -> int:
         "procid": os.environ.get("SLURM_PROCID"),
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cpus": sorted(os.sched_getaffinity(0)),
+        "gc_enabled": gc.isenabled(),
+        "frozen": gc.get_freeze_count(),
     }
     print(f"worker {worker} running")
     if sys.argv[2:] == ["wait"]:

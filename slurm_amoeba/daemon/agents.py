@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import AmoebaError
-from slurm_amoeba.core.messages import MAX_BATCH, MAX_NOISE_SCALE, MAX_STEP_S, quote
+from slurm_amoeba.core.messages import MAX_BATCH, MAX_NOISE_SCALE, MAX_STEP_S, check_place_beside, quote
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 _AGENT_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:[0-9]{1,5}$|^tcp://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}$")
@@ -178,6 +178,26 @@ class Beside:
         """The directive's ``place_beside`` object."""
         fields = dataclasses.asdict(self)
         return {**fields, "nodes": dict(self.nodes)}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Beside:
+        """The share a ``place_beside`` object describes (the state file keeps shares in that form).
+
+        Raises:
+            ProtocolError: a field is missing, unknown or wrong
+                (:func:`~slurm_amoeba.core.messages.check_place_beside`).
+        """
+        check_place_beside(body)
+        return cls(
+            str(body["host"]),
+            str(body["partition"]),
+            {str(node): int(count) for node, count in body["nodes"].items()},
+            str(body["role"]),
+            int(body["host_uid"]),
+            str(body["status_path"]),
+            pace_bound=float(body["pace_bound"]),
+            sub_batch=int(body["sub_batch"]),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

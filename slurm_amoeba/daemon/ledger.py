@@ -69,13 +69,14 @@ class Ledger:
         self.moves: dict[str, float] = {}
         self.requested_shares: list[act.Share] = []
         self._dirty = False
-        if self.recovered or self.state.pinned or self.state.draining:
+        if self.recovered or self.state.pinned or self.state.draining or self.state.shares:
             logger.info(
-                "[daemon/recovery] from %s: %d pinned job(s), draining=%s, %d resize(s) in flight",
+                "[daemon/recovery] from %s: %d pinned job(s), draining=%s, %d resize(s) in flight, %d share(s)",
                 self.state_path,
                 len(self.state.pinned),
                 self.state.draining,
                 len(self.recovered),
+                len(self.state.shares),
             )
 
     # ------------------------------------------------------------------ the state file
@@ -125,6 +126,7 @@ class Ledger:
             record.history, record.adaptive = previous.history, previous.adaptive
         elif reg.job_id in self.recovered:
             record.in_flight = self.recovered.pop(reg.job_id)
+        record.beside = previous.beside if previous is not None else self.state.shares.get(reg.job_id)
         if previous is not None:
             self._per_uid[previous.uid] -= 1
         self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
@@ -200,7 +202,7 @@ class Ledger:
             del self.failing_nodes[agent.job_id]
 
     def forget(self, gone: Collection[str], active: Collection[str]) -> None:
-        """Forget ended jobs, and pins and recovered resizes of jobs Slurm no longer runs.
+        """Forget ended jobs, and pins, recovered resizes and shares of jobs Slurm no longer runs.
 
         Args:
             gone: registered jobs Slurm no longer runs.
@@ -213,9 +215,12 @@ class Ledger:
             logger.info("[daemon/observer] job %s (user %s) has ended; its agent is forgotten", job_id, agent.user)
         stale_pins = {job for job in self.state.pinned if job not in active}
         stale_recovered = {job for job in self.recovered if job not in active}
+        stale_shares = {job for job in self.state.shares if job not in active or job in gone}
         for job in stale_recovered:
             del self.recovered[job]
-        if stale_pins or gone or stale_recovered:
+        for job in stale_shares:
+            del self.state.shares[job]
+        if stale_pins or gone or stale_recovered or stale_shares:
             self.state.pinned -= stale_pins
             self.changed()
 
@@ -275,6 +280,11 @@ class Ledger:
         kind = "move" if vacate else "share" if beside is not None else kind
         if beside is not None or unshare:
             agent.beside = beside
+            if beside is not None:
+                self.state.shares[agent.job_id] = beside
+            else:
+                self.state.shares.pop(agent.job_id, None)
+            self.changed()
         if vacate:
             self.moves[agent.job_id] = now
             if for_job:

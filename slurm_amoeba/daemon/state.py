@@ -1,9 +1,11 @@
-"""What the daemon keeps across a restart: pins, the drain switch, and resizes the agents accepted.
+"""What the daemon keeps across a restart: pins, the drain switch, resizes the agents accepted, and shares.
 
 Everything else is rebuilt from Slurm and from the agents re-registering (DESIGN.md, restart recovery). Acknowledged
 resizes are kept so that a restarted daemon does not order a job again while it is still moving to a size the
 previous daemon ordered ("nothing decided twice"); the agents' own reports (target != size) say the same, and this
-file covers the moment between the agent's acknowledgement and its next report.
+file covers the moment between the agent's acknowledgement and its next report. Shares (a job's workers placed
+beside another job's, GPU sharing) are kept so that a restarted daemon still knows which sharer to send back to its
+own workers when the host needs its place (the agents' reports do not say where their workers run).
 
 The file is JSON, replaced atomically (write, fsync, rename). A file that cannot be read is set aside with a
 warning and the daemon starts without it: losing pins is better than not starting.
@@ -18,7 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurm_amoeba.daemon.agents import InFlight, check_job_id
+from slurm_amoeba.core.messages import ProtocolError
+from slurm_amoeba.daemon.agents import Beside, InFlight, check_job_id
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,13 @@ class DaemonState:
         pinned: job ids excluded from the policy.
         draining: every elastic job is held at its minimum.
         in_flight: job id -> an acknowledged resize not yet reached.
+        shares: job id -> its workers beside another job (the share the daemon ordered and has not taken back).
     """
 
     pinned: set[str] = dataclasses.field(default_factory=set)
     draining: bool = False
     in_flight: dict[str, InFlight] = dataclasses.field(default_factory=dict)
+    shares: dict[str, Beside] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -46,6 +51,7 @@ class DaemonState:
             "pinned": sorted(self.pinned),
             "draining": self.draining,
             "in_flight": {job: dataclasses.asdict(entry) for job, entry in sorted(self.in_flight.items())},
+            "shares": {job: beside.to_body() for job, beside in sorted(self.shares.items())},
         }
 
     @classmethod
@@ -77,7 +83,18 @@ class DaemonState:
                 acknowledged=True,
                 acknowledged_at=float(entry.get("acknowledged_at") or ordered_at),
             )
-        return cls({check_job_id(str(job)) for job in pinned}, draining, in_flight)
+        shares_doc = doc.get("shares", {})  # absent in files written before shares were kept
+        if not isinstance(shares_doc, dict):
+            raise ValueError("shares must be an object")
+        shares: dict[str, Beside] = {}
+        for job, body in shares_doc.items():
+            if not isinstance(body, dict):
+                raise ValueError(f"shares[{job!r}] is not an object")
+            try:
+                shares[check_job_id(str(job))] = Beside.from_body(body)
+            except ProtocolError as exc:
+                raise ValueError(f"shares[{job!r}]: {exc}") from exc
+        return cls({check_job_id(str(job)) for job in pinned}, draining, in_flight, shares)
 
 
 def load_state(path: Path | None) -> DaemonState:

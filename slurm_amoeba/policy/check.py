@@ -37,7 +37,7 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
     Raises:
         PolicyError: the first broken invariant, named with the job and the numbers.
     """
-    jobs = {job.job_id: job for job in snapshot.jobs}
+    jobs = snapshot.by_id()
     gpus = _GpuLedger(snapshot)
     placed: set[str] = set()
     queued: set[str] = set()

@@ -9,8 +9,9 @@ one place means one placement rule for all policies and one place to test it.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 from slurm_amoeba.policy.actions import Place, Preempt, Resize, Start
@@ -109,14 +110,19 @@ class FreeGpus:
     """
 
     def __init__(self, free: Mapping[str, int]) -> None:
-        """Start from node -> free GPUs (the mapping's order breaks ties)."""
+        """Start from node -> free GPUs (the mapping's order breaks ties).
+
+        Only the nodes with free GPUs enter the heap (on a busy cluster, few): a full node can take nothing, and a
+        node that frees GPUs later enters it then (:meth:`change`). A node's version (which of its heap entries is
+        current) is 0 until its count first changes.
+        """
         self.free = dict(free)
         self._index = {name: i for i, name in enumerate(self.free)}
-        self._version = dict.fromkeys(self.free, 0)
-        self._heap = [(-gpus, self._index[name], 0, name) for name, gpus in self.free.items()]
+        self._version: dict[str, int] = {}
+        self._heap = [(-gpus, i, 0, name) for i, (name, gpus) in enumerate(self.free.items()) if gpus > 0]
         heapq.heapify(self._heap)
         self._nodes_with: dict[int, int] = dict(Counter(self.free.values()))
-        self._single_slots = sum(gpus for gpus in self.free.values() if gpus > 0)
+        self._single_slots = sum(-entry[0] for entry in self._heap)
 
     def change(self, name: str, delta: int) -> None:
         """Add ``delta`` GPUs (negative: take) to a node's free count."""
@@ -133,7 +139,7 @@ class FreeGpus:
         nodes_with[before] -= 1
         nodes_with[after] = nodes_with.get(after, 0) + 1
         self._single_slots += (after if after > 0 else 0) - (before if before > 0 else 0)
-        version = self._version[name] + 1
+        version = self._version.get(name, 0) + 1
         self._version[name] = version
         return (-after, self._index[name], version, name)
 
@@ -158,7 +164,7 @@ class FreeGpus:
         if self.slots(gpus_per_worker) < workers:
             return None
         heap, versions = self._heap, self._version
-        while heap and heap[0][2] != versions[heap[0][3]]:  # stale entries on top: drop them for good
+        while heap and heap[0][2] != versions.get(heap[0][3], 0):  # stale entries on top: drop them for good
             heapq.heappop(heap)
         if heap and workers > 0 and -heap[0][0] // gpus_per_worker >= workers:
             # The most free node holds them all (most starts): one heap move instead of a pop and two pushes.
@@ -171,7 +177,7 @@ class FreeGpus:
         while need > 0 and self._heap:
             entry = heapq.heappop(self._heap)
             neg, _, version, name = entry
-            if version != self._version[name]:
+            if version != versions.get(name, 0):
                 continue
             popped.append(entry)
             slots = -neg // gpus_per_worker
@@ -263,9 +269,21 @@ def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
     return queue
 
 
-def arrival_key(job: JobInfo) -> tuple[float, str]:
-    """Sort key for first come, first served: submit time, then id."""
-    return (job.submit_time, job.job_id)
+#: Sort key for first come, first served: submit time, then id (``operator.attrgetter``: a decision sorts every job
+#: by it, and a key read in C costs a fraction of a Python call).
+arrival_key: Callable[[JobInfo], tuple[float, str]] = operator.attrgetter("submit_time", "job_id")
+
+
+def las_fcfs_order(jobs: Iterable[JobInfo], thresholds_gpu_s: Sequence[float]) -> list[JobInfo]:
+    """Jobs by 2D-LAS queue (:func:`las_queue`), first come, first served within a queue (:data:`arrival_key`).
+
+    The order of the key ``(las_queue(...), submit_time, job_id)``, built as one sort by arrival and a stable split
+    into the queues: the sort's key is read in C, and the queue of each job is counted once.
+    """
+    queues: list[list[JobInfo]] = [[] for _ in range(len(thresholds_gpu_s) + 1)]
+    for job in sorted(jobs, key=arrival_key):
+        queues[las_queue(job.attained_service, thresholds_gpu_s)].append(job)
+    return [job for queue in queues for job in queue]
 
 
 def priority_key(job: JobInfo) -> tuple[int, float, str]:
@@ -337,24 +355,28 @@ def distribute_spare(
     """
     grown = dict(sizes)
 
-    def rank(job: JobInfo, size: int) -> float:
-        return job.attained_service if by_service else -speedup_gain(job, size)
+    def entry(index: int, job: JobInfo, size: int) -> tuple[float, int, float, JobInfo]:
+        """The job's heap entry at ``size``: its rank, its index (unique: ties never compare further), and the gain
+        of its next worker (:func:`speedup_gain`, worked out once per size for both the rank and the threshold)."""
+        gain = speedup_gain(job, size)
+        return (job.attained_service if by_service else -gain, index, gain, job)
 
-    heap: list[tuple[float, int, JobInfo]] = []
-    for index, job in enumerate(jobs):
-        size = grown.get(job.job_id, 0)
-        if job.is_resizable and 0 < size < job.max_workers:
-            heap.append((rank(job, size), index, job))
+    heap = [
+        entry(index, job, grown.get(job.job_id, 0))
+        for index, job in enumerate(jobs)
+        if job.is_resizable and 0 < grown.get(job.job_id, 0) < job.max_workers
+    ]
     heapq.heapify(heap)
     while heap and spare_gpus > 0:
-        _, index, job = heapq.heappop(heap)
+        _, index, gain, job = heapq.heappop(heap)
         size = grown[job.job_id]
-        if job.gpus_per_worker > spare_gpus or marginal_efficiency(job, size) < min_gain:
+        # marginal_efficiency(job, size), from the gain the entry carries
+        if job.gpus_per_worker > spare_gpus or gain * job.min_workers * job.gpus_per_worker < min_gain:
             continue
         grown[job.job_id] = size + 1
         spare_gpus -= job.gpus_per_worker
         if size + 1 < job.max_workers:
-            heapq.heappush(heap, (rank(job, size + 1), index, job))
+            heapq.heappush(heap, entry(index, job, size + 1))
     return grown
 
 
@@ -385,7 +407,7 @@ def realize(
     """
     free = FreeGpus(snapshot.free_by_node())
     decisions: list[SizeAction] = []
-    by_id = {job.job_id: job for job in snapshot.jobs}
+    by_id = snapshot.by_id()
     guests = {job.shared_with: job.job_id for job in snapshot.jobs if job.shared_with is not None}
     releases = dict(targets)
     for job_id, target in targets.items():

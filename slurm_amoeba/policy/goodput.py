@@ -48,6 +48,7 @@ from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
     SizeAction,
     base_size,
+    las_fcfs_order,
     las_queue,
     managed_capacity,
     realize,
@@ -247,7 +248,7 @@ class GoodputPolicy:
             Start, preempt, grow and shrink decisions.
         """
         capacity = managed_capacity(snapshot)
-        order = sorted(schedulable(snapshot), key=self.queue_key)
+        order = las_fcfs_order(schedulable(snapshot), self.thresholds_gpu_s)  # sorted by queue_key
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:
@@ -260,7 +261,7 @@ class GoodputPolicy:
                 sizes[job.job_id] = 0
         self._grow(admitted, sizes, capacity)
         targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
-        by_id = {job.job_id: job for job in snapshot.jobs}
+        by_id = snapshot.by_id()
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
             return with_batches(snapshot, realize_packed(snapshot, targets, admitted, reasons))
@@ -453,7 +454,7 @@ def with_batches(snapshot: Snapshot, actions: Sequence[SizeAction]) -> list[Size
     Returns:
         ``actions`` with each adaptive job's resize carrying its batch, then the batch-only resizes of drifted jobs.
     """
-    by_id = {job.job_id: job for job in snapshot.jobs}
+    by_id = snapshot.by_id()
     out: list[SizeAction] = []
     for action in actions:
         job = by_id[action.job_id]
@@ -485,7 +486,7 @@ def realize_packed(
     executor applies them in. Sharing jobs are not handled here: the caller uses ``realize`` when any job shares.
     """
     packer = _Packer(snapshot.free_by_node(), max((node.gpus_total for node in snapshot.nodes), default=0))
-    by_id = {job.job_id: job for job in snapshot.jobs}
+    by_id = snapshot.by_id()
     decisions: list[SizeAction] = []
     for job_id, target in targets.items():
         job = by_id[job_id]

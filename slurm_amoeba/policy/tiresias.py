@@ -22,6 +22,7 @@ from slurm_amoeba.policy.common import (
     admit_in_order,
     base_size,
     distribute_spare,
+    las_fcfs_order,
     managed_capacity,
     realize,
     schedulable,
@@ -42,7 +43,7 @@ def las_order(jobs: Sequence[JobInfo], threshold_gpu_s: float) -> list[JobInfo]:
     Returns:
         The jobs, highest priority first.
     """
-    return sorted(jobs, key=lambda job: (job.attained_service >= threshold_gpu_s, job.submit_time, job.job_id))
+    return las_fcfs_order(jobs, (threshold_gpu_s,))
 
 
 def _check_threshold(threshold_gpu_s: float) -> None:
@@ -164,7 +165,7 @@ class ElasticTiresiasPolicy:
                 capacity -= extra * job.gpus_per_worker
         sizes = distribute_spare(admitted, sizes, capacity, self.min_gain)
         targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
-        by_id = {job.job_id: job for job in snapshot.jobs}
+        by_id = snapshot.by_id()
         reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
         return realize(snapshot, targets, admitted, reasons)
 

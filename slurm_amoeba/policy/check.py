@@ -237,7 +237,7 @@ def _check_move(job: JobInfo, move: act.Move, jobs: Mapping[str, JobInfo]) -> No
         )
 
 
-def _check_sharing(jobs: dict[str, JobInfo], decided: dict[str, _Sized]) -> None:
+def _check_sharing(jobs: Mapping[str, JobInfo], decided: dict[str, _Sized]) -> None:
     def final(job_id: str) -> tuple[int, Mapping[str, int], str | None]:
         action = decided.get(job_id)
         if action is not None:

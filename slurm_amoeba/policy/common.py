@@ -161,7 +161,7 @@ class FreeGpus:
         Returns:
             node -> workers, or ``None`` (nothing taken) when they do not fit.
         """
-        if self.slots(gpus_per_worker) < workers:
+        if (self._single_slots if gpus_per_worker == 1 else self.slots(gpus_per_worker)) < workers:
             return None
         heap, versions = self._heap, self._version
         while heap and heap[0][2] != versions.get(heap[0][3], 0):  # stale entries on top: drop them for good
@@ -244,19 +244,21 @@ def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
     return targets
 
 
-def schedulable(snapshot: Snapshot) -> list[JobInfo]:
-    """The jobs a policy orders and sizes: all but those on another job's GPUs (they follow their host) and the held
-    ones (they may not start until released, as in Slurm)."""
-    return [job for job in snapshot.jobs if job.shared_with is None and not job.held]
+def schedulable(snapshot: Snapshot) -> tuple[list[JobInfo], int]:
+    """The jobs a policy orders and sizes, and the GPUs it may hand out, in one pass over the jobs.
 
-
-def managed_capacity(snapshot: Snapshot) -> int:
-    """GPUs the policy may hand out: the free ones plus those its running jobs hold exclusively.
-
-    In the simulator this is every GPU; in the daemon, GPUs held by work the policy does not manage are left out.
+    The jobs: all but those on another job's GPUs (they follow their host) and the held ones (they may not start
+    until released, as in Slurm), in snapshot order. The GPUs: the free ones plus those held exclusively by running
+    jobs; in the simulator this is every GPU, in the daemon GPUs held by work the policy does not manage are left out.
     """
-    held = sum(job.gpus for job in snapshot.jobs if job.workers > 0 and job.shared_with is None)
-    return snapshot.free_gpus + held
+    jobs: list[JobInfo] = []
+    held = 0
+    for job in snapshot.jobs:
+        if job.shared_with is None:
+            held += job.workers * job.gpus_per_worker
+            if not job.held:
+                jobs.append(job)
+    return jobs, snapshot.free_gpus + held
 
 
 def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
@@ -282,7 +284,11 @@ def las_fcfs_order(jobs: Iterable[JobInfo], thresholds_gpu_s: Sequence[float]) -
     """
     queues: list[list[JobInfo]] = [[] for _ in range(len(thresholds_gpu_s) + 1)]
     for job in sorted(jobs, key=arrival_key):
-        queues[las_queue(job.attained_service, thresholds_gpu_s)].append(job)
+        attained, queue = job.attained_service, 0
+        for threshold in thresholds_gpu_s:  # las_queue, inline: this runs once per job of the cluster
+            if attained >= threshold:
+                queue += 1
+        queues[queue].append(job)
     return [job for queue in queues for job in queue]
 
 
@@ -432,17 +438,22 @@ def realize(
         decisions.append(size_action(job, target, new, reason.get(job_id, "")))
     pinned = _place_fixed(free, by_id, releases, fixed or {}, reason)
     decisions.extend(pinned.values())
+    growing = {
+        job_id: target
+        for job_id, target in releases.items()
+        if target > by_id[job_id].workers and by_id[job_id].shared_with is None and job_id not in pinned
+    }
     for job in order:
-        target = releases.get(job.job_id, job.workers)
-        if target <= job.workers or job.shared_with is not None or job.job_id in pinned:
+        size = growing.get(job.job_id)
+        if size is None:
             continue
         if job.state is JobPhase.RUNNING:
-            grown = free.grow(job.placement, target - job.workers, job.gpus_per_worker)
+            grown = free.grow(job.placement, size - job.workers, job.gpus_per_worker)
         else:
-            grown = free.place(target, job.gpus_per_worker)
+            grown = free.place(size, job.gpus_per_worker)
         if grown is None:
             continue
-        decisions.append(size_action(job, target, grown, reason.get(job.job_id, "")))
+        decisions.append(size_action(job, size, grown, reason.get(job.job_id, "")))
     return decisions
 
 

@@ -50,7 +50,6 @@ from slurm_amoeba.policy.common import (
     base_size,
     las_fcfs_order,
     las_queue,
-    managed_capacity,
     realize,
     schedulable,
     shrink_placement,
@@ -247,8 +246,8 @@ class GoodputPolicy:
         Returns:
             Start, preempt, grow and shrink decisions.
         """
-        capacity = managed_capacity(snapshot)
-        order = las_fcfs_order(schedulable(snapshot), self.thresholds_gpu_s)  # sorted by queue_key
+        jobs, capacity = schedulable(snapshot)
+        order = las_fcfs_order(jobs, self.thresholds_gpu_s)  # sorted by queue_key
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:

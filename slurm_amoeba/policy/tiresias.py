@@ -23,7 +23,6 @@ from slurm_amoeba.policy.common import (
     base_size,
     distribute_spare,
     las_fcfs_order,
-    managed_capacity,
     realize,
     schedulable,
 )
@@ -93,8 +92,8 @@ class TiresiasPolicy:
         Returns:
             Start and preempt decisions.
         """
-        capacity = managed_capacity(snapshot)
-        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
+        jobs, capacity = schedulable(snapshot)
+        order = las_order(jobs, self.threshold_gpu_s)
         targets = admit_in_order(order, capacity)
         reasons = {
             key: "tiresias: admitted in 2D-LAS order" if size else "tiresias: preempted by higher-priority jobs"
@@ -145,8 +144,8 @@ class ElasticTiresiasPolicy:
         Returns:
             Start, preempt, grow and shrink decisions.
         """
-        capacity = managed_capacity(snapshot)
-        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
+        jobs, capacity = schedulable(snapshot)
+        order = las_order(jobs, self.threshold_gpu_s)
         sizes: dict[str, int] = {}
         admitted: list[JobInfo] = []
         for job in order:

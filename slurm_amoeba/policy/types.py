@@ -217,8 +217,11 @@ class JobInfo:
             The rate, in the unit of :attr:`throughput`.
         """
         table = self.throughput
-        if workers in table:
-            return table[workers]
+        known = table.get(workers)
+        if known is not None:
+            return known
+        if not table:
+            return None
         below = [size for size in table if size < workers]
         above = [size for size in table if size > workers]
         if not below or not above:

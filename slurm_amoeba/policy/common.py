@@ -297,6 +297,12 @@ def priority_key(job: JobInfo) -> tuple[int, float, str]:
     return (-job.priority, job.submit_time, job.job_id)
 
 
+def priority_order(jobs: Iterable[JobInfo]) -> list[JobInfo]:
+    """Jobs sorted by :func:`priority_key`, as two sorts keyed in C: by arrival, then stably by priority, highest
+    first (``reverse`` keeps a sort stable)."""
+    return sorted(sorted(jobs, key=arrival_key), key=operator.attrgetter("priority"), reverse=True)
+
+
 def base_size(job: JobInfo) -> int:
     """The size a job starts with: its minimum when elastic, its requested size otherwise."""
     return job.min_workers if job.is_elastic else job.requested_workers
@@ -416,15 +422,24 @@ def realize(
     by_id = snapshot.by_id()
     guests = {job.shared_with: job.job_id for job in snapshot.jobs if job.shared_with is not None}
     releases = dict(targets)
-    for job_id, target in targets.items():
-        guest = guests.get(job_id)
-        if guest is not None and target < by_id[job_id].workers and releases.get(guest, 1) != 0:
-            # A guest cannot stay on GPUs its host gives up.
-            releases[guest] = 0
-            reason = {**reason, guest: f"its host {job_id} gives up the GPUs it shares"}
+    if guests:
+        left: dict[str, str] = {}
+        for job_id, target in targets.items():
+            guest = guests.get(job_id)
+            if guest is not None and target < by_id[job_id].workers and releases.get(guest, 1) != 0:
+                # A guest cannot stay on GPUs its host gives up.
+                releases[guest] = 0
+                left[guest] = f"its host {job_id} gives up the GPUs it shares"
+        if left:
+            reason = {**reason, **left}
+    growing: dict[str, int] = {}  # job id -> its size, for the jobs that grow or start
     for job_id, target in releases.items():
         job = by_id[job_id]
-        if job.state is not JobPhase.RUNNING or target >= job.workers:
+        if target > job.workers:
+            if job.shared_with is None:
+                growing[job_id] = target
+            continue
+        if job.state is not JobPhase.RUNNING or target == job.workers:
             continue
         if target == 0:
             new: dict[str, int] = {}
@@ -438,14 +453,9 @@ def realize(
         decisions.append(size_action(job, target, new, reason.get(job_id, "")))
     pinned = _place_fixed(free, by_id, releases, fixed or {}, reason)
     decisions.extend(pinned.values())
-    growing = {
-        job_id: target
-        for job_id, target in releases.items()
-        if target > by_id[job_id].workers and by_id[job_id].shared_with is None and job_id not in pinned
-    }
     for job in order:
         size = growing.get(job.job_id)
-        if size is None:
+        if size is None or job.job_id in pinned:
             continue
         if job.state is JobPhase.RUNNING:
             grown = free.grow(job.placement, size - job.workers, job.gpus_per_worker)

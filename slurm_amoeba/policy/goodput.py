@@ -259,9 +259,13 @@ class GoodputPolicy:
             else:
                 sizes[job.job_id] = 0
         self._grow(admitted, sizes, capacity)
-        targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
-        by_id = snapshot.by_id()
-        reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
+        targets: dict[str, int] = {}
+        reasons: dict[str, str] = {}
+        for job in order:
+            size = sizes[job.job_id]
+            if size != job.workers:
+                targets[job.job_id] = size
+                reasons[job.job_id] = _reason(job, size)
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
             return with_batches(snapshot, realize_packed(snapshot, targets, admitted, reasons))
         return with_batches(snapshot, realize(snapshot, targets, admitted, reasons))

@@ -163,9 +163,13 @@ class ElasticTiresiasPolicy:
                 sizes[job.job_id] += extra
                 capacity -= extra * job.gpus_per_worker
         sizes = distribute_spare(admitted, sizes, capacity, self.min_gain)
-        targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
-        by_id = snapshot.by_id()
-        reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
+        targets: dict[str, int] = {}
+        reasons: dict[str, str] = {}
+        for job in order:
+            size = sizes[job.job_id]
+            if size != job.workers:
+                targets[job.job_id] = size
+                reasons[job.job_id] = _reason(job, size)
         return realize(snapshot, targets, admitted, reasons)
 
 

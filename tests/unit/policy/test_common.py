@@ -18,6 +18,8 @@ from slurm_amoeba.policy.common import (
     las_queue,
     marginal_efficiency,
     place_most_free,
+    priority_key,
+    priority_order,
     realize,
     schedulable,
     shrink_placement,
@@ -222,3 +224,10 @@ def test_snapshot_indexes_its_jobs_by_id_and_names_an_unknown_one() -> None:
     with pytest.raises(PolicyError, match="'c' is not in the snapshot"):
         cluster.job("c")
     assert dataclasses.replace(cluster, jobs=(second,)).by_id() == {"b": second}
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs=st.lists(st.tuples(st.integers(0, 3), st.sampled_from((0.0, 1.0, 2.0))), max_size=20))
+def test_priority_order_is_the_sort_by_priority_key(jobs: list[tuple[int, float]]) -> None:
+    infos = [job(f"j{i}", 1, submit=submit, priority=priority) for i, (priority, submit) in enumerate(jobs)]
+    assert priority_order(reversed(infos)) == sorted(infos, key=priority_key)

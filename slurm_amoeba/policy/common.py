@@ -392,6 +392,29 @@ def distribute_spare(
     return grown
 
 
+def changed_sizes(
+    order: Iterable[JobInfo], sizes: Mapping[str, int], why: Callable[[JobInfo, int], str]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The targets and reasons for :func:`realize`, in one walk of the jobs.
+
+    Args:
+        order: the jobs, in the order the targets should keep.
+        sizes: job id -> the size decided, for every job of ``order``.
+        why: the reason for a job's new size.
+
+    Returns:
+        (job id -> size, job id -> reason) for the jobs whose size differs from the one they hold.
+    """
+    targets: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    for job in order:
+        size = sizes[job.job_id]
+        if size != job.workers:
+            targets[job.job_id] = size
+            reasons[job.job_id] = why(job, size)
+    return targets, reasons
+
+
 def realize(
     snapshot: Snapshot,
     targets: Mapping[str, int],

@@ -48,6 +48,7 @@ from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
     SizeAction,
     base_size,
+    changed_sizes,
     las_fcfs_order,
     las_queue,
     realize,
@@ -259,13 +260,7 @@ class GoodputPolicy:
             else:
                 sizes[job.job_id] = 0
         self._grow(admitted, sizes, capacity)
-        targets: dict[str, int] = {}
-        reasons: dict[str, str] = {}
-        for job in order:
-            size = sizes[job.job_id]
-            if size != job.workers:
-                targets[job.job_id] = size
-                reasons[job.job_id] = _reason(job, size)
+        targets, reasons = changed_sizes(order, sizes, _reason)
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
             return with_batches(snapshot, realize_packed(snapshot, targets, admitted, reasons))
         return with_batches(snapshot, realize(snapshot, targets, admitted, reasons))

@@ -21,6 +21,7 @@ from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
     admit_in_order,
     base_size,
+    changed_sizes,
     distribute_spare,
     las_fcfs_order,
     realize,
@@ -163,13 +164,7 @@ class ElasticTiresiasPolicy:
                 sizes[job.job_id] += extra
                 capacity -= extra * job.gpus_per_worker
         sizes = distribute_spare(admitted, sizes, capacity, self.min_gain)
-        targets: dict[str, int] = {}
-        reasons: dict[str, str] = {}
-        for job in order:
-            size = sizes[job.job_id]
-            if size != job.workers:
-                targets[job.job_id] = size
-                reasons[job.job_id] = _reason(job, size)
+        targets, reasons = changed_sizes(order, sizes, _reason)
         return realize(snapshot, targets, admitted, reasons)
 
 

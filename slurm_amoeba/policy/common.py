@@ -107,41 +107,42 @@ class FreeGpus:
     of all nodes; a count of nodes by free GPUs answers "do these workers fit at all?" in O(GPUs per node) before
     any node is looked at, so a job that does not fit (most pending jobs on a full cluster) costs no scan of the
     nodes. Together they keep a decision over n jobs and m nodes within O((n + m) log m).
+
+    Each heap entry is one integer, ``index - free * nodes`` (``index``: the node's place in the mapping), so the
+    heap compares integers, not tuples; an entry is current while its node's free count is still the one it was
+    pushed with, and the others are dropped when they come up (two current entries of one node are the same).
     """
 
     def __init__(self, free: Mapping[str, int]) -> None:
         """Start from node -> free GPUs (the mapping's order breaks ties).
 
         Only the nodes with free GPUs enter the heap (on a busy cluster, few): a full node can take nothing, and a
-        node that frees GPUs later enters it then (:meth:`change`). A node's version (which of its heap entries is
-        current) is 0 until its count first changes.
+        node that frees GPUs later enters it then (:meth:`change`).
         """
         self.free = dict(free)
-        self._index = {name: i for i, name in enumerate(self.free)}
-        self._version: dict[str, int] = {}
-        self._heap = [(-gpus, i, 0, name) for i, (name, gpus) in enumerate(self.free.items()) if gpus > 0]
+        self._names = list(self.free)
+        self._index = {name: i for i, name in enumerate(self._names)}
+        self._stride = max(len(self._names), 1)
+        self._heap = [i - gpus * self._stride for i, gpus in enumerate(self.free.values()) if gpus > 0]
         heapq.heapify(self._heap)
         self._nodes_with: dict[int, int] = dict(Counter(self.free.values()))
-        self._single_slots = sum(-entry[0] for entry in self._heap)
+        self._single_slots = sum(gpus for gpus in self.free.values() if gpus > 0)
 
     def change(self, name: str, delta: int) -> None:
         """Add ``delta`` GPUs (negative: take) to a node's free count."""
         before = self.free.get(name)
-        if before is not None:
+        if before is not None and delta != 0:
             heapq.heappush(self._heap, self._count(name, before, before + delta))
 
-    def _count(self, name: str, before: int, after: int) -> tuple[int, int, int, str]:
+    def _count(self, name: str, before: int, after: int) -> int:
         """Record a node's new free count (``before`` -> ``after``); returns its heap entry, for the caller to put in
-        the heap (its entry before that one is stale from now on)."""
-        free = self.free
-        free[name] = after
+        the heap (its entries before that one are stale from now on, unless the count comes back to theirs)."""
+        self.free[name] = after
         nodes_with = self._nodes_with
         nodes_with[before] -= 1
         nodes_with[after] = nodes_with.get(after, 0) + 1
         self._single_slots += (after if after > 0 else 0) - (before if before > 0 else 0)
-        version = self._version.get(name, 0) + 1
-        self._version[name] = version
-        return (-after, self._index[name], version, name)
+        return self._index[name] - after * self._stride
 
     def slots(self, gpus_per_worker: int = 1) -> int:
         """How many workers of ``gpus_per_worker`` GPUs fit on the free GPUs (each worker on one node)."""
@@ -163,31 +164,35 @@ class FreeGpus:
         """
         if (self._single_slots if gpus_per_worker == 1 else self.slots(gpus_per_worker)) < workers:
             return None
-        heap, versions = self._heap, self._version
-        while heap and heap[0][2] != versions.get(heap[0][3], 0):  # stale entries on top: drop them for good
+        heap, names, free, stride = self._heap, self._names, self.free, self._stride
+        while heap:  # stale entries on top: drop them for good
+            taken, index = divmod(heap[0], stride)  # taken: minus the free count the entry was pushed with
+            name = names[index]
+            if free[name] == -taken:
+                if workers > 0 and -taken // gpus_per_worker >= workers:
+                    # The most free node holds them all (most starts): one heap move instead of a pop and two pushes.
+                    heapq.heapreplace(heap, self._count(name, -taken, -taken - workers * gpus_per_worker))
+                    return {name: workers}
+                break
             heapq.heappop(heap)
-        if heap and workers > 0 and -heap[0][0] // gpus_per_worker >= workers:
-            # The most free node holds them all (most starts): one heap move instead of a pop and two pushes.
-            neg, _, _, name = heap[0]
-            heapq.heapreplace(heap, self._count(name, -neg, -neg - workers * gpus_per_worker))
-            return {name: workers}
         placement: dict[str, int] = {}
-        popped: list[tuple[int, int, int, str]] = []
+        popped: list[int] = []
         need = workers
-        while need > 0 and self._heap:
-            entry = heapq.heappop(self._heap)
-            neg, _, version, name = entry
-            if version != versions.get(name, 0):
+        while need > 0 and heap:
+            entry = heapq.heappop(heap)
+            taken, index = divmod(entry, stride)
+            name = names[index]
+            if free[name] != -taken or name in placement:  # stale, or a second entry of a node already taken
                 continue
             popped.append(entry)
-            slots = -neg // gpus_per_worker
+            slots = -taken // gpus_per_worker
             if slots == 0:  # every node after this one has no more free GPUs
                 break
             take = min(slots, need)
             placement[name] = take
             need -= take
         for entry in popped:
-            heapq.heappush(self._heap, entry)
+            heapq.heappush(heap, entry)
         if need > 0:
             return None
         for name, count in placement.items():

@@ -231,3 +231,13 @@ def test_snapshot_indexes_its_jobs_by_id_and_names_an_unknown_one() -> None:
 def test_priority_order_is_the_sort_by_priority_key(jobs: list[tuple[int, float]]) -> None:
     infos = [job(f"j{i}", 1, submit=submit, priority=priority) for i, (priority, submit) in enumerate(jobs)]
     assert priority_order(reversed(infos)) == sorted(infos, key=priority_key)
+
+
+def test_free_gpus_places_on_a_node_once_when_its_count_came_back_to_an_earlier_one() -> None:
+    index = FreeGpus({"a": 4, "b": 4})
+    index.change("a", -2)
+    index.change("a", 2)  # a's entries for 4 free GPUs: the first and the latest, both current
+    assert index.place(6) == {"a": 4, "b": 2}
+    assert index.free == {"a": 0, "b": 2}
+    assert index.place(2) == {"b": 2}
+    assert index.place(1) is None

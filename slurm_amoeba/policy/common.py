@@ -249,6 +249,31 @@ def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
     return targets
 
 
+def admit_at_minimum(order: Iterable[JobInfo], capacity: int) -> tuple[dict[str, int], list[JobInfo], int]:
+    """Admission down a priority order at minimum sizes (E-Tiresias, goodput): a pending job or a resizable running
+    one is admitted at :func:`base_size`, any other running job at its size, while the GPUs last.
+
+    Args:
+        order: the jobs, highest priority first.
+        capacity: GPUs the policy may hand out.
+
+    Returns:
+        (job id -> its admitted size, 0 when it does not fit; the admitted jobs in order; the GPUs left).
+    """
+    sizes: dict[str, int] = {}
+    admitted: list[JobInfo] = []
+    pending = JobPhase.PENDING
+    for job in order:
+        size = base_size(job) if job.state is pending or job.is_resizable else job.workers
+        if size * job.gpus_per_worker <= capacity:
+            capacity -= size * job.gpus_per_worker
+            sizes[job.job_id] = size
+            admitted.append(job)
+        else:
+            sizes[job.job_id] = 0
+    return sizes, admitted, capacity
+
+
 def schedulable(snapshot: Snapshot) -> tuple[list[JobInfo], int]:
     """The jobs a policy orders and sizes, and the GPUs it may hand out, in one pass over the jobs.
 

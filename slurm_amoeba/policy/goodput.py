@@ -47,7 +47,7 @@ from slurm_amoeba.core.efficiency import efficiency
 from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
     SizeAction,
-    base_size,
+    admit_at_minimum,
     changed_sizes,
     las_fcfs_order,
     las_queue,
@@ -249,16 +249,7 @@ class GoodputPolicy:
         """
         jobs, capacity = schedulable(snapshot)
         order = las_fcfs_order(jobs, self.thresholds_gpu_s)  # sorted by queue_key
-        sizes: dict[str, int] = {}
-        admitted: list[JobInfo] = []
-        for job in order:
-            size = base_size(job) if job.is_resizable or job.state is JobPhase.PENDING else job.workers
-            if size * job.gpus_per_worker <= capacity:
-                capacity -= size * job.gpus_per_worker
-                sizes[job.job_id] = size
-                admitted.append(job)
-            else:
-                sizes[job.job_id] = 0
+        sizes, admitted, capacity = admit_at_minimum(order, capacity)
         self._grow(admitted, sizes, capacity)
         targets, reasons = changed_sizes(order, sizes, _reason)
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
@@ -455,14 +446,15 @@ def with_batches(snapshot: Snapshot, actions: Sequence[SizeAction]) -> list[Size
     by_id = snapshot.by_id()
     out: list[SizeAction] = []
     for action in actions:
-        job = by_id[action.job_id]
-        if isinstance(action, Resize) and job.adaptive is not None and job.batch is not None:
-            action = dataclasses.replace(action, batch=job.adaptive.best(action.workers)[0])
+        if isinstance(action, Resize):
+            job = by_id[action.job_id]
+            if job.adaptive is not None and job.batch is not None:
+                action = dataclasses.replace(action, batch=job.adaptive.best(action.workers)[0])
         out.append(action)
     acted = {action.job_id for action in actions}
     for job in snapshot.running():
         model = job.adaptive
-        if job.job_id in acted or model is None or job.batch is None:
+        if model is None or job.batch is None or job.job_id in acted:
             continue
         if job.pinned or job.resizing or job.shared_with is not None:  # its size need not be elastic
             continue

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
+    admit_at_minimum,
     admit_in_order,
-    base_size,
     changed_sizes,
     distribute_spare,
     las_fcfs_order,
@@ -147,16 +147,7 @@ class ElasticTiresiasPolicy:
         """
         jobs, capacity = schedulable(snapshot)
         order = las_order(jobs, self.threshold_gpu_s)
-        sizes: dict[str, int] = {}
-        admitted: list[JobInfo] = []
-        for job in order:
-            size = base_size(job) if job.is_resizable or job.state is JobPhase.PENDING else job.workers
-            if size * job.gpus_per_worker <= capacity:
-                capacity -= size * job.gpus_per_worker
-                sizes[job.job_id] = size
-                admitted.append(job)
-            else:
-                sizes[job.job_id] = 0
+        sizes, admitted, capacity = admit_at_minimum(order, capacity)
         for job in admitted:
             natural = job.workers if job.state is JobPhase.RUNNING else job.requested_workers
             extra = min(natural - sizes[job.job_id], capacity // job.gpus_per_worker)

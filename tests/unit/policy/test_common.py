@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, PolicyError, check_actions
 from slurm_amoeba.policy.common import (
     FreeGpus,
+    admit_at_minimum,
     distribute_spare,
     las_fcfs_order,
     las_queue,
@@ -241,3 +242,14 @@ def test_free_gpus_places_on_a_node_once_when_its_count_came_back_to_an_earlier_
     assert index.free == {"a": 0, "b": 2}
     assert index.place(2) == {"b": 2}
     assert index.place(1) is None
+
+
+def test_admit_at_minimum_admits_resizable_and_pending_jobs_at_their_minimum_and_others_at_their_size() -> None:
+    pinned = job("p", 4, placement={"n0": 4}, low=2, high=4, pinned=True)
+    elastic = job("e", 4, placement={"n1": 4}, low=1, high=4)
+    waiting = job("w", 3, low=2, high=6)
+    big = job("b", 8)
+    sizes, admitted, left = admit_at_minimum([pinned, elastic, big, waiting], 9)
+    assert sizes == {"p": 4, "e": 1, "b": 0, "w": 2}
+    assert admitted == [pinned, elastic, waiting]
+    assert left == 2

@@ -167,7 +167,7 @@ class AmoebadPolicy(SlurmBaselinePolicy):
         """With ``compact_growth``, growths kept on as few nodes as they need."""
         if not self.elastic.compact_growth:
             return actions
-        by_id = {job.job_id: job for job in snapshot.jobs}
+        by_id = snapshot.by_id()
         node_gpus = max((node.gpus_total for node in snapshot.nodes), default=1)
         kept = (compact_growth(action, by_id[action.job_id], node_gpus) for action in actions)
         return [action for action in kept if action is not None]

@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
-from slurm_amoeba.policy.common import base_size, distribute_spare, priority_key, realize, speedup_gain
+from slurm_amoeba.policy.common import base_size, distribute_spare, priority_order, realize, speedup_gain
 from slurm_amoeba.policy.types import JobInfo, PolicyError, Snapshot
 
 
@@ -71,18 +71,19 @@ class ElasticBackfillPolicy:
             Shrink and grow decisions, and start decisions when ``start_pending``.
         """
         free = snapshot.free_gpus
-        sizes = {job.job_id: job.workers for job in snapshot.running()}
+        running_jobs = snapshot.running()
+        sizes = {job.job_id: job.workers for job in running_jobs}
         # The extra workers that may be given back, least useful first.
         extras: list[tuple[float, str, JobInfo]] = [
             (speedup_gain(job, job.workers - 1), job.job_id, job)
-            for job in snapshot.running()
+            for job in running_jobs
             if job.is_resizable and job.workers > job.min_workers
         ]
         heapq.heapify(extras)
         reclaimable = sum((job.workers - job.min_workers) * job.gpus_per_worker for _, _, job in extras)
         reasons: dict[str, str] = {}
         started: list[JobInfo] = []
-        for job in sorted(snapshot.startable(), key=priority_key):
+        for job in priority_order(snapshot.startable()):
             need = base_size(job) * job.gpus_per_worker
             if need > free + reclaimable:
                 continue
@@ -99,7 +100,7 @@ class ElasticBackfillPolicy:
                 sizes[job.job_id] = base_size(job)
                 reasons[job.job_id] = "elastic-backfill: fits (priority order, first fit)"
                 started.append(job)
-        growers = [job for job in snapshot.running() if job.job_id not in reasons] + started
+        growers = [job for job in running_jobs if job.job_id not in reasons] + started
         before = sizes
         sizes = distribute_spare(growers, sizes, free, self.min_gain, self.grow_by_service)
         for key, size in sizes.items():
@@ -109,7 +110,7 @@ class ElasticBackfillPolicy:
                     if self.grow_by_service
                     else "elastic-backfill: idle GPUs, largest speedup gain"
                 )
-        running = {job.job_id: job.workers for job in snapshot.running()}
+        running = {job.job_id: job.workers for job in running_jobs}
         targets = {key: size for key, size in sizes.items() if size != running.get(key, 0)}
-        order = sorted(snapshot.running(), key=priority_key) + started
+        order = priority_order(running_jobs) + started
         return realize(snapshot, targets, order, reasons)

@@ -37,7 +37,7 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
     Raises:
         PolicyError: the first broken invariant, named with the job and the numbers.
     """
-    jobs = {job.job_id: job for job in snapshot.jobs}
+    jobs = snapshot.by_id()
     gpus = _GpuLedger(snapshot)
     placed: set[str] = set()
     queued: set[str] = set()
@@ -237,7 +237,7 @@ def _check_move(job: JobInfo, move: act.Move, jobs: Mapping[str, JobInfo]) -> No
         )
 
 
-def _check_sharing(jobs: dict[str, JobInfo], decided: dict[str, _Sized]) -> None:
+def _check_sharing(jobs: Mapping[str, JobInfo], decided: dict[str, _Sized]) -> None:
     def final(job_id: str) -> tuple[int, Mapping[str, int], str | None]:
         action = decided.get(job_id)
         if action is not None:

@@ -9,8 +9,9 @@ one place means one placement rule for all policies and one place to test it.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 from slurm_amoeba.policy.actions import Place, Preempt, Resize, Start
@@ -106,14 +107,23 @@ class FreeGpus:
     of all nodes; a count of nodes by free GPUs answers "do these workers fit at all?" in O(GPUs per node) before
     any node is looked at, so a job that does not fit (most pending jobs on a full cluster) costs no scan of the
     nodes. Together they keep a decision over n jobs and m nodes within O((n + m) log m).
+
+    Each heap entry is one integer, ``index - free * nodes`` (``index``: the node's place in the mapping), so the
+    heap compares integers, not tuples; an entry is current while its node's free count is still the one it was
+    pushed with, and the others are dropped when they come up (two current entries of one node are the same).
     """
 
     def __init__(self, free: Mapping[str, int]) -> None:
-        """Start from node -> free GPUs (the mapping's order breaks ties)."""
+        """Start from node -> free GPUs (the mapping's order breaks ties).
+
+        Only the nodes with free GPUs enter the heap (on a busy cluster, few): a full node can take nothing, and a
+        node that frees GPUs later enters it then (:meth:`change`).
+        """
         self.free = dict(free)
-        self._index = {name: i for i, name in enumerate(self.free)}
-        self._version = dict.fromkeys(self.free, 0)
-        self._heap = [(-gpus, self._index[name], 0, name) for name, gpus in self.free.items()]
+        self._names = list(self.free)
+        self._index = {name: i for i, name in enumerate(self._names)}
+        self._stride = max(len(self._names), 1)
+        self._heap = [i - gpus * self._stride for i, gpus in enumerate(self.free.values()) if gpus > 0]
         heapq.heapify(self._heap)
         self._nodes_with: dict[int, int] = dict(Counter(self.free.values()))
         self._single_slots = sum(gpus for gpus in self.free.values() if gpus > 0)
@@ -121,21 +131,18 @@ class FreeGpus:
     def change(self, name: str, delta: int) -> None:
         """Add ``delta`` GPUs (negative: take) to a node's free count."""
         before = self.free.get(name)
-        if before is not None:
+        if before is not None and delta != 0:
             heapq.heappush(self._heap, self._count(name, before, before + delta))
 
-    def _count(self, name: str, before: int, after: int) -> tuple[int, int, int, str]:
+    def _count(self, name: str, before: int, after: int) -> int:
         """Record a node's new free count (``before`` -> ``after``); returns its heap entry, for the caller to put in
-        the heap (its entry before that one is stale from now on)."""
-        free = self.free
-        free[name] = after
+        the heap (its entries before that one are stale from now on, unless the count comes back to theirs)."""
+        self.free[name] = after
         nodes_with = self._nodes_with
         nodes_with[before] -= 1
         nodes_with[after] = nodes_with.get(after, 0) + 1
         self._single_slots += (after if after > 0 else 0) - (before if before > 0 else 0)
-        version = self._version[name] + 1
-        self._version[name] = version
-        return (-after, self._index[name], version, name)
+        return self._index[name] - after * self._stride
 
     def slots(self, gpus_per_worker: int = 1) -> int:
         """How many workers of ``gpus_per_worker`` GPUs fit on the free GPUs (each worker on one node)."""
@@ -155,33 +162,37 @@ class FreeGpus:
         Returns:
             node -> workers, or ``None`` (nothing taken) when they do not fit.
         """
-        if self.slots(gpus_per_worker) < workers:
+        if (self._single_slots if gpus_per_worker == 1 else self.slots(gpus_per_worker)) < workers:
             return None
-        heap, versions = self._heap, self._version
-        while heap and heap[0][2] != versions[heap[0][3]]:  # stale entries on top: drop them for good
+        heap, names, free, stride = self._heap, self._names, self.free, self._stride
+        while heap:  # stale entries on top: drop them for good
+            taken, index = divmod(heap[0], stride)  # taken: minus the free count the entry was pushed with
+            name = names[index]
+            if free[name] == -taken:
+                if workers > 0 and -taken // gpus_per_worker >= workers:
+                    # The most free node holds them all (most starts): one heap move instead of a pop and two pushes.
+                    heapq.heapreplace(heap, self._count(name, -taken, -taken - workers * gpus_per_worker))
+                    return {name: workers}
+                break
             heapq.heappop(heap)
-        if heap and workers > 0 and -heap[0][0] // gpus_per_worker >= workers:
-            # The most free node holds them all (most starts): one heap move instead of a pop and two pushes.
-            neg, _, _, name = heap[0]
-            heapq.heapreplace(heap, self._count(name, -neg, -neg - workers * gpus_per_worker))
-            return {name: workers}
         placement: dict[str, int] = {}
-        popped: list[tuple[int, int, int, str]] = []
+        popped: list[int] = []
         need = workers
-        while need > 0 and self._heap:
-            entry = heapq.heappop(self._heap)
-            neg, _, version, name = entry
-            if version != self._version[name]:
+        while need > 0 and heap:
+            entry = heapq.heappop(heap)
+            taken, index = divmod(entry, stride)
+            name = names[index]
+            if free[name] != -taken or name in placement:  # stale, or a second entry of a node already taken
                 continue
             popped.append(entry)
-            slots = -neg // gpus_per_worker
+            slots = -taken // gpus_per_worker
             if slots == 0:  # every node after this one has no more free GPUs
                 break
             take = min(slots, need)
             placement[name] = take
             need -= take
         for entry in popped:
-            heapq.heappush(self._heap, entry)
+            heapq.heappush(heap, entry)
         if need > 0:
             return None
         for name, count in placement.items():
@@ -238,19 +249,46 @@ def admit_in_order(order: Sequence[JobInfo], capacity: int) -> dict[str, int]:
     return targets
 
 
-def schedulable(snapshot: Snapshot) -> list[JobInfo]:
-    """The jobs a policy orders and sizes: all but those on another job's GPUs (they follow their host) and the held
-    ones (they may not start until released, as in Slurm)."""
-    return [job for job in snapshot.jobs if job.shared_with is None and not job.held]
+def admit_at_minimum(order: Iterable[JobInfo], capacity: int) -> tuple[dict[str, int], list[JobInfo], int]:
+    """Admission down a priority order at minimum sizes (E-Tiresias, goodput): a pending job or a resizable running
+    one is admitted at :func:`base_size`, any other running job at its size, while the GPUs last.
 
+    Args:
+        order: the jobs, highest priority first.
+        capacity: GPUs the policy may hand out.
 
-def managed_capacity(snapshot: Snapshot) -> int:
-    """GPUs the policy may hand out: the free ones plus those its running jobs hold exclusively.
-
-    In the simulator this is every GPU; in the daemon, GPUs held by work the policy does not manage are left out.
+    Returns:
+        (job id -> its admitted size, 0 when it does not fit; the admitted jobs in order; the GPUs left).
     """
-    held = sum(job.gpus for job in snapshot.jobs if job.workers > 0 and job.shared_with is None)
-    return snapshot.free_gpus + held
+    sizes: dict[str, int] = {}
+    admitted: list[JobInfo] = []
+    pending = JobPhase.PENDING
+    for job in order:
+        size = base_size(job) if job.state is pending or job.is_resizable else job.workers
+        if size * job.gpus_per_worker <= capacity:
+            capacity -= size * job.gpus_per_worker
+            sizes[job.job_id] = size
+            admitted.append(job)
+        else:
+            sizes[job.job_id] = 0
+    return sizes, admitted, capacity
+
+
+def schedulable(snapshot: Snapshot) -> tuple[list[JobInfo], int]:
+    """The jobs a policy orders and sizes, and the GPUs it may hand out, in one pass over the jobs.
+
+    The jobs: all but those on another job's GPUs (they follow their host) and the held ones (they may not start
+    until released, as in Slurm), in snapshot order. The GPUs: the free ones plus those held exclusively by running
+    jobs; in the simulator this is every GPU, in the daemon GPUs held by work the policy does not manage are left out.
+    """
+    jobs: list[JobInfo] = []
+    held = 0
+    for job in snapshot.jobs:
+        if job.shared_with is None:
+            held += job.workers * job.gpus_per_worker
+            if not job.held:
+                jobs.append(job)
+    return jobs, snapshot.free_gpus + held
 
 
 def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
@@ -263,14 +301,36 @@ def las_queue(attained_gpu_s: float, thresholds_gpu_s: Sequence[float]) -> int:
     return queue
 
 
-def arrival_key(job: JobInfo) -> tuple[float, str]:
-    """Sort key for first come, first served: submit time, then id."""
-    return (job.submit_time, job.job_id)
+#: Sort key for first come, first served: submit time, then id (``operator.attrgetter``: a decision sorts every job
+#: by it, and a key read in C costs a fraction of a Python call).
+arrival_key: Callable[[JobInfo], tuple[float, str]] = operator.attrgetter("submit_time", "job_id")
+
+
+def las_fcfs_order(jobs: Iterable[JobInfo], thresholds_gpu_s: Sequence[float]) -> list[JobInfo]:
+    """Jobs by 2D-LAS queue (:func:`las_queue`), first come, first served within a queue (:data:`arrival_key`).
+
+    The order of the key ``(las_queue(...), submit_time, job_id)``, built as one sort by arrival and a stable split
+    into the queues: the sort's key is read in C, and the queue of each job is counted once.
+    """
+    queues: list[list[JobInfo]] = [[] for _ in range(len(thresholds_gpu_s) + 1)]
+    for job in sorted(jobs, key=arrival_key):
+        attained, queue = job.attained_service, 0
+        for threshold in thresholds_gpu_s:  # las_queue, inline: this runs once per job of the cluster
+            if attained >= threshold:
+                queue += 1
+        queues[queue].append(job)
+    return [job for queue in queues for job in queue]
 
 
 def priority_key(job: JobInfo) -> tuple[int, float, str]:
     """Sort key for Slurm-like priority order: higher priority first, then first come, first served."""
     return (-job.priority, job.submit_time, job.job_id)
+
+
+def priority_order(jobs: Iterable[JobInfo]) -> list[JobInfo]:
+    """Jobs sorted by :func:`priority_key`, as two sorts keyed in C: by arrival, then stably by priority, highest
+    first (``reverse`` keeps a sort stable)."""
+    return sorted(sorted(jobs, key=arrival_key), key=operator.attrgetter("priority"), reverse=True)
 
 
 def base_size(job: JobInfo) -> int:
@@ -337,25 +397,52 @@ def distribute_spare(
     """
     grown = dict(sizes)
 
-    def rank(job: JobInfo, size: int) -> float:
-        return job.attained_service if by_service else -speedup_gain(job, size)
+    def entry(index: int, job: JobInfo, size: int) -> tuple[float, int, float, JobInfo]:
+        """The job's heap entry at ``size``: its rank, its index (unique: ties never compare further), and the gain
+        of its next worker (:func:`speedup_gain`, worked out once per size for both the rank and the threshold)."""
+        gain = speedup_gain(job, size)
+        return (job.attained_service if by_service else -gain, index, gain, job)
 
-    heap: list[tuple[float, int, JobInfo]] = []
-    for index, job in enumerate(jobs):
-        size = grown.get(job.job_id, 0)
-        if job.is_resizable and 0 < size < job.max_workers:
-            heap.append((rank(job, size), index, job))
+    heap = [
+        entry(index, job, grown.get(job.job_id, 0))
+        for index, job in enumerate(jobs)
+        if job.is_resizable and 0 < grown.get(job.job_id, 0) < job.max_workers
+    ]
     heapq.heapify(heap)
     while heap and spare_gpus > 0:
-        _, index, job = heapq.heappop(heap)
+        _, index, gain, job = heapq.heappop(heap)
         size = grown[job.job_id]
-        if job.gpus_per_worker > spare_gpus or marginal_efficiency(job, size) < min_gain:
+        # marginal_efficiency(job, size), from the gain the entry carries
+        if job.gpus_per_worker > spare_gpus or gain * job.min_workers * job.gpus_per_worker < min_gain:
             continue
         grown[job.job_id] = size + 1
         spare_gpus -= job.gpus_per_worker
         if size + 1 < job.max_workers:
-            heapq.heappush(heap, (rank(job, size + 1), index, job))
+            heapq.heappush(heap, entry(index, job, size + 1))
     return grown
+
+
+def changed_sizes(
+    order: Iterable[JobInfo], sizes: Mapping[str, int], why: Callable[[JobInfo, int], str]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The targets and reasons for :func:`realize`, in one walk of the jobs.
+
+    Args:
+        order: the jobs, in the order the targets should keep.
+        sizes: job id -> the size decided, for every job of ``order``.
+        why: the reason for a job's new size.
+
+    Returns:
+        (job id -> size, job id -> reason) for the jobs whose size differs from the one they hold.
+    """
+    targets: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    for job in order:
+        size = sizes[job.job_id]
+        if size != job.workers:
+            targets[job.job_id] = size
+            reasons[job.job_id] = why(job, size)
+    return targets, reasons
 
 
 def realize(
@@ -385,18 +472,27 @@ def realize(
     """
     free = FreeGpus(snapshot.free_by_node())
     decisions: list[SizeAction] = []
-    by_id = {job.job_id: job for job in snapshot.jobs}
+    by_id = snapshot.by_id()
     guests = {job.shared_with: job.job_id for job in snapshot.jobs if job.shared_with is not None}
     releases = dict(targets)
-    for job_id, target in targets.items():
-        guest = guests.get(job_id)
-        if guest is not None and target < by_id[job_id].workers and releases.get(guest, 1) != 0:
-            # A guest cannot stay on GPUs its host gives up.
-            releases[guest] = 0
-            reason = {**reason, guest: f"its host {job_id} gives up the GPUs it shares"}
+    if guests:
+        left: dict[str, str] = {}
+        for job_id, target in targets.items():
+            guest = guests.get(job_id)
+            if guest is not None and target < by_id[job_id].workers and releases.get(guest, 1) != 0:
+                # A guest cannot stay on GPUs its host gives up.
+                releases[guest] = 0
+                left[guest] = f"its host {job_id} gives up the GPUs it shares"
+        if left:
+            reason = {**reason, **left}
+    growing: dict[str, int] = {}  # job id -> its size, for the jobs that grow or start
     for job_id, target in releases.items():
         job = by_id[job_id]
-        if job.state is not JobPhase.RUNNING or target >= job.workers:
+        if target > job.workers:
+            if job.shared_with is None:
+                growing[job_id] = target
+            continue
+        if job.state is not JobPhase.RUNNING or target == job.workers:
             continue
         if target == 0:
             new: dict[str, int] = {}
@@ -411,16 +507,16 @@ def realize(
     pinned = _place_fixed(free, by_id, releases, fixed or {}, reason)
     decisions.extend(pinned.values())
     for job in order:
-        target = releases.get(job.job_id, job.workers)
-        if target <= job.workers or job.shared_with is not None or job.job_id in pinned:
+        size = growing.get(job.job_id)
+        if size is None or job.job_id in pinned:
             continue
         if job.state is JobPhase.RUNNING:
-            grown = free.grow(job.placement, target - job.workers, job.gpus_per_worker)
+            grown = free.grow(job.placement, size - job.workers, job.gpus_per_worker)
         else:
-            grown = free.place(target, job.gpus_per_worker)
+            grown = free.place(size, job.gpus_per_worker)
         if grown is None:
             continue
-        decisions.append(size_action(job, target, grown, reason.get(job.job_id, "")))
+        decisions.append(size_action(job, size, grown, reason.get(job.job_id, "")))
     return decisions
 
 

@@ -47,9 +47,10 @@ from slurm_amoeba.core.efficiency import efficiency
 from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
     SizeAction,
-    base_size,
+    admit_at_minimum,
+    changed_sizes,
+    las_fcfs_order,
     las_queue,
-    managed_capacity,
     realize,
     schedulable,
     shrink_placement,
@@ -246,22 +247,11 @@ class GoodputPolicy:
         Returns:
             Start, preempt, grow and shrink decisions.
         """
-        capacity = managed_capacity(snapshot)
-        order = sorted(schedulable(snapshot), key=self.queue_key)
-        sizes: dict[str, int] = {}
-        admitted: list[JobInfo] = []
-        for job in order:
-            size = base_size(job) if job.is_resizable or job.state is JobPhase.PENDING else job.workers
-            if size * job.gpus_per_worker <= capacity:
-                capacity -= size * job.gpus_per_worker
-                sizes[job.job_id] = size
-                admitted.append(job)
-            else:
-                sizes[job.job_id] = 0
+        jobs, capacity = schedulable(snapshot)
+        order = las_fcfs_order(jobs, self.thresholds_gpu_s)  # sorted by queue_key
+        sizes, admitted, capacity = admit_at_minimum(order, capacity)
         self._grow(admitted, sizes, capacity)
-        targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
-        by_id = {job.job_id: job for job in snapshot.jobs}
-        reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
+        targets, reasons = changed_sizes(order, sizes, _reason)
         if self.pack and not any(job.shared_with is not None for job in snapshot.jobs):
             return with_batches(snapshot, realize_packed(snapshot, targets, admitted, reasons))
         return with_batches(snapshot, realize(snapshot, targets, admitted, reasons))
@@ -453,17 +443,18 @@ def with_batches(snapshot: Snapshot, actions: Sequence[SizeAction]) -> list[Size
     Returns:
         ``actions`` with each adaptive job's resize carrying its batch, then the batch-only resizes of drifted jobs.
     """
-    by_id = {job.job_id: job for job in snapshot.jobs}
+    by_id = snapshot.by_id()
     out: list[SizeAction] = []
     for action in actions:
-        job = by_id[action.job_id]
-        if isinstance(action, Resize) and job.adaptive is not None and job.batch is not None:
-            action = dataclasses.replace(action, batch=job.adaptive.best(action.workers)[0])
+        if isinstance(action, Resize):
+            job = by_id[action.job_id]
+            if job.adaptive is not None and job.batch is not None:
+                action = dataclasses.replace(action, batch=job.adaptive.best(action.workers)[0])
         out.append(action)
     acted = {action.job_id for action in actions}
     for job in snapshot.running():
         model = job.adaptive
-        if job.job_id in acted or model is None or job.batch is None:
+        if model is None or job.batch is None or job.job_id in acted:
             continue
         if job.pinned or job.resizing or job.shared_with is not None:  # its size need not be elastic
             continue
@@ -485,7 +476,7 @@ def realize_packed(
     executor applies them in. Sharing jobs are not handled here: the caller uses ``realize`` when any job shares.
     """
     packer = _Packer(snapshot.free_by_node(), max((node.gpus_total for node in snapshot.nodes), default=0))
-    by_id = {job.job_id: job for job in snapshot.jobs}
+    by_id = snapshot.by_id()
     decisions: list[SizeAction] = []
     for job_id, target in targets.items():
         job = by_id[job_id]

@@ -263,7 +263,7 @@ def reclaims(snapshot: Snapshot, pace_bound: float | None) -> list[Action]:
         One action per sharer that must shrink or leave.
     """
     nodes = {node.name: node for node in snapshot.nodes}
-    jobs = {job.job_id: job for job in snapshot.jobs}
+    jobs = snapshot.by_id()
     actions: list[Action] = []
     for sharer in snapshot.running():
         host = jobs.get(sharer.shared_with or "")

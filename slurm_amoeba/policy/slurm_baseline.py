@@ -384,7 +384,7 @@ class SlurmBaselinePolicy:
         for key in victims:
             targets[key] = 0
         fixed = self.after_slurm(SlurmRound(snapshot, now, running, started, victims, targets, reasons))
-        by_id = {job.job_id: job for job in snapshot.jobs}
+        by_id = snapshot.by_id()
         changed = {key: size for key, size in targets.items() if size != by_id[key].workers}
         for key, placement in fixed.items():
             if key not in changed and by_id[key].state is JobPhase.RUNNING and placement != by_id[key].placement:

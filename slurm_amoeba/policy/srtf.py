@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Preempt, Start
-from slurm_amoeba.policy.common import admit_in_order, managed_capacity, realize, schedulable
+from slurm_amoeba.policy.common import admit_in_order, realize, schedulable
 from slurm_amoeba.policy.types import JobInfo, Snapshot
 
 
@@ -33,8 +33,8 @@ def admit_shortest_first(snapshot: Snapshot) -> tuple[dict[str, int], list[JobIn
     Returns:
         (job id -> target size for the jobs that change, the jobs in admission order).
     """
-    capacity = managed_capacity(snapshot)
-    order = sorted(schedulable(snapshot), key=_remaining_key)
+    jobs, capacity = schedulable(snapshot)
+    order = sorted(jobs, key=_remaining_key)
     return admit_in_order(order, capacity), order
 
 

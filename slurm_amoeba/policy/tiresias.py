@@ -19,10 +19,11 @@ from collections.abc import Sequence
 
 from slurm_amoeba.policy.actions import Action, Preempt, Resize, Start
 from slurm_amoeba.policy.common import (
+    admit_at_minimum,
     admit_in_order,
-    base_size,
+    changed_sizes,
     distribute_spare,
-    managed_capacity,
+    las_fcfs_order,
     realize,
     schedulable,
 )
@@ -42,7 +43,7 @@ def las_order(jobs: Sequence[JobInfo], threshold_gpu_s: float) -> list[JobInfo]:
     Returns:
         The jobs, highest priority first.
     """
-    return sorted(jobs, key=lambda job: (job.attained_service >= threshold_gpu_s, job.submit_time, job.job_id))
+    return las_fcfs_order(jobs, (threshold_gpu_s,))
 
 
 def _check_threshold(threshold_gpu_s: float) -> None:
@@ -92,8 +93,8 @@ class TiresiasPolicy:
         Returns:
             Start and preempt decisions.
         """
-        capacity = managed_capacity(snapshot)
-        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
+        jobs, capacity = schedulable(snapshot)
+        order = las_order(jobs, self.threshold_gpu_s)
         targets = admit_in_order(order, capacity)
         reasons = {
             key: "tiresias: admitted in 2D-LAS order" if size else "tiresias: preempted by higher-priority jobs"
@@ -144,18 +145,9 @@ class ElasticTiresiasPolicy:
         Returns:
             Start, preempt, grow and shrink decisions.
         """
-        capacity = managed_capacity(snapshot)
-        order = las_order(schedulable(snapshot), self.threshold_gpu_s)
-        sizes: dict[str, int] = {}
-        admitted: list[JobInfo] = []
-        for job in order:
-            size = base_size(job) if job.is_resizable or job.state is JobPhase.PENDING else job.workers
-            if size * job.gpus_per_worker <= capacity:
-                capacity -= size * job.gpus_per_worker
-                sizes[job.job_id] = size
-                admitted.append(job)
-            else:
-                sizes[job.job_id] = 0
+        jobs, capacity = schedulable(snapshot)
+        order = las_order(jobs, self.threshold_gpu_s)
+        sizes, admitted, capacity = admit_at_minimum(order, capacity)
         for job in admitted:
             natural = job.workers if job.state is JobPhase.RUNNING else job.requested_workers
             extra = min(natural - sizes[job.job_id], capacity // job.gpus_per_worker)
@@ -163,9 +155,7 @@ class ElasticTiresiasPolicy:
                 sizes[job.job_id] += extra
                 capacity -= extra * job.gpus_per_worker
         sizes = distribute_spare(admitted, sizes, capacity, self.min_gain)
-        targets = {job.job_id: sizes[job.job_id] for job in order if sizes[job.job_id] != job.workers}
-        by_id = {job.job_id: job for job in snapshot.jobs}
-        reasons = {key: _reason(by_id[key], size) for key, size in targets.items()}
+        targets, reasons = changed_sizes(order, sizes, _reason)
         return realize(snapshot, targets, admitted, reasons)
 
 

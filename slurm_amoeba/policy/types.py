@@ -217,8 +217,11 @@ class JobInfo:
             The rate, in the unit of :attr:`throughput`.
         """
         table = self.throughput
-        if workers in table:
-            return table[workers]
+        known = table.get(workers)
+        if known is not None:
+            return known
+        if not table:
+            return None
         below = [size for size in table if size < workers]
         above = [size for size in table if size > workers]
         if not below or not above:
@@ -283,6 +286,7 @@ class Snapshot:
     nodes: tuple[NodeInfo, ...]
     jobs: tuple[JobInfo, ...]
     colocation: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    _by_id: dict[str, JobInfo] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def total_gpus(self) -> int:
@@ -298,16 +302,25 @@ class Snapshot:
         """Node name -> free GPUs, in the order of :attr:`nodes`."""
         return {node.name: node.gpus_free for node in self.nodes}
 
+    def by_id(self) -> Mapping[str, JobInfo]:
+        """Job id -> job, for every job (built once per snapshot, on the first call: a decision looks jobs up by id
+        in several places, and a snapshot never changes)."""
+        index = self._by_id
+        if index is None:
+            index = {job.job_id: job for job in self.jobs}
+            object.__setattr__(self, "_by_id", index)
+        return index
+
     def job(self, job_id: str) -> JobInfo:
         """The job with this id.
 
         Raises:
             PolicyError: no job in the snapshot has this id.
         """
-        for job in self.jobs:
-            if job.job_id == job_id:
-                return job
-        raise PolicyError(f"job {job_id!r} is not in the snapshot; known jobs are the ones squeue/the trace lists")
+        job = self.by_id().get(job_id)
+        if job is None:
+            raise PolicyError(f"job {job_id!r} is not in the snapshot; known jobs are the ones squeue/the trace lists")
+        return job
 
     def running(self) -> list[JobInfo]:
         """The running jobs, in snapshot order."""

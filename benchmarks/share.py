@@ -140,10 +140,11 @@ def run_together(work: Path, args: argparse.Namespace, caps: tuple[int, int]) ->
     overlap_sharer = [e for e in sharer_steps if owner_started < e["end"] <= owner_end]
     # The sharer's micro-batch under the first cap: its last step before the cap was lowered (paced while the owner
     # runs, it may finish none between the owner's start and the lowering on a loaded machine).
+    # The memory cap's micro-batch (cap_micro): while the owner runs, the gate may run smaller ones to fit its gaps.
     before = [e for e in sharer_steps if e["end"] <= lowered_at]
     after = [e for e in sharer_steps if e["end"] > lowered_at]
-    micro_after = max(after[-1]["micro"]) if after else 0
-    applied = next((i for i, e in enumerate(after) if max(e["micro"]) == micro_after), None)
+    micro_after = after[-1]["cap_micro"] if after else 0
+    applied = next((i for i, e in enumerate(after) if max(e["micro"]) <= micro_after), None)
     reports = [json.loads(p.read_text()) for p in (work / "sharer").glob("report-*.json")]
     return {
         "owner_rate": rate(owner_steps),
@@ -151,7 +152,10 @@ def run_together(work: Path, args: argparse.Namespace, caps: tuple[int, int]) ->
         "guaranteed_failures": sum(1 for code in owner_result.returncodes.values() if code != 0)
         + (owner_result.phase.value != "finished"),
         "sharer_finished": sharer_result.phase.value == "finished",
-        "sharer_micro_before": max(before[-1]["micro"]) if before else 0,
+        "sharer_micro_before": before[-1]["cap_micro"] if before else 0,
+        "sharer_micro_while_shared": statistics.median(max(e["micro"]) for e in overlap_sharer)
+        if overlap_sharer
+        else 0,
         "sharer_micro_after": micro_after,
         "sharer_steps_to_apply_lower_cap": applied,
         "sharer_steps_while_shared": len(overlap_sharer),
@@ -204,6 +208,9 @@ def one_round(args: argparse.Namespace, work: Path, caps: tuple[int, int]) -> di
         "sharer_shared_samples_per_s": together["sharer_rate"],
         **{k: together[k] for k in ("sharer_micro_before", "sharer_micro_after", "sharer_steps_to_apply_lower_cap")},
         "sharer_steps_while_shared": together["sharer_steps_while_shared"],
+        "sharer_micro_while_shared": together["sharer_micro_while_shared"],
+        "sharer_waited_s": report.get("waited_s"),
+        "sharer_paused_s": report.get("paused_s"),
         "sharer_finished": together["sharer_finished"],
         "sharer_final_duty": report.get("duty"),
         "sharer_violations": report.get("violations"),

@@ -9,7 +9,16 @@ it holds, the duty grows additively (AIMD, as TCP's congestion window). The excl
 guaranteed job's steps that ran while the sharer did not compute: before the sharer's first step, and inside its
 pauses (:func:`exclusive_step_times`).
 
-The guaranteed job's step times come from the status file it writes about itself
+The duty alone cannot choose *when* the sharer computes: a duty cycle placed blindly against the guaranteed job's
+phases overlaps its compute in proportion to the duty, so holding 0.95 of its speed leaves the sharer a few per cent.
+The first mechanism is therefore a **gate** (:func:`may_compute`): the guaranteed job publishes whether it is
+computing right now and its recent busy and idle durations (:class:`OwnerActivity`, kept by :class:`ActivityLog`);
+the sharer cuts its step into chunks (its micro-batches, then its optimizer step) and starts one only while the
+guaranteed job is idle and expected to stay idle for the chunk's length (:func:`wait_s` says how long to sleep
+meanwhile). The AIMD duty stays as the safety net: with a live gate it starts at 1 and is cut only when the
+guaranteed job's step times still say it is slowed.
+
+The guaranteed job's step times and activity come from the files it writes about itself
 (:mod:`~slurm_amoeba.runtime.share`); this module only decides. It is pure (no torch, no I/O, the clock passed
 in) and pinned by tables in ``tests/unit/runtime/test_pacing.py`` (DESIGN.md, layer ``runtime/``, worker side).
 """
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import deque
 from collections.abc import Sequence
 
 from slurm_amoeba.runtime.errors import RuntimeConfigError
@@ -79,6 +89,11 @@ class PacingConfig:
         max_pause_s: the longest pause after one step (a new directive ends a pause at once, see
             :class:`~slurm_amoeba.runtime.shared_device.SharedDevice`; the limit keeps the sharer measuring its own
             step time).
+        poll_s: the gate's shortest sleep between two looks at the guaranteed job's activity.
+        long_idle_s: an idle spell at least this long (and four of the guaranteed job's shortest recent ones) is
+            not a gap between its steps: it stopped, and the gate opens.
+        stale_s: a busy flag older than this (and ten of the guaranteed job's mean busy spells) is stale (the job
+            hung or died while computing), and the gate opens; the duty still guards the job.
     """
 
     target: float = 0.95
@@ -88,6 +103,9 @@ class PacingConfig:
     min_duty: float = 0.02
     window: int = 10
     max_pause_s: float = 5.0
+    poll_s: float = 0.001
+    long_idle_s: float = 0.05
+    stale_s: float = 1.0
 
     def __post_init__(self) -> None:
         checks = (
@@ -98,6 +116,9 @@ class PacingConfig:
             ("min_duty", self.min_duty, 0.0 < self.min_duty <= 1.0, "a fraction in (0, 1]"),
             ("window", self.window, self.window >= 1, "at least 1"),
             ("max_pause_s", self.max_pause_s, self.max_pause_s > 0, "positive"),
+            ("poll_s", self.poll_s, 0 < self.poll_s <= 0.1, "positive, at most 0.1 s"),
+            ("long_idle_s", self.long_idle_s, self.long_idle_s > 0, "positive"),
+            ("stale_s", self.stale_s, self.stale_s > 0, "positive"),
         )
         for name, value, ok, what in checks:
             if not ok:
@@ -119,6 +140,7 @@ class Pacer:
         violations: decisions at which the guaranteed job was under ``target``.
         decisions: decisions taken.
         ratio_mean: the mean of ``ratio`` over them (``None`` before the first).
+        gated: the sharer computes only in the guaranteed job's idle time (:meth:`engage_gate`).
     """
 
     config: PacingConfig = dataclasses.field(default_factory=PacingConfig)
@@ -128,6 +150,7 @@ class Pacer:
     violations: int = 0
     decisions: int = 0
     ratio_mean: float | None = None
+    gated: bool = False
     _last_seen: float = dataclasses.field(default=float("-inf"), repr=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +168,14 @@ class Pacer:
         """
         target = configured.target if pace_bound == 0 else 1.0 - pace_bound
         self.config = dataclasses.replace(self.config, target=target)
+
+    def engage_gate(self) -> None:
+        """The guaranteed job publishes its activity and the sharer computes only in its idle time: the duty starts
+        at 1 (the gate already keeps the sharer out of the job's compute) and falls only on measured slowdowns.
+        Nothing changes when it is already engaged."""
+        if not self.gated:
+            self.gated = True
+            self.duty = 1.0
 
     def learn_baseline(self, exclusive: Sequence[float]) -> None:
         """Set the exclusive step time to the mean of ``exclusive`` (nothing when it is empty): the statistic a
@@ -186,7 +217,98 @@ class Pacer:
         return self.duty
 
     def pause_s(self, busy_s: float) -> float:
-        """How long to sleep after a step that computed for ``busy_s`` so that computing is ``duty`` of the time."""
+        """How long to sleep after a step that computed for ``busy_s`` so that computing is ``duty`` of the time.
+
+        A gated sharer that does not know the guaranteed job's exclusive step time yet pauses ``max_pause_s`` (a
+        probe: its caller ends it once the job's steps inside it gave the baseline), so that the safety net can
+        judge from the next decision on."""
+        if self.gated and self.baseline_s is None:
+            return self.config.max_pause_s
         if busy_s <= 0:
             return 0.0
         return min(self.config.max_pause_s, busy_s * (1.0 / self.duty - 1.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnerActivity:
+    """What the guaranteed job says about its device use right now (the sharer's gate reads it).
+
+    Attributes:
+        busy: it is computing (between fetching its step's first micro-batch and the end of its step).
+        since: when it last became busy or idle (wall clock, seconds).
+        busy_s: the mean of its recent busy spells (0: none yet).
+        idle_s: the shortest of its recent idle spells (0: none yet); the room a sharer can count on.
+        pid: the process that writes it.
+    """
+
+    busy: bool
+    since: float
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    pid: int = 0
+
+
+@dataclasses.dataclass
+class ActivityLog:
+    """The guaranteed job's side of the gate: its transitions between computing and idling, and the durations of
+    its recent spells of each (the last ``keep``).
+
+    Attributes:
+        current: what it published last (``None``: it has not marked itself busy yet).
+    """
+
+    pid: int
+    keep: int = 8
+    current: OwnerActivity | None = None
+    _busy: deque[float] = dataclasses.field(default_factory=deque, repr=False)
+    _idle: deque[float] = dataclasses.field(default_factory=deque, repr=False)
+
+    def mark(self, busy: bool, now: float) -> OwnerActivity | None:
+        """Record that the job is busy (or idle) from ``now`` on.
+
+        Returns:
+            The activity to publish when this is a transition; ``None`` when nothing changed (or the job marks
+            itself idle before it ever computed: a job that never marks itself busy publishes nothing).
+        """
+        current = self.current
+        if (current is None and not busy) or (current is not None and current.busy == busy):
+            return None
+        if current is not None:
+            spells = self._busy if current.busy else self._idle
+            spells.append(max(0.0, now - current.since))
+            if len(spells) > self.keep:
+                spells.popleft()
+        busy_s = statistics.fmean(self._busy) if self._busy else 0.0
+        self.current = OwnerActivity(busy, now, busy_s, min(self._idle, default=0.0), self.pid)
+        return self.current
+
+
+def may_compute(activity: OwnerActivity | None, now: float, chunk_s: float, config: PacingConfig) -> bool:
+    """Whether a sharer may start a chunk of work expected to take ``chunk_s`` now (AntMan's yield, between the
+    sharer's micro-batches).
+
+    It may when the guaranteed job publishes nothing (``None``: the duty alone paces it), when the job is idle and
+    its shortest recent idle spell leaves room for the chunk, when the job has been idle far longer than between
+    its steps (it stopped or ended), or when its busy flag is stale (see :class:`PacingConfig`). Never while a
+    fresh flag says busy.
+    """
+    if activity is None:
+        return True
+    elapsed = now - activity.since
+    if activity.busy:
+        return elapsed > max(config.stale_s, 10 * activity.busy_s)
+    if elapsed >= max(config.long_idle_s, 4 * activity.idle_s):
+        return True
+    return activity.idle_s - elapsed >= chunk_s
+
+
+def wait_s(activity: OwnerActivity | None, now: float, config: PacingConfig) -> float:
+    """How long a sharer that :func:`may_compute` refused sleeps before it looks again: until the guaranteed job is
+    expected to become idle (its mean busy spell after it became busy; after an idle spell too short to use, the
+    next one), at least ``poll_s``, at most 20 ``poll_s`` (a look is cheap; a late one wastes the room)."""
+    if activity is None:
+        return config.poll_s
+    left = activity.since + activity.busy_s - now
+    if not activity.busy:
+        left += activity.idle_s
+    return min(20 * config.poll_s, max(config.poll_s, left - config.poll_s))

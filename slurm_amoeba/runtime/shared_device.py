@@ -15,9 +15,17 @@ sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMO
   below its need;
 * writes this worker's status file (its recent step times) when the directive names one, at most every
   ``read_every_s``;
-* **computation**: an opportunistic worker reads its guaranteed partner's status file (owner checked) and sleeps
-  after its step as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides; a new directive that arrives during
-  the pause ends it and is applied at once (the worker is still at its step boundary).
+* **computation**: a guaranteed worker that iterates its steps through :meth:`SharedDevice.micro_batches`
+  publishes whether it computes right now, and its recent busy and idle spells, in its activity file
+  (:class:`~slurm_amoeba.runtime.share.ActivityFile`, beside its status file): busy from its step's first
+  micro-batch to the end of the step, idle from there to the next step's first micro-batch (its input pipeline).
+  An opportunistic worker that iterates the same way waits, before each of its micro-batches and before its
+  optimizer step, until the partner is idle with room for that chunk
+  (:func:`~slurm_amoeba.runtime.pacing.may_compute`); after its step it reads the partner's status file (owner
+  checked) and sleeps as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides, the safety net that cuts its
+  duty when the partner's step times still say it is slowed. A new directive that arrives during a wait or a
+  pause ends it: a wait finishes the step at once, a pause applies the directive at once (the worker is at its
+  step boundary).
 
 DESIGN.md, layer ``runtime/``, worker side; the directive's path from the daemon is ``Coordinator.set_share``.
 """
@@ -26,10 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,13 +47,25 @@ from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.sharing import STATUS_DIR, ShareRole, host_status_path
 from slurm_amoeba.runtime.adaptive import AdaptedState
 from slurm_amoeba.runtime.errors import BatchPlanError
-from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
+from slurm_amoeba.runtime.pacing import (
+    ActivityLog,
+    OwnerActivity,
+    Pacer,
+    PacingConfig,
+    StepRecord,
+    exclusive_step_times,
+    may_compute,
+    wait_s,
+)
 from slurm_amoeba.runtime.plan_probe import PeakMeter
 from slurm_amoeba.runtime.plans import ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
 from slurm_amoeba.runtime.share import (
+    ActivityFile,
+    ActivityReader,
     JobStatus,
     ShareDirective,
+    activity_path,
     largest_micro_batch,
     need_bytes,
     profile_from_peak,
@@ -52,6 +73,8 @@ from slurm_amoeba.runtime.share import (
     recent_steps,
     write_status,
 )
+
+Batch = TypeVar("Batch")
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +84,9 @@ ENV_SHARE = "AMOEBA_SHARE"
 #: Bytes a CUDA worker keeps out of its cap when it plans its micro-batch: torch's caching allocator rounds blocks
 #: up and holds cuBLAS's workspace beside the tensors the profile counts (the device limit stays the whole cap).
 CUDA_ALLOWANCE_BYTES = 64 << 20
+#: The share of the partner's shortest idle spell one micro-batch of an opportunistic worker is sized to fill (the
+#: rest covers the gate's poll and the variation of the spells).
+GAP_FILL = 0.6
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
 
@@ -89,7 +115,11 @@ class SharedDevice:
         micro_batch: the micro-batch the cap allows (0: no cap applied).
         leaving: the worker asked to leave because it cannot fit under the cap.
         pacer: the opportunistic role's controller.
-        paused_s: the seconds slept so far.
+        paused_s: the seconds slept so far after steps (the duty's pauses).
+        waited_s: the seconds an opportunistic worker waited so far for its partner to idle (the gate).
+        gated_chunks: the chunks (micro-batches, optimizer steps) it started through the gate.
+        gap_micro_batch: the micro-batch an opportunistic worker runs so that one fits the partner's shortest idle
+            spell (0: the cap's; never above it).
     """
 
     def __init__(
@@ -110,7 +140,24 @@ class SharedDevice:
         self._pacing = pacing or PacingConfig()
         self.pacer = Pacer(self._pacing)
         self.paused_s = 0.0
+        self.waited_s = 0.0
+        self.gated_chunks = 0
         self._clock, self._sleep = clock, sleep
+        self._state: SharingState | None = None
+        # the guaranteed side of the gate: its transitions and the file it publishes them in
+        self._activity = ActivityLog(os.getpid())
+        self._activity_file: ActivityFile | None = None
+        # the opportunistic side: the partner's activity file, and the lengths of its own chunks
+        self._partner: ActivityReader | None = None
+        self._next_refresh = 0.0
+        self._chunk_s = 0.0  # a micro-batch's compute (fetch included), a running mean
+        self._tail_s = 0.0  # from the last micro-batch to the step's end (the optimizer step)
+        self._tail_from: float | None = None
+        self._sample_s = 0.0  # a micro-batch's compute per sample, a running mean
+        self._activity_seen: OwnerActivity | None = None  # the partner's, as last read
+        self.gap_micro_batch = 0
+        self._computed_s = 0.0  # this step's compute, waits left out
+        self._ungated = False  # a new directive came during a wait: the rest of the step runs at once
         self._applied: int | None = None  # the seq of the directive whose cap is in force
         self._meter: PeakMeter | None = None
         self._steps: tuple[StepRecord, ...] = ()
@@ -150,6 +197,7 @@ class SharedDevice:
     def attach(self, state: SharingState) -> None:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
+        self._state = state
         self._next_read = 0.0
         self._read_directive(state.driver)
         directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
@@ -161,6 +209,12 @@ class SharedDevice:
         """Everything sharing does at a step boundary (the state calls it after each step)."""
         now = self._clock()
         busy = max(0.0, now - self._busy_from)
+        if self._tail_from is not None:  # the gate let this step's optimizer step run: its length, for the next
+            self._tail_s = self._mean(self._tail_s, now - self._tail_from)
+            self._computed_s += now - self._tail_from
+            self._tail_from = None
+        computed, self._computed_s = self._computed_s, 0.0
+        self._ungated = False
         self._steps = recent_steps(self._steps, StepRecord(now, busy))
         driver = state.driver
         self._read_directive(driver)
@@ -175,8 +229,38 @@ class SharedDevice:
             self._next_status = now + self.read_every_s  # the partner reads no more often; the steps accumulate
             self._write_status(Path(directive.status_path.replace("{worker}", worker)), state, worker, directive)
         if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
-            self._pace(state, directive, busy)
+            self._fit_gap(state)
+            self._pace(state, directive, computed if self.pacer.gated else busy)
+        self._mark(busy=False)  # the owner's input pipeline, until its next step's first micro-batch
         self._busy_from = self._clock()
+
+    def micro_batches(self, step: Iterable[Batch]) -> Iterator[Batch]:
+        """Iterate one step's micro-batches the sharing way: ``for batch, weight in sharing.micro_batches(step)``.
+
+        A guaranteed worker marks itself busy once it holds the step's first micro-batch (:meth:`after_step` marks
+        it idle at the step's end). An opportunistic worker whose partner publishes its activity waits before each
+        micro-batch, and once more before giving control back for the optimizer step, until the partner is idle
+        with room for that chunk; a new directive ends the waiting for the rest of the step, so that it applies
+        at the step's end. Any other worker iterates the step as it is.
+        """
+        assignment = getattr(step, "assignment", None)  # a runtime Step: the sizes of its micro-batches
+        sizes = [len(m) for m in getattr(assignment, "micro_indices", ())]
+        for index, item in enumerate(step):  # fetching is host work: the gate guards the device's part
+            if index == 0:
+                self._mark(busy=True)
+            if self._gating():
+                self._wait_for_room(self._chunk_s)
+            started = self._clock()
+            yield item
+            if self._gating():
+                spent = self._clock() - started
+                self._chunk_s = self._mean(self._chunk_s, spent)
+                self._computed_s += spent
+                if index < len(sizes) and sizes[index] > 0:
+                    self._sample_s = self._mean(self._sample_s, spent / sizes[index])
+        if self._gating():
+            self._wait_for_room(self._tail_s)
+            self._tail_from = self._clock()
 
     @property
     def report(self) -> dict[str, Any]:
@@ -193,6 +277,11 @@ class SharedDevice:
             "partner_baseline_s": self.pacer.baseline_s,
             "violations": self.pacer.violations,
             "paused_s": round(self.paused_s, 3),
+            "gated": self.pacer.gated,
+            "waited_s": round(self.waited_s, 3),
+            "gated_chunks": self.gated_chunks,
+            "chunk_s": round(self._chunk_s, 6),
+            "gap_micro_batch": self.gap_micro_batch,
             "leaving": self.leaving,
         }
 
@@ -222,6 +311,7 @@ class SharedDevice:
         worker cuts into micro-batches changes with it), the device limit, or a leave."""
         if self._applied == directive.seq:
             return
+        self.gap_micro_batch = 0  # a new cap (or role): the gap's micro-batch is chosen again under it
         if directive.memory_cap_bytes == 0:
             self._applied = directive.seq
             self.micro_batch = state.sampler.cap_local_batch(directive.sub_batch)
@@ -334,9 +424,121 @@ class SharedDevice:
                 if self.directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
                     self._apply_cap(state, self.directive)  # still at the step boundary: a new cap or a leave now
                 break
+            if self.pacer.gated and self.pacer.baseline_s is None and self._probed(directive, start):
+                break  # the probe gave the partner's exclusive step time
         end = self._clock()
         self.paused_s += end - start
         self._quiet = [*self._quiet, (start, end)][-_QUIET_KEPT:]
+
+    def _probed(self, directive: ShareDirective, start: float) -> bool:
+        """Learn the partner's exclusive step time from its steps inside the pause that began at ``start``;
+        whether it is known now (at least ``window`` such steps)."""
+        try:
+            steps = read_status(Path(directive.partner_status_path), directive.partner_uid).steps
+        except (OSError, ParseError):
+            return False
+        exclusive = exclusive_step_times(steps, self._first_compute, [(start, self._clock())])
+        if len(exclusive) >= self.pacer.config.window:
+            self.pacer.learn_baseline(exclusive)
+        return self.pacer.baseline_s is not None
+
+    # ----------------------------------------------------------------------------------------------- the gate
+
+    def _mark(self, *, busy: bool) -> None:
+        """A guaranteed worker with a status file publishes that it computes (or idles) from now on."""
+        directive, state = self.directive, self._state
+        if directive is None or directive.role is not ShareRole.GUARANTEED or not directive.status_path:
+            return
+        if state is None or not directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
+            return
+        activity = self._activity.mark(busy, self._clock())
+        if activity is None:
+            return
+        worker = str(getattr(state.driver, "worker_id", ""))
+        path = activity_path(directive.status_path.replace("{worker}", worker))
+        try:
+            if self._activity_file is None or self._activity_file.path != path:
+                if self._activity_file is not None:
+                    self._activity_file.close()
+                self._activity_file = ActivityFile(path)
+            self._activity_file.publish(activity)
+        except OSError as exc:
+            self._warn_once("activity", "the activity file %s cannot be written (%s)", path, exc)
+
+    def _gating(self) -> bool:
+        """Whether this worker is an opportunistic one told a partner (it then looks at the partner's activity)."""
+        directive, state = self.directive, self._state
+        return (
+            directive is not None
+            and state is not None
+            and not self._ungated
+            and directive.role is ShareRole.OPPORTUNISTIC
+            and bool(directive.partner_status_path)
+            and not self.leaving
+            and directive.applies_to(str(getattr(state.driver, "worker_id", "")))
+        )
+
+    def _partner_activity(self, directive: ShareDirective) -> OwnerActivity | None:
+        """The partner's activity now; ``None`` when it publishes none (or not readably: the duty alone paces)."""
+        now = self._clock()
+        path = activity_path(directive.partner_status_path)
+        reader = self._partner
+        if reader is None or reader.path != path or reader.owner_uid != directive.partner_uid:
+            if reader is not None:
+                reader.close()
+            reader = self._partner = ActivityReader(path, directive.partner_uid)
+        elif now >= self._next_refresh:
+            reader.refresh()
+        if now >= self._next_refresh:
+            self._next_refresh = now + self.read_every_s
+        try:
+            activity = reader.read()
+        except (OSError, ParseError) as exc:
+            reader.close()
+            self._warn_once("activity", "the partner's activity cannot be read (%s); only the duty paces", exc)
+            return None
+        self.pacer.engage_gate()
+        self._activity_seen = activity
+        return activity
+
+    def _fit_gap(self, state: SharingState) -> None:
+        """Choose the micro-batch that fits ``GAP_FILL`` of the partner's shortest recent idle spell at this
+        worker's measured time per sample (never above the cap's; 1 at least), for the steps not planned yet."""
+        activity = self._activity_seen
+        if not self.pacer.gated or activity is None or activity.idle_s <= 0 or self._sample_s <= 0:
+            return
+        fit = max(1, int(GAP_FILL * activity.idle_s / self._sample_s + 1e-9))
+        if self.micro_batch:
+            fit = min(fit, self.micro_batch)
+        if fit == self.gap_micro_batch or not self._plannable(state, fit):
+            return
+        self.gap_micro_batch = fit
+        state.sampler.cap_local_batch(fit)
+
+    def _wait_for_room(self, chunk_s: float) -> None:
+        """Wait until the partner is idle with room for a chunk of ``chunk_s`` (:func:`may_compute`), reading the
+        directive meanwhile; a new one ends the waiting for the rest of this step (:meth:`micro_batches`)."""
+        directive, state = self.directive, self._state
+        if directive is None or state is None:
+            return
+        start = self._clock()
+        while True:
+            activity = self._partner_activity(directive)
+            now = self._clock()
+            if may_compute(activity, now, chunk_s, self.pacer.config):
+                break
+            self._sleep(wait_s(activity, now, self.pacer.config))
+            self._read_directive(state.driver)
+            if self.directive is not directive:
+                self._ungated = True  # finish this step now: the new directive applies at its end
+                break
+        self.waited_s += self._clock() - start
+        self.gated_chunks += 1
+
+    @staticmethod
+    def _mean(mean: float, value: float, weight: float = 0.2) -> float:
+        """A running mean of chunk lengths that follows changes within a few steps (the first value sets it)."""
+        return value if mean <= 0 else mean + weight * (value - mean)
 
     def _warn_once(self, what: str, message: str, *args: object) -> None:
         if what not in self._warned:

@@ -153,7 +153,7 @@ class SharedDevice:
         self._chunk_s = 0.0  # a micro-batch's compute (fetch included), a running mean
         self._tail_s = 0.0  # from the last micro-batch to the step's end (the optimizer step)
         self._tail_from: float | None = None
-        self._sample_s = 0.0  # a micro-batch's compute per sample, a running mean
+        self._size_s: dict[int, float] = {}  # a micro-batch's compute by its size, running means
         self._activity_seen: OwnerActivity | None = None  # the partner's, as last read
         self.gap_micro_batch = 0
         self._computed_s = 0.0  # this step's compute, waits left out
@@ -257,7 +257,7 @@ class SharedDevice:
                 self._chunk_s = self._mean(self._chunk_s, spent)
                 self._computed_s += spent
                 if index < len(sizes) and sizes[index] > 0:
-                    self._sample_s = self._mean(self._sample_s, spent / sizes[index])
+                    self._size_s[sizes[index]] = self._mean(self._size_s.get(sizes[index], 0.0), spent)
         if self._gating():
             self._wait_for_room(self._tail_s)
             self._tail_from = self._clock()
@@ -502,18 +502,29 @@ class SharedDevice:
         return activity
 
     def _fit_gap(self, state: SharingState) -> None:
-        """Choose the micro-batch that fits ``GAP_FILL`` of the partner's shortest recent idle spell at this
-        worker's measured time per sample (never above the cap's; 1 at least), for the steps not planned yet."""
+        """Choose the micro-batch for the steps not planned yet: the largest size measured to take at most
+        ``GAP_FILL`` of the partner's shortest recent idle spell; while none does, half the smallest size tried
+        (a micro-batch has a fixed cost besides its samples, so only a measurement says what a size takes); when
+        even a micro-batch of 1 does not fit, the cap's own (the gate then lets it run only in long idle spells,
+        and fewer micro-batches cost less). Never above the cap's micro-batch.
+        """
         activity = self._activity_seen
-        if not self.pacer.gated or activity is None or activity.idle_s <= 0 or self._sample_s <= 0:
+        if not self.pacer.gated or activity is None or activity.idle_s <= 0 or not self._size_s:
             return
-        fit = max(1, int(GAP_FILL * activity.idle_s / self._sample_s + 1e-9))
-        if self.micro_batch:
-            fit = min(fit, self.micro_batch)
-        if fit == self.gap_micro_batch or not self._plannable(state, fit):
+        room = GAP_FILL * activity.idle_s
+        ceiling = self.micro_batch or max(self._size_s)
+        fitting = [size for size, seconds in self._size_s.items() if seconds <= room and size <= ceiling]
+        smallest = min(self._size_s)
+        if fitting:
+            fit = max(fitting)
+        elif smallest > 1:
+            fit = smallest // 2
+        else:
+            fit = 0  # nothing fits: the cap's micro-batch
+        if fit == self.gap_micro_batch or (fit and not self._plannable(state, fit)):
             return
         self.gap_micro_batch = fit
-        state.sampler.cap_local_batch(fit)
+        state.sampler.cap_local_batch(fit or self.micro_batch)
 
     def _wait_for_room(self, chunk_s: float) -> None:
         """Wait until the partner is idle with room for a chunk of ``chunk_s`` (:func:`may_compute`), reading the

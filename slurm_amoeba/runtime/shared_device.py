@@ -426,6 +426,8 @@ class SharedDevice:
                 break
             if self.pacer.gated and self.pacer.baseline_s is None and self._probed(directive, start):
                 break  # the probe gave the partner's exclusive step time
+            if not self.pacer.gated and self._partner_activity(directive) is not None:
+                break  # the partner publishes its activity now: the gate takes over from the duty
         end = self._clock()
         self.paused_s += end - start
         self._quiet = [*self._quiet, (start, end)][-_QUIET_KEPT:]

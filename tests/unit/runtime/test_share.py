@@ -502,3 +502,17 @@ def test_a_sharer_sizes_its_micro_batches_to_the_owners_shortest_idle_spell_by_m
         seen.append(_micro(state))
     assert seen == micro_batches
     assert sharer.micro_batch == 8, "the memory cap's micro-batch is unchanged"
+
+
+def test_an_ungated_sharers_pause_ends_when_the_owner_starts_publishing_its_activity(tmp_path: Path) -> None:
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.010, start=clock.now + 0.25)  # it starts 0.25 s later
+    owner.until(clock.now)
+    write_status(tmp_path / "owner-w0.json", JobStatus("g", "w0", ShareRole.GUARANTEED, ()))
+    partner = str(tmp_path / "owner-w0.json")
+    sharer = SharedDevice(PROFILE, read_every_s=0.1, clock=clock, sleep=lambda s: owner.until(clock.now + s))
+    state = _state(sharer, Driver(ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=partner)))
+    clock.now += 0.05
+    state.after_step()  # a 0.05 s step at the least duty: a pause of 2.45 s, were it not cut short
+    assert sharer.pacer.gated and sharer.pacer.duty == 1.0
+    assert sharer.paused_s == pytest.approx(0.2), "the look at 0.25 s, the owner's first busy mark, ends it"

@@ -90,7 +90,7 @@ class PacingConfig:
             :class:`~slurm_amoeba.runtime.shared_device.SharedDevice`; the limit keeps the sharer measuring its own
             step time).
         poll_s: the gate's shortest sleep between two looks at the guaranteed job's activity.
-        long_idle_s: an idle spell at least this long (and four of the guaranteed job's shortest recent ones) is
+        long_idle_s: an idle spell at least this long (and four of the guaranteed job's short recent ones) is
             not a gap between its steps: it stopped, and the gate opens.
         stale_s: a busy flag older than this (and ten of the guaranteed job's mean busy spells) is stale (the job
             hung or died while computing), and the gate opens; the duty still guards the job.
@@ -237,7 +237,8 @@ class OwnerActivity:
         busy: it is computing (between fetching its step's first micro-batch and the end of its step).
         since: when it last became busy or idle (wall clock, seconds).
         busy_s: the mean of its recent busy spells (0: none yet).
-        idle_s: the shortest of its recent idle spells (0: none yet); the room a sharer can count on.
+        idle_s: a short one of its recent idle spells (:class:`ActivityLog`; 0: none yet): the room a sharer counts
+            on.
         pid: the process that writes it.
     """
 
@@ -251,7 +252,7 @@ class OwnerActivity:
 @dataclasses.dataclass
 class ActivityLog:
     """The guaranteed job's side of the gate: its transitions between computing and idling, and the durations of
-    its recent spells of each (the last ``keep``).
+    its recent spells of each (the last ``keep``): it publishes the mean busy spell and a short idle spell.
 
     Attributes:
         current: what it published last (``None``: it has not marked itself busy yet).
@@ -279,8 +280,14 @@ class ActivityLog:
             if len(spells) > self.keep:
                 spells.popleft()
         busy_s = statistics.fmean(self._busy) if self._busy else 0.0
-        self.current = OwnerActivity(busy, now, busy_s, min(self._idle, default=0.0), self.pid)
+        self.current = OwnerActivity(busy, now, busy_s, self._short_idle(), self.pid)
         return self.current
+
+    def _short_idle(self) -> float:
+        """A short one of the recent idle spells: the second shortest once there are 4 (one unusually short spell
+        does not close the gate), the shortest before; 0 before the first."""
+        spells = sorted(self._idle)
+        return spells[1] if len(spells) >= 4 else min(spells, default=0.0)
 
 
 def may_compute(activity: OwnerActivity | None, now: float, chunk_s: float, config: PacingConfig) -> bool:
@@ -288,7 +295,7 @@ def may_compute(activity: OwnerActivity | None, now: float, chunk_s: float, conf
     sharer's micro-batches).
 
     It may when the guaranteed job publishes nothing (``None``: the duty alone paces it), when the job is idle and
-    its shortest recent idle spell leaves room for the chunk, when the job has been idle far longer than between
+    its short recent idle spell leaves room for the chunk, when the job has been idle far longer than between
     its steps (it stopped or ended), or when its busy flag is stale (see :class:`PacingConfig`). Never while a
     fresh flag says busy.
     """

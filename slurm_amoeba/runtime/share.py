@@ -48,7 +48,7 @@ MAX_STATUS_STEPS = 64
 #: A status file larger than this is refused unread.
 MAX_STATUS_BYTES = 16 << 10
 #: The activity file's record: magic ``AMBA``, format version, sequence number (odd while written), busy (0 or 1),
-#: writer's pid, then since, mean busy spell and shortest idle spell in seconds.
+#: writer's pid, then since, mean busy spell and short idle spell in seconds.
 ACTIVITY_FORMAT = struct.Struct("<4sIQIiddd")
 _ACTIVITY_MAGIC = b"AMBA"
 _SEQ = struct.Struct("<Q")

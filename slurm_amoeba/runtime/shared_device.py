@@ -84,7 +84,7 @@ ENV_SHARE = "AMOEBA_SHARE"
 #: Bytes a CUDA worker keeps out of its cap when it plans its micro-batch: torch's caching allocator rounds blocks
 #: up and holds cuBLAS's workspace beside the tensors the profile counts (the device limit stays the whole cap).
 CUDA_ALLOWANCE_BYTES = 64 << 20
-#: The share of the partner's shortest idle spell one micro-batch of an opportunistic worker is sized to fill (the
+#: The share of the partner's short idle spell one micro-batch of an opportunistic worker is sized to fill (the
 #: rest covers the gate's poll and the variation of the spells).
 GAP_FILL = 0.6
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
@@ -118,7 +118,7 @@ class SharedDevice:
         paused_s: the seconds slept so far after steps (the duty's pauses).
         waited_s: the seconds an opportunistic worker waited so far for its partner to idle (the gate).
         gated_chunks: the chunks (micro-batches, optimizer steps) it started through the gate.
-        gap_micro_batch: the micro-batch an opportunistic worker runs so that one fits the partner's shortest idle
+        gap_micro_batch: the micro-batch an opportunistic worker runs so that one fits the partner's short idle
             spell (0: the cap's; never above it).
     """
 
@@ -505,7 +505,7 @@ class SharedDevice:
 
     def _fit_gap(self, state: SharingState) -> None:
         """Choose the micro-batch for the steps not planned yet: the largest size measured to take at most
-        ``GAP_FILL`` of the partner's shortest recent idle spell; while none does, half the smallest size tried
+        ``GAP_FILL`` of the partner's short recent idle spell; while none does, half the smallest size tried
         (a micro-batch has a fixed cost besides its samples, so only a measurement says what a size takes); when
         even a micro-batch of 1 does not fit, the cap's own (the gate then lets it run only in long idle spells,
         and fewer micro-batches cost less). Never above the cap's micro-batch.

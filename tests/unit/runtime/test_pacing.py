@@ -132,7 +132,7 @@ def test_in_closed_loop_the_guaranteed_job_keeps_its_target_while_the_sharer_use
     assert statistics.fmean(duties[len(duties) // 4 :]) > 0.1, "the sharer uses a fair part of the room it has"
 
 
-def test_the_owners_log_publishes_transitions_with_its_mean_busy_and_shortest_idle_spell() -> None:
+def test_the_owners_log_publishes_transitions_with_its_mean_busy_and_short_idle_spell() -> None:
     log = ActivityLog(pid=7, keep=2)
     assert log.mark(False, 0.0) is None, "idle before it ever computed: nothing published"
     assert log.mark(True, 1.0) == OwnerActivity(True, 1.0, 0.0, 0.0, 7)
@@ -143,6 +143,17 @@ def test_the_owners_log_publishes_transitions_with_its_mean_busy_and_shortest_id
     log.mark(True, 5.5)
     log.mark(False, 6.5)
     assert log.mark(True, 8.5) == OwnerActivity(True, 8.5, 1.0, 1.0, 7), "only the last two spells of each count"
+
+
+def test_one_unusually_short_idle_spell_does_not_set_the_room_once_there_are_four() -> None:
+    log = ActivityLog(pid=7)
+    now = 0.0
+    for idle in (0.5, 0.1, 0.5, 0.4):
+        log.mark(True, now)
+        log.mark(False, now + 1.0)
+        now += 1.0 + idle
+    published = log.mark(True, now)
+    assert published is not None and published.idle_s == pytest.approx(0.4), "the second shortest of 0.5, 0.1, 0.5, 0.4"
 
 
 CONFIG = PacingConfig(poll_s=0.001, long_idle_s=0.05, stale_s=1.0)

@@ -483,7 +483,7 @@ def test_a_new_directive_ends_the_sharers_wait_and_the_step_finishes_at_once(tmp
         (0.007, 0.0001, [4, 2, 1, 8]),  # a fixed cost no size gets under: halved to 1, then back to the cap's
     ],
 )
-def test_a_sharer_sizes_its_micro_batches_to_the_owners_shortest_idle_spell_by_measurement(
+def test_a_sharer_sizes_its_micro_batches_to_the_owners_short_idle_spell_by_measurement(
     fixed_s: float, per_sample_s: float, micro_batches: list[int], tmp_path: Path
 ) -> None:
     clock = Clock()

@@ -94,6 +94,10 @@ class PacingConfig:
             not a gap between its steps: it stopped, and the gate opens.
         stale_s: a busy flag older than this (and ten of the guaranteed job's mean busy spells) is stale (the job
             hung or died while computing), and the gate opens; the duty still guards the job.
+        reprobe_ratio: a gated sharer that measures the guaranteed job faster than this times its exclusive speed
+            takes the baseline for stale (learned from warm-up steps, or before the load changed) and probes again.
+        reprobe_every: a gated sharer probes again after this many decisions in any case (its baseline follows the
+            load of the machine).
     """
 
     target: float = 0.95
@@ -106,6 +110,8 @@ class PacingConfig:
     poll_s: float = 0.001
     long_idle_s: float = 0.05
     stale_s: float = 1.0
+    reprobe_ratio: float = 1.25
+    reprobe_every: int = 30
 
     def __post_init__(self) -> None:
         checks = (
@@ -119,6 +125,8 @@ class PacingConfig:
             ("poll_s", self.poll_s, 0 < self.poll_s <= 0.1, "positive, at most 0.1 s"),
             ("long_idle_s", self.long_idle_s, self.long_idle_s > 0, "positive"),
             ("stale_s", self.stale_s, self.stale_s > 0, "positive"),
+            ("reprobe_ratio", self.reprobe_ratio, self.reprobe_ratio > 1.0, "above 1"),
+            ("reprobe_every", self.reprobe_every, self.reprobe_every >= 1, "at least 1"),
         )
         for name, value, ok, what in checks:
             if not ok:
@@ -188,7 +196,8 @@ class Pacer:
         """One decision from the guaranteed job's recent steps: cut the duty if it is slowed, else grow it.
 
         A decision needs at least ``window`` steps newer than those of the previous decision and a known baseline;
-        until then the duty stays. It judges every new step (the guaranteed job's throughput since the last
+        until then the duty stays. A gated pacer forgets its baseline, and so probes at the next pause, when the
+        job is measured implausibly fast (``reprobe_ratio``) and every ``reprobe_every`` decisions. It judges every new step (the guaranteed job's throughput since the last
         decision: the mean step time, so a few slowed steps count), never the same step twice, and not only the
         latest ones, which would be those that ran beside the sharer's own last step.
 
@@ -208,6 +217,9 @@ class Pacer:
         self.ratio_mean = (
             self.ratio if self.ratio_mean is None else self.ratio_mean + (self.ratio - self.ratio_mean) / self.decisions
         )
+        if self.gated and (self.ratio > self.config.reprobe_ratio or self.decisions % self.config.reprobe_every == 0):
+            self.baseline_s = None  # the next pause is a probe (pause_s); the duty stays
+            return self.duty
         if self.ratio < self.config.target + self.config.margin:
             if self.ratio < self.config.target:
                 self.violations += 1

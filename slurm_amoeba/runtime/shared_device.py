@@ -412,6 +412,8 @@ class SharedDevice:
                 steps = partner.steps
                 self.pacer.learn_baseline(exclusive_step_times(steps, self._first_compute, self._quiet))
                 self.pacer.decide([s for s in steps if s.end > self._first_compute])  # only what it may have slowed
+                if self.pacer.gated and self.pacer.baseline_s is None:
+                    self._quiet = []  # a probe follows: the steps of earlier pauses taught a stale baseline
         pause = self.pacer.pause_s(busy)
         if pause <= 0:
             return

@@ -206,3 +206,16 @@ def test_a_gated_pacer_starts_at_full_duty_and_probes_for_the_baseline_first() -
     assert pacer.duty == 0.5 and pacer.pause_s(0.1) == pytest.approx(0.1), "still slowed: the safety net cuts"
     pacer.engage_gate()
     assert pacer.duty == 0.5, "engaging again changes nothing"
+
+
+def test_a_gated_pacer_probes_again_when_its_baseline_is_stale_and_every_so_many_decisions() -> None:
+    pacer = Pacer(PacingConfig(window=2, reprobe_ratio=1.25, reprobe_every=3))
+    pacer.engage_gate()
+    pacer.learn_baseline([0.3])  # learned from the owner's warm-up steps
+    pacer.decide(steps((1, 0.1), (2, 0.1)))
+    assert pacer.baseline_s is None and pacer.duty == 1.0, "3 x its exclusive speed: the baseline is stale"
+    pacer.learn_baseline([0.1])
+    pacer.decide(steps((3, 0.1), (4, 0.1)))
+    assert pacer.baseline_s == 0.1
+    pacer.decide(steps((5, 0.1), (6, 0.1)))
+    assert pacer.baseline_s is None and pacer.decisions == 3, "the third decision probes again"

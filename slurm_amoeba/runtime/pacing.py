@@ -196,10 +196,11 @@ class Pacer:
         """One decision from the guaranteed job's recent steps: cut the duty if it is slowed, else grow it.
 
         A decision needs at least ``window`` steps newer than those of the previous decision and a known baseline;
-        until then the duty stays. A gated pacer forgets its baseline, and so probes at the next pause, when the
-        job is measured implausibly fast (``reprobe_ratio``) and every ``reprobe_every`` decisions. It judges every new step (the guaranteed job's throughput since the last
+        until then the duty stays. It judges every new step (the guaranteed job's throughput since the last
         decision: the mean step time, so a few slowed steps count), never the same step twice, and not only the
-        latest ones, which would be those that ran beside the sharer's own last step.
+        latest ones, which would be those that ran beside the sharer's own last step. A gated pacer forgets its
+        baseline, and so probes at its next pause, when the job is measured implausibly fast (``reprobe_ratio``)
+        and every ``reprobe_every`` decisions.
 
         Args:
             steps: the guaranteed job's recent steps, oldest first.

@@ -1,10 +1,10 @@
 """``scripts/bench-share``: two jobs on one device, AntMan's way, with CPU cores standing in for the GPU.
 
 A guaranteed job (it owns the device) and an opportunistic one (a sharer: memory-capped, computing in the guaranteed
-job's idle time, paced by its step times) run as local processes (``amoeba-local``'s :class:`~slurm_amoeba.local.LocalJob`, no Slurm),
-every worker pinned to the same cores (:mod:`benchmarks.share_worker`). The guaranteed job waits, each step, a
-share of its compute time without computing (``--idle``: its input pipeline or communication), which is what a
-sharer can use. The run:
+job's idle time, paced by its step times) run as local processes (``amoeba-local``'s
+:class:`~slurm_amoeba.local.LocalJob`, no Slurm), every worker pinned to the same cores
+(:mod:`benchmarks.share_worker`). The guaranteed job waits, each step, a share of its compute time without computing
+(``--idle``: its input pipeline or communication), which is what a sharer can use. The run:
 
 1. the guaranteed job alone: its exclusive throughput; and alone again beside a neighbour process that only keeps
    the cores awake (1 ms of work every 20 ms): on a virtual machine a core that goes idle between the guaranteed
@@ -19,14 +19,14 @@ sharer can use. The run:
 
 The document (:mod:`benchmarks.record`) holds, as medians over ``--rounds`` rounds with their spread,
 ``guaranteed_ratio`` (the guaranteed job's throughput while the sharer ran, up to the sharer's last step, over its
-exclusive one), ``guaranteed_ratio_vs_warm`` (the same over the warm baseline), ``guaranteed_ratio_seen_by_pacer`` (the sharer's
-controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone, summed), and
-``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs once per
-epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered and the steps it took to
-apply it (counted from the harness's call; the loader plans one step ahead), each round's figures. On a CPU the
-memory cap bounds only the micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a
-process from allocating more. Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the
-integration test's size, one round).
+exclusive one), ``guaranteed_ratio_vs_warm`` (the same over the warm baseline), ``guaranteed_ratio_seen_by_pacer``
+(the sharer's controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone,
+summed), and ``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs
+once per epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered (the cap's; the
+gate may run smaller ones, ``sharer_micro_while_shared``) and the steps it took to apply it (counted from the
+harness's call; the loader plans one step ahead), each round's figures. On a CPU the memory cap bounds only the
+micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a process from allocating more.
+Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the integration test's size, one round).
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ shared GPU), probes its model's bytes (:func:`~slurm_amoeba.runtime.plan_probe.p
 into a micro-batch the same way the harness predicts it) and trains under ``TorchState(..., sharing=SharedDevice)``:
 the directive comes from its coordinator. ``--idle-per-step`` makes each step wait that share of its compute time
 without computing, after the step (the next step's input pipeline a real job waits on; what leaves a device idle for
-a sharer to use). Its micro-batches go through ``SharedDevice.micro_batches``: a guaranteed worker publishes there
-when it computes, a sharer waits there for the owner's idle time. It writes what :mod:`benchmarks.share` reads: a
+a sharer to use). Its micro-batches go through ``SharedDevice.micro_batches`` and its wait through
+``SharedDevice.idle``: a guaranteed worker publishes there when it computes (on the CPU stand-in the runtime's own
+work between steps is the "device's" too, so only the wait counts as idle), a sharer waits there for the owner's
+idle time. It writes what :mod:`benchmarks.share` reads: a
 ledger line per applied step (epoch, step, indices, micro-batches, the memory cap's micro-batch, wall-clock end)
 and, at the end, its sharing report.
 """
@@ -131,12 +133,14 @@ def main(argv: list[str] | None = None) -> int:
                         "samples": step.assignment.plan.step_samples,
                         "micro": [len(m) for m in step.assignment.micro_indices],
                         "cap_micro": sharing.micro_batch,  # the memory cap's (the gate may run smaller ones)
+                        "compute_s": computed,
                         "end": time.time(),
                     }
                     ledger.write(json.dumps(entry) + "\n")
                     ledger.flush()
-                    if args.idle_per_step:  # the next step's input pipeline: the device idles (marked at the step end)
-                        time.sleep(args.idle_per_step * computed)
+                    if args.idle_per_step:  # the next step's input pipeline: the device idles, and says so
+                        with sharing.idle():
+                            time.sleep(args.idle_per_step * computed)
 
     result = amoeba.run(train, state)
     report = {"status": result.status.value, "share": sharing.report}

@@ -308,9 +308,10 @@ def may_compute(activity: OwnerActivity | None, now: float, chunk_s: float, conf
     sharer's micro-batches).
 
     It may when the guaranteed job publishes nothing (``None``: the duty alone paces it), when the job is idle and
-    its short recent idle spell leaves room for the chunk, when the job has been idle far longer than between
-    its steps (it stopped or ended), or when its busy flag is stale (see :class:`PacingConfig`). Never while a
-    fresh flag says busy.
+    its short recent idle spell leaves room for the chunk (a chunk longer than that spell: while the spell is in
+    its first half, so that the overlap is bounded and the sharer still progresses), when the job has been idle
+    far longer than between its steps (it stopped or ended), or when its busy flag is stale (see
+    :class:`PacingConfig`). Never while a fresh flag says busy.
     """
     if activity is None:
         return True
@@ -319,6 +320,8 @@ def may_compute(activity: OwnerActivity | None, now: float, chunk_s: float, conf
         return elapsed > max(config.stale_s, 10 * activity.busy_s)
     if elapsed >= max(config.long_idle_s, 4 * activity.idle_s):
         return True
+    if chunk_s > activity.idle_s:  # no spell holds it: it starts in a spell's first half, or it would never run
+        return elapsed <= activity.idle_s / 2
     return activity.idle_s - elapsed >= chunk_s
 
 

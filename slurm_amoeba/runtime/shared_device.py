@@ -18,7 +18,8 @@ sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMO
 * **computation**: a guaranteed worker that iterates its steps through :meth:`SharedDevice.micro_batches`
   publishes whether it computes right now, and its recent busy and idle spells, in its activity file
   (:class:`~slurm_amoeba.runtime.share.ActivityFile`, beside its status file): busy from its step's first
-  micro-batch to the end of the step, idle from there to the next step's first micro-batch (its input pipeline).
+  micro-batch to the end of the step, idle from there to the next step's first micro-batch (its input pipeline);
+  or, when its loop marks its waits itself (:meth:`SharedDevice.idle`), idle only inside those.
   An opportunistic worker that iterates the same way waits, before each of its micro-batches and before its
   optimizer step, until the partner is idle with room for that chunk
   (:func:`~slurm_amoeba.runtime.pacing.may_compute`); after its step it reads the partner's status file (owner
@@ -32,10 +33,13 @@ DESIGN.md, layer ``runtime/``, worker side; the directive's path from the daemon
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -87,6 +91,8 @@ CUDA_ALLOWANCE_BYTES = 64 << 20
 #: The share of the partner's short idle spell one micro-batch of an opportunistic worker is sized to fill (the
 #: rest covers the gate's poll and the variation of the spells).
 GAP_FILL = 0.6
+#: The recent chunk lengths (micro-batches; optimizer steps) a sharer keeps to predict the next one's.
+_LENGTHS_KEPT = 16
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
 
@@ -150,14 +156,15 @@ class SharedDevice:
         # the opportunistic side: the partner's activity file, and the lengths of its own chunks
         self._partner: ActivityReader | None = None
         self._next_refresh = 0.0
-        self._chunk_s = 0.0  # a micro-batch's compute (fetch included), a running mean
-        self._tail_s = 0.0  # from the last micro-batch to the step's end (the optimizer step)
+        self._chunks: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # its micro-batches' compute
+        self._tails: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # from its last micro-batch to the step's end
         self._tail_from: float | None = None
         self._size_s: dict[int, float] = {}  # a micro-batch's compute by its size, running means
         self._activity_seen: OwnerActivity | None = None  # the partner's, as last read
         self.gap_micro_batch = 0
         self._computed_s = 0.0  # this step's compute, waits left out
         self._ungated = False  # a new directive came during a wait: the rest of the step runs at once
+        self._marks_idle = False  # the loop marks its idle time itself (idle()); the step's end does not
         self._applied: int | None = None  # the seq of the directive whose cap is in force
         self._meter: PeakMeter | None = None
         self._steps: tuple[StepRecord, ...] = ()
@@ -210,7 +217,7 @@ class SharedDevice:
         now = self._clock()
         busy = max(0.0, now - self._busy_from)
         if self._tail_from is not None:  # the gate let this step's optimizer step run: its length, for the next
-            self._tail_s = self._mean(self._tail_s, now - self._tail_from)
+            self._tails.append(now - self._tail_from)
             self._computed_s += now - self._tail_from
             self._tail_from = None
         computed, self._computed_s = self._computed_s, 0.0
@@ -231,8 +238,23 @@ class SharedDevice:
         if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
             self._fit_gap(state)
             self._pace(state, directive, computed if self.pacer.gated else busy)
-        self._mark(busy=False)  # the owner's input pipeline, until its next step's first micro-batch
+        if not self._marks_idle:
+            self._mark(busy=False)  # the owner's input pipeline, until its next step's first micro-batch
         self._busy_from = self._clock()
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Mark a guaranteed worker idle for the block: ``with sharing.idle(): batch = next(source)``, around the
+        waits in which its device has nothing to do (its input pipeline, a communication wait), so that sharers
+        beside it compute then; busy again after. Once a loop marks its idle time this way, the step's end no
+        longer marks the worker idle by itself (everything outside these blocks counts as busy). Nothing for other
+        workers."""
+        self._marks_idle = True
+        self._mark(busy=False)
+        try:
+            yield
+        finally:
+            self._mark(busy=True)
 
     def micro_batches(self, step: Iterable[Batch]) -> Iterator[Batch]:
         """Iterate one step's micro-batches the sharing way: ``for batch, weight in sharing.micro_batches(step)``.
@@ -249,17 +271,17 @@ class SharedDevice:
             if index == 0:
                 self._mark(busy=True)
             if self._gating():
-                self._wait_for_room(self._chunk_s)
+                self._wait_for_room(self._typical(self._chunks))
             started = self._clock()
             yield item
             if self._gating():
                 spent = self._clock() - started
-                self._chunk_s = self._mean(self._chunk_s, spent)
+                self._chunks.append(spent)
                 self._computed_s += spent
                 if index < len(sizes) and sizes[index] > 0:
                     self._size_s[sizes[index]] = self._mean(self._size_s.get(sizes[index], 0.0), spent)
         if self._gating():
-            self._wait_for_room(self._tail_s)
+            self._wait_for_room(self._typical(self._tails))
             self._tail_from = self._clock()
 
     @property
@@ -280,7 +302,8 @@ class SharedDevice:
             "gated": self.pacer.gated,
             "waited_s": round(self.waited_s, 3),
             "gated_chunks": self.gated_chunks,
-            "chunk_s": round(self._chunk_s, 6),
+            "chunk_s": round(self._typical(self._chunks), 6),
+            "tail_s": round(self._typical(self._tails), 6),
             "gap_micro_batch": self.gap_micro_batch,
             "leaving": self.leaving,
         }
@@ -549,6 +572,12 @@ class SharedDevice:
                 break
         self.waited_s += self._clock() - start
         self.gated_chunks += 1
+
+    @staticmethod
+    def _typical(lengths: deque[float]) -> float:
+        """The median of recent chunk lengths (0 before the first): one long chunk (a status read, a directive
+        read) does not make the next ones look long."""
+        return statistics.median(lengths) if lengths else 0.0
 
     @staticmethod
     def _mean(mean: float, value: float, weight: float = 0.2) -> float:

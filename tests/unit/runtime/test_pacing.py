@@ -170,6 +170,8 @@ CONFIG = PacingConfig(poll_s=0.001, long_idle_s=0.05, stale_s=1.0)
         (OwnerActivity(False, 10.0, 0.02, 0.02), 10.005, 0.010, True),  # 15 ms of room for a 10 ms chunk
         (OwnerActivity(False, 10.0, 0.02, 0.02), 10.015, 0.010, False),  # 5 ms left: wait for the next spell
         (OwnerActivity(False, 10.0, 0.02, 0.02), 10.09, 0.010, True),  # idle over 4 spells and 50 ms: it stopped
+        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.009, 0.030, True),  # longer than any spell: its first half
+        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.011, 0.030, False),
         (OwnerActivity(False, 10.0, 0.0, 0.0), 10.01, 0.010, False),  # its first idle spell: no room known
         (OwnerActivity(False, 10.0, 0.0, 0.0), 10.06, 0.010, True),
     ],

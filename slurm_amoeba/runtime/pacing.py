@@ -186,11 +186,11 @@ class Pacer:
             self.duty = 1.0
 
     def learn_baseline(self, exclusive: Sequence[float]) -> None:
-        """Set the exclusive step time to the mean of ``exclusive`` (nothing when it is empty): the statistic a
-        decision compares it with, so that step times skewed by other load (a few long steps) weigh the same on
-        both sides."""
+        """Set the exclusive step time to the mean of ``exclusive`` (the median once gated; nothing when it is
+        empty): the statistic a decision compares it with, so that step times skewed by other load (a few long
+        steps) weigh the same on both sides."""
         if exclusive:
-            self.baseline_s = statistics.fmean(exclusive)
+            self.baseline_s = self._center(exclusive)
 
     def decide(self, steps: Sequence[StepRecord]) -> float:
         """One decision from the guaranteed job's recent steps: cut the duty if it is slowed, else grow it.
@@ -212,7 +212,7 @@ class Pacer:
         if len(fresh) < self.config.window or self.baseline_s is None:
             return self.duty
         self._last_seen = fresh[-1].end
-        recent = statistics.fmean(s.seconds for s in fresh)
+        recent = self._center([s.seconds for s in fresh])
         self.ratio = self.baseline_s / recent if recent > 0 else 1.0
         self.decisions += 1
         self.ratio_mean = (
@@ -228,6 +228,12 @@ class Pacer:
         else:
             self.duty = min(1.0, self.duty + self.config.increase)
         return self.duty
+
+    def _center(self, seconds: Sequence[float]) -> float:
+        """The step time a decision compares: the mean (the job's throughput: a few slowed steps count); once
+        gated, the median, since the gate bounds each overlap and the safety net watches for a slowdown of the
+        typical step, which a few steps delayed by other processes on the machine do not move."""
+        return statistics.median(seconds) if self.gated else statistics.fmean(seconds)
 
     def pause_s(self, busy_s: float) -> float:
         """How long to sleep after a step that computed for ``busy_s`` so that computing is ``duty`` of the time.

@@ -221,3 +221,15 @@ def test_a_gated_pacer_probes_again_when_its_baseline_is_stale_and_every_so_many
     assert pacer.baseline_s == 0.1
     pacer.decide(steps((5, 0.1), (6, 0.1)))
     assert pacer.baseline_s is None and pacer.decisions == 3, "the third decision probes again"
+
+
+def test_a_gated_pacer_judges_the_typical_step_so_a_few_steps_delayed_by_others_do_not_cut_its_duty() -> None:
+    delayed = steps(*((i, 0.1) for i in range(8)), (8, 0.6), (9, 0.6))  # two steps 6 x long: the mean is 0.2
+    ungated, gated = Pacer(PacingConfig(window=10), duty=1.0), Pacer(PacingConfig(window=10))
+    gated.engage_gate()
+    for pacer in (ungated, gated):
+        pacer.learn_baseline([0.1] * 10)
+        pacer.decide(delayed)
+    assert ungated.duty == 0.5 and gated.duty == 1.0
+    gated.decide(steps(*((10 + i, 0.12) for i in range(10))))
+    assert gated.duty == 0.5, "a slower typical step still cuts it"

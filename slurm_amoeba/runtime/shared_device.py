@@ -90,7 +90,7 @@ ENV_SHARE = "AMOEBA_SHARE"
 CUDA_ALLOWANCE_BYTES = 64 << 20
 #: The share of the partner's short idle spell one micro-batch of an opportunistic worker is sized to fill (the
 #: rest covers the gate's poll and the variation of the spells).
-GAP_FILL = 0.6
+GAP_FILL = 0.8
 #: The recent chunk lengths (micro-batches; optimizer steps) a sharer keeps to predict the next one's.
 _LENGTHS_KEPT = 16
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
@@ -159,7 +159,7 @@ class SharedDevice:
         self._chunks: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # its micro-batches' compute
         self._tails: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # from its last micro-batch to the step's end
         self._tail_from: float | None = None
-        self._size_s: dict[int, float] = {}  # a micro-batch's compute by its size, running means
+        self._size_s: dict[int, deque[float]] = {}  # recent micro-batch lengths by micro-batch size
         self._activity_seen: OwnerActivity | None = None  # the partner's, as last read
         self.gap_micro_batch = 0
         self._computed_s = 0.0  # this step's compute, waits left out
@@ -279,7 +279,7 @@ class SharedDevice:
                 self._chunks.append(spent)
                 self._computed_s += spent
                 if index < len(sizes) and sizes[index] > 0:
-                    self._size_s[sizes[index]] = self._mean(self._size_s.get(sizes[index], 0.0), spent)
+                    self._size_s.setdefault(sizes[index], deque(maxlen=_LENGTHS_KEPT)).append(spent)
         if self._gating():
             self._wait_for_room(self._typical(self._tails))
             self._tail_from = self._clock()
@@ -529,18 +529,18 @@ class SharedDevice:
         return activity
 
     def _fit_gap(self, state: SharingState) -> None:
-        """Choose the micro-batch for the steps not planned yet: the largest size measured to take at most
-        ``GAP_FILL`` of the partner's short recent idle spell; while none does, half the smallest size tried
-        (a micro-batch has a fixed cost besides its samples, so only a measurement says what a size takes); when
-        even a micro-batch of 1 does not fit, the cap's own (the gate then lets it run only in long idle spells,
-        and fewer micro-batches cost less). Never above the cap's micro-batch.
+        """Choose the micro-batch for the steps not planned yet: the largest size measured (the median of its
+        recent lengths) to take at most ``GAP_FILL`` of the partner's short recent idle spell; while none does,
+        half the smallest size tried (a micro-batch has a fixed cost besides its samples, so only a measurement
+        says what a size takes); when even a micro-batch of 1 does not fit, the cap's own (fewer, cheaper passes,
+        which the gate starts early in a spell). Never above the cap's micro-batch.
         """
         activity = self._activity_seen
         if not self.pacer.gated or activity is None or activity.idle_s <= 0 or not self._size_s:
             return
         room = GAP_FILL * activity.idle_s
         ceiling = self.micro_batch or max(self._size_s)
-        fitting = [size for size, seconds in self._size_s.items() if seconds <= room and size <= ceiling]
+        fitting = [size for size, spent in self._size_s.items() if self._typical(spent) <= room and size <= ceiling]
         smallest = min(self._size_s)
         if fitting:
             fit = max(fitting)
@@ -578,11 +578,6 @@ class SharedDevice:
         """The median of recent chunk lengths (0 before the first): one long chunk (a status read, a directive
         read) does not make the next ones look long."""
         return statistics.median(lengths) if lengths else 0.0
-
-    @staticmethod
-    def _mean(mean: float, value: float, weight: float = 0.2) -> float:
-        """A running mean of chunk lengths that follows changes within a few steps (the first value sets it)."""
-        return value if mean <= 0 else mean + weight * (value - mean)
 
     def _warn_once(self, what: str, message: str, *args: object) -> None:
         if what not in self._warned:

@@ -81,7 +81,9 @@ class PacingConfig:
 
     Attributes:
         target: the share of its exclusive speed the guaranteed job must keep (0.95: at most 5 % slower).
-        margin: the controller aims this much above ``target``, so that noise does not cross it.
+        margin: the controller aims this much above ``target``, so that noise does not cross it (not once gated:
+            the gate keeps the sharer out of the guaranteed job's compute, and the duty is cut only under
+            ``target``).
         backoff: on a violation the duty is multiplied by this (0 < backoff < 1).
         increase: while the guaranteed job keeps its speed, the duty grows by this per decision.
         min_duty: the least duty (the sharer never stops entirely: it must measure its own step time).
@@ -221,7 +223,7 @@ class Pacer:
         if self.gated and (self.ratio > self.config.reprobe_ratio or self.decisions % self.config.reprobe_every == 0):
             self.baseline_s = None  # the next pause is a probe (pause_s); the duty stays
             return self.duty
-        if self.ratio < self.config.target + self.config.margin:
+        if self.ratio < self.config.target + (0.0 if self.gated else self.config.margin):
             if self.ratio < self.config.target:
                 self.violations += 1
             self.duty = max(self.config.min_duty, self.duty * self.config.backoff)

@@ -90,7 +90,7 @@ ENV_SHARE = "AMOEBA_SHARE"
 CUDA_ALLOWANCE_BYTES = 64 << 20
 #: The share of the partner's short idle spell one micro-batch of an opportunistic worker is sized to fill (the
 #: rest covers the gate's poll and the variation of the spells).
-GAP_FILL = 0.8
+GAP_FILL = 0.6
 #: The recent chunk lengths (micro-batches; optimizer steps) a sharer keeps to predict the next one's.
 _LENGTHS_KEPT = 16
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
@@ -271,7 +271,7 @@ class SharedDevice:
             if index == 0:
                 self._mark(busy=True)
             if self._gating():
-                self._wait_for_room(self._typical(self._chunks))
+                self._wait_for_room(self._expected(self._chunks))
             started = self._clock()
             yield item
             if self._gating():
@@ -281,7 +281,7 @@ class SharedDevice:
                 if index < len(sizes) and sizes[index] > 0:
                     self._size_s.setdefault(sizes[index], deque(maxlen=_LENGTHS_KEPT)).append(spent)
         if self._gating():
-            self._wait_for_room(self._typical(self._tails))
+            self._wait_for_room(self._expected(self._tails))
             self._tail_from = self._clock()
 
     @property
@@ -302,8 +302,8 @@ class SharedDevice:
             "gated": self.pacer.gated,
             "waited_s": round(self.waited_s, 3),
             "gated_chunks": self.gated_chunks,
-            "chunk_s": round(self._typical(self._chunks), 6),
-            "tail_s": round(self._typical(self._tails), 6),
+            "chunk_s": round(self._expected(self._chunks), 6),
+            "tail_s": round(self._expected(self._tails), 6),
             "gap_micro_batch": self.gap_micro_batch,
             "leaving": self.leaving,
         }
@@ -529,8 +529,8 @@ class SharedDevice:
         return activity
 
     def _fit_gap(self, state: SharingState) -> None:
-        """Choose the micro-batch for the steps not planned yet: the largest size measured (the median of its
-        recent lengths) to take at most ``GAP_FILL`` of the partner's short recent idle spell; while none does,
+        """Choose the micro-batch for the steps not planned yet: the largest size measured (the upper quartile of
+        its recent lengths) to take at most ``GAP_FILL`` of the partner's short recent idle spell; while none does,
         half the smallest size tried (a micro-batch has a fixed cost besides its samples, so only a measurement
         says what a size takes); when even a micro-batch of 1 does not fit, the cap's own (fewer, cheaper passes,
         which the gate starts early in a spell). Never above the cap's micro-batch.
@@ -540,7 +540,7 @@ class SharedDevice:
             return
         room = GAP_FILL * activity.idle_s
         ceiling = self.micro_batch or max(self._size_s)
-        fitting = [size for size, spent in self._size_s.items() if self._typical(spent) <= room and size <= ceiling]
+        fitting = [size for size, spent in self._size_s.items() if self._expected(spent) <= room and size <= ceiling]
         smallest = min(self._size_s)
         if fitting:
             fit = max(fitting)
@@ -574,10 +574,13 @@ class SharedDevice:
         self.gated_chunks += 1
 
     @staticmethod
-    def _typical(lengths: deque[float]) -> float:
-        """The median of recent chunk lengths (0 before the first): one long chunk (a status read, a directive
-        read) does not make the next ones look long."""
-        return statistics.median(lengths) if lengths else 0.0
+    def _expected(lengths: deque[float]) -> float:
+        """The length a chunk is expected to take: the upper quartile of recent ones (0 before the first), so that
+        most chunks end within it (the owner's side) while one long chunk (a status read, a directive read) does
+        not make the next ones look long."""
+        if len(lengths) < 2:
+            return max(lengths, default=0.0)
+        return statistics.quantiles(lengths, n=4)[2]
 
     def _warn_once(self, what: str, message: str, *args: object) -> None:
         if what not in self._warned:

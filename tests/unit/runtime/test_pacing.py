@@ -233,3 +233,12 @@ def test_a_gated_pacer_judges_the_typical_step_so_a_few_steps_delayed_by_others_
     assert ungated.duty == 0.5 and gated.duty == 1.0
     gated.decide(steps(*((10 + i, 0.12) for i in range(10))))
     assert gated.duty == 0.5, "a slower typical step still cuts it"
+
+
+def test_a_gated_pacer_cuts_only_under_the_target_itself() -> None:
+    ungated, gated = Pacer(PacingConfig(window=10), duty=1.0), Pacer(PacingConfig(window=10))
+    gated.engage_gate()
+    for pacer in (ungated, gated):
+        pacer.learn_baseline([0.1] * 10)
+        pacer.decide(steps(*((i, 0.1 / 0.96) for i in range(10))))  # 0.96: above 0.95, under 0.95 + the margin
+    assert ungated.duty == 0.5 and gated.duty == 1.0

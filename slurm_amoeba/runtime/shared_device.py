@@ -115,9 +115,6 @@ class SharedDevice:
         directive: a directive to start with (tests, and jobs told before they start); the coordinator's replaces it.
         clock: the wall clock (status files hold wall-clock times).
         sleep: how to pause (tests pass a fake).
-        work_clock: what measures the length of a sharer's chunks; ``None``: the process's CPU time for a model on
-            a CPU (the stand-in: time in which other processes ran does not load the device), the wall clock
-            otherwise.
 
     Attributes:
         directive: the directive in force (``None``: the job does not share).
@@ -140,7 +137,6 @@ class SharedDevice:
         directive: ShareDirective | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        work_clock: Callable[[], float] | None = None,
     ) -> None:
         self.profile = profile
         self.read_every_s = read_every_s
@@ -153,8 +149,6 @@ class SharedDevice:
         self.waited_s = 0.0
         self.gated_chunks = 0
         self._clock, self._sleep = clock, sleep
-        self._work_clock = work_clock or clock
-        self._work_clock_given = work_clock is not None
         self._state: SharingState | None = None
         # the guaranteed side of the gate: its transitions and the file it publishes them in
         self._activity = ActivityLog(os.getpid())
@@ -211,9 +205,6 @@ class SharedDevice:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
         self._state = state
-        if not self._work_clock_given:
-            device = next(iter(state.model.parameters()), torch.empty(0)).device
-            self._work_clock = time.process_time if device.type == "cpu" else self._clock
         self._next_read = 0.0
         self._read_directive(state.driver)
         directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
@@ -226,9 +217,8 @@ class SharedDevice:
         now = self._clock()
         busy = max(0.0, now - self._busy_from)
         if self._tail_from is not None:  # the gate let this step's optimizer step run: its length, for the next
-            spent = self._work_clock() - self._tail_from
-            self._tails.append(spent)
-            self._computed_s += spent
+            self._tails.append(now - self._tail_from)
+            self._computed_s += now - self._tail_from
             self._tail_from = None
         computed, self._computed_s = self._computed_s, 0.0
         self._ungated = False
@@ -282,17 +272,17 @@ class SharedDevice:
                 self._mark(busy=True)
             if self._gating():
                 self._wait_for_room(self._expected(self._chunks))
-            started = self._work_clock()
+            started = self._clock()
             yield item
             if self._gating():
-                spent = self._work_clock() - started
+                spent = self._clock() - started
                 self._chunks.append(spent)
                 self._computed_s += spent
                 if index < len(sizes) and sizes[index] > 0:
                     self._size_s.setdefault(sizes[index], deque(maxlen=_LENGTHS_KEPT)).append(spent)
         if self._gating():
             self._wait_for_room(self._expected(self._tails))
-            self._tail_from = self._work_clock()
+            self._tail_from = self._clock()
 
     @property
     def report(self) -> dict[str, Any]:

@@ -436,7 +436,7 @@ def test_a_sharer_never_computes_a_micro_batch_while_the_owners_flag_says_busy(t
         owner.until(clock.now + seconds)
 
     partner = str(tmp_path / "owner-w0.json")
-    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=sleep, work_clock=clock)
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=sleep)
     sharer_state = _state(sharer, Driver(ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=partner)))
     reader = ActivityReader(activity_path(partner), -1)
     chunks: list[tuple[float, bool]] = []
@@ -467,7 +467,7 @@ def test_a_new_directive_ends_the_sharers_wait_and_the_step_finishes_at_once(tmp
         if len(slept) == 3:
             driver.tell(dataclasses.replace(directive, memory_cap_bytes=STATE + 10 * 2, seq=1))  # the owner grows
 
-    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=sleep, work_clock=clock)
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=sleep)
     state = _state(sharer, driver)
     assert list(sharer.micro_batches(range(4))) == [0, 1, 2, 3]
     assert len(slept) == 3, "no wait after the new directive: the step ends"
@@ -491,9 +491,7 @@ def test_a_sharer_sizes_its_micro_batches_to_the_owners_short_idle_spell_by_meas
     owner.until(clock.now + 0.2)
     partner = str(tmp_path / "owner-w0.json")
     directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 8, partner_status_path=partner)
-    sharer = SharedDevice(
-        PROFILE, read_every_s=0.0, clock=clock, sleep=lambda s: owner.until(clock.now + s), work_clock=clock
-    )
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=lambda s: owner.until(clock.now + s))
     state = _state(sharer, Driver(directive))
     seen = []
     for _ in micro_batches:

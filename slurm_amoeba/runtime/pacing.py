@@ -323,14 +323,23 @@ def may_compute(activity: OwnerActivity | None, now: float, chunk_s: float, conf
     """
     if activity is None:
         return True
-    elapsed = now - activity.since
     if activity.busy:
-        return elapsed > max(config.stale_s, 10 * activity.busy_s)
+        return not owner_busy(activity, now, config)
+    elapsed = now - activity.since
     if elapsed >= max(config.long_idle_s, 4 * activity.idle_s):
         return True
     if chunk_s > activity.idle_s:  # no spell holds it: it starts in a spell's first half, or it would never run
         return elapsed <= activity.idle_s / 2
     return activity.idle_s - elapsed >= chunk_s
+
+
+def owner_busy(activity: OwnerActivity | None, now: float, config: PacingConfig) -> bool:
+    """Whether the guaranteed job computes now by a fresh flag (a busy flag older than ``stale_s`` and ten of its
+    mean busy spells is stale: the job hung or died while computing). What a sharer checks between the layers of
+    a chunk it already started."""
+    if activity is None or not activity.busy:
+        return False
+    return now - activity.since <= max(config.stale_s, 10 * activity.busy_s)
 
 
 def wait_s(activity: OwnerActivity | None, now: float, config: PacingConfig) -> float:

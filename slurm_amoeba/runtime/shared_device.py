@@ -59,6 +59,7 @@ from slurm_amoeba.runtime.pacing import (
     StepRecord,
     exclusive_step_times,
     may_compute,
+    owner_busy,
     wait_s,
 )
 from slurm_amoeba.runtime.plan_probe import PeakMeter
@@ -124,6 +125,7 @@ class SharedDevice:
         paused_s: the seconds slept so far after steps (the duty's pauses).
         waited_s: the seconds an opportunistic worker waited so far for its partner to idle (the gate).
         gated_chunks: the chunks (micro-batches, optimizer steps) it started through the gate.
+        layer_yields: the times an opportunistic worker stopped between two layers because its partner became busy.
         gap_micro_batch: the micro-batch an opportunistic worker runs so that one fits the partner's short idle
             spell (0: the cap's; never above it).
     """
@@ -155,6 +157,7 @@ class SharedDevice:
         self._activity_file: ActivityFile | None = None
         # the opportunistic side: the partner's activity file, and the lengths of its own chunks
         self._partner: ActivityReader | None = None
+        self._partner_source: tuple[str, int] | None = None  # the status path and uid it was opened for
         self._next_refresh = 0.0
         self._chunks: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # its micro-batches' compute
         self._tails: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # from its last micro-batch to the step's end
@@ -164,6 +167,8 @@ class SharedDevice:
         self.gap_micro_batch = 0
         self._computed_s = 0.0  # this step's compute, waits left out
         self._ungated = False  # a new directive came during a wait: the rest of the step runs at once
+        self._hooked: tuple[torch.nn.Module, list[Any]] | None = None  # the model whose layers yield, the handles
+        self.layer_yields = 0
         self._marks_idle = False  # the loop marks its idle time itself (idle()); the step's end does not
         self._applied: int | None = None  # the seq of the directive whose cap is in force
         self._meter: PeakMeter | None = None
@@ -205,6 +210,7 @@ class SharedDevice:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
         self._state = state
+        self._hook_layers(state.model)
         self._next_read = 0.0
         self._read_directive(state.driver)
         directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
@@ -302,6 +308,7 @@ class SharedDevice:
             "gated": self.pacer.gated,
             "waited_s": round(self.waited_s, 3),
             "gated_chunks": self.gated_chunks,
+            "layer_yields": self.layer_yields,
             "chunk_s": round(self._expected(self._chunks), 6),
             "tail_s": round(self._expected(self._tails), 6),
             "gap_micro_batch": self.gap_micro_batch,
@@ -508,12 +515,13 @@ class SharedDevice:
     def _partner_activity(self, directive: ShareDirective) -> OwnerActivity | None:
         """The partner's activity now; ``None`` when it publishes none (or not readably: the duty alone paces)."""
         now = self._clock()
-        path = activity_path(directive.partner_status_path)
         reader = self._partner
-        if reader is None or reader.path != path or reader.owner_uid != directive.partner_uid:
+        source = (directive.partner_status_path, directive.partner_uid)
+        if reader is None or self._partner_source != source:
             if reader is not None:
                 reader.close()
-            reader = self._partner = ActivityReader(path, directive.partner_uid)
+            reader = self._partner = ActivityReader(activity_path(source[0]), source[1])
+            self._partner_source = source
         elif now >= self._next_refresh:
             reader.refresh()
         if now >= self._next_refresh:
@@ -553,6 +561,52 @@ class SharedDevice:
         self.gap_micro_batch = fit
         state.sampler.cap_local_batch(fit or self.micro_batch)
 
+    def _hook_layers(self, model: torch.nn.Module) -> None:
+        """Have every leaf layer of ``model`` call :meth:`_between_layers` before its forward, and every parameter
+        when its gradient is computed (the backward's layers; once per model: a new model moves the hooks)."""
+        if self._hooked is not None:
+            if self._hooked[0] is model:
+                return
+            for handle in self._hooked[1]:
+                handle.remove()
+        handles: list[Any] = []
+        for module in model.modules():
+            if next(module.children(), None) is None:
+                handles.append(module.register_forward_pre_hook(lambda module, args: self._between_layers()))
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                handles.append(parameter.register_hook(lambda grad: self._between_layers()))  # type: ignore[no-untyped-call]
+        self._hooked = (model, handles)
+
+    def _between_layers(self) -> None:
+        """AntMan's yield at operator granularity: a gated sharer inside a chunk stops before a layer while its
+        partner's fresh flag says busy, so that a chunk the gate started in the partner's idle time overlaps the
+        partner's next busy spell by one layer at most. Nothing for other workers. (On a GPU the layers are
+        launched ahead of the device, so there it bounds what is queued, not what runs.)"""
+        if not self.pacer.gated or not self._gating():
+            return
+        directive = self.directive
+        if directive is None:
+            return
+        activity = self._partner_activity(directive)
+        if not owner_busy(activity, self._clock(), self.pacer.config):
+            return
+        self.layer_yields += 1
+        start = self._clock()
+        while owner_busy(activity, now := self._clock(), self.pacer.config) and not self._ungated:
+            self._sleep(wait_s(activity, now, self.pacer.config))
+            activity = self._partner_activity(directive)
+            self._check_directive(directive)
+        self.waited_s += self._clock() - start
+
+    def _check_directive(self, directive: ShareDirective) -> None:
+        """Read the directive during a wait; a new one ends the waiting for the rest of the step (it applies at the
+        step's end)."""
+        if self._state is not None:
+            self._read_directive(self._state.driver)
+        if self.directive is not directive:
+            self._ungated = True
+
     def _wait_for_room(self, chunk_s: float) -> None:
         """Wait until the partner is idle with room for a chunk of ``chunk_s`` (:func:`may_compute`), reading the
         directive meanwhile; a new one ends the waiting for the rest of this step (:meth:`micro_batches`)."""
@@ -566,10 +620,9 @@ class SharedDevice:
             if may_compute(activity, now, chunk_s, self.pacer.config):
                 break
             self._sleep(wait_s(activity, now, self.pacer.config))
-            self._read_directive(state.driver)
-            if self.directive is not directive:
-                self._ungated = True  # finish this step now: the new directive applies at its end
-                break
+            self._check_directive(directive)
+            if self._ungated:
+                break  # finish this step now: the new directive applies at its end
         self.waited_s += self._clock() - start
         self.gated_chunks += 1
 

@@ -516,3 +516,24 @@ def test_an_ungated_sharers_pause_ends_when_the_owner_starts_publishing_its_acti
     state.after_step()  # a 0.05 s step at the least duty: a pause of 2.45 s, were it not cut short
     assert sharer.pacer.gated and sharer.pacer.duty == 1.0
     assert sharer.paused_s == pytest.approx(0.2), "the look at 0.25 s, the owner's first busy mark, ends it"
+
+
+def test_a_sharer_inside_a_micro_batch_stops_between_layers_while_the_owner_is_busy(tmp_path: Path) -> None:
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.020, start=clock.now)
+    owner.until(clock.now + 0.3)
+    partner = str(tmp_path / "owner-w0.json")
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=lambda s: owner.until(clock.now + s))
+    state = _state(sharer, Driver(ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=partner)))
+    reader = ActivityReader(activity_path(partner), -1)
+    busy_at_layer: list[bool] = []
+    state.model.register_forward_pre_hook(lambda module, args: busy_at_layer.append(reader.read().busy))
+    for _ in sharer.micro_batches(range(1)):
+        assert not reader.read().busy, "admitted in the owner's idle time"
+        owner.until(owner.next_change + 0.001)  # the chunk outlasts the idle spell: the owner computes again
+        assert reader.read().busy
+        loss = state.model(torch.ones(2, 4)).sum()  # the layer waits until the owner idles
+        assert sharer.layer_yields == 1 and busy_at_layer == [False]
+        owner.until(owner.next_change + 0.001)
+        loss.backward()  # and so does its backward
+        assert sharer.layer_yields == 2 and not reader.read().busy

@@ -7,17 +7,9 @@ import statistics
 
 import pytest
 
+from slurm_amoeba.runtime import pacing
 from slurm_amoeba.runtime.errors import RuntimeConfigError
-from slurm_amoeba.runtime.pacing import (
-    ActivityLog,
-    OwnerActivity,
-    Pacer,
-    PacingConfig,
-    StepRecord,
-    exclusive_step_times,
-    may_compute,
-    wait_s,
-)
+from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
 
 
 def steps(*pairs: tuple[float, float]) -> list[StepRecord]:
@@ -133,20 +125,20 @@ def test_in_closed_loop_the_guaranteed_job_keeps_its_target_while_the_sharer_use
 
 
 def test_the_owners_log_publishes_transitions_with_its_mean_busy_and_short_idle_spell() -> None:
-    log = ActivityLog(pid=7, keep=2)
+    log = pacing.ActivityLog(pid=7, keep=2)
     assert log.mark(False, 0.0) is None, "idle before it ever computed: nothing published"
-    assert log.mark(True, 1.0) == OwnerActivity(True, 1.0, 0.0, 0.0, 7)
+    assert log.mark(True, 1.0) == pacing.OwnerActivity(True, 1.0, 0.0, 0.0, 7)
     assert log.mark(True, 1.5) is None, "no transition"
-    assert log.mark(False, 3.0) == OwnerActivity(False, 3.0, 2.0, 0.0, 7)
-    assert log.mark(True, 3.5) == OwnerActivity(True, 3.5, 2.0, 0.5, 7)
-    assert log.mark(False, 4.5) == OwnerActivity(False, 4.5, 1.5, 0.5, 7), "busy spells 2 and 1"
+    assert log.mark(False, 3.0) == pacing.OwnerActivity(False, 3.0, 2.0, 0.0, 7)
+    assert log.mark(True, 3.5) == pacing.OwnerActivity(True, 3.5, 2.0, 0.5, 7)
+    assert log.mark(False, 4.5) == pacing.OwnerActivity(False, 4.5, 1.5, 0.5, 7), "busy spells 2 and 1"
     log.mark(True, 5.5)
     log.mark(False, 6.5)
-    assert log.mark(True, 8.5) == OwnerActivity(True, 8.5, 1.0, 1.0, 7), "only the last two spells of each count"
+    assert log.mark(True, 8.5) == pacing.OwnerActivity(True, 8.5, 1.0, 1.0, 7), "only the last two spells of each count"
 
 
 def test_one_unusually_short_idle_spell_does_not_set_the_room_once_there_are_four() -> None:
-    log = ActivityLog(pid=7)
+    log = pacing.ActivityLog(pid=7)
     now = 0.0
     for idle in (0.5, 0.1, 0.5, 0.4):
         log.mark(True, now)
@@ -163,39 +155,39 @@ CONFIG = PacingConfig(poll_s=0.001, long_idle_s=0.05, stale_s=1.0)
     ("activity", "now", "chunk_s", "allowed"),
     [
         (None, 10.0, 0.5, True),  # the owner publishes nothing: the duty alone paces
-        (OwnerActivity(True, 10.0, 0.02, 0.02), 10.001, 0.001, False),  # computing: never
-        (OwnerActivity(True, 10.0, 0.02, 0.02), 10.5, 0.001, False),  # a long step, not a stale flag yet
-        (OwnerActivity(True, 10.0, 0.02, 0.02), 11.01, 0.001, True),  # busy for over 1 s and 10 steps: stale
-        (OwnerActivity(True, 10.0, 0.5, 0.02), 11.01, 0.001, False),  # ... but not 10 of its own long spells
-        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.005, 0.010, True),  # 15 ms of room for a 10 ms chunk
-        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.015, 0.010, False),  # 5 ms left: wait for the next spell
-        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.09, 0.010, True),  # idle over 4 spells and 50 ms: it stopped
-        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.009, 0.030, True),  # longer than any spell: its first half
-        (OwnerActivity(False, 10.0, 0.02, 0.02), 10.011, 0.030, False),
-        (OwnerActivity(False, 10.0, 0.0, 0.0), 10.01, 0.010, False),  # its first idle spell: no room known
-        (OwnerActivity(False, 10.0, 0.0, 0.0), 10.06, 0.010, True),
+        (pacing.OwnerActivity(True, 10.0, 0.02, 0.02), 10.001, 0.001, False),  # computing: never
+        (pacing.OwnerActivity(True, 10.0, 0.02, 0.02), 10.5, 0.001, False),  # a long step, not a stale flag yet
+        (pacing.OwnerActivity(True, 10.0, 0.02, 0.02), 11.01, 0.001, True),  # busy for over 1 s and 10 steps: stale
+        (pacing.OwnerActivity(True, 10.0, 0.5, 0.02), 11.01, 0.001, False),  # ... but not 10 of its own long spells
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.005, 0.010, True),  # 15 ms of room for a 10 ms chunk
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.015, 0.010, False),  # 5 ms left: wait for the next spell
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.09, 0.010, True),  # idle over 4 spells and 50 ms: it stopped
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.009, 0.030, True),  # longer than any spell: its first half
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.011, 0.030, False),
+        (pacing.OwnerActivity(False, 10.0, 0.0, 0.0), 10.01, 0.010, False),  # its first idle spell: no room known
+        (pacing.OwnerActivity(False, 10.0, 0.0, 0.0), 10.06, 0.010, True),
     ],
 )
 def test_the_gate_opens_only_in_the_owners_idle_time_with_room_for_the_chunk(
-    activity: OwnerActivity | None, now: float, chunk_s: float, allowed: bool
+    activity: pacing.OwnerActivity | None, now: float, chunk_s: float, allowed: bool
 ) -> None:
-    assert may_compute(activity, now, chunk_s, CONFIG) is allowed
+    assert pacing.may_compute(activity, now, chunk_s, CONFIG) is allowed
 
 
 @pytest.mark.parametrize(
     ("activity", "now", "expected"),
     [
         (None, 10.0, 0.001),
-        (OwnerActivity(True, 10.0, 0.010, 0.010), 10.002, 0.007),  # until its mean busy spell ends, one poll early
-        (OwnerActivity(True, 10.0, 0.010, 0.010), 10.5, 0.001),  # overdue: poll
-        (OwnerActivity(True, 10.0, 0.5, 0.010), 10.0, 0.020),  # never longer than 20 polls
-        (OwnerActivity(False, 10.0, 0.010, 0.004), 10.003, 0.010),  # a spell too short: the next one
+        (pacing.OwnerActivity(True, 10.0, 0.010, 0.010), 10.002, 0.007),  # its mean busy spell ends, one poll early
+        (pacing.OwnerActivity(True, 10.0, 0.010, 0.010), 10.5, 0.001),  # overdue: poll
+        (pacing.OwnerActivity(True, 10.0, 0.5, 0.010), 10.0, 0.020),  # never longer than 20 polls
+        (pacing.OwnerActivity(False, 10.0, 0.010, 0.004), 10.003, 0.010),  # a spell too short: the next one
     ],
 )
 def test_a_refused_sharer_sleeps_until_the_owner_is_expected_to_idle(
-    activity: OwnerActivity | None, now: float, expected: float
+    activity: pacing.OwnerActivity | None, now: float, expected: float
 ) -> None:
-    assert wait_s(activity, now, CONFIG) == pytest.approx(expected)
+    assert pacing.wait_s(activity, now, CONFIG) == pytest.approx(expected)
 
 
 def test_a_gated_pacer_starts_at_full_duty_and_probes_for_the_baseline_first() -> None:

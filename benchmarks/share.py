@@ -23,7 +23,7 @@ exclusive one), ``guaranteed_ratio_vs_warm`` (the same over the warm baseline), 
 (the sharer's controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone,
 summed), and ``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs
 once per epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered (the cap's; the
-gate may run smaller ones, ``sharer_micro_while_shared``) and the steps it took to apply it (counted from the
+one it ran while shared: ``sharer_micro_while_shared``) and the steps it took to apply it (counted from the
 harness's call; the loader plans one step ahead), each round's figures. On a CPU the memory cap bounds only the
 micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a process from allocating more.
 Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the integration test's size, one round).
@@ -145,7 +145,7 @@ def run_together(work: Path, args: argparse.Namespace, caps: tuple[int, int]) ->
     overlap_owner = [e for e in owner_steps if e["end"] <= sharer_end]
     # The sharer's micro-batch under the first cap: its last step before the cap was lowered (paced while the owner
     # runs, it may finish none between the owner's start and the lowering on a loaded machine).
-    # The memory cap's micro-batch (cap_micro): while the owner runs, the gate may run smaller ones to fit its gaps.
+    # The memory cap's micro-batch (cap_micro), as the worker applied it.
     before = [e for e in sharer_steps if e["end"] <= lowered_at]
     after = [e for e in sharer_steps if e["end"] > lowered_at]
     micro_after = after[-1]["cap_micro"] if after else 0

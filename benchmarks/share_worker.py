@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                         "indices": step.indices,
                         "samples": step.assignment.plan.step_samples,
                         "micro": [len(m) for m in step.assignment.micro_indices],
-                        "cap_micro": sharing.micro_batch,  # the memory cap's (the gate may run smaller ones)
+                        "cap_micro": sharing.micro_batch,  # the memory cap's (0: none)
                         "compute_s": computed,
                         "end": time.time(),
                     }

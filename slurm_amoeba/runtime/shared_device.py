@@ -89,9 +89,6 @@ ENV_SHARE = "AMOEBA_SHARE"
 #: Bytes a CUDA worker keeps out of its cap when it plans its micro-batch: torch's caching allocator rounds blocks
 #: up and holds cuBLAS's workspace beside the tensors the profile counts (the device limit stays the whole cap).
 CUDA_ALLOWANCE_BYTES = 64 << 20
-#: The share of the partner's short idle spell one micro-batch of an opportunistic worker is sized to fill (the
-#: rest covers the gate's poll and the variation of the spells).
-GAP_FILL = 0.6
 #: The recent chunk lengths (micro-batches; optimizer steps) a sharer keeps to predict the next one's.
 _LENGTHS_KEPT = 16
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
@@ -126,8 +123,6 @@ class SharedDevice:
         waited_s: the seconds an opportunistic worker waited so far for its partner to idle (the gate).
         gated_chunks: the chunks (micro-batches, optimizer steps) it started through the gate.
         layer_yields: the times an opportunistic worker stopped between two layers because its partner became busy.
-        gap_micro_batch: the micro-batch an opportunistic worker runs so that one fits the partner's short idle
-            spell (0: the cap's; never above it).
     """
 
     def __init__(
@@ -162,9 +157,6 @@ class SharedDevice:
         self._chunks: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # its micro-batches' compute
         self._tails: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # from its last micro-batch to the step's end
         self._tail_from: float | None = None
-        self._size_s: dict[int, deque[float]] = {}  # recent micro-batch lengths by micro-batch size
-        self._activity_seen: OwnerActivity | None = None  # the partner's, as last read
-        self.gap_micro_batch = 0
         self._computed_s = 0.0  # this step's compute, waits left out
         self._ungated = False  # a new directive came during a wait: the rest of the step runs at once
         self._hooked: tuple[torch.nn.Module, list[Any]] | None = None  # the model whose layers yield, the handles
@@ -227,7 +219,8 @@ class SharedDevice:
             self._computed_s += now - self._tail_from
             self._tail_from = None
         computed, self._computed_s = self._computed_s, 0.0
-        self._ungated = False
+        self._between_layers()  # a gated sharer's bookkeeping below waits while its partner computes
+        self._ungated = False  # a directive that ended a wait is applied below; the next step is gated again
         self._steps = recent_steps(self._steps, StepRecord(now, busy))
         driver = state.driver
         self._read_directive(driver)
@@ -242,7 +235,6 @@ class SharedDevice:
             self._next_status = now + self.read_every_s  # the partner reads no more often; the steps accumulate
             self._write_status(Path(directive.status_path.replace("{worker}", worker)), state, worker, directive)
         if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
-            self._fit_gap(state)
             self._pace(state, directive, computed if self.pacer.gated else busy)
         if not self._marks_idle:
             self._mark(busy=False)  # the owner's input pipeline, until its next step's first micro-batch
@@ -271,8 +263,6 @@ class SharedDevice:
         with room for that chunk; a new directive ends the waiting for the rest of the step, so that it applies
         at the step's end. Any other worker iterates the step as it is.
         """
-        assignment = getattr(step, "assignment", None)  # a runtime Step: the sizes of its micro-batches
-        sizes = [len(m) for m in getattr(assignment, "micro_indices", ())]
         for index, item in enumerate(step):  # fetching is host work: the gate guards the device's part
             if index == 0:
                 self._mark(busy=True)
@@ -284,8 +274,6 @@ class SharedDevice:
                 spent = self._clock() - started
                 self._chunks.append(spent)
                 self._computed_s += spent
-                if index < len(sizes) and sizes[index] > 0:
-                    self._size_s.setdefault(sizes[index], deque(maxlen=_LENGTHS_KEPT)).append(spent)
         if self._gating():
             self._wait_for_room(self._expected(self._tails))
             self._tail_from = self._clock()
@@ -311,7 +299,6 @@ class SharedDevice:
             "layer_yields": self.layer_yields,
             "chunk_s": round(self._expected(self._chunks), 6),
             "tail_s": round(self._expected(self._tails), 6),
-            "gap_micro_batch": self.gap_micro_batch,
             "leaving": self.leaving,
         }
 
@@ -341,7 +328,6 @@ class SharedDevice:
         worker cuts into micro-batches changes with it), the device limit, or a leave."""
         if self._applied == directive.seq:
             return
-        self.gap_micro_batch = 0  # a new cap (or role): the gap's micro-batch is chosen again under it
         if directive.memory_cap_bytes == 0:
             self._applied = directive.seq
             self.micro_batch = state.sampler.cap_local_batch(directive.sub_batch)
@@ -533,33 +519,7 @@ class SharedDevice:
             self._warn_once("activity", "the partner's activity cannot be read (%s); only the duty paces", exc)
             return None
         self.pacer.engage_gate()
-        self._activity_seen = activity
         return activity
-
-    def _fit_gap(self, state: SharingState) -> None:
-        """Choose the micro-batch for the steps not planned yet: the largest size measured (the upper quartile of
-        its recent lengths) to take at most ``GAP_FILL`` of the partner's short recent idle spell; while none does,
-        half the smallest size tried (a micro-batch has a fixed cost besides its samples, so only a measurement
-        says what a size takes); when even a micro-batch of 1 does not fit, the cap's own (fewer, cheaper passes,
-        which the gate starts early in a spell). Never above the cap's micro-batch.
-        """
-        activity = self._activity_seen
-        if not self.pacer.gated or activity is None or activity.idle_s <= 0 or not self._size_s:
-            return
-        room = GAP_FILL * activity.idle_s
-        ceiling = self.micro_batch or max(self._size_s)
-        fitting = [size for size, spent in self._size_s.items() if self._expected(spent) <= room and size <= ceiling]
-        smallest = min(self._size_s)
-        if fitting:
-            fit = max(fitting)
-        elif smallest > 1:
-            fit = smallest // 2
-        else:
-            fit = 0  # nothing fits: the cap's micro-batch
-        if fit == self.gap_micro_batch or (fit and not self._plannable(state, fit)):
-            return
-        self.gap_micro_batch = fit
-        state.sampler.cap_local_batch(fit or self.micro_batch)
 
     def _hook_layers(self, model: torch.nn.Module) -> None:
         """Have every leaf layer of ``model`` call :meth:`_between_layers` before its forward, and every parameter

@@ -475,35 +475,6 @@ def test_a_new_directive_ends_the_sharers_wait_and_the_step_finishes_at_once(tmp
     assert _micro(state) == 2, "and the new cap applies at its end"
 
 
-@pytest.mark.parametrize(
-    ("fixed_s", "per_sample_s", "micro_batches"),
-    [
-        (0.0, 0.001, [4, 4, 4]),  # 8 ms for 8 samples does not fit 6 ms of room; 4 ms for 4 does, and stays
-        (0.0, 0.0007, [8, 8, 8]),  # 5.6 ms for 8 samples fits as it is
-        (0.007, 0.0001, [4, 2, 1, 8]),  # a fixed cost no size gets under: halved to 1, then back to the cap's
-    ],
-)
-def test_a_sharer_sizes_its_micro_batches_to_the_owners_short_idle_spell_by_measurement(
-    fixed_s: float, per_sample_s: float, micro_batches: list[int], tmp_path: Path
-) -> None:
-    clock = Clock()
-    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.010, start=clock.now)  # 0.6 x 10 ms of room
-    owner.until(clock.now + 0.2)
-    partner = str(tmp_path / "owner-w0.json")
-    directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 8, partner_status_path=partner)
-    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=lambda s: owner.until(clock.now + s))
-    state = _state(sharer, Driver(directive))
-    seen = []
-    for _ in micro_batches:
-        step = amoeba.Step(state.sampler.assignment(0, 1), lambda: None)  # planned under the micro-batch now
-        for _ in sharer.micro_batches(step):
-            owner.until(clock.now + fixed_s + per_sample_s * _micro(state))
-        state.after_step()
-        seen.append(_micro(state))
-    assert seen == micro_batches
-    assert sharer.micro_batch == 8, "the memory cap's micro-batch is unchanged"
-
-
 def test_an_ungated_sharers_pause_ends_when_the_owner_starts_publishing_its_activity(tmp_path: Path) -> None:
     clock = Clock()
     owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.010, start=clock.now + 0.25)  # it starts 0.25 s later

@@ -218,6 +218,7 @@ def one_round(args: argparse.Namespace, work: Path, caps: tuple[int, int]) -> di
         "sharer_micro_while_shared": together["sharer_micro_while_shared"],
         "sharer_waited_s": report.get("waited_s"),
         "sharer_paused_s": report.get("paused_s"),
+        "sharer_layer_yields": report.get("layer_yields"),
         "sharer_finished": together["sharer_finished"],
         "sharer_final_duty": report.get("duty"),
         "sharer_violations": report.get("violations"),

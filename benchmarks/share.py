@@ -1,31 +1,32 @@
 """``scripts/bench-share``: two jobs on one device, AntMan's way, with CPU cores standing in for the GPU.
 
-A guaranteed job (it owns the device) and an opportunistic one (a sharer: memory-capped, paced by the guaranteed
-job's own step times) run as local processes (``amoeba-local``'s :class:`~slurm_amoeba.local.LocalJob`, no Slurm),
-every worker pinned to the same cores (:mod:`benchmarks.share_worker`). The guaranteed job waits, each step, a
-share of its compute time without computing (``--idle``: its input pipeline or communication), which is what a
-sharer can use. The run:
+A guaranteed job (it owns the device) and an opportunistic one (a sharer: memory-capped, computing in the guaranteed
+job's idle time, paced by its step times) run as local processes (``amoeba-local``'s
+:class:`~slurm_amoeba.local.LocalJob`, no Slurm), every worker pinned to the same cores
+(:mod:`benchmarks.share_worker`). The guaranteed job waits, each step, a share of its compute time without computing
+(``--idle``: its input pipeline or communication), which is what a sharer can use. The run:
 
 1. the guaranteed job alone: its exclusive throughput; and alone again beside a neighbour process that only keeps
    the cores awake (1 ms of work every 20 ms): on a virtual machine a core that goes idle between the guaranteed
    job's steps wakes slowly, so a job that idles runs faster beside any neighbour that keeps the core busy, the
    sharer included; ``guaranteed_ratio_vs_warm`` compares with that baseline;
 2. the sharer alone, under its memory cap, unpaced: its own throughput;
-3. both together: the guaranteed job writes its status file, the sharer reads it and paces itself
-   (:class:`~slurm_amoeba.runtime.pacing.Pacer`); half-way the owner "grows back": the sharer's cap is lowered
-   (a smaller micro-batch, more accumulation, the same global batch) and it applies it at a step boundary;
-   when the guaranteed job ends the sharer is made guaranteed and finishes unpaced.
+3. both together: the guaranteed job writes its status and activity files, the sharer computes its micro-batches
+   only in the guaranteed job's idle time (the gate) and paces itself by its step times
+   (:class:`~slurm_amoeba.runtime.pacing.Pacer`, the safety net); half-way the owner "grows back": the sharer's cap
+   is lowered (a smaller micro-batch, more accumulation, the same global batch) and it applies it at a step
+   boundary; when the guaranteed job ends the sharer is made guaranteed and finishes unpaced.
 
 The document (:mod:`benchmarks.record`) holds, as medians over ``--rounds`` rounds with their spread,
-``guaranteed_ratio`` (the guaranteed job's throughput while the sharer ran over its exclusive one),
-``guaranteed_ratio_vs_warm`` (the same over the warm baseline), ``guaranteed_ratio_seen_by_pacer`` (the sharer's
-controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone, summed), and
-``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs once per
-epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered and the steps it took to
-apply it (counted from the harness's call; the loader plans one step ahead), each round's figures. On a CPU the
-memory cap bounds only the micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a
-process from allocating more. Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the
-integration test's size, one round).
+``guaranteed_ratio`` (the guaranteed job's throughput while the sharer ran, up to the sharer's last step, over its
+exclusive one), ``guaranteed_ratio_vs_warm`` (the same over the warm baseline), ``guaranteed_ratio_seen_by_pacer``
+(the sharer's controller's own mean estimate), ``pair_gain`` (each job's throughput together over its own alone,
+summed), and ``guaranteed_failures`` (its workers that did not finish), ``exactly_once`` (every sample of both jobs
+once per epoch, from their ledgers), the sharer's micro-batch before and after the cap was lowered (the cap's; the
+one it ran while shared: ``sharer_micro_while_shared``) and the steps it took to apply it (counted from the
+harness's call; the loader plans one step ahead), each round's figures. On a CPU the memory cap bounds only the
+micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a process from allocating more.
+Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the integration test's size, one round).
 """
 
 from __future__ import annotations
@@ -138,20 +139,29 @@ def run_together(work: Path, args: argparse.Namespace, caps: tuple[int, int]) ->
     owner_steps, sharer_steps = ledger(work / "guaranteed"), ledger(work / "sharer")
     owner_started = owner_steps[0]["end"] if owner_steps else owner_end
     overlap_sharer = [e for e in sharer_steps if owner_started < e["end"] <= owner_end]
+    # The owner's speed while shared: its steps up to the sharer's last one (a sharer that ends first leaves the
+    # owner alone for the rest, which is not a shared speed).
+    sharer_end = sharer_steps[-1]["end"] if sharer_steps else owner_end
+    overlap_owner = [e for e in owner_steps if e["end"] <= sharer_end]
     # The sharer's micro-batch under the first cap: its last step before the cap was lowered (paced while the owner
     # runs, it may finish none between the owner's start and the lowering on a loaded machine).
+    # The memory cap's micro-batch (cap_micro), as the worker applied it.
     before = [e for e in sharer_steps if e["end"] <= lowered_at]
     after = [e for e in sharer_steps if e["end"] > lowered_at]
-    micro_after = max(after[-1]["micro"]) if after else 0
-    applied = next((i for i, e in enumerate(after) if max(e["micro"]) == micro_after), None)
+    micro_after = after[-1]["cap_micro"] if after else 0
+    applied = next((i for i, e in enumerate(after) if max(e["micro"]) <= micro_after), None)
     reports = [json.loads(p.read_text()) for p in (work / "sharer").glob("report-*.json")]
     return {
-        "owner_rate": rate(owner_steps),
+        "owner_rate": rate(overlap_owner),
+        "owner_steps_while_shared": len(overlap_owner),
         "sharer_rate": rate(overlap_sharer, skip=1),
         "guaranteed_failures": sum(1 for code in owner_result.returncodes.values() if code != 0)
         + (owner_result.phase.value != "finished"),
         "sharer_finished": sharer_result.phase.value == "finished",
-        "sharer_micro_before": max(before[-1]["micro"]) if before else 0,
+        "sharer_micro_before": before[-1]["cap_micro"] if before else 0,
+        "sharer_micro_while_shared": statistics.median(max(e["micro"]) for e in overlap_sharer)
+        if overlap_sharer
+        else 0,
         "sharer_micro_after": micro_after,
         "sharer_steps_to_apply_lower_cap": applied,
         "sharer_steps_while_shared": len(overlap_sharer),
@@ -204,6 +214,11 @@ def one_round(args: argparse.Namespace, work: Path, caps: tuple[int, int]) -> di
         "sharer_shared_samples_per_s": together["sharer_rate"],
         **{k: together[k] for k in ("sharer_micro_before", "sharer_micro_after", "sharer_steps_to_apply_lower_cap")},
         "sharer_steps_while_shared": together["sharer_steps_while_shared"],
+        "guaranteed_steps_while_shared": together["owner_steps_while_shared"],
+        "sharer_micro_while_shared": together["sharer_micro_while_shared"],
+        "sharer_waited_s": report.get("waited_s"),
+        "sharer_paused_s": report.get("paused_s"),
+        "sharer_layer_yields": report.get("layer_yields"),
         "sharer_finished": together["sharer_finished"],
         "sharer_final_duty": report.get("duty"),
         "sharer_violations": report.get("violations"),

@@ -4,9 +4,13 @@ It pins itself to ``--cores`` first (``os.sched_setaffinity``, before torch star
 shared GPU), probes its model's bytes (:func:`~slurm_amoeba.runtime.plan_probe.probe_model`, so the memory cap turns
 into a micro-batch the same way the harness predicts it) and trains under ``TorchState(..., sharing=SharedDevice)``:
 the directive comes from its coordinator. ``--idle-per-step`` makes each step wait that share of its compute time
-without computing (the input pipeline or communication a real job waits on; what leaves a device idle for a sharer
-to use). It writes what :mod:`benchmarks.share` reads: a ledger line per applied step (epoch, step, indices,
-micro-batches, wall-clock end) and, at the end, its sharing report.
+without computing, after the step (the next step's input pipeline a real job waits on; what leaves a device idle for
+a sharer to use). Its micro-batches go through ``SharedDevice.micro_batches`` and its wait through
+``SharedDevice.idle``: a guaranteed worker publishes there when it computes (on the CPU stand-in the runtime's own
+work between steps is the "device's" too, so only the wait counts as idle), a sharer waits there for the owner's
+idle time. It writes what :mod:`benchmarks.share` reads: a
+ledger line per applied step (epoch, step, indices, micro-batches, the memory cap's micro-batch, wall-clock end)
+and, at the end, its sharing report.
 """
 
 from __future__ import annotations
@@ -115,12 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             while state.epoch < args.epochs:
                 for step in loader:
                     started = time.perf_counter()
-                    for (x, y), weight in step:
+                    for (x, y), weight in sharing.micro_batches(step):  # the owner's activity; a sharer's gate
                         (loss_fn(model(x.to(device)), y.to(device)) * weight).backward()
                     if device.type == "cuda":
                         torch.cuda.synchronize()  # the step's compute is the device's, not the launch's
-                    if args.idle_per_step:
-                        time.sleep(args.idle_per_step * (time.perf_counter() - started))
+                    computed = time.perf_counter() - started
                     state.step()
                     entry = {
                         "generation": runtime.generation,
@@ -129,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
                         "indices": step.indices,
                         "samples": step.assignment.plan.step_samples,
                         "micro": [len(m) for m in step.assignment.micro_indices],
+                        "cap_micro": sharing.micro_batch,  # the memory cap's (0: none)
+                        "compute_s": computed,
                         "end": time.time(),
                     }
                     ledger.write(json.dumps(entry) + "\n")
                     ledger.flush()
+                    if args.idle_per_step:  # the next step's input pipeline: the device idles, and says so
+                        with sharing.idle():
+                            time.sleep(args.idle_per_step * computed)
 
     result = amoeba.run(train, state)
     report = {"status": result.status.value, "share": sharing.report}

@@ -11,6 +11,12 @@ Every worker of a sharing job writes a :class:`JobStatus` about itself to its ow
 the file's owner is the uid the directive names (:func:`read_status`), and uses it only to slow itself down
 (:mod:`~slurm_amoeba.runtime.pacing`): nothing in the file can steer the job that wrote it.
 
+Beside its status file a guaranteed worker keeps an *activity file* (:func:`activity_path`: the same name ending in
+``.busy``): a fixed 48-byte little-endian record (:data:`ACTIVITY_FORMAT`) that it maps into memory and rewrites at
+each transition between computing and idling (:class:`ActivityFile`), guarded by a sequence number that is odd
+while a write is under way (a seqlock). A sharer maps it read-only after the same owner check
+(:class:`ActivityReader`) and looks at it between its micro-batches, a read of a few microseconds.
+
 :func:`largest_micro_batch` is the memory side: the largest micro-batch whose predicted peak (the plans' replicated
 estimate, :mod:`~slurm_amoeba.runtime.plans`) fits a cap; the rest of the worker's share of the fixed global batch
 goes to gradient accumulation. This module imports no torch (DESIGN.md, layer ``runtime/``, shared by both sides).
@@ -20,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import stat
+import struct
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +37,7 @@ from typing import Any
 
 from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.sharing import ShareRole
-from slurm_amoeba.runtime.pacing import StepRecord
+from slurm_amoeba.runtime.pacing import OwnerActivity, StepRecord
 from slurm_amoeba.runtime.plans import Layout, Linear, ModelProfile, Plan, PlanSpace
 from slurm_amoeba.runtime.protocol import load_object
 
@@ -39,6 +47,12 @@ SHARE_VERSION = 1
 MAX_STATUS_STEPS = 64
 #: A status file larger than this is refused unread.
 MAX_STATUS_BYTES = 16 << 10
+#: The activity file's record: magic ``AMBA``, format version, sequence number (odd while written), busy (0 or 1),
+#: writer's pid, then since, mean busy spell and short idle spell in seconds.
+ACTIVITY_FORMAT = struct.Struct("<4sIQIiddd")
+_ACTIVITY_MAGIC = b"AMBA"
+_SEQ = struct.Struct("<Q")
+_SEQ_AT = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,17 +202,9 @@ def read_status(path: Path, owner_uid: int) -> JobStatus:
         OSError: it cannot be opened.
         ParseError: another owner, not a plain file, too large, or not a status.
     """
-    expected = os.getuid() if owner_uid == -1 else owner_uid
     handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(handle, "rb") as source:
-        info = os.fstat(source.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ParseError(f"the status file {path} is not a plain file; give the partner's own status file")
-        if info.st_uid != expected:
-            raise ParseError(
-                f"the status file {path} is owned by uid {info.st_uid}, not by the partner's uid {expected}: "
-                "refused (only the partner job may say how fast it runs)"
-            )
+        _check_partner_file(path, source.fileno(), owner_uid)
         raw = source.read(MAX_STATUS_BYTES + 1)
     if len(raw) > MAX_STATUS_BYTES:
         raise ParseError(f"the status file {path} is larger than {MAX_STATUS_BYTES} bytes: refused")
@@ -267,3 +273,133 @@ def profile_from_peak(param_bytes: int, optimizer_bytes: int, peak_bytes: int, m
 def recent_steps(steps: Sequence[StepRecord], record: StepRecord) -> tuple[StepRecord, ...]:
     """``steps`` with ``record`` appended, keeping the latest :data:`MAX_STATUS_STEPS`."""
     return (*steps, record)[-MAX_STATUS_STEPS:]
+
+
+def activity_path(status_path: str | Path) -> Path:
+    """Where the worker whose status file is ``status_path`` publishes its activity: the same name ending in
+    ``.busy`` (``/dev/shm/amoeba-share-42.json``: ``/dev/shm/amoeba-share-42.busy``)."""
+    return Path(status_path).with_suffix(".busy")
+
+
+class ActivityFile:
+    """The guaranteed worker's side of the activity file: created atomically (mode 0644) and mapped into memory,
+    then rewritten in place at each transition.
+
+    Args:
+        path: the file (:func:`activity_path` of the worker's status file).
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            os.fchmod(handle, 0o644)
+            os.write(handle, bytes(ACTIVITY_FORMAT.size))
+            self._map = mmap.mmap(handle, ACTIVITY_FORMAT.size)
+            os.replace(temporary, path)
+        except BaseException:
+            os.close(handle)
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        os.close(handle)  # the mapping keeps the file
+        self._seq = 0
+
+    def publish(self, activity: OwnerActivity) -> None:
+        """Write ``activity`` (the sequence number is odd while the record changes, even after)."""
+        self._seq += 1
+        _SEQ.pack_into(self._map, _SEQ_AT, self._seq)
+        record = (_ACTIVITY_MAGIC, SHARE_VERSION, self._seq, int(activity.busy), activity.pid)
+        times = (activity.since, activity.busy_s, activity.idle_s)
+        ACTIVITY_FORMAT.pack_into(self._map, 0, *record, *times)
+        self._seq += 1
+        _SEQ.pack_into(self._map, _SEQ_AT, self._seq)
+
+    def close(self) -> None:
+        """Unmap the file (it stays for readers: its last record says idle when the worker marked itself so)."""
+        self._map.close()
+
+
+class ActivityReader:
+    """A sharer's view of its partner's activity file, mapped read-only after the owner check of
+    :func:`read_status`; reopened when the file is replaced (a restarted partner writes a new one).
+
+    Args:
+        path: the partner's activity file.
+        owner_uid: the uid that must own it (-1: this process's own uid).
+    """
+
+    def __init__(self, path: Path, owner_uid: int) -> None:
+        self.path, self.owner_uid = path, owner_uid
+        self._map: mmap.mmap | None = None
+        self._inode: tuple[int, int] | None = None
+
+    def read(self) -> OwnerActivity:
+        """The partner's activity now.
+
+        Raises:
+            OSError: the file cannot be opened.
+            ParseError: another owner, not a plain file of the record's size, another format, or a record that
+                kept changing while read.
+        """
+        mapped = self._map if self._map is not None else self._open()
+        for _ in range(100):
+            (before,) = _SEQ.unpack_from(mapped, _SEQ_AT)
+            magic, version, seq, busy, pid, since, busy_s, idle_s = ACTIVITY_FORMAT.unpack_from(mapped, 0)
+            (after,) = _SEQ.unpack_from(mapped, _SEQ_AT)
+            if before == after == seq and seq % 2 == 0:
+                break
+        else:
+            raise ParseError(f"the activity file {self.path} kept changing while read")
+        if magic != _ACTIVITY_MAGIC or version != SHARE_VERSION or seq == 0:
+            raise ParseError(f"the activity file {self.path} holds no activity record of version {SHARE_VERSION}")
+        return OwnerActivity(bool(busy), since, busy_s, idle_s, pid)
+
+    def refresh(self) -> None:
+        """Reopen at the next read when the file at the path is no longer the one mapped (or is gone)."""
+        try:
+            info = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            self.close()
+            return
+        if (info.st_dev, info.st_ino) != self._inode:
+            self.close()
+
+    def close(self) -> None:
+        """Unmap the file."""
+        if self._map is not None:
+            self._map.close()
+        self._map, self._inode = None, None
+
+    def _open(self) -> mmap.mmap:
+        handle = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            info = _check_partner_file(self.path, handle, self.owner_uid)
+            if info.st_size != ACTIVITY_FORMAT.size:
+                raise ParseError(f"the activity file {self.path} is not of {ACTIVITY_FORMAT.size} bytes: refused")
+            self._map = mmap.mmap(handle, ACTIVITY_FORMAT.size, prot=mmap.PROT_READ)
+            self._inode = (info.st_dev, info.st_ino)
+            return self._map
+        finally:
+            os.close(handle)
+
+
+def _check_partner_file(path: Path, handle: int, owner_uid: int) -> os.stat_result:
+    """Refuse an open partner file that is not a plain file or that ``owner_uid`` (-1: this process's uid) does not
+    own (checked on the descriptor, so that the check and the read see the same file); its status.
+
+    Raises:
+        ParseError: not a plain file, or another owner.
+    """
+    expected = os.getuid() if owner_uid == -1 else owner_uid
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode):
+        raise ParseError(f"the partner's file {path} is not a plain file; give the partner's own status file")
+    if info.st_uid != expected:
+        raise ParseError(
+            f"the partner's file {path} is owned by uid {info.st_uid}, not by the partner's uid {expected}: "
+            "refused (only the partner job may say how fast it runs and when it computes)"
+        )
+    return info

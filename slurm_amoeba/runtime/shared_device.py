@@ -15,21 +15,34 @@ sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMO
   below its need;
 * writes this worker's status file (its recent step times) when the directive names one, at most every
   ``read_every_s``;
-* **computation**: an opportunistic worker reads its guaranteed partner's status file (owner checked) and sleeps
-  after its step as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides; a new directive that arrives during
-  the pause ends it and is applied at once (the worker is still at its step boundary).
+* **computation**: a guaranteed worker that iterates its steps through :meth:`SharedDevice.micro_batches`
+  publishes whether it computes right now, and its recent busy and idle spells, in its activity file
+  (:class:`~slurm_amoeba.runtime.share.ActivityFile`, beside its status file): busy from its step's first
+  micro-batch to the end of the step, idle from there to the next step's first micro-batch (its input pipeline);
+  or, when its loop marks its waits itself (:meth:`SharedDevice.idle`), idle only inside those.
+  An opportunistic worker that iterates the same way waits, before each of its micro-batches and before its
+  optimizer step, until the partner is idle with room for that chunk
+  (:func:`~slurm_amoeba.runtime.pacing.may_compute`); after its step it reads the partner's status file (owner
+  checked) and sleeps as its :class:`~slurm_amoeba.runtime.pacing.Pacer` decides, the safety net that cuts its
+  duty when the partner's step times still say it is slowed. A new directive that arrives during a wait or a
+  pause ends it: a wait finishes the step at once, a pause applies the directive at once (the worker is at its
+  step boundary).
 
 DESIGN.md, layer ``runtime/``, worker side; the directive's path from the daemon is ``Coordinator.set_share``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,13 +51,26 @@ from slurm_amoeba.core.jobenv import ENV_PARENT_JOB
 from slurm_amoeba.core.sharing import STATUS_DIR, ShareRole, host_status_path
 from slurm_amoeba.runtime.adaptive import AdaptedState
 from slurm_amoeba.runtime.errors import BatchPlanError
-from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
+from slurm_amoeba.runtime.pacing import (
+    ActivityLog,
+    OwnerActivity,
+    Pacer,
+    PacingConfig,
+    StepRecord,
+    exclusive_step_times,
+    may_compute,
+    owner_busy,
+    wait_s,
+)
 from slurm_amoeba.runtime.plan_probe import PeakMeter
 from slurm_amoeba.runtime.plans import ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
 from slurm_amoeba.runtime.share import (
+    ActivityFile,
+    ActivityReader,
     JobStatus,
     ShareDirective,
+    activity_path,
     largest_micro_batch,
     need_bytes,
     profile_from_peak,
@@ -52,6 +78,8 @@ from slurm_amoeba.runtime.share import (
     recent_steps,
     write_status,
 )
+
+Batch = TypeVar("Batch")
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +89,8 @@ ENV_SHARE = "AMOEBA_SHARE"
 #: Bytes a CUDA worker keeps out of its cap when it plans its micro-batch: torch's caching allocator rounds blocks
 #: up and holds cuBLAS's workspace beside the tensors the profile counts (the device limit stays the whole cap).
 CUDA_ALLOWANCE_BYTES = 64 << 20
+#: The recent chunk lengths (micro-batches; optimizer steps) a sharer keeps to predict the next one's.
+_LENGTHS_KEPT = 16
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
 
@@ -89,7 +119,10 @@ class SharedDevice:
         micro_batch: the micro-batch the cap allows (0: no cap applied).
         leaving: the worker asked to leave because it cannot fit under the cap.
         pacer: the opportunistic role's controller.
-        paused_s: the seconds slept so far.
+        paused_s: the seconds slept so far after steps (the duty's pauses).
+        waited_s: the seconds an opportunistic worker waited so far for its partner to idle (the gate).
+        gated_chunks: the chunks (micro-batches, optimizer steps) it started through the gate.
+        layer_yields: the times an opportunistic worker stopped between two layers because its partner became busy.
     """
 
     def __init__(
@@ -110,7 +143,25 @@ class SharedDevice:
         self._pacing = pacing or PacingConfig()
         self.pacer = Pacer(self._pacing)
         self.paused_s = 0.0
+        self.waited_s = 0.0
+        self.gated_chunks = 0
         self._clock, self._sleep = clock, sleep
+        self._state: SharingState | None = None
+        # the guaranteed side of the gate: its transitions and the file it publishes them in
+        self._activity = ActivityLog(os.getpid())
+        self._activity_file: ActivityFile | None = None
+        # the opportunistic side: the partner's activity file, and the lengths of its own chunks
+        self._partner: ActivityReader | None = None
+        self._partner_source: tuple[str, int] | None = None  # the status path and uid it was opened for
+        self._next_refresh = 0.0
+        self._chunks: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # its micro-batches' compute
+        self._tails: deque[float] = deque(maxlen=_LENGTHS_KEPT)  # from its last micro-batch to the step's end
+        self._tail_from: float | None = None
+        self._computed_s = 0.0  # this step's compute, waits left out
+        self._ungated = False  # a new directive came during a wait: the rest of the step runs at once
+        self._hooked: tuple[torch.nn.Module, list[Any]] | None = None  # the model whose layers yield, the handles
+        self.layer_yields = 0
+        self._marks_idle = False  # the loop marks its idle time itself (idle()); the step's end does not
         self._applied: int | None = None  # the seq of the directive whose cap is in force
         self._meter: PeakMeter | None = None
         self._steps: tuple[StepRecord, ...] = ()
@@ -150,6 +201,8 @@ class SharedDevice:
     def attach(self, state: SharingState) -> None:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
+        self._state = state
+        self._hook_layers(state.model)
         self._next_read = 0.0
         self._read_directive(state.driver)
         directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
@@ -161,6 +214,13 @@ class SharedDevice:
         """Everything sharing does at a step boundary (the state calls it after each step)."""
         now = self._clock()
         busy = max(0.0, now - self._busy_from)
+        if self._tail_from is not None:  # the gate let this step's optimizer step run: its length, for the next
+            self._tails.append(now - self._tail_from)
+            self._computed_s += now - self._tail_from
+            self._tail_from = None
+        computed, self._computed_s = self._computed_s, 0.0
+        self._between_layers()  # a gated sharer's bookkeeping below waits while its partner computes
+        self._ungated = False  # a directive that ended a wait is applied below; the next step is gated again
         self._steps = recent_steps(self._steps, StepRecord(now, busy))
         driver = state.driver
         self._read_directive(driver)
@@ -175,8 +235,48 @@ class SharedDevice:
             self._next_status = now + self.read_every_s  # the partner reads no more often; the steps accumulate
             self._write_status(Path(directive.status_path.replace("{worker}", worker)), state, worker, directive)
         if directive.role is ShareRole.OPPORTUNISTIC and directive.partner_status_path and not self.leaving:
-            self._pace(state, directive, busy)
+            self._pace(state, directive, computed if self.pacer.gated else busy)
+        if not self._marks_idle:
+            self._mark(busy=False)  # the owner's input pipeline, until its next step's first micro-batch
         self._busy_from = self._clock()
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Mark a guaranteed worker idle for the block: ``with sharing.idle(): batch = next(source)``, around the
+        waits in which its device has nothing to do (its input pipeline, a communication wait), so that sharers
+        beside it compute then; busy again after. Once a loop marks its idle time this way, the step's end no
+        longer marks the worker idle by itself (everything outside these blocks counts as busy). Nothing for other
+        workers."""
+        self._marks_idle = True
+        self._mark(busy=False)
+        try:
+            yield
+        finally:
+            self._mark(busy=True)
+
+    def micro_batches(self, step: Iterable[Batch]) -> Iterator[Batch]:
+        """Iterate one step's micro-batches the sharing way: ``for batch, weight in sharing.micro_batches(step)``.
+
+        A guaranteed worker marks itself busy once it holds the step's first micro-batch (:meth:`after_step` marks
+        it idle at the step's end). An opportunistic worker whose partner publishes its activity waits before each
+        micro-batch, and once more before giving control back for the optimizer step, until the partner is idle
+        with room for that chunk; a new directive ends the waiting for the rest of the step, so that it applies
+        at the step's end. Any other worker iterates the step as it is.
+        """
+        for index, item in enumerate(step):  # fetching is host work: the gate guards the device's part
+            if index == 0:
+                self._mark(busy=True)
+            if self._gating():
+                self._wait_for_room(self._expected(self._chunks))
+            started = self._clock()
+            yield item
+            if self._gating():
+                spent = self._clock() - started
+                self._chunks.append(spent)
+                self._computed_s += spent
+        if self._gating():
+            self._wait_for_room(self._expected(self._tails))
+            self._tail_from = self._clock()
 
     @property
     def report(self) -> dict[str, Any]:
@@ -193,6 +293,12 @@ class SharedDevice:
             "partner_baseline_s": self.pacer.baseline_s,
             "violations": self.pacer.violations,
             "paused_s": round(self.paused_s, 3),
+            "gated": self.pacer.gated,
+            "waited_s": round(self.waited_s, 3),
+            "gated_chunks": self.gated_chunks,
+            "layer_yields": self.layer_yields,
+            "chunk_s": round(self._expected(self._chunks), 6),
+            "tail_s": round(self._expected(self._tails), 6),
             "leaving": self.leaving,
         }
 
@@ -322,6 +428,8 @@ class SharedDevice:
                 steps = partner.steps
                 self.pacer.learn_baseline(exclusive_step_times(steps, self._first_compute, self._quiet))
                 self.pacer.decide([s for s in steps if s.end > self._first_compute])  # only what it may have slowed
+                if self.pacer.gated and self.pacer.baseline_s is None:
+                    self._quiet = []  # a probe follows: the steps of earlier pauses taught a stale baseline
         pause = self.pacer.pause_s(busy)
         if pause <= 0:
             return
@@ -334,9 +442,158 @@ class SharedDevice:
                 if self.directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
                     self._apply_cap(state, self.directive)  # still at the step boundary: a new cap or a leave now
                 break
+            if self.pacer.gated and self.pacer.baseline_s is None and self._probed(directive, start):
+                break  # the probe gave the partner's exclusive step time
+            if not self.pacer.gated and self._partner_activity(directive) is not None:
+                break  # the partner publishes its activity now: the gate takes over from the duty
         end = self._clock()
         self.paused_s += end - start
         self._quiet = [*self._quiet, (start, end)][-_QUIET_KEPT:]
+
+    def _probed(self, directive: ShareDirective, start: float) -> bool:
+        """Learn the partner's exclusive step time from its steps inside the pause that began at ``start``;
+        whether it is known now (at least ``window`` such steps)."""
+        try:
+            steps = read_status(Path(directive.partner_status_path), directive.partner_uid).steps
+        except (OSError, ParseError):
+            return False
+        exclusive = exclusive_step_times(steps, self._first_compute, [(start, self._clock())])
+        if len(exclusive) >= self.pacer.config.window:
+            self.pacer.learn_baseline(exclusive)
+        return self.pacer.baseline_s is not None
+
+    # ----------------------------------------------------------------------------------------------- the gate
+
+    def _mark(self, *, busy: bool) -> None:
+        """A guaranteed worker with a status file publishes that it computes (or idles) from now on."""
+        directive, state = self.directive, self._state
+        if directive is None or directive.role is not ShareRole.GUARANTEED or not directive.status_path:
+            return
+        if state is None or not directive.applies_to(str(getattr(state.driver, "worker_id", ""))):
+            return
+        activity = self._activity.mark(busy, self._clock())
+        if activity is None:
+            return
+        worker = str(getattr(state.driver, "worker_id", ""))
+        path = activity_path(directive.status_path.replace("{worker}", worker))
+        try:
+            if self._activity_file is None or self._activity_file.path != path:
+                if self._activity_file is not None:
+                    self._activity_file.close()
+                self._activity_file = ActivityFile(path)
+            self._activity_file.publish(activity)
+        except OSError as exc:
+            self._warn_once("activity", "the activity file %s cannot be written (%s)", path, exc)
+
+    def _gating(self) -> bool:
+        """Whether this worker is an opportunistic one told a partner (it then looks at the partner's activity)."""
+        directive, state = self.directive, self._state
+        return (
+            directive is not None
+            and state is not None
+            and not self._ungated
+            and directive.role is ShareRole.OPPORTUNISTIC
+            and bool(directive.partner_status_path)
+            and not self.leaving
+            and directive.applies_to(str(getattr(state.driver, "worker_id", "")))
+        )
+
+    def _partner_activity(self, directive: ShareDirective) -> OwnerActivity | None:
+        """The partner's activity now; ``None`` when it publishes none (or not readably: the duty alone paces)."""
+        now = self._clock()
+        reader = self._partner
+        source = (directive.partner_status_path, directive.partner_uid)
+        if reader is None or self._partner_source != source:
+            if reader is not None:
+                reader.close()
+            reader = self._partner = ActivityReader(activity_path(source[0]), source[1])
+            self._partner_source = source
+        elif now >= self._next_refresh:
+            reader.refresh()
+        if now >= self._next_refresh:
+            self._next_refresh = now + self.read_every_s
+        try:
+            activity = reader.read()
+        except (OSError, ParseError) as exc:
+            reader.close()
+            self._warn_once("activity", "the partner's activity cannot be read (%s); only the duty paces", exc)
+            return None
+        self.pacer.engage_gate()
+        return activity
+
+    def _hook_layers(self, model: torch.nn.Module) -> None:
+        """Have every leaf layer of ``model`` call :meth:`_between_layers` before its forward, and every parameter
+        when its gradient is computed (the backward's layers; once per model: a new model moves the hooks)."""
+        if self._hooked is not None:
+            if self._hooked[0] is model:
+                return
+            for handle in self._hooked[1]:
+                handle.remove()
+        handles: list[Any] = []
+        for module in model.modules():
+            if next(module.children(), None) is None:
+                handles.append(module.register_forward_pre_hook(lambda module, args: self._between_layers()))
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                handles.append(parameter.register_hook(lambda grad: self._between_layers()))  # type: ignore[no-untyped-call]
+        self._hooked = (model, handles)
+
+    def _between_layers(self) -> None:
+        """AntMan's yield at operator granularity: a gated sharer inside a chunk stops before a layer while its
+        partner's fresh flag says busy, so that a chunk the gate started in the partner's idle time overlaps the
+        partner's next busy spell by one layer at most. Nothing for other workers. (On a GPU the layers are
+        launched ahead of the device, so there it bounds what is queued, not what runs.)"""
+        if not self.pacer.gated or not self._gating():
+            return
+        directive = self.directive
+        if directive is None:
+            return
+        activity = self._partner_activity(directive)
+        if not owner_busy(activity, self._clock(), self.pacer.config):
+            return
+        self.layer_yields += 1
+        start = self._clock()
+        while owner_busy(activity, now := self._clock(), self.pacer.config) and not self._ungated:
+            self._sleep(wait_s(activity, now, self.pacer.config))
+            activity = self._partner_activity(directive)
+            self._check_directive(directive)
+        self.waited_s += self._clock() - start
+
+    def _check_directive(self, directive: ShareDirective) -> None:
+        """Read the directive during a wait; a new one ends the waiting for the rest of the step (it applies at the
+        step's end)."""
+        if self._state is not None:
+            self._read_directive(self._state.driver)
+        if self.directive is not directive:
+            self._ungated = True
+
+    def _wait_for_room(self, chunk_s: float) -> None:
+        """Wait until the partner is idle with room for a chunk of ``chunk_s`` (:func:`may_compute`), reading the
+        directive meanwhile; a new one ends the waiting for the rest of this step (:meth:`micro_batches`)."""
+        directive, state = self.directive, self._state
+        if directive is None or state is None:
+            return
+        start = self._clock()
+        while True:
+            activity = self._partner_activity(directive)
+            now = self._clock()
+            if may_compute(activity, now, chunk_s, self.pacer.config):
+                break
+            self._sleep(wait_s(activity, now, self.pacer.config))
+            self._check_directive(directive)
+            if self._ungated:
+                break  # finish this step now: the new directive applies at its end
+        self.waited_s += self._clock() - start
+        self.gated_chunks += 1
+
+    @staticmethod
+    def _expected(lengths: deque[float]) -> float:
+        """The length a chunk is expected to take: the upper quartile of recent ones (0 before the first), so that
+        most chunks end within it (the owner's side) while one long chunk (a status read, a directive read) does
+        not make the next ones look long."""
+        if len(lengths) < 2:
+            return max(lengths, default=0.0)
+        return statistics.quantiles(lengths, n=4)[2]
 
     def _warn_once(self, what: str, message: str, *args: object) -> None:
         if what not in self._warned:

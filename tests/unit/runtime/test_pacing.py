@@ -1,5 +1,5 @@
-"""The sharer's pacing controller (``runtime/pacing.py``): tables of decisions, and a closed loop against a model of
-interference."""
+"""The sharer's pacing controller (``runtime/pacing.py``): tables of decisions, a closed loop against a model of
+interference, and the gate that lets a sharer compute only in the guaranteed job's idle time."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 
+from slurm_amoeba.runtime import pacing
 from slurm_amoeba.runtime.errors import RuntimeConfigError
 from slurm_amoeba.runtime.pacing import Pacer, PacingConfig, StepRecord, exclusive_step_times
 
@@ -121,3 +122,115 @@ def test_in_closed_loop_the_guaranteed_job_keeps_its_target_while_the_sharer_use
     settled = slice(len(ratios) // 4, None)
     assert statistics.fmean(exclusive / r for r in ratios[settled]) <= exclusive / 0.95, "mean step time in bound"
     assert statistics.fmean(duties[len(duties) // 4 :]) > 0.1, "the sharer uses a fair part of the room it has"
+
+
+def test_the_owners_log_publishes_transitions_with_its_mean_busy_and_short_idle_spell() -> None:
+    log = pacing.ActivityLog(pid=7, keep=2)
+    assert log.mark(False, 0.0) is None, "idle before it ever computed: nothing published"
+    assert log.mark(True, 1.0) == pacing.OwnerActivity(True, 1.0, 0.0, 0.0, 7)
+    assert log.mark(True, 1.5) is None, "no transition"
+    assert log.mark(False, 3.0) == pacing.OwnerActivity(False, 3.0, 2.0, 0.0, 7)
+    assert log.mark(True, 3.5) == pacing.OwnerActivity(True, 3.5, 2.0, 0.5, 7)
+    assert log.mark(False, 4.5) == pacing.OwnerActivity(False, 4.5, 1.5, 0.5, 7), "busy spells 2 and 1"
+    log.mark(True, 5.5)
+    log.mark(False, 6.5)
+    assert log.mark(True, 8.5) == pacing.OwnerActivity(True, 8.5, 1.0, 1.0, 7), "only the last two spells of each count"
+
+
+def test_one_unusually_short_idle_spell_does_not_set_the_room_once_there_are_four() -> None:
+    log = pacing.ActivityLog(pid=7)
+    now = 0.0
+    for idle in (0.5, 0.1, 0.5, 0.4):
+        log.mark(True, now)
+        log.mark(False, now + 1.0)
+        now += 1.0 + idle
+    published = log.mark(True, now)
+    assert published is not None and published.idle_s == pytest.approx(0.4), "the second shortest of 0.5, 0.1, 0.5, 0.4"
+
+
+CONFIG = PacingConfig(poll_s=0.001, long_idle_s=0.05, stale_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("activity", "now", "chunk_s", "allowed"),
+    [
+        (None, 10.0, 0.5, True),  # the owner publishes nothing: the duty alone paces
+        (pacing.OwnerActivity(True, 10.0, 0.02, 0.02), 10.001, 0.001, False),  # computing: never
+        (pacing.OwnerActivity(True, 10.0, 0.02, 0.02), 10.5, 0.001, False),  # a long step, not a stale flag yet
+        (pacing.OwnerActivity(True, 10.0, 0.02, 0.02), 11.01, 0.001, True),  # busy for over 1 s and 10 steps: stale
+        (pacing.OwnerActivity(True, 10.0, 0.5, 0.02), 11.01, 0.001, False),  # ... but not 10 of its own long spells
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.005, 0.010, True),  # 15 ms of room for a 10 ms chunk
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.015, 0.010, False),  # 5 ms left: wait for the next spell
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.09, 0.010, True),  # idle over 4 spells and 50 ms: it stopped
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.009, 0.030, True),  # longer than any spell: its first half
+        (pacing.OwnerActivity(False, 10.0, 0.02, 0.02), 10.011, 0.030, False),
+        (pacing.OwnerActivity(False, 10.0, 0.0, 0.0), 10.01, 0.010, False),  # its first idle spell: no room known
+        (pacing.OwnerActivity(False, 10.0, 0.0, 0.0), 10.06, 0.010, True),
+    ],
+)
+def test_the_gate_opens_only_in_the_owners_idle_time_with_room_for_the_chunk(
+    activity: pacing.OwnerActivity | None, now: float, chunk_s: float, allowed: bool
+) -> None:
+    assert pacing.may_compute(activity, now, chunk_s, CONFIG) is allowed
+
+
+@pytest.mark.parametrize(
+    ("activity", "now", "expected"),
+    [
+        (None, 10.0, 0.001),
+        (pacing.OwnerActivity(True, 10.0, 0.010, 0.010), 10.002, 0.007),  # its mean busy spell ends, one poll early
+        (pacing.OwnerActivity(True, 10.0, 0.010, 0.010), 10.5, 0.001),  # overdue: poll
+        (pacing.OwnerActivity(True, 10.0, 0.5, 0.010), 10.0, 0.020),  # never longer than 20 polls
+        (pacing.OwnerActivity(False, 10.0, 0.010, 0.004), 10.003, 0.010),  # a spell too short: the next one
+    ],
+)
+def test_a_refused_sharer_sleeps_until_the_owner_is_expected_to_idle(
+    activity: pacing.OwnerActivity | None, now: float, expected: float
+) -> None:
+    assert pacing.wait_s(activity, now, CONFIG) == pytest.approx(expected)
+
+
+def test_a_gated_pacer_starts_at_full_duty_and_probes_for_the_baseline_first() -> None:
+    pacer = Pacer(PacingConfig(max_pause_s=2.0))
+    pacer.engage_gate()
+    assert pacer.duty == 1.0 and pacer.pause_s(0.1) == 2.0, "a probe until the owner's exclusive speed is known"
+    pacer.learn_baseline([0.1])
+    assert pacer.pause_s(0.1) == 0.0, "the gate keeps it out of the owner's compute: no pause"
+    pacer.decide(steps(*((i, 0.2) for i in range(10))))
+    assert pacer.duty == 0.5 and pacer.pause_s(0.1) == pytest.approx(0.1), "still slowed: the safety net cuts"
+    pacer.engage_gate()
+    assert pacer.duty == 0.5, "engaging again changes nothing"
+
+
+def test_a_gated_pacer_probes_again_when_its_baseline_is_stale_and_every_so_many_decisions() -> None:
+    pacer = Pacer(PacingConfig(window=2, reprobe_ratio=1.25, reprobe_every=3))
+    pacer.engage_gate()
+    pacer.learn_baseline([0.3])  # learned from the owner's warm-up steps
+    pacer.decide(steps((1, 0.1), (2, 0.1)))
+    assert pacer.baseline_s is None and pacer.duty == 1.0, "3 x its exclusive speed: the baseline is stale"
+    pacer.learn_baseline([0.1])
+    pacer.decide(steps((3, 0.1), (4, 0.1)))
+    assert pacer.baseline_s == 0.1
+    pacer.decide(steps((5, 0.1), (6, 0.1)))
+    assert pacer.baseline_s is None and pacer.decisions == 3, "the third decision probes again"
+
+
+def test_a_gated_pacer_judges_the_typical_step_so_a_few_steps_delayed_by_others_do_not_cut_its_duty() -> None:
+    delayed = steps(*((i, 0.1) for i in range(8)), (8, 0.6), (9, 0.6))  # two steps 6 x long: the mean is 0.2
+    ungated, gated = Pacer(PacingConfig(window=10), duty=1.0), Pacer(PacingConfig(window=10))
+    gated.engage_gate()
+    for pacer in (ungated, gated):
+        pacer.learn_baseline([0.1] * 10)
+        pacer.decide(delayed)
+    assert ungated.duty == 0.5 and gated.duty == 1.0
+    gated.decide(steps(*((10 + i, 0.12) for i in range(10))))
+    assert gated.duty == 0.5, "a slower typical step still cuts it"
+
+
+def test_a_gated_pacer_cuts_only_under_the_target_itself() -> None:
+    ungated, gated = Pacer(PacingConfig(window=10), duty=1.0), Pacer(PacingConfig(window=10))
+    gated.engage_gate()
+    for pacer in (ungated, gated):
+        pacer.learn_baseline([0.1] * 10)
+        pacer.decide(steps(*((i, 0.1 / 0.96) for i in range(10))))  # 0.96: above 0.95, under 0.95 + the margin
+    assert ungated.duty == 0.5 and gated.duty == 1.0

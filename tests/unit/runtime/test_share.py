@@ -18,13 +18,17 @@ from slurm_amoeba.core.errors import ParseError
 from slurm_amoeba.core.sharing import ShareRole, host_status_path
 from slurm_amoeba.runtime.auth import COORDINATOR, JobAuth
 from slurm_amoeba.runtime.coordinator import Coordinator, CoordinatorConfig
-from slurm_amoeba.runtime.pacing import PacingConfig, StepRecord
+from slurm_amoeba.runtime.pacing import OwnerActivity, PacingConfig, StepRecord
 from slurm_amoeba.runtime.plans import Linear, ModelProfile
 from slurm_amoeba.runtime.protocol import SHARE_KEY
 from slurm_amoeba.runtime.share import (
+    ACTIVITY_FORMAT,
     MAX_STATUS_BYTES,
+    ActivityFile,
+    ActivityReader,
     JobStatus,
     ShareDirective,
+    activity_path,
     largest_micro_batch,
     need_bytes,
     read_status,
@@ -348,3 +352,159 @@ def test_the_directives_pace_bound_sets_the_hosts_target_and_its_sub_batch_caps_
     driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, seq=2))  # cleared: the configured target, the user's batch
     state.after_step()
     assert sharing.pacer.config.target == PacingConfig().target and _micro(state) == 32
+
+
+def test_an_activity_file_is_mapped_readable_by_others_and_follows_every_publication(tmp_path: Path) -> None:
+    path = activity_path(tmp_path / "g-w0.json")
+    assert path.name == "g-w0.busy"
+    owner = ActivityFile(path)
+    owner.publish(OwnerActivity(True, 10.0, 0.02, 0.01, 42))
+    reader = ActivityReader(path, -1)
+    assert reader.read() == OwnerActivity(True, 10.0, 0.02, 0.01, 42)
+    owner.publish(OwnerActivity(False, 10.02, 0.02, 0.01, 42))
+    assert reader.read() == OwnerActivity(False, 10.02, 0.02, 0.01, 42), "the same mapping, the new record"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and [p.name for p in tmp_path.iterdir()] == [path.name]
+    replaced = ActivityFile(path)  # a restarted owner writes a new file
+    replaced.publish(OwnerActivity(True, 11.0, 0.03, 0.01, 43))
+    assert reader.read().pid == 42, "the old mapping until a refresh"
+    reader.refresh()
+    assert reader.read() == OwnerActivity(True, 11.0, 0.03, 0.01, 43)
+    for handle in (owner, replaced, reader):
+        handle.close()
+
+
+def test_an_activity_file_of_another_owner_a_link_a_wrong_size_or_a_torn_record_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "g.busy"
+    ActivityFile(path).publish(OwnerActivity(True, 10.0))
+    with pytest.raises(ParseError, match="owned by uid"):
+        ActivityReader(path, os.getuid() + 1).read()
+    (tmp_path / "link.busy").symlink_to(path)
+    with pytest.raises(OSError):
+        ActivityReader(tmp_path / "link.busy", -1).read()
+    (tmp_path / "short.busy").write_bytes(b"AMBA")
+    with pytest.raises(ParseError, match="bytes"):
+        ActivityReader(tmp_path / "short.busy", -1).read()
+    torn = ACTIVITY_FORMAT.pack(b"AMBA", 1, 3, 1, 0, 10.0, 0.0, 0.0)  # an odd sequence number: a write under way
+    (tmp_path / "torn.busy").write_bytes(torn)
+    with pytest.raises(ParseError, match="kept changing"):
+        ActivityReader(tmp_path / "torn.busy", -1).read()
+    (tmp_path / "empty.busy").write_bytes(bytes(ACTIVITY_FORMAT.size))
+    with pytest.raises(ParseError, match="no activity record"):
+        ActivityReader(tmp_path / "empty.busy", -1).read()
+
+
+class Owner:
+    """A guaranteed worker on a fixed timetable: from ``start`` on, busy ``busy_s`` then idle ``idle_s``, again and
+    again; :meth:`until` plays its transitions up to a time through its real ``SharedDevice``."""
+
+    def __init__(self, tmp_path: Path, clock: Clock, busy_s: float, idle_s: float, start: float) -> None:
+        directive = ShareDirective(ShareRole.GUARANTEED, status_path=str(tmp_path / "owner-{worker}.json"))
+        self.sharing = SharedDevice(PROFILE, read_every_s=0.0, clock=clock)
+        self.state = _state(self.sharing, Driver(directive))
+        self.clock, self.busy_s, self.idle_s = clock, busy_s, idle_s
+        self.start, self.next_change, self.busy = start, start, False
+        self.steps: list[object] = []
+
+    def until(self, end: float) -> None:
+        while self.next_change <= end + 1e-12:
+            self.clock.now = self.next_change
+            if self.busy:  # the step's end: idle from here
+                self.steps.clear()
+                self.state.after_step()
+                self.next_change += self.idle_s
+            else:  # the step's first micro-batch: busy from here
+                batches = self.sharing.micro_batches([0])
+                next(batches)
+                self.steps.append(batches)
+                self.next_change += self.busy_s
+            self.busy = not self.busy
+        self.clock.now = end
+
+    def busy_between(self, start: float, end: float) -> bool:
+        """Whether the timetable has the owner busy at any time in [start, end)."""
+        period = self.busy_s + self.idle_s
+        offset = (start - self.start + 1e-9) % period  # (a start on a spell's boundary is in the new spell)
+        return offset < self.busy_s or offset + (end - start) > period
+
+
+def test_a_sharer_never_computes_a_micro_batch_while_the_owners_flag_says_busy(tmp_path: Path) -> None:
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.020, start=clock.now)
+    owner.until(clock.now + 0.3)  # its spells are known
+
+    def sleep(seconds: float) -> None:
+        owner.until(clock.now + seconds)
+
+    partner = str(tmp_path / "owner-w0.json")
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=sleep)
+    sharer_state = _state(sharer, Driver(ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=partner)))
+    reader = ActivityReader(activity_path(partner), -1)
+    chunks: list[tuple[float, bool]] = []
+    for _ in range(5):
+        for _ in sharer.micro_batches(range(4)):
+            chunks.append((clock.now, reader.read().busy))
+            owner.until(clock.now + 0.004)  # the sharer's micro-batch
+        owner.until(clock.now + 0.002)  # its optimizer step
+        sharer_state.after_step()
+    assert len(chunks) == 20 and not any(busy for _, busy in chunks), "every micro-batch began while the owner idled"
+    late = [start for start, _ in chunks[1:] if owner.busy_between(start, start + 0.004)]
+    assert not late, "once its chunk's length is known, none runs into the owner's next busy spell"
+    assert sharer.pacer.gated and sharer.waited_s > 0 and sharer.gated_chunks == 25
+
+
+def test_a_new_directive_ends_the_sharers_wait_and_the_step_finishes_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=100.0, idle_s=0.02, start=clock.now)  # one long busy spell
+    owner.until(clock.now)
+    partner = str(tmp_path / "owner-w0.json")
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=STATE + 10 * 8, partner_status_path=partner)
+    driver = Driver(directive)
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.now += seconds
+        if len(slept) == 3:
+            driver.tell(dataclasses.replace(directive, memory_cap_bytes=STATE + 10 * 2, seq=1))  # the owner grows
+
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=sleep)
+    state = _state(sharer, driver)
+    assert list(sharer.micro_batches(range(4))) == [0, 1, 2, 3]
+    assert len(slept) == 3, "no wait after the new directive: the step ends"
+    state.after_step()
+    assert _micro(state) == 2, "and the new cap applies at its end"
+
+
+def test_an_ungated_sharers_pause_ends_when_the_owner_starts_publishing_its_activity(tmp_path: Path) -> None:
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.010, start=clock.now + 0.25)  # it starts 0.25 s later
+    owner.until(clock.now)
+    write_status(tmp_path / "owner-w0.json", JobStatus("g", "w0", ShareRole.GUARANTEED, ()))
+    partner = str(tmp_path / "owner-w0.json")
+    sharer = SharedDevice(PROFILE, read_every_s=0.1, clock=clock, sleep=lambda s: owner.until(clock.now + s))
+    state = _state(sharer, Driver(ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=partner)))
+    clock.now += 0.05
+    state.after_step()  # a 0.05 s step at the least duty: a pause of 2.45 s, were it not cut short
+    assert sharer.pacer.gated and sharer.pacer.duty == 1.0
+    assert sharer.paused_s == pytest.approx(0.2), "the look at 0.25 s, the owner's first busy mark, ends it"
+
+
+def test_a_sharer_inside_a_micro_batch_stops_between_layers_while_the_owner_is_busy(tmp_path: Path) -> None:
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.020, start=clock.now)
+    owner.until(clock.now + 0.3)
+    partner = str(tmp_path / "owner-w0.json")
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=lambda s: owner.until(clock.now + s))
+    state = _state(sharer, Driver(ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=partner)))
+    reader = ActivityReader(activity_path(partner), -1)
+    busy_at_layer: list[bool] = []
+    state.model.register_forward_pre_hook(lambda module, args: busy_at_layer.append(reader.read().busy))
+    for _ in sharer.micro_batches(range(1)):
+        assert not reader.read().busy, "admitted in the owner's idle time"
+        owner.until(owner.next_change + 0.001)  # the chunk outlasts the idle spell: the owner computes again
+        assert reader.read().busy
+        loss = state.model(torch.ones(2, 4)).sum()  # the layer waits until the owner idles
+        assert sharer.layer_yields == 1 and busy_at_layer == [False]
+        owner.until(owner.next_change + 0.001)
+        loss.backward()  # and so does its backward
+        assert sharer.layer_yields == 2 and not reader.read().busy

@@ -174,6 +174,10 @@ def _replay(coordinator: Coordinator, member: str) -> None:
     while coordinator.refused == refused:
         assert time.monotonic() < deadline, "the replayed heartbeat was never refused"
         if store.get(heartbeat_key(member)).decode() != beat:
+            # Leave the member's new beat in place for a few of the coordinator's reads (every 0.1 s) before the old
+            # one goes back: the coordinator opens a heartbeat only when it differs from the last one it read, so a
+            # replay written before it read the new beat looks unchanged and is never opened.
+            time.sleep(0.3)
             store.set(heartbeat_key(member), beat)
         time.sleep(0.02)
 

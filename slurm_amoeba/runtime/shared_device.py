@@ -202,7 +202,6 @@ class SharedDevice:
         """Read the directive and apply its cap before the first step (the state calls it when ``run()`` binds it),
         so that a sharer's first step already fits; without a profile the cap waits for one measured step."""
         self._state = state
-        self._hook_layers(state.model)
         self._next_read = 0.0
         self._read_directive(state.driver)
         directive, worker = self.directive, str(getattr(state.driver, "worker_id", ""))
@@ -519,11 +518,14 @@ class SharedDevice:
             self._warn_once("activity", "the partner's activity cannot be read (%s); only the duty paces", exc)
             return None
         self.pacer.engage_gate()
+        if self._state is not None:
+            self._hook_layers(self._state.model)  # only a gated sharer's layers pay for a hook
         return activity
 
     def _hook_layers(self, model: torch.nn.Module) -> None:
-        """Have every leaf layer of ``model`` call :meth:`_between_layers` before its forward, and every parameter
-        when its gradient is computed (the backward's layers; once per model: a new model moves the hooks)."""
+        """Have every leaf layer of ``model`` call :meth:`_between_layers` before its forward (ahead of the user's
+        own hooks), and every parameter when its gradient is computed (the backward's layers). Done when the gate
+        first engages, once per model (a new model moves the hooks): a guaranteed worker's layers carry none."""
         if self._hooked is not None:
             if self._hooked[0] is model:
                 return
@@ -532,7 +534,9 @@ class SharedDevice:
         handles: list[Any] = []
         for module in model.modules():
             if next(module.children(), None) is None:
-                handles.append(module.register_forward_pre_hook(lambda module, args: self._between_layers()))
+                handles.append(
+                    module.register_forward_pre_hook(lambda module, args: self._between_layers(), prepend=True)
+                )
         for parameter in model.parameters():
             if parameter.requires_grad:
                 handles.append(parameter.register_hook(lambda grad: self._between_layers()))  # type: ignore[no-untyped-call]

@@ -508,3 +508,22 @@ def test_a_sharer_inside_a_micro_batch_stops_between_layers_while_the_owner_is_b
         owner.until(owner.next_change + 0.001)
         loss.backward()  # and so does its backward
         assert sharer.layer_yields == 2 and not reader.read().busy
+
+
+def test_only_a_gated_sharers_layers_carry_the_yield_hooks(tmp_path: Path) -> None:
+    own = SharedDevice(PROFILE)
+    guaranteed = _state(own, Driver(ShareDirective(ShareRole.GUARANTEED)))
+    for _ in own.micro_batches(range(2)):
+        guaranteed.model(torch.ones(2, 4)).sum().backward()
+    assert not guaranteed.model._forward_pre_hooks, "a guaranteed worker's layers pay for no hook"
+
+    clock = Clock()
+    owner = Owner(tmp_path, clock, busy_s=0.010, idle_s=0.020, start=clock.now)
+    owner.until(clock.now + 0.3)
+    directive = ShareDirective(ShareRole.OPPORTUNISTIC, partner_status_path=str(tmp_path / "owner-w0.json"))
+    sharer = SharedDevice(PROFILE, read_every_s=0.0, clock=clock, sleep=lambda s: owner.until(clock.now + s))
+    state = _state(sharer, Driver(directive))
+    assert not state.model._forward_pre_hooks, "no hook before the gate engages"
+    for _ in sharer.micro_batches(range(1)):
+        pass
+    assert sharer.pacer.gated and len(state.model._forward_pre_hooks) == 1

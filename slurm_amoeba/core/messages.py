@@ -19,7 +19,9 @@ kind                sender           body
                                      ``satellites`` (Slurm job ids); optional ``adaptive`` (an adaptive-batch
                                      job's statistics: :data:`ADAPTIVE_FIELDS`) and ``plans`` (a planned job's
                                      ``min_workers``, its smallest feasible size, and predicted
-                                     ``samples_per_s`` per size, ``{"<size>": samples/s}``)
+                                     ``samples_per_s`` per size, ``{"<size>": samples/s}``) and ``memory_gib``
+                                     (the device memory one worker of the job peaked at, GiB: what a sharer
+                                     beside it cannot use)
 ``resize``          daemon/ctl ->    ``job_id``, ``target``, ``reason``; to an agent it is a directive, to the
                                      daemon a user's request; optional ``batch`` (the global batch the policy
                                      chose for ``target`` workers, 1 to :data:`MAX_BATCH`) and ``vacate`` (a node
@@ -27,10 +29,11 @@ kind                sender           body
                                      and ``fence`` (from a daemon of a standby pair: its lease generation; an agent
                                      refuses a directive whose fence is older than one it has seen) and
                                      ``place_beside`` (GPU sharing: ``{"host", "partition", "nodes", "role",
-                                     "host_uid", "status_path", "pace_bound", "sub_batch"}``, the new workers run
-                                     beside job ``host``, ``nodes[node]`` of them on each node, in satellites of one
-                                     shard in ``partition``, pacing against the host's status file ``status_path``
-                                     owned by ``host_uid``; :func:`check_place_beside`)
+                                     "host_uid", "status_path", "pace_bound", "sub_batch"}`` and optional
+                                     ``"memory_cap_bytes"``, the new workers run beside job ``host``,
+                                     ``nodes[node]`` of them on each node, in satellites of one shard in
+                                     ``partition``, pacing against the host's status file ``status_path`` owned by
+                                     ``host_uid``, each under the device memory cap; :func:`check_place_beside`)
 ``pin``             ctl -> daemon    ``job_id``, ``pinned`` (exclude the job from the policy, or not)
 ``share``           ctl -> daemon    ``job_id``, ``host``, ``nodes`` (an operator places ``nodes[node]`` new workers
                                      of job ``job_id`` beside job ``host``: a share applied at the next round)
@@ -124,11 +127,13 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "jobs": {"offset": (int,), "limit": (int,)},
     "register": {"share": (str,), "share_partition": (str,)},
-    "report": {"adaptive": (dict,), "plans": (dict,)},
+    "report": {"adaptive": (dict,), "plans": (dict,), "memory_gib": (int, float)},
     "resize": {"batch": (int,), "vacate": (str,), "fence": (int,), "place_beside": (dict,)},
 }
 #: The most workers one ``place_beside`` puts on one node (a node's GPUs, each holding one host and one sharer).
 MAX_BESIDE_PER_NODE = 64
+#: The most device memory a report's ``memory_gib`` may state (GiB per worker).
+MAX_MEMORY_GIB = 1 << 20
 #: The most nodes one ``place_beside`` names.
 MAX_BESIDE_NODES = 64
 _JOB_ID = re.compile(r"[0-9]{1,12}")
@@ -269,14 +274,21 @@ def check_place_beside(place: Mapping[str, Any]) -> None:
     :class:`~slurm_amoeba.core.sharing.ShareRole` value, ``host_uid`` the host owner's uid, ``status_path`` the
     host's status file (:func:`~slurm_amoeba.core.sharing.host_status_path`), ``pace_bound`` the share of its
     exclusive speed the host may lose (0 to under 1; 0: the runtime's default bound) and ``sub_batch`` the sharer's
-    local micro-batch (0: the runtime fits its own).
+    local micro-batch (0: the runtime fits its own); optional ``memory_cap_bytes``, the device memory each new worker
+    may use (0 or absent: no cap).
 
     Raises:
         ProtocolError: the first field that is wrong, named with its value.
     """
     fields = ("host", "partition", "nodes", "role", "host_uid", "status_path", "pace_bound", "sub_batch")
-    if set(place) != set(fields):
-        raise ProtocolError(f"resize: place_beside has fields {quote(sorted(place), 80)}, not {', '.join(fields)}")
+    if not set(fields) <= set(place) <= {*fields, "memory_cap_bytes"}:
+        raise ProtocolError(
+            f"resize: place_beside has fields {quote(sorted(place), 80)}, not {', '.join(fields)}"
+            " (and optionally memory_cap_bytes)"
+        )
+    cap = place.get("memory_cap_bytes", 0)
+    if not _typed(cap, (int,)) or not 0 <= cap < 1 << 50:
+        raise ProtocolError(f"resize: place_beside memory_cap_bytes {quote(cap)} is not a byte count of 0 or more")
     host, partition, nodes, role, host_uid, status_path, pace_bound, sub_batch = (place[name] for name in fields)
     if not isinstance(host, str) or _JOB_ID.fullmatch(host) is None:
         raise ProtocolError(f"resize: place_beside host {quote(host)} is not a job id")
@@ -320,6 +332,10 @@ def _check_report(body: Mapping[str, Any]) -> None:
         raise ProtocolError(f"report: {len(throughput)} throughput entries, over {MAX_THROUGHPUT_ENTRIES}")
     if "adaptive" in body:
         check_adaptive(body["adaptive"])
+    if "memory_gib" in body:
+        memory = body["memory_gib"]
+        if not math.isfinite(memory) or not 0 <= memory <= MAX_MEMORY_GIB:
+            raise ProtocolError(f"report: memory_gib {quote(memory)} is not GiB from 0 to {MAX_MEMORY_GIB}")
 
 
 def _check_body(kind: str, body: Any) -> dict[str, Any]:

@@ -106,6 +106,16 @@ def test_reports_are_bounded(message: Message, match: str) -> None:
         decode(raw.encode())
 
 
+def test_a_report_may_state_the_device_memory_a_worker_peaked_at_and_nothing_out_of_range() -> None:
+    body = {"job_id": "1", "size": 2, "generation": 1, "target": 2, "history": [], "satellites": [], "throughput": {}}
+    assert decode(encode(Message("report", {**body, "memory_gib": 12.5}))).body["memory_gib"] == 12.5
+    for bad in (-1.0, float("inf"), 1e9):
+        with pytest.raises(ProtocolError, match="memory_gib"):
+            encode(Message("report", {**body, "memory_gib": bad}))
+    with pytest.raises(ProtocolError, match="memory_gib"):
+        encode(Message("report", {**body, "memory_gib": "12"}))
+
+
 def test_quote_is_ascii_and_short() -> None:
     from slurm_amoeba.core.messages import quote
 
@@ -198,6 +208,9 @@ PLACE = {
 def test_a_directive_may_place_workers_beside_another_job_and_a_registration_name_its_sharing_mode() -> None:
     back = decode(encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "place_beside": PLACE})))
     assert back.body["place_beside"] == PLACE
+    capped = {**PLACE, "memory_cap_bytes": 6 << 30}
+    back = decode(encode(Message("resize", {"job_id": "7", "target": 4, "reason": "", "place_beside": capped})))
+    assert back.body["place_beside"]["memory_cap_bytes"] == 6 << 30
     body = {"job_id": "7", "endpoint": "tcp://h:1", "min_workers": 1, "max_workers": 2, "gpus_per_worker": 1}
     body |= {"partition": "batch", "elastic_partition": "elastic", "share": "guaranteed", "share_partition": "share"}
     assert decode(encode(Message("register", body))).body["share"] == "guaranteed"
@@ -223,6 +236,8 @@ def test_a_directive_may_place_workers_beside_another_job_and_a_registration_nam
         ({"pace_bound": 1.0}, "pace_bound 1.0 is not a fraction from 0 to under 1"),
         ({"pace_bound": True}, "pace_bound True is not a fraction"),
         ({"sub_batch": -1}, "sub_batch -1 is not a micro-batch of 0 or more"),
+        ({"memory_cap_bytes": -1}, "memory_cap_bytes -1 is not a byte count of 0 or more"),
+        ({"memory_cap_bytes": 2.5}, "memory_cap_bytes 2.5 is not a byte count"),
     ],
 )
 def test_a_place_beside_that_is_not_well_formed_is_refused_naming_the_field(

@@ -10,9 +10,15 @@ sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMO
   unchanged global batch becomes gradient accumulation; on a GPU the caching allocator is limited to the cap too
   (``torch.cuda.set_per_process_memory_fraction``) and its cache emptied, so the bytes return to the device. The
   bytes per micro-batch come from a profile given to it or, by default, from one step measured with
-  :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` when the first cap arrives. An opportunistic worker that cannot
+  :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` (on a CPU at the first step boundary, on a GPU when the
+  first cap arrives). An opportunistic worker that cannot
   fit a micro-batch of 1 leaves at this boundary (the runtime's graceful leave); a guaranteed worker is never capped
   below its need;
+* **what it holds**: keeps this worker's device memory peak for the progress report
+  (:attr:`SharedDevice.memory_peak_bytes`, reported as ``share.memory_peak_bytes``; the agent sends it to the
+  daemon as the report's ``memory_gib``): on a GPU the most the caching allocator held over the last window
+  (:class:`ReservedPeak`), on a CPU one step measured with :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` at
+  the first step boundary (the same measurement the cap's profile comes from when none was given);
 * writes this worker's status file (its recent step times) when the directive names one, at most every
   ``read_every_s``;
 * **computation**: a guaranteed worker that iterates its steps through :meth:`SharedDevice.micro_batches`
@@ -89,10 +95,61 @@ ENV_SHARE = "AMOEBA_SHARE"
 #: Bytes a CUDA worker keeps out of its cap when it plans its micro-batch: torch's caching allocator rounds blocks
 #: up and holds cuBLAS's workspace beside the tensors the profile counts (the device limit stays the whole cap).
 CUDA_ALLOWANCE_BYTES = 64 << 20
+#: The seconds a CUDA worker's reported memory peak looks back (:class:`ReservedPeak`).
+MEMORY_WINDOW_S = 10.0
 #: The recent chunk lengths (micro-batches; optimizer steps) a sharer keeps to predict the next one's.
 _LENGTHS_KEPT = 16
 #: The most quiet intervals (sharer pauses) kept to learn the partner's exclusive step time from.
 _QUIET_KEPT = 64
+
+
+class ReservedPeak:
+    """The most bytes torch's CUDA caching allocator held on one device over the last window: what a neighbour on
+    that device cannot use (the allocator keeps freed blocks cached).
+
+    At a step boundary once ``window_s`` has passed since its last reading, it reads the allocator's peak
+    (``torch.cuda.max_memory_reserved``: host-side counters, no synchronisation with the device) and resets it
+    (``torch.cuda.reset_peak_memory_stats``), so that each window starts from what the allocator holds then. A
+    lowered cap (whose emptied cache lowers what the allocator holds) therefore shows within one window:
+    :meth:`restart` drops the peak from before it. The first reading is at the first boundary (the first step).
+    Resetting the peak statistics also resets what ``torch.cuda.max_memory_allocated`` answers the training loop.
+
+    Args:
+        window_s: the seconds between two readings.
+        read: the allocator's peak of a device index (``torch.cuda.max_memory_reserved``; tests pass a fake).
+        reset: resets the peaks of a device index (``torch.cuda.reset_peak_memory_stats``).
+
+    Attributes:
+        peak_bytes: the last window's peak; ``None`` before the first reading.
+    """
+
+    def __init__(
+        self,
+        window_s: float = MEMORY_WINDOW_S,
+        *,
+        read: Callable[[int], int] = torch.cuda.max_memory_reserved,
+        reset: Callable[[int], None] = torch.cuda.reset_peak_memory_stats,
+    ) -> None:
+        self.window_s = window_s
+        self.peak_bytes: int | None = None
+        self._read, self._reset = read, reset
+        self._next = float("-inf")
+
+    def at_boundary(self, device: int, now: float) -> None:
+        """Read and reset the peak of device ``device`` when the window is over (a step boundary at ``now``)."""
+        if now < self._next:
+            return
+        self.peak_bytes = int(self._read(device))
+        self._reset(device)
+        self._next = now + self.window_s
+
+    def restart(self, device: int, now: float) -> None:
+        """Start a new window at ``now``: what the allocator held before (a cap changed what it may hold) no longer
+        counts; the last reading stays the peak until the new window is over (before the first reading, the first
+        boundary still reads)."""
+        self._reset(device)
+        if self.peak_bytes is not None:
+            self._next = now + self.window_s
 
 
 #: What sharing uses of the training state it belongs to (:class:`~slurm_amoeba.runtime.state.TorchState`): the parts
@@ -110,6 +167,7 @@ class SharedDevice:
         pacing: the pacing controller's settings.
         read_every_s: the least time between two reads of the directive, two reads of the partner's status file, and
             two writes of this worker's own.
+        memory_window_s: the seconds a GPU worker's memory peak looks back (:class:`ReservedPeak`).
         directive: a directive to start with (tests, and jobs told before they start); the coordinator's replaces it.
         clock: the wall clock (status files hold wall-clock times).
         sleep: how to pause (tests pass a fake).
@@ -117,6 +175,13 @@ class SharedDevice:
     Attributes:
         directive: the directive in force (``None``: the job does not share).
         micro_batch: the micro-batch the cap allows (0: no cap applied).
+        memory_peak_bytes: the device memory this worker peaked at (``None``: not measured yet). On a GPU the most
+            torch's caching allocator held on the model's device over the last ``memory_window_s``
+            (:class:`ReservedPeak`: what the allocator holds, cached blocks included; the CUDA context and NCCL's
+            buffers are not counted); on a CPU the peak of the one step measured with
+            :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` from the first step boundary to the next, plus the
+            runtime's in-memory commit (:func:`~slurm_amoeba.runtime.share.commit_bytes`), as a cap counts them:
+            measured once, it does not follow a later cap.
         leaving: the worker asked to leave because it cannot fit under the cap.
         pacer: the opportunistic role's controller.
         paused_s: the seconds slept so far after steps (the duty's pauses).
@@ -131,6 +196,7 @@ class SharedDevice:
         *,
         pacing: PacingConfig | None = None,
         read_every_s: float = 0.1,
+        memory_window_s: float = MEMORY_WINDOW_S,
         directive: ShareDirective | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -139,6 +205,8 @@ class SharedDevice:
         self.read_every_s = read_every_s
         self.directive = directive
         self.micro_batch = 0
+        self.memory_peak_bytes: int | None = None
+        self._reserved = ReservedPeak(memory_window_s)
         self.leaving = False
         self._pacing = pacing or PacingConfig()
         self.pacer = Pacer(self._pacing)
@@ -225,7 +293,9 @@ class SharedDevice:
         self._read_directive(driver)
         directive = self.directive
         worker = str(getattr(driver, "worker_id", ""))
-        if directive is None or not directive.applies_to(worker):
+        applies = directive is not None and directive.applies_to(worker)
+        self._hold_memory(state, capped=applies and directive is not None and directive.memory_cap_bytes > 0)
+        if directive is None or not applies:
             self._busy_from = self._clock()
             return
         if not self.leaving:
@@ -279,12 +349,14 @@ class SharedDevice:
 
     @property
     def report(self) -> dict[str, Any]:
-        """What sharing did, for the progress report (role, cap, micro-batch, duty, the partner's ratio)."""
+        """What sharing did, for the progress report (role, cap, micro-batch, the memory peak, duty, the partner's
+        ratio)."""
         directive = self.directive
         return {
             "role": None if directive is None else directive.role.value,
             "memory_cap_bytes": 0 if directive is None else directive.memory_cap_bytes,
             "micro_batch": self.micro_batch,
+            "memory_peak_bytes": self.memory_peak_bytes,
             "duty": round(self.pacer.duty, 4),
             "partner_ratio": self.pacer.ratio,
             "partner_ratio_mean": self.pacer.ratio_mean,
@@ -333,9 +405,7 @@ class SharedDevice:
             self._limit_device(state, 0)
             return
         if self.profile is None:
-            self._measure(state)
-            if self.profile is None:
-                return  # measuring this step; applied at the next boundary
+            return  # one step is measured (_hold_memory); applied at the boundary that ends it
         cap = directive.memory_cap_bytes
         global_batch = state.sampler.global_batch
         need = need_bytes(self.profile, global_batch, 1)
@@ -368,8 +438,20 @@ class SharedDevice:
             return False
         return True
 
-    def _measure(self, state: SharingState) -> None:
-        """Measure one step's peak (from this boundary to the next) and derive the profile from it."""
+    def _hold_memory(self, state: SharingState, *, capped: bool) -> None:
+        """Keep :attr:`memory_peak_bytes` up to date at a step boundary, and measure the one step a CPU worker's
+        peak, or a cap without a profile, needs (started at one boundary, read at the next)."""
+        device = self._device(state)
+        if device.type == "cuda":
+            self._reserved.at_boundary(self._index(device), self._clock())
+            self.memory_peak_bytes = self._reserved.peak_bytes
+        wanted = (device.type != "cuda" and self.memory_peak_bytes is None) or (capped and self.profile is None)
+        if wanted or self._meter is not None:
+            self._measure(state, device)
+
+    def _measure(self, state: SharingState, device: torch.device) -> None:
+        """Measure one step's peak (from this boundary to the next): a CPU worker's memory peak, and the profile
+        when none was given."""
         if self._meter is None:
             self._meter = PeakMeter(state.model, state.optimizer)
             self._meter.start()
@@ -386,25 +468,38 @@ class SharedDevice:
         topology = state.driver
         plan = state.sampler.planner.plan(state.sampler.global_batch, topology.world_size)
         micro = max(plan.micro_batches[topology.rank], default=1)
-        self.profile = profile_from_peak(params, moments, peak, micro)
         log.info("measured one step: peak %d bytes at micro-batch %d", peak, micro)
+        if device.type != "cuda":
+            self.memory_peak_bytes = peak + params + moments  # the step's peak and the runtime's commit
+        if self.profile is None:
+            self.profile = profile_from_peak(params, moments, peak, micro)
+
+    @staticmethod
+    def _device(state: SharingState) -> torch.device:
+        """The device of the model's parameters (the CPU for a model without any)."""
+        return next(iter(state.model.parameters()), torch.empty(0)).device
+
+    @staticmethod
+    def _index(device: torch.device) -> int:
+        """The index of a CUDA device (the current one when ``device`` names none)."""
+        return device.index if device.index is not None else torch.cuda.current_device()
 
     @staticmethod
     def _allowance(state: SharingState) -> int:
         """:data:`CUDA_ALLOWANCE_BYTES` for a model on a GPU; 0 on a CPU."""
-        device = next(iter(state.model.parameters()), torch.empty(0)).device
-        return CUDA_ALLOWANCE_BYTES if device.type == "cuda" else 0
+        return CUDA_ALLOWANCE_BYTES if SharedDevice._device(state).type == "cuda" else 0
 
     def _limit_device(self, state: SharingState, cap: int) -> None:
         """Limit the CUDA caching allocator to ``cap`` bytes of the model's device (0: the whole device) and return
         what it caches beyond; nothing on a CPU, where the cap bounds only the micro-batch the runtime plans."""
-        device = next(iter(state.model.parameters()), torch.empty(0)).device
+        device = self._device(state)
         if device.type != "cuda":
             return
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = self._index(device)
         total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.set_per_process_memory_fraction(1.0 if cap == 0 else min(1.0, cap / total), index)
         torch.cuda.empty_cache()
+        self._reserved.restart(index, self._clock())  # the memory peak reported next is the new cap's
 
     # ----------------------------------------------------------------------------------------------- status, pacing
 

@@ -94,3 +94,36 @@ def test_a_memory_cap_limits_the_caching_allocator_and_lifting_it_gives_the_devi
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
+
+
+def test_a_gpu_workers_memory_peak_is_what_the_allocator_held_and_falls_after_a_lower_cap() -> None:
+    """The peak a sharing worker reports on a GPU is torch's caching allocator's reserved peak over the last window
+    (here a window of 0: every boundary reads), and a lowered cap, whose emptied cache returns the bytes, shows in
+    the next reading."""
+    from slurm_amoeba import runtime as amoeba
+    from slurm_amoeba.core.sharing import ShareRole
+    from slurm_amoeba.runtime.share import ShareDirective
+    from slurm_amoeba.runtime.shared_device import SharedDevice
+    from tests.unit.runtime.test_share import PROFILE, Driver
+
+    model = torch.nn.Linear(4, 1).cuda()
+    sampler = amoeba.ElasticSampler(256, 32, seed=0)
+    driver = Driver()  # no directive yet: nothing empties the cache before the cap
+    sharing = SharedDevice(PROFILE, read_every_s=0.0, memory_window_s=0.0)
+    state = amoeba.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, sharing=sharing)
+    state.bind(driver)  # type: ignore[arg-type]
+    try:
+        block = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+        del block  # freed, but still cached: the allocator holds it
+        state.after_step()
+        held = sharing.memory_peak_bytes
+        assert held is not None and held >= 512 << 20
+        assert state.progress_report()["share"]["memory_peak_bytes"] == held
+        driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=128 << 20, seq=1))
+        state.after_step()  # read once more (the block is still cached), then the cap: the cache emptied
+        assert sharing.memory_peak_bytes is not None and sharing.memory_peak_bytes >= 512 << 20
+        state.after_step()
+        assert sharing.memory_peak_bytes is not None and sharing.memory_peak_bytes < 128 << 20
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

@@ -34,7 +34,7 @@ from slurm_amoeba.runtime.share import (
     read_status,
     write_status,
 )
-from slurm_amoeba.runtime.shared_device import SharedDevice
+from slurm_amoeba.runtime.shared_device import ReservedPeak, SharedDevice
 
 #: 100 bytes of parameters, 100 of optimizer state, 10 bytes per sample: a worker needs STATE + 10 * micro.
 PROFILE = ModelProfile(100, 100, 100, 1, Linear(0, 10), Linear(0, 10), Linear(0, 0), Linear(0, 0), 0.0)
@@ -213,6 +213,101 @@ def test_without_a_profile_one_step_is_measured_before_the_cap_applies() -> None
     state.after_step()
     assert sharing.profile is not None and sharing.profile.memory.per_sample > 0
     assert _micro(state) == 32, "a gibibyte holds the whole share of this model"
+    assert sharing.memory_peak_bytes is not None, "the same measured step gave the worker's memory peak"
+
+
+def _train_step(state: amoeba.TorchState, samples: int) -> None:
+    state.model(torch.ones(samples, 4)).sum().backward()
+
+
+def test_a_cpu_worker_reports_the_peak_of_one_measured_step_with_the_runtimes_commit() -> None:
+    sharing = SharedDevice(read_every_s=0.0)  # opted in; no directive yet
+    state = _state(sharing, Driver())
+    _train_step(state, 32)
+    state.after_step()  # the first boundary: the next step is measured
+    assert sharing.memory_peak_bytes is None and state.progress_report()["share"]["memory_peak_bytes"] is None
+    _train_step(state, 32)
+    state.after_step()
+    params = sum(p.numel() * p.element_size() for p in state.model.parameters())
+    peak = sharing.memory_peak_bytes
+    assert peak is not None and peak >= 3 * params + 32 * 4 * 4, "parameters, gradients, commit and the input"
+    assert state.progress_report()["share"]["memory_peak_bytes"] == peak
+    _train_step(state, 320)
+    state.after_step()
+    assert sharing.memory_peak_bytes == peak, "measured once: a later, larger step is not measured again"
+
+
+def test_a_cap_after_the_cpu_workers_measured_step_applies_at_once_without_a_second_measurement() -> None:
+    driver = Driver()
+    sharing = SharedDevice(read_every_s=0.0)
+    state = _state(sharing, driver)
+    state.after_step()
+    _train_step(state, 32)
+    state.after_step()
+    assert sharing.profile is not None and sharing.memory_peak_bytes is not None
+    profile = sharing.profile
+    need = need_bytes(profile, 32, 1)
+    driver.tell(ShareDirective(ShareRole.OPPORTUNISTIC, memory_cap_bytes=need + int(profile.memory.per_sample) * 4))
+    state.after_step()
+    assert _micro(state) < 32 and sharing.profile is profile, "the cap applied at this boundary, from that step"
+
+
+def test_a_given_profile_stays_while_one_step_is_measured_for_the_memory_peak() -> None:
+    sharing = SharedDevice(PROFILE, read_every_s=0.0)
+    state = _state(sharing, Driver())
+    state.after_step()
+    _train_step(state, 32)
+    state.after_step()
+    assert sharing.profile is PROFILE and sharing.memory_peak_bytes is not None
+
+
+class Allocator:
+    """torch's CUDA peak counters for one device: what the allocator holds and the most it held since a reset."""
+
+    def __init__(self, held: int) -> None:
+        self.held = self.peak = held
+        self.resets = 0
+
+    def hold(self, held: int) -> None:
+        self.held = held
+        self.peak = max(self.peak, held)
+
+    def read(self, device: int) -> int:
+        assert device == 0
+        return self.peak
+
+    def reset(self, device: int) -> None:
+        self.peak = self.held
+        self.resets += 1
+
+
+def test_a_gpu_workers_peak_is_the_last_windows_and_falls_within_a_window_after_a_lower_cap() -> None:
+    allocator = Allocator(held=6 << 30)
+    peak = ReservedPeak(10.0, read=allocator.read, reset=allocator.reset)
+    allocator.hold(10 << 30)
+    peak.at_boundary(0, 100.0)
+    assert peak.peak_bytes == 10 << 30, "read at the first boundary"
+    allocator.hold(12 << 30)
+    allocator.hold(8 << 30)
+    peak.at_boundary(0, 105.0)
+    assert (peak.peak_bytes, allocator.resets) == (10 << 30, 1), "not read again inside the window"
+    peak.at_boundary(0, 110.0)
+    assert peak.peak_bytes == 12 << 30, "the most the last window held"
+    allocator.hold(3 << 30)  # a lower cap: the cache emptied
+    peak.restart(0, 111.0)
+    allocator.hold(4 << 30)
+    peak.at_boundary(0, 120.0)
+    assert peak.peak_bytes == 12 << 30, "the window from before the cap is not over"
+    peak.at_boundary(0, 121.0)
+    assert peak.peak_bytes == 4 << 30, "what it held since the cap, not before"
+
+
+def test_a_gpu_workers_first_reading_is_not_delayed_by_a_cap_applied_before_its_first_step() -> None:
+    allocator = Allocator(held=1 << 30)
+    peak = ReservedPeak(10.0, read=allocator.read, reset=allocator.reset)
+    peak.restart(0, 100.0)
+    peak.at_boundary(0, 100.5)
+    assert peak.peak_bytes == 1 << 30
 
 
 def test_the_sharer_paces_itself_by_the_owners_status_and_never_writes_it(tmp_path: Path) -> None:

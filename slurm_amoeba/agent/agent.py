@@ -634,10 +634,23 @@ class Agent:
 
     def order_beside(self, order: PlaceBeside, reason: str) -> None:
         """The daemon's share (a directive's ``place_beside``): the growth it ordered goes beside job
-        ``order.host``, one satellite of one shard per worker on the nodes named (the next round does it)."""
+        ``order.host``, one satellite of one shard per worker on the nodes named (the next round does it).
+
+        An order beside the host the job's workers already run beside also gives those workers its terms (memory
+        cap, pace bound, sub-batch): the next round publishes them a new directive (:meth:`publish_share`), so
+        that the daemon lowers or raises a sharer's cap live."""
         log.info("%s placing workers beside job %s on %s (%s)", self.prefix, order.host, dict(order.nodes), reason)
-        self.journal.event("share_requested", host=order.host, nodes=dict(order.nodes), role=order.role, reason=reason)
+        self.journal.event(
+            "share_requested",
+            host=order.host,
+            nodes=dict(order.nodes),
+            role=order.role,
+            memory_cap_bytes=order.memory_cap_bytes,
+            reason=reason,
+        )
         self._beside = order
+        if self._sharing is not None and self._sharing.host == order.host:
+            self._sharing = order
 
     def publish_share(self) -> None:
         """Hand the job's workers beside a host their share directive through the coordinator, when it changes.
@@ -647,7 +660,8 @@ class Agent:
         ``place_beside`` gave them. It is published as soon as their satellite is submitted, so it is in force
         when they join the sharing generation (their first step is paced). When the place is taken back (the
         workers asked to leave, their satellite released) the directive is cleared: the same workers, no partner,
-        no cap, so that they stop pacing at once and leave at their next step boundary.
+        no cap, so that they stop pacing at once and leave at their next step boundary. The order's
+        ``memory_cap_bytes`` becomes the directive's: each of these workers fits its micro-batch under it (0: no cap).
         """
         order = self._sharing
         beside = tuple(sorted(w for g in self.groups if g.beside for w in g.active_workers))
@@ -659,6 +673,7 @@ class Agent:
                 workers=beside,
                 pace_bound=order.pace_bound,
                 sub_batch=order.sub_batch,
+                memory_cap_bytes=order.memory_cap_bytes,
             )
         elif self._shared is not None and self._shared.partner_status_path:
             wanted = ShareDirective(ShareRole.OPPORTUNISTIC, workers=self._shared.workers)
@@ -681,6 +696,7 @@ class Agent:
             role=wanted.role.value,
             partner_uid=wanted.partner_uid,
             partner_status_path=wanted.partner_status_path,
+            memory_cap_bytes=wanted.memory_cap_bytes,
             seq=self._shared.seq,
         )
 
@@ -797,8 +813,10 @@ class Agent:
         )
 
     def report_to_daemon(self, view: CoordinatorView) -> None:
-        """Report the job's size, target, throughput, recent history and satellites to the daemon, and an adaptive
-        job's statistics (:func:`~slurm_amoeba.agent.status.adaptive_fields`)."""
+        """Report the job's size, target, throughput, recent history and satellites to the daemon, an adaptive
+        job's statistics (:func:`~slurm_amoeba.agent.status.adaptive_fields`), a planned job's plans, and the device
+        memory a sharing job's worker peaked at (``memory_gib``, :func:`~slurm_amoeba.agent.status.memory_gib`;
+        absent until the runtime measured it)."""
         status = self.status(view)
         self.link.report(
             {
@@ -811,6 +829,7 @@ class Agent:
                 "satellites": [g.slurm_job for g in self.groups if g.satellite and g.state is not GroupState.ENDED],
                 **({"adaptive": status["adaptive"]} if status.get("adaptive") else {}),
                 **({"plans": status["plans"]} if status.get("plans") else {}),
+                **({"memory_gib": status["memory_gib"]} if status.get("memory_gib") is not None else {}),
             }
         )
 

@@ -167,6 +167,8 @@ class PlaceBeside:
         status_path: the host's node-local status file they pace against ("": they do not pace).
         pace_bound: the share of its exclusive speed the host may lose (0: the runtime's default bound).
         sub_batch: the new workers' local micro-batch (0: the runtime fits its own).
+        memory_cap_bytes: the device memory each new worker may hold (0: no cap; the runtime fits its micro-batch
+            under it, :class:`~slurm_amoeba.runtime.share.ShareDirective`).
     """
 
     host: str
@@ -177,6 +179,7 @@ class PlaceBeside:
     status_path: str = ""
     pace_bound: float = 0.0
     sub_batch: int = 0
+    memory_cap_bytes: int = 0
 
     @classmethod
     def from_body(cls, place: Mapping[str, Any]) -> PlaceBeside:
@@ -191,6 +194,7 @@ class PlaceBeside:
             status_path=str(place["status_path"]),
             pace_bound=float(place["pace_bound"]),
             sub_batch=int(place["sub_batch"]),
+            memory_cap_bytes=int(place.get("memory_cap_bytes", 0)),
         )
 
 

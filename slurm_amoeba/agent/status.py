@@ -3,13 +3,15 @@
 The status document is what ``job.history()``, ``amoebactl`` and the daemon's reports read (the agent writes it to
 ``<state_dir>/agent-status.json`` and answers ``status`` directives with it): size, target, worker groups,
 generations with their pauses, throughput per size, an adaptive-batch job's statistics (:func:`adaptive_fields`),
-the agent's events and a time series of size and speed.
+a sharing job's device memory per worker (:func:`memory_gib`), the agent's events and a time series of size and
+speed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +23,7 @@ from slurm_amoeba.core.messages import (
     MAX_BATCH,
     MAX_EVENT_BYTES,
     MAX_LABEL,
+    MAX_MEMORY_GIB,
     MAX_MESSAGE_BYTES,
     MAX_NOISE_SCALE,
     MAX_STEP_S,
@@ -149,6 +152,24 @@ def plan_fields(progress: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"min_workers": minimum, "samples_per_s": kept}
 
 
+def memory_gib(progress: Mapping[str, Any]) -> float | None:
+    """The device memory one worker of a sharing job peaked at, in GiB, as a report's ``memory_gib``, or None.
+
+    Read from rank 0's ``progress["share"]["memory_peak_bytes"]``
+    (:attr:`~slurm_amoeba.runtime.shared_device.SharedDevice.memory_peak_bytes`: on a GPU what torch's caching
+    allocator held over its last window, on a CPU one measured step); rounded up to a whole MiB, so that a report
+    never states less than the worker holds. None when the job does not share, nothing was measured yet, or the
+    value is not a byte count the daemon takes (:data:`~slurm_amoeba.core.messages.MAX_MEMORY_GIB`).
+    """
+    share = progress.get("share")
+    if not isinstance(share, Mapping):
+        return None
+    peak = _count(share.get("memory_peak_bytes"), 0, MAX_MEMORY_GIB << 30)
+    if peak is None:
+        return None
+    return math.ceil(peak / (1 << 20)) / 1024
+
+
 class Journal:
     """The agent's bounded event history and size/speed series.
 
@@ -248,6 +269,7 @@ class Journal:
             "throughput": {str(size): round(s.samples_per_s, 3) for size, s in sorted(view.throughput.items())},
             "adaptive": adaptive_fields(view.progress),
             "plans": plan_fields(view.progress),
+            "memory_gib": memory_gib(view.progress),
             "history": list(self.history),
             "series": list(self.series),
             "updated_at": self._clock(),

@@ -19,9 +19,9 @@ from slurm_amoeba.agent.agent import Agent
 from slurm_amoeba.agent.config import AgentConfig
 from slurm_amoeba.agent.groups import GroupState
 from slurm_amoeba.agent.plan import PlaceBeside
-from slurm_amoeba.agent.status import adaptive_fields
+from slurm_amoeba.agent.status import adaptive_fields, memory_gib
 from slurm_amoeba.core.errors import SpecError
-from slurm_amoeba.core.messages import MAX_NOISE_SCALE, MAX_STEP_TIMES, Message, decode, encode
+from slurm_amoeba.core.messages import MAX_MEMORY_GIB, MAX_NOISE_SCALE, MAX_STEP_TIMES, Message, decode, encode
 from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.core.spec import ElasticSpec
 from slurm_amoeba.runtime.failures import FailureClass
@@ -295,6 +295,36 @@ def test_an_adaptive_jobs_report_carries_its_statistics_bounded(parts: Parts, mo
     assert odd is not None and odd["noise_scale"] is None and odd["step_time_s"] == []
 
 
+def test_a_sharing_jobs_report_states_the_memory_its_worker_peaked_at_in_gib_once_measured(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, _, coordinator, _, _ = parts
+    sent: list[dict[str, object]] = []
+    monkeypatch.setattr(agent.link, "endpoint", "tcp://127.0.0.1:1")
+    monkeypatch.setattr(agent.link, "report", lambda body: sent.append(dict(body)))
+    coordinator.progress = {"share": {"role": "guaranteed", "memory_peak_bytes": None}}
+    agent.report_to_daemon(coordinator.view())
+    assert "memory_gib" not in sent[-1], "nothing measured yet: nothing stated"
+    coordinator.progress = {"share": {"role": "guaranteed", "memory_peak_bytes": (12 << 30) + 1}}
+    agent.report_to_daemon(coordinator.view())
+    assert sent[-1]["memory_gib"] == 12 + 1 / 1024, "rounded up to a whole MiB: never less than the worker holds"
+    assert decode(encode(Message("report", sent[-1]))).body["memory_gib"] == sent[-1]["memory_gib"]
+    assert agent.status(coordinator.view())["memory_gib"] == sent[-1]["memory_gib"]
+
+
+@pytest.mark.parametrize(
+    "share",
+    [None, "not an object", {}, {"memory_peak_bytes": -1}, {"memory_peak_bytes": True}, {"memory_peak_bytes": 2.5}],
+)
+def test_no_memory_is_stated_for_a_job_that_does_not_share_or_a_peak_that_is_not_a_byte_count(share: object) -> None:
+    assert memory_gib({} if share is None else {"share": share}) is None
+
+
+def test_a_memory_peak_beyond_what_the_daemon_takes_is_not_stated() -> None:
+    assert memory_gib({"share": {"memory_peak_bytes": MAX_MEMORY_GIB << 30}}) == MAX_MEMORY_GIB
+    assert memory_gib({"share": {"memory_peak_bytes": (MAX_MEMORY_GIB << 30) + 1}}) is None
+
+
 def test_a_move_directive_vacates_the_node_once_and_keeps_the_size(parts: Parts) -> None:
     agent, slurm, coordinator, _, clock = parts
     grow_into_a_running_satellite(parts, 4, "n3")
@@ -349,6 +379,43 @@ def test_the_workers_placed_beside_a_host_get_an_opportunistic_directive_cleared
     assert events(agent).count("share_directive") == 1 and events(agent).count("share_cleared") == 1
     rounds(agent, clock, 2)
     assert len(coordinator.shares) == 2, "cleared once"
+
+
+def test_the_daemons_memory_cap_reaches_the_directive_of_the_workers_placed_beside_the_host_and_changes_live(
+    parts: Parts,
+) -> None:
+    agent, slurm, coordinator, _, clock = parts
+    order = {
+        "job_id": str(PARENT),
+        "target": 3,
+        "reason": "pays",
+        "place_beside": {**ONE_BESIDE, "memory_cap_bytes": 6 << 30},
+    }
+    wire = decode(encode(Message("resize", order))).body
+    agent.resize(int(wire["target"]), str(wire["reason"]))
+    agent.order_beside(PlaceBeside.from_body(wire["place_beside"]), str(wire["reason"]))
+    rounds(agent, clock)
+    published = coordinator.shares[-1]
+    assert published.workers == ("g1-0",) and published.memory_cap_bytes == 6 << 30
+    assert ShareDirective.from_json(published.to_json()).memory_cap_bytes == 6 << 30, "as the worker reads it"
+    slurm.set_state(101, JobState.RUNNING)
+    coordinator.members("g1-0")
+    rounds(agent, clock)
+
+    lower = {**order, "place_beside": {**ONE_BESIDE, "memory_cap_bytes": 4 << 30}}
+    wire = decode(encode(Message("resize", lower))).body
+    agent.resize(int(wire["target"]), str(wire["reason"]))
+    agent.order_beside(PlaceBeside.from_body(wire["place_beside"]), str(wire["reason"]))
+    rounds(agent, clock, 2)
+    assert len(slurm.submissions) == 1, "the size kept: no second satellite"
+    assert [s.memory_cap_bytes for s in coordinator.shares] == [6 << 30, 4 << 30], "the lower cap, published once"
+    assert coordinator.shares[-1].workers == ("g1-0",) and coordinator.shares[-1].partner_uid == 1001
+
+    elsewhere = {**order, "place_beside": {**ONE_BESIDE, "host": "78", "memory_cap_bytes": 1 << 30}}
+    wire = decode(encode(Message("resize", elsewhere))).body
+    agent.order_beside(PlaceBeside.from_body(wire["place_beside"]), str(wire["reason"]))
+    rounds(agent, clock)
+    assert coordinator.shares[-1].memory_cap_bytes == 4 << 30, "an order beside another host is not these terms"
 
 
 def test_a_job_placed_nowhere_beside_another_publishes_no_share_directive(parts: Parts) -> None:

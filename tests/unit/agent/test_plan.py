@@ -423,6 +423,13 @@ def test_a_share_grows_one_satellite_per_worker_beside_the_host_before_any_of_it
     assert group.beside == "77" and new_satellite_group(SubmitSatellite("g3", 1, NOW, 4), 502).beside == ""
 
 
+def test_a_place_beside_order_carries_the_daemons_memory_cap_and_none_when_the_directive_gives_none() -> None:
+    from tests.unit.test_messages import PLACE
+
+    assert PlaceBeside.from_body(PLACE).memory_cap_bytes == 0
+    assert PlaceBeside.from_body({**PLACE, "memory_cap_bytes": 6 << 30}).memory_cap_bytes == 6 << 30
+
+
 def test_a_shrink_gives_the_places_beside_another_job_back_first() -> None:
     own, beside = sat("g1", 1), sat("g2", 1)
     beside.beside = "77"

@@ -18,7 +18,8 @@ sharing=SharedDevice())``, or by default when the job opted in to sharing: ``AMO
   (:attr:`SharedDevice.memory_peak_bytes`, reported as ``share.memory_peak_bytes``; the agent sends it to the
   daemon as the report's ``memory_gib``): on a GPU the most the caching allocator held over the last window
   (:class:`ReservedPeak`), on a CPU one step measured with :class:`~slurm_amoeba.runtime.plan_probe.PeakMeter` at
-  the first step boundary (the same measurement the cap's profile comes from when none was given);
+  the first step boundary (the same measurement the cap's profile comes from when none was given; that step, slower
+  under the meter, is left out of the status file's step times);
 * writes this worker's status file (its recent step times) when the directive names one, at most every
   ``read_every_s``;
 * **computation**: a guaranteed worker that iterates its steps through :meth:`SharedDevice.micro_batches`
@@ -288,7 +289,8 @@ class SharedDevice:
         computed, self._computed_s = self._computed_s, 0.0
         self._between_layers()  # a gated sharer's bookkeeping below waits while its partner computes
         self._ungated = False  # a directive that ended a wait is applied below; the next step is gated again
-        self._steps = recent_steps(self._steps, StepRecord(now, busy))
+        if self._meter is None:  # a measured step runs slower (PeakMeter's dispatch): not a time to pace against
+            self._steps = recent_steps(self._steps, StepRecord(now, busy))
         driver = state.driver
         self._read_directive(driver)
         directive = self.directive

@@ -351,7 +351,22 @@ def test_the_owner_writes_its_status_at_most_every_read_interval_and_keeps_every
     assert len(read_status(tmp_path / "g-w0.json", -1).steps) == 1, "written at the first step only"
     clock.now += 1.0
     state.after_step()
-    assert len(read_status(tmp_path / "g-w0.json", -1).steps) == 4, "the steps in between are not lost"
+    steps = read_status(tmp_path / "g-w0.json", -1).steps
+    assert len(steps) == 3, "the steps in between are not lost (all but the one measured for the memory peak)"
+
+
+def test_the_step_measured_for_the_memory_peak_is_not_a_step_time_sharers_pace_against(tmp_path: Path) -> None:
+    clock = Clock()
+    directive = ShareDirective(ShareRole.GUARANTEED, status_path=str(tmp_path / "g-{worker}.json"))
+    sharing = SharedDevice(PROFILE, read_every_s=0.0, clock=clock)
+    state = _state(sharing, Driver(directive))
+    ends = []
+    for _ in range(3):
+        clock.now += 0.1
+        ends.append(clock.now)
+        state.after_step()  # the second step runs under the meter
+    assert sharing.memory_peak_bytes is not None
+    assert [step.end for step in read_status(tmp_path / "g-w0.json", -1).steps] == [ends[0], ends[2]]
 
 
 def test_a_new_directive_ends_the_sharers_pause_and_applies_at_once(tmp_path: Path) -> None:

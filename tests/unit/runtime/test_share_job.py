@@ -1,5 +1,6 @@
 """A live job told to share: an opportunistic worker whose new memory cap holds not even one sample leaves at a step
-boundary through the runtime's graceful leave, and every sample is still applied exactly once (CPU, local mode)."""
+boundary through the runtime's graceful leave, and every sample is still applied exactly once (CPU, local mode);
+the memory peak a worker measured reaches the coordinator's view in rank 0's progress report."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def test_a_worker_that_cannot_fit_under_its_new_cap_leaves_and_the_job_keeps_eve
     assert result.phase.value == "finished"
     assert [sorted(record.plan.members) for record in result.view.history] == [["w0", "w1"], ["w0"]]
     assert "this worker leaves" in (tmp_path / "logs" / "w1.log").read_text()
+    peak = result.view.progress["share"]["memory_peak_bytes"]
+    assert isinstance(peak, int) and peak > 0, "rank 0 reports the peak of its measured step"
     counts = epoch_counts(applied_ledger(read_ledgers(tmp_path), result.view.history))
     assert sorted(counts) == list(range(5))
     for counter in counts.values():

@@ -13,7 +13,12 @@ munge, as at a site:
 - each process registers its agents, then reports each of them every ``report_s`` seconds, and answers directives;
 - one more process of the first simulated user asks ``status`` twice a second, as ``amoebactl status`` does, and
   times the replies while the agents report;
-- the daemon's collector is set as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`).
+- the daemon's collector is set as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`);
+- the CPU the daemon's process (every thread of it: the loop, the observer, the actuator) and munged spend is
+  sampled while the agents report (:class:`CpuSampler`), so that a run on a machine where the simulated agents
+  take most of the cores still says what the daemon itself needs per report and how many reports one core of its
+  own would answer (``daemon_cpu_per_report_s``, ``reports_per_daemon_core_s``): at a site the agents run on the
+  job's nodes, not on the daemon's host.
 
 Where the daemon's defaults (:class:`~slurm_amoeba.daemon.config.Limits`: ``agents_per_uid``, ``requests_per_s``,
 ``burst``) would refuse the load, the benchmark raises them and reports which (``raised_limits``): a site with that
@@ -54,6 +59,58 @@ PROBE_EVERY_S = 0.5
 REGISTER_TRIES = 60
 #: Requests per second beyond the agents' reports that a user's uid is allowed (amoebactl, retries).
 ROOM_PER_S = 10
+
+
+def munged_cpu_s() -> float:
+    """CPU seconds (user + system) spent so far by every ``munged`` process this user may read (0 when none)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)
+            if not fields[0].endswith("(munged"):
+                continue
+            values = fields[1].split()
+            total += (int(values[11]) + int(values[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended while it was read
+    return total
+
+
+class CpuSampler:
+    """Samples (wall clock, this process's CPU seconds, munged's CPU seconds) every ``every_s`` on a thread of its own,
+    so that the CPU spent inside any window of the run can be read afterwards (:meth:`spent`)."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), time.process_time(), munged_cpu_s()))
+            if self._stop.wait(self.every_s):
+                return
+
+    def spent(self, start: float, end: float) -> tuple[float, float, float]:
+        """(wall seconds, this process's CPU seconds, munged's CPU seconds) between the samples nearest inside
+        [start, end]; zeros when fewer than two samples lie there."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return 0.0, 0.0, 0.0
+        first, last = inside[0], inside[-1]
+        return last[0] - first[0], last[1] - first[1], last[2] - first[2]
 
 
 def spread_over_users(
@@ -292,7 +349,12 @@ def bench_loop(
         ``loop_s`` (median round), ``loop_max_s``, ``late_max_s`` (how late the latest round started), ``rounds``,
         ``reports_per_s`` answered and their reply time ``report_p50_s``/``report_p99_s``, ``status_p50_s`` and
         ``status_p99_s`` (amoebactl's reply time while the agents report), ``uids``, ``processes``,
-        ``raised_limits``, ``agents``, ``interval_s``, ``report_s``; ``errors`` from the simulated users.
+        ``raised_limits``, ``agents``, ``interval_s``, ``report_s``; ``errors`` from the simulated users; and, over
+        the reporting window, ``daemon_cpu_share`` (the daemon's process CPU seconds per wall second: 1.0 is one
+        core), ``munged_cpu_share``, ``round_cpu_share`` (the rounds' wall time per wall second: an upper bound of
+        their CPU), ``daemon_cpu_per_report_s`` (the daemon's CPU, rounds included, per answered report: an upper
+        bound of a report's cost) and ``reports_per_daemon_core_s`` (one core over that cost: what one core of its
+        own would answer, rounds and all, at least).
     """
     root = os.getuid() == 0
     if root:
@@ -324,6 +386,8 @@ def bench_loop(
     daemon.start()
     assert daemon.server is not None
     tune_gc()  # as amoebad once started
+    sampler = CpuSampler()
+    sampler.start()
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,), name="amoebad-loop", daemon=True)
     thread.start()
@@ -336,6 +400,7 @@ def bench_loop(
         stop.set()
         thread.join(30)
         daemon.close()
+        sampler.stop()
     errors = [r["error"] for r in [*results, probed] if "error" in r]
     done = [r for r in results if "error" not in r]
     start = max((r["reporting_from"] for r in done), default=0.0)
@@ -346,6 +411,10 @@ def bench_loop(
     durations = [r.duration_s for r in rounds]
     latencies = [lat for r in done for lat in r["latencies"]]
     status = [lat for at, lat, ok in probed.get("samples", []) if ok and start <= at <= end]
+    wall, daemon_cpu, munged_cpu = sampler.spent(start, end)
+    answered = len(latencies) * wall / duration_s if duration_s else 0.0  # the reports answered within the samples
+    round_share = sum(durations) / wall if wall else 0.0
+    per_report = daemon_cpu / answered if answered else float("nan")  # the rounds' CPU counted in: an upper bound
     return {
         "loop_s": statistics.median(durations) if durations else float("nan"),
         "loop_max_s": max(durations, default=float("nan")),
@@ -368,4 +437,9 @@ def bench_loop(
         "status_p99_s": _percentile(status, 0.99),
         "directives_answered": sum(r["directives_answered"] for r in done),
         "errors": errors,
+        "daemon_cpu_share": daemon_cpu / wall if wall else float("nan"),
+        "munged_cpu_share": munged_cpu / wall if wall else float("nan"),
+        "round_cpu_share": round_share,
+        "daemon_cpu_per_report_s": per_report,
+        "reports_per_daemon_core_s": 1.0 / per_report if per_report > 0 else float("nan"),
     }

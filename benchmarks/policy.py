@@ -535,6 +535,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"p99 {result['report_p99_s'] * 1000:.1f} ms",
             ),
             (
+                "daemon CPU",
+                f"{result['daemon_cpu_share']:.2f} cores (rounds {result['round_cpu_share']:.2f}), munged "
+                f"{result['munged_cpu_share']:.2f} cores; {result['daemon_cpu_per_report_s'] * 1e6:.0f} us per "
+                f"report: one core of its own answers {result['reports_per_daemon_core_s']:.0f} reports/s",
+            ),
+            (
                 "amoebactl status",
                 f"p50 {result['status_p50_s'] * 1000:.1f} ms, p99 {result['status_p99_s'] * 1000:.1f} ms "
                 f"({result['status_requests']} requests while the agents reported)",

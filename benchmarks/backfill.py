@@ -121,6 +121,32 @@ def grace_time(conf: Path, partition: str) -> int:
     return 0
 
 
+def start_amoebad(config: dict[str, Any], workdir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start ``amoebad`` with ``config`` (written to ``workdir/amoebad.yaml``, its log to ``workdir/amoebad.log``) and
+    wait until it answers ``status`` on ``config["listen"]``.
+
+    Raises:
+        BenchError: it did not answer within 20 s (its log says why).
+    """
+    (workdir / "amoebad.yaml").write_text(yaml.safe_dump(config))
+    with (workdir / "amoebad.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_amoeba.cli.amoebad", "--config", str(workdir / "amoebad.yaml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            request(config["listen"], Message("status", {}), timeout_s=1, retries=0)
+            return proc
+        except ChannelError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise BenchError(f"amoebad did not start; see {workdir / 'amoebad.log'}") from None
+
+
 class Bench:
     """One benchmark run (both phases) against the cluster of ``slurm_conf``."""
 
@@ -164,23 +190,7 @@ class Bench:
             "slurm": {"conf": str(self.args.slurm_conf)},
             "state_file": str(phase_dir / "amoebad-state.json"),
         }
-        (phase_dir / "amoebad.yaml").write_text(yaml.safe_dump(config))
-        with (phase_dir / "amoebad.log").open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "slurm_amoeba.cli.amoebad", "--config", str(phase_dir / "amoebad.yaml")],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-            )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                request(endpoint, Message("status", {}), timeout_s=1, retries=0)
-                return proc, endpoint
-            except ChannelError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    raise BenchError(f"amoebad did not start; see {phase_dir / 'amoebad.log'}") from None
+        return start_amoebad(config, phase_dir, self.env), endpoint
 
     def submit_elastic(self, phase_dir: Path, endpoint: str | None) -> list[int]:
         wl = self.workload

@@ -27,6 +27,8 @@ one it ran while shared: ``sharer_micro_while_shared``) and the steps it took to
 harness's call; the loader plans one step ahead), each round's figures. On a CPU the memory cap bounds only the
 micro-batch the runtime plans (a prediction from the probed bytes); nothing stops a process from allocating more.
 Run: ``scripts/bench-share --json docs/results/share.json`` (``--short``: the integration test's size, one round).
+``--live`` runs the same two jobs on the local Slurm cluster instead, placed together by amoebad's policy
+(:mod:`benchmarks.share_live`; ``--json docs/results/share-live.json``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import share_live
+from benchmarks.backfill import BenchError
 from benchmarks.plans import exactly_once
 from benchmarks.record import Recording, spread
 from slurm_amoeba.core.sharing import ShareRole
@@ -276,6 +280,30 @@ def spread_note(figures: dict[str, Any], load: tuple[float, float, float], cores
     )
 
 
+def live(args: argparse.Namespace) -> int:
+    """``--live``: one run on the cluster (:func:`benchmarks.share_live.run_live`); exit status 1 when the host
+    failed or a ledger does not hold, 3 when the run could not be made (a busy cluster, no sharing partition)."""
+    if args.short:
+        args.width, args.window, args.settle = 512, 10.0, 3.0
+    recording = Recording("share-live", vars(args))
+    try:
+        figures = share_live.run_live(args)
+    except BenchError as exc:
+        print(f"bench-share --live: {exc}", file=sys.stderr)
+        return 3
+    notes = [
+        "Local Slurm cluster: fake GPUs whose workers pin themselves to the core of their GPU index; the host's worker "
+        "and the sharer's worker beside it share one core, the sharer's own worker another.",
+        f"The host idles {args.idle:g} x its compute time per step (its input pipeline): the room on its GPU a sharer "
+        "can use. The sharer's two workers split its batch evenly, so its worker beside the host sets the pace of "
+        "both: it gains only when that worker gets more of the host's GPU than half of its own.",
+    ]
+    if args.json:
+        recording.write(args.json, figures, notes=notes)
+    print(json.dumps(figures, indent=1, sort_keys=True))
+    return 0 if figures["guaranteed_failures"] == 0 and figures["exactly_once"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit status 1 when the guaranteed job failed or a ledger does not hold."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -295,7 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=1.0, help="the guaranteed job's idle time per step / compute")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (medians are reported)")
     parser.add_argument("--keep", type=Path, help="keep the runs' directories (ledgers, logs) under this one")
+    parser.add_argument(
+        "--live", action="store_true", help="two jobs on the local Slurm cluster, paired by amoebad (share_live.py)"
+    )
+    share_live.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.live:
+        return live(args)
     if args.short:
         args.width, args.steps, args.sharer_steps, args.rounds = 512, 200, 60, 1
     recording = Recording("share", vars(args))

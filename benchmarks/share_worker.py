@@ -1,9 +1,11 @@
 """The training process of ``scripts/bench-share``: an MLP on synthetic data, pinned to given cores, sharing them.
 
 It pins itself to ``--cores`` first (``os.sched_setaffinity``, before torch starts threads: the CPU stand-in for a
-shared GPU), probes its model's bytes (:func:`~slurm_amoeba.runtime.plan_probe.probe_model`, so the memory cap turns
-into a micro-batch the same way the harness predicts it) and trains under ``TorchState(..., sharing=SharedDevice)``:
-the directive comes from its coordinator. ``--idle-per-step`` makes each step wait that share of its compute time
+shared GPU; ``--cores gpu``: the core of the GPU Slurm gave it, :func:`gpu_core`, so that workers of two jobs on one
+fake GPU of the local cluster share one core, as ``bench-share --live`` runs them), probes its model's bytes
+(:func:`~slurm_amoeba.runtime.plan_probe.probe_model`, so the memory cap turns into a micro-batch the same way the
+harness predicts it) and trains under ``TorchState(..., sharing=SharedDevice)``: the directive comes from its
+coordinator. ``--idle-per-step`` makes each step wait that share of its compute time
 without computing, after the step (the next step's input pipeline a real job waits on; what leaves a device idle for
 a sharer to use). Its micro-batches go through ``SharedDevice.micro_batches`` and its wait through
 ``SharedDevice.idle``: a guaranteed worker publishes there when it computes (on the CPU stand-in the runtime's own
@@ -66,6 +68,23 @@ def probe(width: int) -> ModelProfile:
         torch.set_rng_state(rng)
 
 
+def gpu_core(env: dict[str, str] | None = None) -> int:
+    """The core that stands in for this process's GPU: the first index of ``CUDA_VISIBLE_DEVICES`` (which Slurm sets
+    for a ``gpu`` or ``shard`` allocation) modulo the cores this process may use, in their order.
+
+    Raises:
+        SystemExit: no GPU index in the environment (the job asked for no GPU or shard).
+    """
+    value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES", "")
+    first = value.split(",")[0]
+    if not first.isdigit():
+        raise SystemExit(
+            f"--cores gpu: CUDA_VISIBLE_DEVICES is {value!r}, not a GPU index; ask Slurm for a GPU or a shard"
+        )
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[int(first) % len(cores)]
+
+
 def keep_warm(busy_s: float = 0.001, every_s: float = 0.02) -> None:
     """Compute ``busy_s`` every ``every_s``, forever: a neighbour that keeps a virtual core from going idle while using
     about 5 % of it (what the harness's warm exclusive baseline runs beside)."""
@@ -81,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep-warm", action="store_true", help="no training: run keep_warm() on the cores")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--cores", default="0", help="comma-separated cores to pin to")
+    parser.add_argument("--cores", default="0", help="comma-separated cores to pin to, or gpu (see gpu_core)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--dataset-size", type=int, default=2048)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--idle-per-step", type=float, default=0.0, help="idle time per step, as a share of compute")
     args = parser.parse_args(argv)
-    os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
+    cores = {gpu_core()} if args.cores == "gpu" else {int(c) for c in args.cores.split(",")}
+    os.sched_setaffinity(0, cores)
     if args.keep_warm:
         keep_warm()
     if args.out is None:
@@ -109,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sampler = amoeba.ElasticSampler(len(data), args.global_batch, seed=3)
     loader = amoeba.ElasticDataLoader(data, sampler)
-    sharing = SharedDevice(profile)
+    # a job that opted in through Slurm (AMOEBA_SHARE) starts as its agent says (a guaranteed job with its status
+    # file for sharers beside it); the harness's local jobs get their directives from their coordinators
+    sharing = SharedDevice.for_job(os.environ) or SharedDevice()
+    sharing.profile = profile
     state = amoeba.TorchState(model, optimizer, sampler, sharing=sharing)
     ledger_path = args.out / f"ledger-{runtime.worker_id}.jsonl"
     loss_fn = torch.nn.MSELoss()

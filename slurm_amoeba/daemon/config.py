@@ -15,7 +15,7 @@ import ipaddress
 import itertools
 import pwd
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -597,22 +597,16 @@ MAX_SHARERS_PER_NODE = 64
 def _sharing(top: _Section) -> Sharing:
     section = top.section("sharing")
     enabled = _flag(section, "enabled", Sharing().enabled)
+    limits = _per_partition(
+        section,
+        "partitions",
+        "sharer workers per node, e.g. {share: 4}",
+        lambda limit: isinstance(limit, int) and 0 <= limit <= MAX_SHARERS_PER_NODE,
+        f"give the most sharer workers beside one host per node, a whole number from 0 to {MAX_SHARERS_PER_NODE} "
+        f"(its GPUs, e.g. 4)",
+    )
+    partitions = {partition: int(limit) for partition, limit in limits.items()}
     raw = section.data.get("partitions") or {}
-    if not isinstance(raw, dict):
-        section.fail(
-            "sharing.partitions", raw, "give a mapping of partition names to sharer workers per node, e.g. {share: 4}"
-        )
-    partitions: dict[str, int] = {}
-    for name, limit in raw.items():
-        partition = _partition(section, "sharing.partitions", name)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_SHARERS_PER_NODE:
-            section.fail(
-                f"sharing.partitions.{partition}",
-                limit,
-                f"give the most sharer workers beside one host per node, a whole number from 0 to "
-                f"{MAX_SHARERS_PER_NODE} (its GPUs, e.g. 4)",
-            )
-        partitions[partition] = limit
     if enabled and not any(partitions.values()):
         section.fail(
             "sharing.partitions",
@@ -647,23 +641,30 @@ MAX_GPU_MEMORY_GIB = 1 << 20
 
 
 def _gpu_memory(section: _Section) -> dict[str, float]:
-    raw = section.data.get("gpu_memory_gib") or {}
+    sizes = _per_partition(
+        section,
+        "gpu_memory_gib",
+        "GiB per GPU, e.g. {share: 80}",
+        lambda gib: isinstance(gib, (int, float)) and 0 < gib <= MAX_GPU_MEMORY_GIB,
+        f"give the device memory of one GPU of the partition's nodes in GiB, above 0 and at most "
+        f"{MAX_GPU_MEMORY_GIB} (e.g. 80 for an H100), or leave the partition out when unknown",
+    )
+    return {partition: float(gib) for partition, gib in sizes.items()}
+
+
+def _per_partition(section: _Section, key: str, example: str, valid: Callable[[Any], bool], why: str) -> dict[str, Any]:
+    """The mapping of partition names to values at ``key`` of ``section``, each name and value checked (``valid``;
+    a flag never is), a bad one failing with ``why``."""
+    raw = section.data.get(key) or {}
     if not isinstance(raw, dict):
-        section.fail(
-            "sharing.gpu_memory_gib", raw, "give a mapping of partition names to GiB per GPU, e.g. {share: 80}"
-        )
-    memory: dict[str, float] = {}
-    for name, gib in raw.items():
-        partition = _partition(section, "sharing.gpu_memory_gib", name)
-        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 < gib <= MAX_GPU_MEMORY_GIB:
-            section.fail(
-                f"sharing.gpu_memory_gib.{partition}",
-                gib,
-                f"give the device memory of one GPU of the partition's nodes in GiB, above 0 and at most "
-                f"{MAX_GPU_MEMORY_GIB} (e.g. 80 for an H100), or leave the partition out when unknown",
-            )
-        memory[partition] = float(gib)
-    return memory
+        section.fail(section.full(key), raw, f"give a mapping of partition names to {example}")
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        partition = _partition(section, section.full(key), name)
+        if isinstance(value, bool) or not valid(value):
+            section.fail(f"{section.full(key)}.{partition}", value, why)
+        values[partition] = value
+    return values
 
 
 def _colocation_table(section: _Section, path: str) -> dict[tuple[str, str], float]:

@@ -17,19 +17,8 @@ __all__ = ["GAVEL_GPU", "GAVEL_TYPES", "load_colocation"]
 
 
 def load_colocation(path: Path | None = None, gpu: str = GAVEL_GPU) -> dict[tuple[str, str], float]:
-    """Fractions of solo speed kept by each application next to each other application
-    (:func:`~slurm_amoeba.policy.colocation.read_colocation`).
-
-    Args:
-        path: Gavel's ``simulation_throughputs.json``; the data folder's copy by default.
-        gpu: the GPU table to read.
-
-    Returns:
-        ``(application, partner application)`` -> fraction kept, in (0, 1].
-
-    Raises:
-        SimError: the file, the GPU table or a mapped job type is missing, or the file is not JSON.
-    """
+    """:func:`~slurm_amoeba.policy.colocation.read_colocation` of ``path`` (the data folder's copy by default), its
+    errors raised as :class:`~slurm_amoeba.sim.data.SimError`."""
     try:
         return read_colocation(path or data_dir() / "gavel" / "simulation_throughputs.json", gpu)
     except PolicyError as exc:

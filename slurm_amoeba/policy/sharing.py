@@ -8,8 +8,9 @@ Policies of the control and simulation flows (DESIGN.md); the pairing rules they
   first. Pending jobs, shortest first (remaining time at the requested size: the simulator's oracle or the runtime's
   estimate, else what the time limit leaves), start exclusively when their requested size is free; no running job
   is ever preempted for another's start. A pending job that does not fit may run on the GPUs of a running job
-  that runs exclusively and has no partner, with the sharer's micro-batch and gradient accumulation searched so
-  that it fits the memory the host leaves (:func:`~slurm_amoeba.policy.pairing.plan_pair`): SJF-BSBF pairs only
+  that runs exclusively, has no partner and is neither resizing nor pinned, with the sharer's micro-batch and
+  gradient accumulation searched so that it fits the memory the host leaves
+  (:func:`~slurm_amoeba.policy.pairing.plan_pair`): SJF-BSBF pairs only
   when the pair's summed completion time falls, best benefit first; AntMan pairs whenever the sharer makes
   progress while paced so that the host keeps ``1 - pace_bound`` of its speed (with ``promote``, it also moves a
   sharer onto GPUs of its own, a :class:`Place`, once its requested size is free). Both shrink or evict a sharer
@@ -128,7 +129,8 @@ class PairingPolicy:
         decided.update(action.job_id for action in starts)
         if self.mode is ShareMode.OPPORTUNISTIC and self.promote:
             decisions.extend(self._promote(snapshot, starts, decided))
-        hosts = open_hosts(snapshot, decided)
+        # a host being resized or pinned is left alone (the daemon takes a sharer back from a host that changes)
+        hosts = [host for host in open_hosts(snapshot, decided) if not host.resizing and not host.pinned]
         for job in sorted([*waiting, *growing_beside(snapshot)], key=shortest_first_key):
             if job.job_id in decided:
                 continue

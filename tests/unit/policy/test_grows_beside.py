@@ -48,3 +48,12 @@ def test_a_sharer_without_profiles_fits_where_its_memory_is_unknown_or_within_wh
     assert sharer_options(sharer, 10.0) == [] and sharer_options(sharer, 0.0) == []
     assert [profile.memory_gib for _, profile in sharer_options(job("u", 1), 10.0)] == [0.0]
     assert [size for size, _ in sharer_options(sharer, None)] == [None]
+
+
+def test_no_sharer_is_placed_beside_a_host_that_is_resizing_or_pinned() -> None:
+    grower = job("g", 1, placement={"n0": 1}, low=1, high=2, job_type="b", grows_beside=True)
+    for change in ({"resizing": True}, {"pinned": True}):
+        host = job("h", 1, placement={"n0": 1}, low=1, high=2, job_type="a", **change)
+        assert PairingPolicy(ShareMode.OPPORTUNISTIC).decide(cluster(host, grower), 0.0) == []
+    host = job("h", 1, placement={"n0": 1}, low=1, high=2, job_type="a")
+    assert [a.host for a in PairingPolicy(ShareMode.OPPORTUNISTIC).decide(cluster(host, grower), 0.0)] == ["h"]

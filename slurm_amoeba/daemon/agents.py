@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_amoeba.core.errors import AmoebaError
-from slurm_amoeba.core.messages import MAX_BATCH, MAX_NOISE_SCALE, MAX_STEP_S, check_place_beside, quote
+from slurm_amoeba.core.messages import MAX_BATCH, MAX_MEMORY_GIB, MAX_NOISE_SCALE, MAX_STEP_S, check_place_beside, quote
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 _AGENT_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:[0-9]{1,5}$|^tcp://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}$")
@@ -158,6 +158,8 @@ class Beside:
         pace_bound: the share of its exclusive speed the host may lose to the sharer (the policy's; 0: the
             runtime's default bound).
         sub_batch: the sharer's local micro-batch the policy searched (0: the runtime fits its own).
+        memory_cap_bytes: the device memory each of the sharer's workers beside the host may use: what the host
+            leaves on its tightest node (0: no cap, the GPU's memory or the host's use is unknown).
     """
 
     host: str
@@ -168,6 +170,7 @@ class Beside:
     status_path: str
     pace_bound: float = 0.0
     sub_batch: int = 0
+    memory_cap_bytes: int = 0
 
     @property
     def workers(self) -> int:
@@ -175,8 +178,10 @@ class Beside:
         return sum(self.nodes.values())
 
     def to_body(self) -> dict[str, Any]:
-        """The directive's ``place_beside`` object."""
+        """The directive's ``place_beside`` object (``memory_cap_bytes`` only when there is a cap)."""
         fields = dataclasses.asdict(self)
+        if not self.memory_cap_bytes:
+            del fields["memory_cap_bytes"]
         return {**fields, "nodes": dict(self.nodes)}
 
     @classmethod
@@ -197,6 +202,7 @@ class Beside:
             str(body["status_path"]),
             pace_bound=float(body["pace_bound"]),
             sub_batch=int(body["sub_batch"]),
+            memory_cap_bytes=int(body.get("memory_cap_bytes", 0)),
         )
 
 
@@ -312,6 +318,8 @@ class Report:
         adaptive: an adaptive-batch job's statistics, or None (a fixed batch, or an agent that sends none).
         min_feasible: the smallest size at which the job's plans fit its memory budget (0: not reported).
         predicted: workers -> samples per second its plans predict at that size.
+        memory_gib: the device memory one worker of the job peaked at (GiB), or None when the runtime did not say:
+            what a sharer beside it cannot use.
     """
 
     size: int
@@ -324,6 +332,7 @@ class Report:
     adaptive: AdaptiveStats | None = None
     min_feasible: int = 0
     predicted: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    memory_gib: float | None = None
 
     @property
     def resizing(self) -> bool:
@@ -336,7 +345,8 @@ class Report:
 
         Raises:
             AgentMessageError: a negative size, a throughput entry that is not ``"<size>": rate``, a satellite id
-                that is not a Slurm job id, or adaptive statistics out of range (:meth:`AdaptiveStats.from_body`).
+                that is not a Slurm job id, adaptive statistics out of range (:meth:`AdaptiveStats.from_body`), or a
+                ``memory_gib`` that is not a finite number of GiB from 0 to ``MAX_MEMORY_GIB``.
         """
         size, generation, target = int(body["size"]), int(body["generation"]), int(body["target"])
         if not 0 <= size <= MAX_WORKERS or not 0 <= target <= MAX_WORKERS or generation < 0:
@@ -357,8 +367,29 @@ class Report:
         if isinstance(minimum, bool) or not isinstance(minimum, int) or not 0 <= minimum <= MAX_WORKERS:
             raise AgentMessageError(f"plans.min_workers = {minimum!r} is not a worker count 0..{MAX_WORKERS}")
         predicted = _rates(dict(plans.get("samples_per_s") or {}), "plans.samples_per_s")
+        memory = body.get("memory_gib")
+        if memory is not None and (
+            isinstance(memory, bool)
+            or not isinstance(memory, (int, float))
+            or not math.isfinite(memory)
+            or not 0 <= memory <= MAX_MEMORY_GIB
+        ):
+            raise AgentMessageError(
+                f"memory_gib = {memory!r} is not the device memory one worker peaked at: give GiB from 0 to "
+                f"{MAX_MEMORY_GIB} (e.g. 12.5), or leave it out when unknown"
+            )
         return cls(
-            size, generation, target, throughput, tuple(satellites), history, received_at, adaptive, minimum, predicted
+            size,
+            generation,
+            target,
+            throughput,
+            tuple(satellites),
+            history,
+            received_at,
+            adaptive,
+            minimum,
+            predicted,
+            None if memory is None else float(memory),
         )
 
 
@@ -376,6 +407,75 @@ def _rates(table: Mapping[Any, Any], name: str) -> dict[int, float]:
             raise AgentMessageError(f"{name}[{key!r}] = {value!r} is not a rate (a finite number >= 0)")
         rates[int(key)] = float(value)
     return rates
+
+
+#: Weight of a new sample in a job's measured rates (an exponential moving average): the runtime's rate is already
+#: its recent steps' (the latest progress of rank 0), so two samples in a row carry most of a change.
+RATE_EMA_WEIGHT = 0.5
+
+
+@dataclasses.dataclass
+class MeasuredRates:
+    """A job's own speeds alone and beside each type of partner (``JobInfo.solo_rate``, ``JobInfo.shared_rates``).
+
+    Each new report's throughput at the job's size is one sample, attributed to "alone" or "beside a job of type T"
+    by what the daemon's own shares say of that moment (:meth:`~slurm_amoeba.daemon.ledger.Ledger.attribute_rates`),
+    and only when the job had that partner (or none) at the same size since its previous sample as well: the rate a
+    runtime reports is measured over its recent steps, and a sample taken across a change mixes both. Samples are
+    smoothed by :data:`RATE_EMA_WEIGHT`. Kept in the daemon's memory only: after a restart a job learns them again.
+
+    Attributes:
+        solo: workers -> samples per second alone.
+        shared: (workers, partner's job type) -> samples per second beside a job of that type.
+        seen_at: when the last report taken as a sample was received.
+        last_state: (workers, partner type or None) of the previous sample; None after one that could not be
+            attributed.
+        version: counts the changes of ``solo`` and ``shared`` (the snapshot cache's test).
+    """
+
+    solo: dict[int, float] = dataclasses.field(default_factory=dict)
+    shared: dict[tuple[int, str], float] = dataclasses.field(default_factory=dict)
+    seen_at: float = -math.inf
+    last_state: tuple[int, str | None] | None = None
+    version: int = 0
+
+    def observe(self, report: Report, partner: str | None, settled: bool) -> bool:
+        """Take ``report`` as a sample (once per report) beside ``partner`` (None: alone).
+
+        Args:
+            report: the job's latest report.
+            partner: the job type of the job its workers share GPUs with now, or None when they share with nobody.
+            settled: whether that pairing is in place (no share being placed or taken back, no size in flight,
+                one partner of a known type).
+
+        Returns:
+            Whether the sample was kept.
+        """
+        if report.received_at <= self.seen_at:
+            return False
+        self.seen_at = report.received_at
+        state = (report.size, partner) if settled and not report.resizing else None
+        stable = state is not None and state == self.last_state
+        self.last_state = state
+        rate = report.throughput.get(report.size)
+        if not stable or rate is None or rate <= 0.0:
+            return False
+        if partner is None:
+            self.solo[report.size] = _smoothed(self.solo.get(report.size), rate)
+        else:
+            key = (report.size, partner)
+            self.shared[key] = _smoothed(self.shared.get(key), rate)
+        self.version += 1
+        return True
+
+    def at(self, workers: int) -> tuple[float | None, dict[str, float]]:
+        """The solo rate and the shared rates (partner type -> rate) measured at ``workers`` workers."""
+        shared = {partner: rate for (size, partner), rate in self.shared.items() if size == workers}
+        return self.solo.get(workers), shared
+
+
+def _smoothed(old: float | None, sample: float) -> float:
+    return sample if old is None else old + RATE_EMA_WEIGHT * (sample - old)
 
 
 @dataclasses.dataclass
@@ -419,6 +519,7 @@ class AgentRecord:
         adaptive: the latest adaptive-batch statistics its agent reported (kept while later reports carry none,
             e.g. after a restart, before the runtime's first step), or None for a fixed-batch job.
         beside: the share the daemon ordered of the job (its workers beside another job's), or None.
+        rates: its speeds measured alone and beside partners (:class:`MeasuredRates`).
     """
 
     registration: Registration
@@ -431,6 +532,7 @@ class AgentRecord:
     backoff_until: float = 0.0
     adaptive: AdaptiveStats | None = None
     beside: Beside | None = None
+    rates: MeasuredRates = dataclasses.field(default_factory=MeasuredRates)
 
     @property
     def job_id(self) -> str:

@@ -15,7 +15,7 @@ import ipaddress
 import itertools
 import pwd
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,6 +23,7 @@ import yaml
 
 from slurm_amoeba.core.errors import AmoebaError, unknown_key_message
 from slurm_amoeba.policy import DEFAULT_POLICY, PolicyError, make_policy, policy_knobs, policy_names
+from slurm_amoeba.policy.colocation import packaged_gavel_table, read_colocation
 from slurm_amoeba.policy.slurm_baseline import DEFAULT_MAX_HOLD_S
 from slurm_amoeba.slurm.runner import DEFAULT_TIMEOUT_S
 
@@ -138,6 +139,13 @@ class Admission:
     holds_by: str = "owner"
 
 
+#: The prior fraction of its speed a job keeps beside a partner when the table lacks their types: two jobs split the
+#: device. Under it the benefit rule (``sjf-bsbf``) never pairs two jobs whose speeds were not measured (the pair
+#: finishes no sooner than one after the other), while the opportunistic mode (``antman``) still pairs them, its
+#: sharer paced to the host's bound; a pair's measured speeds replace it as soon as they are reported.
+DEFAULT_KEPT = 0.5
+
+
 @dataclasses.dataclass(frozen=True)
 class Sharing:
     """Two opted-in jobs on one GPU (docs/admin.md, section 8e; off by default).
@@ -147,14 +155,32 @@ class Sharing:
             them is refused while it is off).
         partitions: partition -> the most workers of other jobs placed beside one host on one of its nodes there;
             a host in a partition not named here hosts nobody.
+        gpu_memory_gib: partition -> device memory of one GPU of its nodes (GiB); a partition not named here has
+            GPUs of unknown memory, where nothing bounds a sharer's memory and its directive carries no cap.
+        colocation_table: Gavel's ``simulation_throughputs.json`` to read the prior from ("": the table shipped with
+            the package; ``none``: no table, every pair gets ``default_kept``).
+        default_kept: the prior fraction of its speed a job keeps beside a partner for job types the table lacks,
+            in (0, 1].
+        colocation: the table read from ``colocation_table``: (job type, partner type) -> fraction kept.
     """
 
     enabled: bool = False
     partitions: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    gpu_memory_gib: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    colocation_table: str = ""
+    default_kept: float = DEFAULT_KEPT
+    colocation: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict, compare=False)
 
     def limit(self, partition: str) -> int:
         """The most sharer workers beside one host per node in ``partition`` (0: none)."""
         return self.partitions.get(partition, 0) if self.enabled else 0
+
+    def prior(self, job_types: Iterable[str]) -> dict[tuple[str, str], float]:
+        """``Snapshot.colocation`` for jobs of these types: the table's entry for each ordered pair, else
+        ``default_kept`` (empty types are left out: a job without one is never paired)."""
+        kinds = sorted({kind for kind in job_types if kind})
+        table, default = self.colocation, self.default_kept
+        return {(mine, theirs): table.get((mine, theirs), default) for mine in kinds for theirs in kinds}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,7 +322,13 @@ def _section_defaults() -> dict[str, dict[str, object]]:
             "partitions": list(base.admission.partitions),
             "users": list(base.admission.users),
         },
-        "sharing": {"enabled": base.sharing.enabled, "partitions": dict(base.sharing.partitions)},
+        "sharing": {
+            "enabled": base.sharing.enabled,
+            "partitions": dict(base.sharing.partitions),
+            "gpu_memory_gib": dict(base.sharing.gpu_memory_gib),
+            "colocation_table": base.sharing.colocation_table,
+            "default_kept": base.sharing.default_kept,
+        },
         "ha": {
             "lease_dir": base.ha.lease_dir,
             "advertise": base.ha.advertise,
@@ -565,22 +597,16 @@ MAX_SHARERS_PER_NODE = 64
 def _sharing(top: _Section) -> Sharing:
     section = top.section("sharing")
     enabled = _flag(section, "enabled", Sharing().enabled)
+    limits = _per_partition(
+        section,
+        "partitions",
+        "sharer workers per node, e.g. {share: 4}",
+        lambda limit: isinstance(limit, int) and 0 <= limit <= MAX_SHARERS_PER_NODE,
+        f"give the most sharer workers beside one host per node, a whole number from 0 to {MAX_SHARERS_PER_NODE} "
+        f"(its GPUs, e.g. 4)",
+    )
+    partitions = {partition: int(limit) for partition, limit in limits.items()}
     raw = section.data.get("partitions") or {}
-    if not isinstance(raw, dict):
-        section.fail(
-            "sharing.partitions", raw, "give a mapping of partition names to sharer workers per node, e.g. {share: 4}"
-        )
-    partitions: dict[str, int] = {}
-    for name, limit in raw.items():
-        partition = _partition(section, "sharing.partitions", name)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_SHARERS_PER_NODE:
-            section.fail(
-                f"sharing.partitions.{partition}",
-                limit,
-                f"give the most sharer workers beside one host per node, a whole number from 0 to "
-                f"{MAX_SHARERS_PER_NODE} (its GPUs, e.g. 4)",
-            )
-        partitions[partition] = limit
     if enabled and not any(partitions.values()):
         section.fail(
             "sharing.partitions",
@@ -588,7 +614,72 @@ def _sharing(top: _Section) -> Sharing:
             "sharing.enabled is true but no partition may host a sharer: name the sharing partition and its sharers "
             "per node, e.g. partitions: {share: 4}, or set sharing.enabled: false",
         )
-    return Sharing(enabled=enabled, partitions=partitions)
+    memory = _gpu_memory(section)
+    kept = section.data.get("default_kept", DEFAULT_KEPT)
+    if isinstance(kept, bool) or not isinstance(kept, (int, float)) or not 0.0 < kept <= 1.0:
+        section.fail(
+            "sharing.default_kept",
+            kept,
+            f"give the fraction of its speed a job keeps beside a partner of a type the table lacks, in (0, 1] "
+            f"({DEFAULT_KEPT}: two jobs split the device)",
+        )
+    table_path = section.data.get("colocation_table", "")
+    if not isinstance(table_path, str) or "\0" in table_path or "\n" in table_path:
+        section.fail("sharing.colocation_table", table_path, "give the path of a Gavel throughputs file, or none")
+    return Sharing(
+        enabled=enabled,
+        partitions=partitions,
+        gpu_memory_gib=memory,
+        colocation_table=table_path,
+        default_kept=float(kept),
+        colocation=_colocation_table(section, table_path) if enabled else {},
+    )
+
+
+#: The largest GPU memory a site may state (GiB).
+MAX_GPU_MEMORY_GIB = 1 << 20
+
+
+def _gpu_memory(section: _Section) -> dict[str, float]:
+    sizes = _per_partition(
+        section,
+        "gpu_memory_gib",
+        "GiB per GPU, e.g. {share: 80}",
+        lambda gib: isinstance(gib, (int, float)) and 0 < gib <= MAX_GPU_MEMORY_GIB,
+        f"give the device memory of one GPU of the partition's nodes in GiB, above 0 and at most "
+        f"{MAX_GPU_MEMORY_GIB} (e.g. 80 for an H100), or leave the partition out when unknown",
+    )
+    return {partition: float(gib) for partition, gib in sizes.items()}
+
+
+def _per_partition(section: _Section, key: str, example: str, valid: Callable[[Any], bool], why: str) -> dict[str, Any]:
+    """The mapping of partition names to values at ``key`` of ``section``, each name and value checked (``valid``;
+    a flag never is), a bad one failing with ``why``."""
+    raw = section.data.get(key) or {}
+    if not isinstance(raw, dict):
+        section.fail(section.full(key), raw, f"give a mapping of partition names to {example}")
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        partition = _partition(section, section.full(key), name)
+        if isinstance(value, bool) or not valid(value):
+            section.fail(f"{section.full(key)}.{partition}", value, why)
+        values[partition] = value
+    return values
+
+
+def _colocation_table(section: _Section, path: str) -> dict[tuple[str, str], float]:
+    """The prior's table: Gavel's throughputs at ``path`` ("": the packaged copy; ``none``: no table)."""
+    if path == "none":
+        return {}
+    try:
+        return read_colocation(Path(path) if path else packaged_gavel_table())
+    except PolicyError as exc:
+        section.fail(
+            "sharing.colocation_table",
+            path or str(packaged_gavel_table()),
+            f"{exc}; give the path of Gavel's simulation_throughputs.json, leave the key out for the packaged "
+            f"table, or write none to use sharing.default_kept for every pair",
+        )
 
 
 def _ha(top: _Section, listen: str) -> HighAvailability:

@@ -28,7 +28,9 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
   pending job have it) the same as ``placement``'s; :meth:`LiveExecutor.share_refusal` says why not, and the action
   is skipped. The directive also carries what the sharer's workers pace with: the host's uid (its registration's)
   and node-local status file (:func:`~slurm_amoeba.core.sharing.host_status_path`), the policy's ``pace_bound``
-  and ``sub_batch``. The place is taken back — a directive to the sharer with
+  and ``sub_batch``, and the sharer's device memory cap: what the host leaves on its tightest node
+  (:func:`~slurm_amoeba.policy.pairing.memory_left`: ``sharing.gpu_memory_gib`` less the memory the host's runtime
+  reported), none when either is unknown. The place is taken back — a directive to the sharer with
   its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
   shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
   ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the
@@ -58,7 +60,8 @@ from slurm_amoeba.daemon.agents import AgentRecord, Beside
 from slurm_amoeba.daemon.config import Sharing
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
-from slurm_amoeba.policy import JobInfo
+from slurm_amoeba.policy import JobInfo, NodeInfo
+from slurm_amoeba.policy.pairing import memory_left
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +179,7 @@ class LiveExecutor:
         *,
         source: str,
         now: float,
+        nodes: Mapping[str, NodeInfo] | None = None,
     ) -> Executed:
         """Apply one round's (checked) actions.
 
@@ -185,6 +189,8 @@ class LiveExecutor:
             managed: the jobs whose agents registered (the only ones a directive can reach).
             source: ``policy`` or ``drain`` (counted with each directive).
             now: the daemon's clock.
+            nodes: node name -> the snapshot's nodes (a share's memory cap is what its host leaves on them; None:
+                no cap).
 
         Returns:
             What was ordered and recorded.
@@ -213,7 +219,7 @@ class LiveExecutor:
                 if action.job_id in ordered:  # its place beside another job was taken back this round
                     pass
                 elif isinstance(action, act.Share):
-                    target = self._share(action, jobs, managed, source)
+                    target = self._share(action, jobs, managed, source, nodes or {})
                 else:
                     target = self._direct(action, jobs.get(action.job_id), action.job_id in managed, source)
                 if target is None:
@@ -336,7 +342,12 @@ class LiveExecutor:
         return counts
 
     def _share(
-        self, action: act.Share, jobs: Mapping[str, JobInfo], managed: Collection[str], source: str
+        self,
+        action: act.Share,
+        jobs: Mapping[str, JobInfo],
+        managed: Collection[str],
+        source: str,
+        nodes: Mapping[str, NodeInfo],
     ) -> int | None:
         """Send the sharer's directive; the size ordered, or None (logged) when the share cannot be applied."""
         refusal = self.share_refusal(action, jobs, managed)
@@ -355,6 +366,7 @@ class LiveExecutor:
             status_path=str(host_status_path(action.host)),
             pace_bound=action.pace_bound or 0.0,
             sub_batch=action.sub_batch or 0,
+            memory_cap_bytes=memory_cap_bytes(jobs[action.host], nodes),
         )
         reason = action.reason or f"{source}: beside job {action.host}"
         target = jobs[action.job_id].workers + beside.workers  # its own workers stay
@@ -454,6 +466,20 @@ class LiveExecutor:
             self.orderer.revert()
         if self.admitter is not None:
             self.admitter.release_all()
+
+
+#: Bytes in a GiB.
+GIB = 1 << 30
+
+
+def memory_cap_bytes(host: JobInfo, nodes: Mapping[str, NodeInfo]) -> int:
+    """A sharer's device memory cap beside ``host``: what the host leaves on its tightest node
+    (:func:`~slurm_amoeba.policy.pairing.memory_left`), in bytes; 0 (no cap) when the nodes' GPU memory or the
+    host's own use is unknown, at least 1 byte otherwise (a host that leaves nothing leaves its sharer nothing)."""
+    left = memory_left(host, nodes)
+    if left is None or host.memory_gib is None:
+        return 0
+    return max(1, int(left * GIB))
 
 
 def _log_failure(run: concurrent.futures.Future[None]) -> None:

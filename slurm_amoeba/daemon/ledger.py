@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ class Ledger:
         record = AgentRecord(registration=reg, uid=uid, user=user, registered_at=self.clock())
         if previous is not None:
             record.in_flight, record.backoff_until = previous.in_flight, previous.backoff_until
-            record.history, record.adaptive = previous.history, previous.adaptive
+            record.history, record.adaptive, record.rates = previous.history, previous.adaptive, previous.rates
         elif reg.job_id in self.recovered:
             record.in_flight = self.recovered.pop(reg.job_id)
         record.beside = previous.beside if previous is not None else self.state.shares.get(reg.job_id)
@@ -200,6 +200,43 @@ class Ledger:
                 nodes[node] = max(nodes.get(node, 0), failures)
         if not nodes:
             del self.failing_nodes[agent.job_id]
+
+    def attribute_rates(self, job_types: Mapping[str, str]) -> None:
+        """Take each agent's new report as a sample of its speed alone or beside its partner
+        (:meth:`~.agents.MeasuredRates.observe`), from the daemon's own shares: a sharer computes beside its host,
+        a host beside its one sharer. The pairing is settled when no share is being placed or taken back (neither
+        job has a resize in flight nor reports one), the host has one sharer, and the partner's type is known.
+
+        Args:
+            job_types: job id -> its job type (its Slurm job name, for the jobs that opted in to sharing).
+        """
+        sharers: dict[str, list[AgentRecord]] = {}
+        for agent in self.agents.values():
+            if agent.beside is not None:
+                sharers.setdefault(agent.beside.host, []).append(agent)
+        for agent in self.agents.values():
+            report = agent.report
+            if report is None or report.received_at <= agent.rates.seen_at:
+                continue
+            partner: AgentRecord | None = None
+            settled = agent.in_flight is None
+            if agent.beside is not None:
+                partner = self.agents.get(agent.beside.host)
+                settled = settled and partner is not None
+            elif agent.job_id in sharers:
+                beside = sharers[agent.job_id]
+                partner = beside[0]
+                settled = settled and len(beside) == 1
+            partner_type = None if partner is None else job_types.get(partner.job_id, "")
+            if partner is not None:
+                settled = (
+                    settled
+                    and bool(partner_type)
+                    and partner.in_flight is None
+                    and partner.report is not None
+                    and not partner.report.resizing
+                )
+            agent.rates.observe(report, partner_type, settled)
 
     def forget(self, gone: Collection[str], active: Collection[str]) -> None:
         """Forget ended jobs, and pins, recovered resizes and shares of jobs Slurm no longer runs.

@@ -223,6 +223,8 @@ class RoundLoop:
             return RoundSummary(now, time.perf_counter() - started, 0.0, {}, f"Slurm did not answer: {exc}")
         self.view = view
         self.ledger.expire_resizes(now)  # before the snapshot, which shows jobs with a resize in flight as resizing
+        if self.config.sharing.enabled:  # the new reports' speeds, alone or beside a partner, before the snapshot
+            self.ledger.attribute_rates(opted_in_types(view, self.ledger))
         obs = self.snapshot(view, now)
         self._book_observation(obs, view, now)
         plan = decide(dataclasses.replace(self.policy, draining=self.ledger.state.draining), obs, now)
@@ -258,13 +260,15 @@ class RoundLoop:
             make_room_after_s=self.config.make_room_after_s,
             service=self.service.update(view, now),
             reuse=self.snapshot_cache,
+            sharing=self.config.sharing,
         )
 
     def act(self, plan: Plan, obs: Observation, now: float) -> Executed:
         """The act step: the plan's actions to the executor (a directive is in flight from then on)."""
         jobs = {info.job_id: info for info in obs.snapshot.jobs}
         actions = (*plan.actions, *self.ledger.take_requested_shares())  # an operator's shares (amoebactl share)
-        return self.executor.apply(actions, jobs, obs.managed, source=plan.source, now=now)
+        nodes = {node.name: node for node in obs.snapshot.nodes} if self.config.sharing.enabled else None
+        return self.executor.apply(actions, jobs, obs.managed, source=plan.source, now=now, nodes=nodes)
 
     def _book_observation(self, obs: Observation, view: ClusterView, now: float) -> None:
         self.last_observation = obs
@@ -317,6 +321,16 @@ class _Observing:
         if self._view is None:
             raise RuntimeError("the read of Slurm has not finished; wait for done")
         return self._view
+
+
+def opted_in_types(view: ClusterView, ledger: Ledger) -> dict[str, str]:
+    """Job id -> job type (its Slurm job name) of the registered jobs that opted in to sharing and Slurm shows."""
+    types: dict[str, str] = {}
+    for job_id, agent in ledger.agents.items():
+        records = view.groups.get(job_id)
+        if records and agent.registration.share is not None:
+            types[job_id] = records[0].name
+    return types
 
 
 def update_gauges(metrics: DaemonMetrics, obs: Observation, ledger: Ledger) -> None:

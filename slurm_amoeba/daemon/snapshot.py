@@ -5,12 +5,21 @@ is a pure function made of named steps, each pure and tested on its own:
 
 - :func:`split_satellites`: satellites whose parent is a registered job of the same owner belong to it; satellites
   whose parent is gone are **orphans**; satellites the parent's agent does not list are **unclaimed**;
-- :func:`placeable_nodes`: the nodes of the regular and elastic partitions that have GPUs;
+- :func:`placeable_nodes`: the nodes of the regular and elastic partitions that have GPUs, and with
+  ``sharing.enabled`` those of the sharing partitions (no GPU of theirs free to a policy: Slurm places the opted-in
+  jobs there itself; their hosts' and sharers' workers are placed on them); a node of a partition in
+  ``sharing.gpu_memory_gib`` states its GPUs' memory;
 - :func:`managed_job`: every job the daemon manages (a registered agent whose Slurm job runs) is elastic, sized as
   its agent reports, placed where Slurm says its own allocation and its satellites hold GPUs, and marked
   ``resizing`` while a resize is in flight (the agent's target differs from its size, the daemon ordered one that
   has not arrived, a satellite is still pending, or the agent has not reported lately) so that no policy re-orders
   it;
+- GPU sharing (:func:`sharing_inputs`): a managed job that opted in to sharing has its Slurm job name as its job type
+  (what the co-location prior is keyed by), the device memory its runtime reported, its speeds measured alone and
+  beside each type of partner (:class:`~slurm_amoeba.daemon.agents.MeasuredRates`), and, opportunistic and below its
+  maximum, ``grows_beside``; the snapshot's ``colocation`` is the site's prior for the types present
+  (:meth:`~slurm_amoeba.daemon.config.Sharing.prior`). A job that did not opt in has no job type: no prior and no
+  measurement ever pairs it;
 - :func:`adaptive_inputs`: for a managed job whose runtime reported adaptive-batch statistics, the goodput model
   (:func:`~slurm_amoeba.policy.goodput.model_from_report`) and its best goodput per size
   (:func:`~slurm_amoeba.policy.goodput.goodput_rates`) replace the measured throughput, so that every policy sees
@@ -36,7 +45,9 @@ import functools
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from slurm_amoeba.core.sharing import ShareRole
 from slurm_amoeba.daemon.agents import AdaptiveStats, AgentRecord
+from slurm_amoeba.daemon.config import Sharing
 from slurm_amoeba.daemon.observer import ClusterView, Observation, SatelliteInfo, satellite_parent
 from slurm_amoeba.policy import JobInfo, JobPhase, NodeInfo, Snapshot
 from slurm_amoeba.policy.goodput import GoodputModel, goodput_rates, model_from_report
@@ -118,6 +129,7 @@ def build_snapshot(
     make_room_after_s: float = 0.0,
     service: Mapping[str, float] | None = None,
     reuse: SnapshotCache | None = None,
+    sharing: Sharing | None = None,
 ) -> Observation:
     """Turn Slurm's view and the agents' records into the policy's snapshot (see the module docstring).
 
@@ -146,6 +158,7 @@ def build_snapshot(
             it does not name has attained what its current run has (None: every job).
         reuse: the previous rounds' nodes and jobs (:class:`SnapshotCache`): those whose inputs did not change are
             taken from it instead of being built again (None: build every one).
+        sharing: the site's GPU sharing settings (None: off).
 
     Returns:
         The observation.
@@ -153,7 +166,10 @@ def build_snapshot(
     pins = set(pinned)
     split = split_satellites(view.groups, agents)
     reuse = SnapshotCache() if reuse is None else reuse
-    reuse.start_round(regular_partitions, elastic_partition)
+    sharing = sharing if sharing is not None and sharing.enabled else None
+    reuse.start_round(regular_partitions, elastic_partition, sharing)
+    hosting = {agent.beside.host for agent in agents.values() if agent.beside is not None}
+    job_types: list[str] = []
     placeable = reuse.placeable_nodes(view.nodes)
     cluster_gpus = sum(node.gpus_total for node in placeable)
     jobs: list[JobInfo] = []
@@ -172,7 +188,10 @@ def build_snapshot(
                 stale_after_s=stale_after_s,
                 pinned=key in pins,
                 cluster_gpus=cluster_gpus,
+                sharing=sharing,
+                hosting=key in hosting,
             )
+            job_types.append(info.job_type)
             if service is not None:
                 info = _with_service(info, service)
             managed[key] = info
@@ -188,7 +207,11 @@ def build_snapshot(
     others = [info for info in jobs if info.job_id not in managed]
     free_now = sum(node_info.gpus_free for node_info in nodes)
     return Observation(
-        snapshot=Snapshot(nodes=nodes, jobs=cap_young_pending(jobs, free_now, now, make_room_after_s)),
+        snapshot=Snapshot(
+            nodes=nodes,
+            jobs=cap_young_pending(jobs, free_now, now, make_room_after_s),
+            colocation=sharing.prior(job_types) if sharing is not None else {},
+        ),
         managed=managed,
         orphans=split.orphans,
         unclaimed=split.unclaimed,
@@ -254,24 +277,40 @@ def split_satellites(groups: Mapping[str, Sequence[JobRecord]], agents: Mapping[
 
 
 def placeable_nodes(
-    nodes: Iterable[NodeRecord], regular_partitions: Sequence[str], elastic_partition: str
+    nodes: Iterable[NodeRecord],
+    regular_partitions: Sequence[str],
+    elastic_partition: str,
+    sharing: Sharing | None = None,
 ) -> tuple[NodeInfo, ...]:
-    """The nodes with GPUs in a regular or the elastic partition, each once, named by its first such partition."""
+    """The nodes with GPUs in a regular or the elastic partition (or, with ``sharing``, a sharing partition), each
+    once, named by its first such partition (see :func:`placeable_node`)."""
     regular = set(regular_partitions)
     placeable: dict[str, NodeInfo] = {}
     for node in nodes:
-        info = placeable_node(node, regular, elastic_partition)
+        info = placeable_node(node, regular, elastic_partition, sharing)
         if info is not None and node.name not in placeable:
             placeable[node.name] = info
     return tuple(placeable.values())
 
 
-def placeable_node(node: NodeRecord, regular: Collection[str], elastic_partition: str) -> NodeInfo | None:
-    """The node as the policy sees it, named by its first regular or elastic partition; None without GPUs there."""
+def placeable_node(
+    node: NodeRecord, regular: Collection[str], elastic_partition: str, sharing: Sharing | None = None
+) -> NodeInfo | None:
+    """The node as the policy sees it, named by its first regular or elastic partition; None without GPUs there.
+
+    With ``sharing`` (enabled), a node of a sharing partition only is placeable too, with no GPU free (Slurm places
+    the opted-in jobs there itself), and a node of a partition in ``sharing.gpu_memory_gib`` states its GPUs' memory
+    (the smallest, when it is in several)."""
     parts = [part for part in node.partitions if part in regular or part == elastic_partition]
+    free = node.gpus_free
+    if sharing is not None and not parts:
+        parts = [part for part in node.partitions if sharing.limit(part) > 0]
+        free = 0
     if not parts or node.gpus_total <= 0:
         return None
-    return NodeInfo(node.name, node.gpus_total, node.gpus_free, parts[0])
+    sizes = sharing.gpu_memory_gib if sharing is not None else {}
+    memory = [sizes[part] for part in node.partitions if part in sizes]
+    return NodeInfo(node.name, node.gpus_total, free, parts[0], min(memory) if memory else None)
 
 
 def unmanaged_job(
@@ -438,6 +477,8 @@ def managed_job(
     now: float,
     *,
     cluster_gpus: int | None = None,
+    sharing: Sharing | None = None,
+    hosting: bool = False,
 ) -> tuple[JobInfo, dict[str, int]]:
     """A managed elastic job as the policy sees it, and node -> GPUs it is giving back (see :func:`build_snapshot`).
 
@@ -455,6 +496,8 @@ def managed_job(
         now: the daemon's clock.
         cluster_gpus: GPUs of the placeable nodes: an adaptive job's goodput is tabled up to the sizes that fit
             (None: up to its maximum).
+        sharing: the site's GPU sharing settings when sharing is on (None: off; no sharing inputs).
+        hosting: another job's workers run beside this job's (a share the daemon ordered).
 
     Returns:
         The job, and node -> GPUs it is giving back.
@@ -488,6 +531,15 @@ def managed_job(
     min_workers = min(max(reg.min_workers, feasible), max(reg.max_workers, 1))
     first = min(records, key=lambda r: r.het_job_offset)
     started = float(first.start_time) if first.start_time else now
+    shares = sharing_inputs(
+        agent,
+        first.name,
+        workers,
+        min_workers,
+        report.memory_gib if report is not None and fresh else None,
+        sharing=sharing,
+        hosting=hosting or resizing or pinned,
+    )
     info = JobInfo(
         job_id=key,
         state=JobPhase.RUNNING,
@@ -510,8 +562,62 @@ def managed_job(
         adaptive=model,
         batch=batch,
         lent=lent_workers(satellites, reg.gpus_per_worker) if satellites else {},
+        job_type=shares.job_type,
+        solo_rate=shares.solo_rate,
+        shared_rates=shares.shared_rates,
+        memory_gib=shares.memory_gib,
+        grows_beside=shares.grows_beside,
     )
     return info, leaving
+
+
+@dataclasses.dataclass(frozen=True)
+class SharingInputs:
+    """What the sharing policies read of a managed job (see :func:`sharing_inputs`)."""
+
+    job_type: str = ""
+    solo_rate: float | None = None
+    shared_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    memory_gib: float | None = None
+    grows_beside: bool = False
+
+
+def sharing_inputs(
+    agent: AgentRecord,
+    name: str,
+    workers: int,
+    requested: int,
+    memory_gib: float | None,
+    *,
+    sharing: Sharing | None,
+    hosting: bool,
+) -> SharingInputs:
+    """A managed job's job type, measured speeds, device memory and whether it may grow beside a host.
+
+    Args:
+        agent: its registered agent (its opt-in, its share, its measured rates).
+        name: its Slurm job name: the job type of a job that opted in.
+        workers: its size now.
+        requested: the workers a share places beside a host (its ``requested_workers``).
+        memory_gib: the device memory one worker peaked at, from its fresh report (None: unknown).
+        sharing: the site's sharing settings, None when sharing is off.
+        hosting: another job runs beside it, or it must be left alone (resizing, pinned): it does not grow beside.
+
+    Returns:
+        Its inputs; empty ones for a job that did not opt in (or with sharing off). The rates are those at the
+        size the pairing compares: its size now, or for a job that may grow beside a host its size afterwards.
+    """
+    reg = agent.registration
+    if sharing is None or reg.share is None:
+        return SharingInputs()
+    grows = (
+        reg.share == ShareRole.OPPORTUNISTIC.value
+        and agent.beside is None
+        and not hosting
+        and workers + requested <= reg.max_workers
+    )
+    solo, shared = agent.rates.at(workers + requested if grows else workers)
+    return SharingInputs(name, solo, shared, memory_gib, grows)
 
 
 def lent_workers(satellites: Iterable[JobRecord], gpus_per_worker: int) -> dict[str, int]:
@@ -573,7 +679,7 @@ class SnapshotCache:
     """
 
     def __init__(self) -> None:
-        self._partitions: tuple[tuple[str, ...], str] = ((), "")
+        self._partitions: tuple[tuple[str, ...], str, Sharing | None] = ((), "", None)
         self._nodes: dict[str, tuple[NodeRecord, NodeInfo | None]] = {}
         self._jobs: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
         self._asked: dict[str, tuple[Sequence[JobRecord], bool, JobInfo | None]] = {}
@@ -582,9 +688,12 @@ class SnapshotCache:
         self.built = 0
         self.reused = 0
 
-    def start_round(self, regular_partitions: Sequence[str], elastic_partition: str) -> None:
-        """Begin a round: what the last round did not ask for is forgotten; new partitions (a reload) empty it."""
-        partitions = (tuple(regular_partitions), elastic_partition)
+    def start_round(
+        self, regular_partitions: Sequence[str], elastic_partition: str, sharing: Sharing | None = None
+    ) -> None:
+        """Begin a round: what the last round did not ask for is forgotten; new partitions or sharing settings (a
+        reload) empty it."""
+        partitions = (tuple(regular_partitions), elastic_partition, sharing)
         if partitions != self._partitions:
             self._partitions = partitions
             self._nodes, self._asked, self._managed_asked = {}, {}, {}
@@ -594,7 +703,7 @@ class SnapshotCache:
 
     def placeable_nodes(self, nodes: Iterable[NodeRecord]) -> tuple[NodeInfo, ...]:
         """:func:`placeable_nodes` for this round's partitions, reusing each node whose record did not change."""
-        regular, elastic = set(self._partitions[0]), self._partitions[1]
+        regular, elastic, sharing = set(self._partitions[0]), self._partitions[1], self._partitions[2]
         previous, self._nodes = self._nodes, {}
         placeable: dict[str, NodeInfo] = {}
         for node in nodes:
@@ -603,7 +712,7 @@ class SnapshotCache:
                 info = known[1]
                 self.reused += 1
             else:
-                info = placeable_node(node, regular, elastic)
+                info = placeable_node(node, regular, elastic, sharing)
                 self.built += 1
             self._nodes[node.name] = (node, info)
             if info is not None and node.name not in placeable:
@@ -639,12 +748,15 @@ class SnapshotCache:
         stale_after_s: float,
         pinned: bool,
         cluster_gpus: int,
+        sharing: Sharing | None = None,
+        hosting: bool = False,
     ) -> tuple[JobInfo, dict[str, int]]:
         """:func:`managed_job`, reusing last round's job where everything it is built from is equal: Slurm's records
         and satellites, and of its agent the registration, what the latest report says (size, target, throughput
         measured and predicted, smallest feasible size: a report alike that came later changes nothing), the
-        adaptive statistics, the size of a resize in flight, whether its report is fresh and whether it is backed off
-        (its time-dependent fields brought up to ``now``)."""
+        adaptive statistics, the size of a resize in flight, whether its report is fresh and whether it is backed off,
+        and for sharing its memory, measured rates, share and whether it hosts one (its time-dependent fields brought
+        up to ``now``)."""
         in_flight, report = agent.in_flight, agent.report
         fresh = agent.is_fresh(now, stale_after_s)  # the one use of the report's time: a new report alike reuses
         inputs: tuple[object, ...] = (
@@ -661,6 +773,10 @@ class SnapshotCache:
             agent.backoff_until > now,
             pinned,
             cluster_gpus,
+            None if report is None else report.memory_gib,
+            agent.rates.version,
+            agent.beside,
+            hosting,
         )
         known = self._managed.get(key)
         if known is not None and known[0] == inputs:
@@ -672,7 +788,16 @@ class SnapshotCache:
             self.reused += 1
         else:
             info, leaving = managed_job(
-                key, records, satellites, agent, pinned, stale_after_s, now, cluster_gpus=cluster_gpus
+                key,
+                records,
+                satellites,
+                agent,
+                pinned,
+                stale_after_s,
+                now,
+                cluster_gpus=cluster_gpus,
+                sharing=sharing,
+                hosting=hosting,
             )
             self.built += 1
         self._managed_asked[key] = (inputs, info, leaving)

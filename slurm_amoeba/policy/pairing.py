@@ -13,7 +13,7 @@ speeds of a paced pair from :func:`paced_fractions`. Everything here is a pure f
 - **The sub-batch search** (:func:`fitting_micro_batches`, :func:`plan_pair`): the sharer runs a micro-batch and
   gradient accumulation that keep its global batch (``JobInfo.micro_batches``); only micro-batches whose memory fits
   what the host leaves on the device (``NodeInfo.gpu_memory_gib - host.memory_gib``) are tried, and the one of
-  largest benefit is taken.
+  largest benefit is taken. A sharer without profiles keeps its own micro-batch (:func:`sharer_options`).
 - **Opportunistic pacing** (AntMan, OSDI'20; :func:`paced_fractions`): the sharer yields computation so that the
   host keeps at least ``1 - bound`` of its exclusive speed; its own slowdown grows accordingly.
 - **Reclaiming** (:func:`reclaims`): a sharer that no longer fits the memory its host leaves shrinks its
@@ -130,16 +130,16 @@ class PairPlan:
 
     Attributes:
         host: the running job.
-        sub_batch: the sharer's micro-batch (a key of its ``micro_batches``).
-        accumulation: the sharer's micro-steps per optimizer step with it.
+        sub_batch: the sharer's micro-batch (a key of its ``micro_batches``); ``None``: its own.
+        accumulation: the sharer's micro-steps per optimizer step with it; ``None`` with ``sub_batch``.
         keep_sharer: fraction of its solo speed (at its own micro-batch) the sharer keeps, sub-batch included.
         keep_host: fraction of its solo speed the host keeps.
         benefit: seconds of summed completion time saved (``BENEFIT``), or ``keep_sharer`` (``OPPORTUNISTIC``).
     """
 
     host: JobInfo
-    sub_batch: int
-    accumulation: int
+    sub_batch: int | None
+    accumulation: int | None
     keep_sharer: float
     keep_host: float
     benefit: float
@@ -183,6 +183,18 @@ def fitting_micro_batches(sharer: JobInfo, left_gib: float | None) -> list[tuple
         ),
         key=lambda item: -item[0],
     )
+
+
+def sharer_options(sharer: JobInfo, left_gib: float | None) -> list[tuple[int | None, MicroBatch]]:
+    """The micro-batches :func:`plan_pair` tries for a sharer: its profiles that fit (:func:`fitting_micro_batches`),
+    or, for a sharer without profiles (the live daemon knows none), its own micro-batch (``None``) at full speed,
+    where the memory it uses (when known) fits ``left_gib`` and the host leaves some."""
+    if sharer.micro_batches:
+        return list(fitting_micro_batches(sharer, left_gib))
+    used = sharer.memory_gib
+    if left_gib is not None and (left_gib <= 0.0 or (used is not None and used > left_gib)):
+        return []
+    return [(None, MicroBatch(1.0, used or 0.0, 1))]
 
 
 def remaining_seconds(job: JobInfo, workers: int | None = None) -> float | None:
@@ -236,14 +248,15 @@ def plan_pair(
             continue
         if mode is ShareMode.OPPORTUNISTIC:
             keep_host, keep_mine = paced_fractions(keep_host, keep_mine, pace_bound)
-        for size, profile in fitting_micro_batches(sharer, memory_left(host, nodes)):
+        for size, profile in sharer_options(sharer, memory_left(host, nodes)):
             keep = keep_mine * profile.speed
             if mode is ShareMode.OPPORTUNISTIC or mine is None or theirs is None:  # both known under BENEFIT
                 score = keep
             else:
                 score = sharing_benefit(mine, theirs, keep, keep_host)
             if score > 0.0 and (best is None or score > best.benefit):
-                best = PairPlan(host, size, profile.accumulation, keep, keep_host, score)
+                accumulation = None if size is None else profile.accumulation
+                best = PairPlan(host, size, accumulation, keep, keep_host, score)
     return best
 
 

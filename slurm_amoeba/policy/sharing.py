@@ -8,13 +8,15 @@ Policies of the control and simulation flows (DESIGN.md); the pairing rules they
   first. Pending jobs, shortest first (remaining time at the requested size: the simulator's oracle or the runtime's
   estimate, else what the time limit leaves), start exclusively when their requested size is free; no running job
   is ever preempted for another's start. A pending job that does not fit may run on the GPUs of a running job
-  that runs exclusively and has no partner, with the sharer's micro-batch and gradient accumulation searched so
-  that it fits the memory the host leaves (:func:`~slurm_amoeba.policy.pairing.plan_pair`): SJF-BSBF pairs only
+  that runs exclusively, has no partner and is neither resizing nor pinned, with the sharer's micro-batch and
+  gradient accumulation searched so that it fits the memory the host leaves
+  (:func:`~slurm_amoeba.policy.pairing.plan_pair`): SJF-BSBF pairs only
   when the pair's summed completion time falls, best benefit first; AntMan pairs whenever the sharer makes
   progress while paced so that the host keeps ``1 - pace_bound`` of its speed (with ``promote``, it also moves a
   sharer onto GPUs of its own, a :class:`Place`, once its requested size is free). Both shrink or evict a sharer
   when its host needs its memory back (:func:`~slurm_amoeba.policy.pairing.reclaims`); AntMan also evicts one whose
-  host measurably lost more than its bound.
+  host measurably lost more than its bound. A running job that may grow beside a host (``JobInfo.grows_beside``,
+  the live daemon's opportunistic jobs) is paired as a waiting job is, in the same shortest-first order.
 - **SJF-FFS** (``sjf-ffs``, :class:`SjfSharingPolicy`; first-fit sharing) admits jobs shortest remaining time first
   with their requested size, preempting running jobs that lose their place, exactly as
   :class:`~slurm_amoeba.policy.srtf.SrtfPolicy` does; a pending job left waiting shares the GPUs of the first
@@ -50,6 +52,21 @@ def shortest_first_key(job: JobInfo) -> tuple[float, float, str]:
     else what the time limit leaves, else last), then submit order."""
     remaining = remaining_seconds(job)
     return (math.inf if remaining is None else remaining, job.submit_time, job.job_id)
+
+
+def growing_beside(snapshot: Snapshot) -> list[JobInfo]:
+    """Running jobs whose further workers may run beside a host (``JobInfo.grows_beside``: the live daemon's
+    opportunistic jobs), paired as a waiting job is: not pinned, resizing or sharing, hosting nobody."""
+    hosting = {job.shared_with for job in snapshot.jobs if job.shared_with is not None}
+    return [
+        job
+        for job in snapshot.running()
+        if job.grows_beside
+        and not job.pinned
+        and not job.resizing
+        and job.shared_with is None
+        and job.job_id not in hosting
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,22 +129,25 @@ class PairingPolicy:
         decided.update(action.job_id for action in starts)
         if self.mode is ShareMode.OPPORTUNISTIC and self.promote:
             decisions.extend(self._promote(snapshot, starts, decided))
-        hosts = open_hosts(snapshot, decided)
-        for job in waiting:
+        # a host being resized or pinned is left alone (the daemon takes a sharer back from a host that changes)
+        hosts = [host for host in open_hosts(snapshot, decided) if not host.resizing and not host.pinned]
+        for job in sorted([*waiting, *growing_beside(snapshot)], key=shortest_first_key):
             if job.job_id in decided:
                 continue
-            plan = plan_pair(job, hosts, snapshot, self.mode, self.pace_bound)
+            plan = plan_pair(job, [host for host in hosts if host is not job], snapshot, self.mode, self.pace_bound)
             if plan is None:
                 continue
-            hosts.remove(plan.host)
+            hosts = [host for host in hosts if host is not plan.host and host is not job]
+            decided.update((job.job_id, plan.host.job_id))  # a host is no sharer, a sharer no host, in one answer
+            own = "its own micro-batch" if plan.sub_batch is None else f"micro-batch {plan.sub_batch}"
             decisions.append(
                 Share(
                     job.job_id,
                     plan.host.job_id,
                     job.requested_workers,
                     placement_within(plan.host, job.requested_workers),
-                    f"{self.name}: beside {plan.host.job_id} with micro-batch {plan.sub_batch} x "
-                    f"{plan.accumulation} (keeps {plan.keep_sharer:.0%}, host {plan.keep_host:.0%})",
+                    f"{self.name}: beside {plan.host.job_id} with {own} x {plan.accumulation or 1} "
+                    f"(keeps {plan.keep_sharer:.0%}, host {plan.keep_host:.0%})",
                     sub_batch=plan.sub_batch,
                     accumulation=plan.accumulation,
                     pace_bound=bound,

@@ -131,9 +131,13 @@ class JobInfo:
             of that type; together with ``solo_rate`` it overrides ``Snapshot.colocation`` for the pair
             (:func:`slurm_amoeba.policy.pairing.kept_fraction`).
         micro_batches: micro-batch -> how the job runs with it (:class:`MicroBatch`), at its requested size; what
-            the sharing policies search for a sharer's sub-batch. Empty when unknown (the job is then never
-            placed beside another by a policy that searches).
+            the sharing policies search for a sharer's sub-batch. Empty when unknown: the job then keeps its own
+            micro-batch beside a host, where its ``memory_gib`` (when known) fits what the host leaves.
         memory_gib: device memory one worker of the job uses now (GiB); ``None`` when unknown.
+        grows_beside: a running job whose further workers may run beside another job's (the daemon: an elastic job
+            that opted in as opportunistic, below its maximum, placed beside nobody yet); the sharing policies pair
+            ``requested_workers`` more of its workers as they pair a waiting job. ``False`` in the simulator, whose
+            sharers wait.
     """
 
     job_id: str
@@ -166,6 +170,7 @@ class JobInfo:
     shared_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     micro_batches: Mapping[int, MicroBatch] = dataclasses.field(default_factory=dict)
     memory_gib: float | None = None
+    grows_beside: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:

@@ -259,6 +259,18 @@ def test_a_shares_directive_caps_the_sharers_memory_at_what_the_host_leaves_on_i
     assert sent.place_beside.status_path == str(host_status_path("10"))
 
 
+def test_a_second_job_is_never_placed_beside_a_host_that_has_a_sharer_already() -> None:
+    ledger = Ledger(parse_config({}), DaemonMetrics(), lambda: NOW)
+    for job_id, mode in (("10", "guaranteed"), ("11", "opportunistic"), ("12", "opportunistic")):
+        ledger.register(registered(job_id, mode).registration, ME, "alice")
+        ledger.agents[job_id].report = report(at=NOW)
+    ledger.agents["11"].beside = Beside("10", "share", {"s1": 1}, "opportunistic", ME, "/x")
+    executor = LiveExecutor(ledger, RecordingActuator(), DaemonMetrics(), sharing=SHARING)
+    jobs = {job_id: info(job_id, 1, placement={"s1": 1}, low=1, high=2) for job_id in ("10", "11", "12")}
+    why = executor.share_refusal(act.Share("12", "10", 1, {"s1": 1}), jobs, set(jobs))
+    assert why.startswith("host job 10 has job 11 beside it already: a host has one sharer job at a time")
+
+
 def test_no_cap_is_sent_where_the_gpus_memory_or_the_hosts_own_use_is_unknown() -> None:
     host = info("10", 1, placement={"s1": 1}, low=1, high=2, memory_gib=30.0)
     assert memory_cap_bytes(host, {"s1": NodeInfo("s1", 4, 0, "share", None)}) == 0

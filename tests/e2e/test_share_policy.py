@@ -17,19 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from slurm_amoeba.slurm import CliSlurmClient
 from tests.conftest import ClusterHandle
 from tests.e2e import test_share
-from tests.e2e.test_share import (
-    SHARE_PARTITION,
-    controller_address,
-    satellites,
-    share_events,
-    submit,
-    workers_record,
-)
+from tests.e2e.test_share import SHARE_PARTITION, opted_in_pair, satellites, share_events, workers_record
 from tests.integration.daemon_helpers import DaemonProcess, end_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
@@ -47,17 +38,8 @@ def test_antman_places_an_opted_in_sharer_beside_a_host_on_its_own_and_takes_the
     env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    daemon = DaemonProcess(slurm_cluster, tmp_path, host=controller_address(slurm_cluster), policy="antman")
-    doc = yaml.safe_load(daemon.config.read_text())
-    doc["sharing"] = {"enabled": True, "partitions": {SHARE_PARTITION: 4}}
-    daemon.config.write_text(yaml.safe_dump(doc))
-    daemon.start()
-    client = CliSlurmClient(env)
-    host = sharer = ""
-    try:
-        host = submit(slurm_cluster, env, tmp_path, daemon.endpoint, "guaranteed", "host")
-        wait_until("the host's worker to run", lambda: workers_record(client, host) is not None, 90)
-        sharer = submit(slurm_cluster, env, tmp_path, daemon.endpoint, "opportunistic", "sharer")
+    with opted_in_pair(slurm_cluster, env, tmp_path, "antman") as pair:
+        daemon, client, host, sharer = pair.daemon, pair.client, pair.host, pair.sharer
         host_workers = workers_record(client, host)
         assert host_workers is not None and host_workers.partition == SHARE_PARTITION
         (node,) = host_workers.nodes
@@ -86,9 +68,4 @@ def test_antman_places_an_opted_in_sharer_beside_a_host_on_its_own_and_takes_the
         wait_until("the sharer's satellite beside the host to be released", lambda: not satellites(client, sharer), 120)
         wait_until("the sharer to be back at its own worker", lambda: sizes(daemon).get(sharer) == (1, 1), 90)
         assert f"host job {host} is gone" in daemon.log_text()
-        host = ""
-    finally:
-        daemon.stop()
-        for job_id in (sharer, host):
-            if job_id:
-                end_job(client, job_id)
+        pair.host = ""  # ended

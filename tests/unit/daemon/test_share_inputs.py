@@ -21,7 +21,7 @@ from slurm_amoeba.daemon.executor import GIB, LiveExecutor, memory_cap_bytes
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
-from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
 from slurm_amoeba.policy import JobInfo, NodeInfo
 from slurm_amoeba.policy.colocation import packaged_gavel_table, read_colocation
 from slurm_amoeba.slurm import JobRecord
@@ -148,6 +148,32 @@ def test_opted_in_jobs_carry_their_job_name_memory_and_rates_and_the_sharing_nod
     off = observe_sharing(view, {"10": host, "11": sharer, "12": plain}, None)
     assert off.colocation == {} and "s1" not in {n.name for n in off.nodes}
     assert all((j.job_type, j.memory_gib, j.grows_beside) == ("", None, False) for j in off.jobs)
+
+
+def test_the_snapshot_cache_builds_a_managed_job_again_when_its_measured_rates_or_its_memory_change() -> None:
+    host = registered("10", "guaranteed")
+    host.accept_report(report(memory_gib=30.0, at=NOW - 1))
+    view, cache = share_view(share_job(10, "cifar10")), SnapshotCache()
+
+    def observed() -> JobInfo:
+        return build_snapshot(
+            view,
+            {"10": host},
+            pinned=(),
+            regular_partitions=["batch"],
+            elastic_partition="elastic",
+            stale_after_s=10.0,
+            now=NOW,
+            sharing=SHARING,
+            reuse=cache,
+        ).snapshot.job("10")
+
+    first = observed()
+    assert observed() is first, "nothing changed: reused"
+    host.rates.solo[1], host.rates.version = 120.0, host.rates.version + 1
+    assert observed().solo_rate == 120.0
+    host.accept_report(report(memory_gib=40.0, at=NOW - 0.5))
+    assert observed().memory_gib == 40.0
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
 from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
-from slurm_amoeba.policy import JobInfo, NodeInfo
+from slurm_amoeba.policy import JobInfo, NodeInfo, Snapshot
 from slurm_amoeba.policy.colocation import packaged_gavel_table, read_colocation
 from slurm_amoeba.slurm import JobRecord
 from tests.unit.daemon.fakes import ME, FakeSlurm, job, node, register_body, report_body
@@ -114,7 +114,12 @@ def share_view(*records: JobRecord) -> ClusterView:
     return ClusterView(records, (node("n1"), node("s1", partitions=("share",))), NOW)
 
 
-def observe_sharing(view: ClusterView, agents: dict[str, AgentRecord], sharing: Sharing | None = SHARING) -> Any:
+def observe_sharing(
+    view: ClusterView,
+    agents: dict[str, AgentRecord],
+    sharing: Sharing | None = SHARING,
+    reuse: SnapshotCache | None = None,
+) -> Snapshot:
     return build_snapshot(
         view,
         agents,
@@ -124,6 +129,7 @@ def observe_sharing(view: ClusterView, agents: dict[str, AgentRecord], sharing: 
         stale_after_s=10.0,
         now=NOW,
         sharing=sharing,
+        reuse=reuse,
     ).snapshot
 
 
@@ -156,17 +162,7 @@ def test_the_snapshot_cache_builds_a_managed_job_again_when_its_measured_rates_o
     view, cache = share_view(share_job(10, "cifar10")), SnapshotCache()
 
     def observed() -> JobInfo:
-        return build_snapshot(
-            view,
-            {"10": host},
-            pinned=(),
-            regular_partitions=["batch"],
-            elastic_partition="elastic",
-            stale_after_s=10.0,
-            now=NOW,
-            sharing=SHARING,
-            reuse=cache,
-        ).snapshot.job("10")
+        return observe_sharing(view, {"10": host}, reuse=cache).job("10")
 
     first = observed()
     assert observed() is first, "nothing changed: reused"

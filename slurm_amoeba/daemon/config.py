@@ -15,7 +15,7 @@ import ipaddress
 import itertools
 import pwd
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -175,12 +175,38 @@ class Sharing:
         """The most sharer workers beside one host per node in ``partition`` (0: none)."""
         return self.partitions.get(partition, 0) if self.enabled else 0
 
-    def prior(self, job_types: Iterable[str]) -> dict[tuple[str, str], float]:
-        """``Snapshot.colocation`` for jobs of these types: the table's entry for each ordered pair, else
-        ``default_kept`` (empty types are left out: a job without one is never paired)."""
-        kinds = sorted({kind for kind in job_types if kind})
-        table, default = self.colocation, self.default_kept
-        return {(mine, theirs): table.get((mine, theirs), default) for mine in kinds for theirs in kinds}
+    def prior(self, job_types: Iterable[str]) -> ColocationPrior:
+        """``Snapshot.colocation`` for jobs of these types (:class:`ColocationPrior`; empty types are left out: a job
+        without one is never paired)."""
+        return ColocationPrior(self.colocation, self.default_kept, frozenset(kind for kind in job_types if kind))
+
+
+class ColocationPrior(Mapping[tuple[str, str], float]):
+    """The co-location prior over the job types of one snapshot: each ordered pair of them maps to the table's entry,
+    else to ``default``; a pair with a type outside ``types`` is not in it. Looked up pair by pair (a snapshot of
+    many job types never builds its square).
+
+    Args:
+        table: (job type, partner type) -> fraction kept, measured.
+        default: the fraction for a pair the table lacks.
+        types: the job types present.
+    """
+
+    def __init__(self, table: Mapping[tuple[str, str], float], default: float, types: frozenset[str]) -> None:
+        self._table, self._default, self._types = table, default, types
+
+    def __getitem__(self, pair: tuple[str, str]) -> float:
+        mine, theirs = pair
+        if mine not in self._types or theirs not in self._types:
+            raise KeyError(pair)
+        return self._table.get(pair, self._default)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        kinds = sorted(self._types)
+        return ((mine, theirs) for mine in kinds for theirs in kinds)
+
+    def __len__(self) -> int:
+        return len(self._types) ** 2
 
 
 @dataclasses.dataclass(frozen=True)

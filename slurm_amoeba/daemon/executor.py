@@ -19,23 +19,24 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
 - :class:`~slurm_amoeba.policy.actions.Start` and :class:`~slurm_amoeba.policy.actions.Preempt`: the live world's
   scheduler is Slurm, which starts and preempts jobs itself; they are recorded (a counter, a debug line), nothing is
   sent.
-- :class:`~slurm_amoeba.policy.actions.Share` (GPU sharing, docs/admin.md section 8e), only with
-  ``sharing.enabled``: a directive to the sharer's agent whose ``place_beside`` puts its new workers beside the
-  host, in satellites of one shard on the host's nodes. Applied only when both jobs' agents registered as opted in
-  (the sharer ``opportunistic``), the host's sharing partition allows that many sharer workers per node
-  (``sharing.partitions``), the nodes are the host's, and the sharer keeps its own workers: ``placement`` is the
-  sharer's workers to place beside the host, ``workers`` its size afterwards or (as the simulator's shares of a
-  pending job have it) the same as ``placement``'s; :meth:`LiveExecutor.share_refusal` says why not, and the action
-  is skipped. The directive also carries what the sharer's workers pace with: the host's uid (its registration's)
-  and node-local status file (:func:`~slurm_amoeba.core.sharing.host_status_path`), the policy's ``pace_bound``
-  and ``sub_batch``, and the sharer's device memory cap: what the host leaves on its tightest node
+- :class:`~slurm_amoeba.policy.actions.Share` (GPU sharing, docs/admin.md section 8e), only with ``sharing.enabled``:
+  a directive to the sharer's agent whose ``place_beside`` puts its new workers beside the host, in satellites of one
+  shard on the host's nodes. Applied only when both jobs' agents registered as opted in (the sharer
+  ``opportunistic``), the host's sharing partition allows that many sharer workers per node (``sharing.partitions``),
+  no other job runs beside the host (one sharer job per host, as a policy's answer has it: the snapshot does not show
+  who hosts), the nodes are the host's, and the sharer keeps its own workers: ``placement`` is the sharer's workers to
+  place beside the host, ``workers`` its size afterwards or (as the simulator's shares of a pending job have it) the
+  same as ``placement``'s; :meth:`LiveExecutor.share_refusal` says why not, and the action is skipped. The directive
+  also carries what the sharer's workers pace with: the host's uid (its registration's) and node-local status file
+  (:func:`~slurm_amoeba.core.sharing.host_status_path`), the policy's ``pace_bound`` and ``sub_batch``, and the
+  sharer's device memory cap: what the host leaves on its tightest node
   (:func:`~slurm_amoeba.policy.pairing.memory_left`: ``sharing.gpu_memory_gib`` less the memory the host's runtime
-  reported), none when either is unknown. The place is taken back — a directive to the sharer with
-  its own workers as the target, whose agent lets the workers beside the host leave first — when the policy
-  shrinks the sharer, and by the executor itself when the host is resized or moved (by the policy or by
-  ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the
-  snapshot does not mark the sharer ``shared_with``, which the policies read as the whole job running on the host's
-  GPUs, while a live sharer keeps its own workers beside those it placed with the host.
+  reported), none when either is unknown. The place is taken back — a directive to the sharer with its own workers as
+  the target, whose agent lets the workers beside the host leave first — when the policy shrinks the sharer, and by
+  the executor itself when the host is resized or moved (by the policy or by ``amoebactl resize``), or is gone. The
+  ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the snapshot does not mark the sharer
+  ``shared_with``, which the policies read as the whole job running on the host's GPUs, while a live sharer keeps its
+  own workers beside those it placed with the host.
 - :class:`~slurm_amoeba.policy.actions.Place` is refused, and so is ``Share`` while ``sharing.enabled`` is off: a
   policy that can emit them is refused when the daemon is configured (:func:`live_refusal`), with the reason.
 
@@ -330,6 +331,14 @@ class LiveExecutor:
                     f"{count + sharing_now.get(node, 0)} sharer worker(s) beside job {host} on {node} is over "
                     f"sharing.partitions.{host_reg.share_partition} = {limit}"
                 )
+        beside_host = sorted(
+            job for job, agent in self.ledger.agents.items() if agent.beside and agent.beside.host == host
+        )
+        if beside_host:
+            return (
+                f"host job {host} has job {beside_host[0]} beside it already: a host has one sharer job at a time "
+                "(its place is free again once that share is taken back)"
+            )
         return ""
 
     def _sharers_on_nodes(self, host: str) -> dict[str, int]:

@@ -139,14 +139,18 @@ class PairingPolicy:
                 continue
             hosts = [host for host in hosts if host is not plan.host and host is not job]
             decided.update((job.job_id, plan.host.job_id))  # a host is no sharer, a sharer no host, in one answer
-            own = "its own micro-batch" if plan.sub_batch is None else f"micro-batch {plan.sub_batch}"
+            batch = (
+                "its own micro-batch"
+                if plan.sub_batch is None
+                else f"micro-batch {plan.sub_batch} x {plan.accumulation}"
+            )
             decisions.append(
                 Share(
                     job.job_id,
                     plan.host.job_id,
                     job.requested_workers,
                     placement_within(plan.host, job.requested_workers),
-                    f"{self.name}: beside {plan.host.job_id} with {own} x {plan.accumulation or 1} "
+                    f"{self.name}: beside {plan.host.job_id} with {batch} "
                     f"(keeps {plan.keep_sharer:.0%}, host {plan.keep_host:.0%})",
                     sub_batch=plan.sub_batch,
                     accumulation=plan.accumulation,

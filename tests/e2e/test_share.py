@@ -12,9 +12,12 @@ Needs the cluster started with the sharing partition (scripts/slurm-cluster's de
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,20 +80,50 @@ def share_events(daemon: DaemonProcess, job_id: str, kind: str) -> list[dict[str
     return [e for e in job["history"] if e.get("event") == kind]
 
 
-def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_the_hosts_resize_takes_it_back(
-    slurm_cluster: ClusterHandle, env: dict[str, str], tmp_path: Path
-) -> None:
-    daemon = DaemonProcess(slurm_cluster, tmp_path, host=controller_address(slurm_cluster), policy="slurm")
+@dataclasses.dataclass
+class Pair:
+    """Two opted-in jobs on the sharing partition under a daemon with sharing on (:func:`opted_in_pair`).
+
+    Attributes:
+        daemon: the daemon.
+        client: Slurm's commands.
+        host: the ``guaranteed`` job; "" once the test ended it.
+        sharer: the ``opportunistic`` job.
+    """
+
+    daemon: DaemonProcess
+    client: CliSlurmClient
+    host: str = ""
+    sharer: str = ""
+
+
+@contextlib.contextmanager
+def opted_in_pair(cluster: ClusterHandle, env: dict[str, str], workdir: Path, policy: str) -> Iterator[Pair]:
+    """``amoebad`` with ``policy`` and sharing on (up to 4 sharers per node in the sharing partition), the host
+    submitted and running its worker, then the sharer submitted; both jobs ended and the daemon stopped after."""
+    daemon = DaemonProcess(cluster, workdir, host=controller_address(cluster), policy=policy)
     doc = yaml.safe_load(daemon.config.read_text())
     doc["sharing"] = {"enabled": True, "partitions": {SHARE_PARTITION: 4}}
     daemon.config.write_text(yaml.safe_dump(doc))
     daemon.start()
-    client = CliSlurmClient(env)
-    host = sharer = ""
+    pair = Pair(daemon, CliSlurmClient(env))
     try:
-        host = submit(slurm_cluster, env, tmp_path, daemon.endpoint, "guaranteed", "host")
-        wait_until("the host's worker to run", lambda: workers_record(client, host) is not None, 90)
-        sharer = submit(slurm_cluster, env, tmp_path, daemon.endpoint, "opportunistic", "sharer")
+        pair.host = submit(cluster, env, workdir, daemon.endpoint, "guaranteed", "host")
+        wait_until("the host's worker to run", lambda: workers_record(pair.client, pair.host) is not None, 90)
+        pair.sharer = submit(cluster, env, workdir, daemon.endpoint, "opportunistic", "sharer")
+        yield pair
+    finally:
+        daemon.stop()
+        for job_id in (pair.sharer, pair.host):
+            if job_id:
+                end_job(pair.client, job_id)
+
+
+def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_the_hosts_resize_takes_it_back(
+    slurm_cluster: ClusterHandle, env: dict[str, str], tmp_path: Path
+) -> None:
+    with opted_in_pair(slurm_cluster, env, tmp_path, "slurm") as pair:
+        daemon, client, host, sharer = pair.daemon, pair.client, pair.host, pair.sharer
         wait_until("the sharer's worker to run", lambda: workers_record(client, sharer) is not None, 90)
         wait_until(
             "both jobs to report their first generation of 1 worker",
@@ -141,8 +174,3 @@ def test_an_operators_share_puts_the_sharer_on_the_hosts_gpu_with_a_shard_and_th
         )
         assert cleared[-1]["workers"] == told[-1]["workers"] and cleared[-1]["partner_status_path"] == ""
         assert workers_record(client, host) is not None, "the host never failed"
-    finally:
-        daemon.stop()
-        for job_id in (sharer, host):
-            if job_id:
-                end_job(client, job_id)

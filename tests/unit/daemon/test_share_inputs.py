@@ -21,8 +21,8 @@ from slurm_amoeba.daemon.executor import GIB, LiveExecutor, memory_cap_bytes
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
-from slurm_amoeba.daemon.snapshot import build_snapshot
-from slurm_amoeba.policy import JobInfo, NodeInfo
+from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
+from slurm_amoeba.policy import JobInfo, NodeInfo, Snapshot
 from slurm_amoeba.policy.colocation import packaged_gavel_table, read_colocation
 from slurm_amoeba.slurm import JobRecord
 from tests.unit.daemon.fakes import ME, FakeSlurm, job, node, register_body, report_body
@@ -114,7 +114,12 @@ def share_view(*records: JobRecord) -> ClusterView:
     return ClusterView(records, (node("n1"), node("s1", partitions=("share",))), NOW)
 
 
-def observe_sharing(view: ClusterView, agents: dict[str, AgentRecord], sharing: Sharing | None = SHARING) -> Any:
+def observe_sharing(
+    view: ClusterView,
+    agents: dict[str, AgentRecord],
+    sharing: Sharing | None = SHARING,
+    reuse: SnapshotCache | None = None,
+) -> Snapshot:
     return build_snapshot(
         view,
         agents,
@@ -124,6 +129,7 @@ def observe_sharing(view: ClusterView, agents: dict[str, AgentRecord], sharing: 
         stale_after_s=10.0,
         now=NOW,
         sharing=sharing,
+        reuse=reuse,
     ).snapshot
 
 
@@ -148,6 +154,22 @@ def test_opted_in_jobs_carry_their_job_name_memory_and_rates_and_the_sharing_nod
     off = observe_sharing(view, {"10": host, "11": sharer, "12": plain}, None)
     assert off.colocation == {} and "s1" not in {n.name for n in off.nodes}
     assert all((j.job_type, j.memory_gib, j.grows_beside) == ("", None, False) for j in off.jobs)
+
+
+def test_the_snapshot_cache_builds_a_managed_job_again_when_its_measured_rates_or_its_memory_change() -> None:
+    host = registered("10", "guaranteed")
+    host.accept_report(report(memory_gib=30.0, at=NOW - 1))
+    view, cache = share_view(share_job(10, "cifar10")), SnapshotCache()
+
+    def observed() -> JobInfo:
+        return observe_sharing(view, {"10": host}, reuse=cache).job("10")
+
+    first = observed()
+    assert observed() is first, "nothing changed: reused"
+    host.rates.solo[1], host.rates.version = 120.0, host.rates.version + 1
+    assert observed().solo_rate == 120.0
+    host.accept_report(report(memory_gib=40.0, at=NOW - 0.5))
+    assert observed().memory_gib == 40.0
 
 
 @pytest.mark.parametrize(
@@ -257,6 +279,18 @@ def test_a_shares_directive_caps_the_sharers_memory_at_what_the_host_leaves_on_i
     assert sent.place_beside.to_body()["memory_cap_bytes"] == 50 * GIB
     assert Beside.from_body(sent.place_beside.to_body()) == sent.place_beside  # the state file keeps it
     assert sent.place_beside.status_path == str(host_status_path("10"))
+
+
+def test_a_second_job_is_never_placed_beside_a_host_that_has_a_sharer_already() -> None:
+    ledger = Ledger(parse_config({}), DaemonMetrics(), lambda: NOW)
+    for job_id, mode in (("10", "guaranteed"), ("11", "opportunistic"), ("12", "opportunistic")):
+        ledger.register(registered(job_id, mode).registration, ME, "alice")
+        ledger.agents[job_id].report = report(at=NOW)
+    ledger.agents["11"].beside = Beside("10", "share", {"s1": 1}, "opportunistic", ME, "/x")
+    executor = LiveExecutor(ledger, RecordingActuator(), DaemonMetrics(), sharing=SHARING)
+    jobs = {job_id: info(job_id, 1, placement={"s1": 1}, low=1, high=2) for job_id in ("10", "11", "12")}
+    why = executor.share_refusal(act.Share("12", "10", 1, {"s1": 1}), jobs, set(jobs))
+    assert why.startswith("host job 10 has job 11 beside it already: a host has one sharer job at a time")
 
 
 def test_no_cap_is_sent_where_the_gpus_memory_or_the_hosts_own_use_is_unknown() -> None:

@@ -134,6 +134,7 @@ def test_the_sharer_gets_the_largest_micro_batch_that_fits_beside_the_host(
     plan = plan_pair(_guest(), [_host(host_memory)], snap, ShareMode.BENEFIT)
     assert (plan.sub_batch if plan else None) == sub_batch
     if plan is not None:
+        assert plan.sub_batch is not None, "a sharer with profiles gets one of them"
         assert plan.accumulation == PROFILE[plan.sub_batch].accumulation
         assert plan.keep_sharer == pytest.approx(0.9 * PROFILE[plan.sub_batch].speed)
 

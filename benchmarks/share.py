@@ -284,7 +284,7 @@ def live(args: argparse.Namespace) -> int:
     """``--live``: one run on the cluster (:func:`benchmarks.share_live.run_live`); exit status 1 when the host
     failed or a ledger does not hold, 3 when the run could not be made (a busy cluster, no sharing partition)."""
     if args.short:
-        args.width, args.window, args.settle = 512, 10.0, 3.0
+        args.width, args.window, args.settle = 512, 5.0, 2.0
     recording = Recording("share-live", vars(args))
     try:
         figures = share_live.run_live(args)

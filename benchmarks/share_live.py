@@ -28,7 +28,8 @@ worker beside the host over its throughput on its own GPU alone), ``pair_gain`` 
 throughput: the host's shared / alone, plus what the sharer's worker beside it added, over what one GPU of the
 sharer's own gives: ``guaranteed_ratio + sharer_gain_beside - 1``), ``guaranteed_failures`` (the host's generations
 that ended on a failure, and 1 if it did not run to the end), ``exactly_once`` (no sample twice in an epoch of
-either job, every completed epoch whole), ``paired_by`` (the daemon's log line of the decision), the memory cap the
+either job, every completed epoch whole), ``beside_on_host_gpu`` (Slurm gave the sharer's satellite the host's
+GPU), ``paired_by`` (the daemon's log line of the decision), the memory cap the
 sharer's worker received and the micro-batch it ran, how long the pairing and the takeback took.
 """
 
@@ -50,7 +51,7 @@ from typing import Any, TypeVar
 
 from benchmarks.backfill import BenchError, free_port, start_amoebad
 from slurm_amoeba.core.messages import Message
-from slurm_amoeba.slurm import CliSlurmClient
+from slurm_amoeba.slurm import CliSlurmClient, JobRecord
 from slurm_amoeba.transport.channel import ChannelError, request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,10 +198,16 @@ class LiveShare:
         self.jobs.append(match.group(1))
         return match.group(1)
 
-    def satellites(self, job_id: str) -> list[str]:
-        return [
-            str(j.job_id) for j in self.client.jobs() if j.state.is_active() and j.comment == f"amoeba-parent={job_id}"
-        ]
+    def satellites(self, job_id: str) -> list[JobRecord]:
+        """The job's active satellites (its agent's Slurm jobs beside its own allocation)."""
+        return [j for j in self.client.jobs() if j.state.is_active() and j.comment == f"amoeba-parent={job_id}"]
+
+    def gpus_of(self, job_id: str) -> tuple[int, ...]:
+        """The GPU indices of the job's own workers (its last heterogeneous component), empty when not running."""
+        records = self.client.het_components(int(job_id))
+        if not records or not records[-1].state.is_active():
+            return ()
+        return tuple(g for per_node in records[-1].gpu_indices for g in per_node)
 
     def measure(self, what: str) -> tuple[float, float]:
         """Let ``--settle`` seconds pass, then ``--window`` seconds; the window's (start, end)."""
@@ -262,6 +269,8 @@ class LiveShare:
         )
         wait_for("the sharer's 2 workers", lambda: self.sizes().get(sharer) == (2, 2), 180)
         paired_s = time.time() - asked
+        beside = [g for record in self.satellites(sharer) for per_node in record.gpu_indices for g in per_node]
+        same_gpu = bool(beside) and set(beside) <= set(self.gpus_of(host))
         together = self.measure("the pair")
         directive = (self.history(sharer, "share_directive") or [{}])[-1]
         back_at = time.time()
@@ -279,6 +288,7 @@ class LiveShare:
             guaranteed_failures=failures + (not host_running),
             exactly_once=once_so_far(host_out, DATASET) and once_so_far(sharer_out, DATASET),
             paired_by=paired_line.split("] ", 1)[-1][:300],
+            beside_on_host_gpu=same_gpu,
             pairing_s=round(paired_s, 1),
             takeback_s=round(takeback_s, 1),
             sharer_memory_cap_bytes=directive.get("memory_cap_bytes"),

@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required to train")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("share_worker").info(
+        "pinned to cores %s (CUDA_VISIBLE_DEVICES=%s)", sorted(cores), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    )
 
     import torch
 

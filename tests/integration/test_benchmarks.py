@@ -101,6 +101,25 @@ def test_bench_checkpoint_writes_its_result_quickly(tmp_path: Path) -> None:
     assert _document(out, "checkpoint")["figures"]["write_s"] > 0
 
 
+@pytest.mark.slurm
+def test_bench_share_live_pairs_two_jobs_by_the_policy_and_gives_the_place_back_short(
+    slurm_cluster: ClusterHandle, tmp_path: Path
+) -> None:
+    """The live run, short: amoebad's antman policy pairs the two jobs, the sharer's worker lands on the host's GPU
+    under the memory cap the daemon computed, the host's resize takes the place back, both ledgers hold."""
+    out = tmp_path / "share-live.json"
+    command = ["bench-share", "--live", "--short", "--quiet", "--slurm-conf", str(slurm_cluster.conf)]
+    _run([*command, "--json", str(out)], slurm_cluster.env, timeout=600)
+    figures = _document(out, "share-live")["figures"]
+    assert figures["guaranteed_failures"] == 0 and figures["exactly_once"] is True
+    assert figures["paired_by"].startswith(f"job {figures['sharer']}: share 1 -> 2 workers, beside job ")
+    assert "(antman: beside" in figures["paired_by"] and figures["beside_on_host_gpu"] is True
+    # the cap: the fake GPU's 1 GiB less what the host reported it peaked at
+    assert 0 < figures["sharer_memory_cap_bytes"] < 1 << 30
+    assert min(figures["host_alone_samples_per_s"], figures["sharer_shared_samples_per_s"]) > 0
+    assert figures["sharer_own_samples_per_s"] > 0, "the sharer trained on after the place was taken back"
+
+
 def test_bench_share_writes_its_result_short(tmp_path: Path) -> None:
     """No Slurm, but a minute or more of CPU: a guaranteed job and a paced, capped sharer pinned to one core."""
     out = tmp_path / "share.json"

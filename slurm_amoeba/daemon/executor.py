@@ -31,12 +31,14 @@ What each action type does live (:data:`APPLIED`), and which ones cannot be appl
   (:func:`~slurm_amoeba.core.sharing.host_status_path`), the policy's ``pace_bound`` and ``sub_batch``, and the
   sharer's device memory cap: what the host leaves on its tightest node
   (:func:`~slurm_amoeba.policy.pairing.memory_left`: ``sharing.gpu_memory_gib`` less the memory the host's runtime
-  reported), none when either is unknown. The place is taken back — a directive to the sharer with its own workers as
-  the target, whose agent lets the workers beside the host leave first — when the policy shrinks the sharer, and by
-  the executor itself when the host is resized or moved (by the policy or by ``amoebactl resize``), or is gone. The
-  ledger keeps each share (:attr:`~.agents.AgentRecord.beside`); the snapshot does not mark the sharer
-  ``shared_with``, which the policies read as the whole job running on the host's GPUs, while a live sharer keeps its
-  own workers beside those it placed with the host.
+  reported), none when either is unknown; the cap follows the host's reported use: one that moves by
+  :data:`CAP_CHANGE` or more of the cap in force is sent again, at the sharer's own size (its workers beside the host
+  apply it at their next step boundary, or leave when a micro-batch of 1 does not fit). The place is taken back — a
+  directive to the sharer with its own workers as the target, whose agent lets the workers beside the host leave
+  first — when the policy shrinks the sharer, and by the executor itself when the host is resized or moved (by the
+  policy or by ``amoebactl resize``), or is gone. The ledger keeps each share (:attr:`~.agents.AgentRecord.beside`);
+  the snapshot does not mark the sharer ``shared_with``, which the policies read as the whole job running on the
+  host's GPUs, while a live sharer keeps its own workers beside those it placed with the host.
 - :class:`~slurm_amoeba.policy.actions.Place` is refused, and so is ``Share`` while ``sharing.enabled`` is off: a
   policy that can emit them is refused when the daemon is configured (:func:`live_refusal`), with the reason.
 
@@ -209,6 +211,7 @@ class LiveExecutor:
             skipped += len(priorities) - len(allowed)
             actions = [a for a in actions if not isinstance(a, act.SetPriority) or id(a) in allowed]
         ordered.update(self._take_places_back(actions, jobs, source))
+        ordered.update(self._follow_host_memory(jobs, nodes or {}, source, ordered))
         for action in actions:
             if isinstance(action, (act.Start, act.Preempt)):
                 name = act.action_name(type(action))
@@ -408,6 +411,36 @@ class LiveExecutor:
             ordered[agent.job_id] = self._unshare(agent, beside, why, source)
         return ordered
 
+    def _follow_host_memory(
+        self, jobs: Mapping[str, JobInfo], nodes: Mapping[str, NodeInfo], source: str, ordered: Collection[str]
+    ) -> dict[str, int]:
+        """A host's memory use changed: every settled sharer whose cap (what its host leaves,
+        :func:`memory_cap_bytes`) moved by :data:`CAP_CHANGE` or more of the cap in force gets the new one, in a
+        directive to its current size naming the same host (its agent hands the workers beside the host the new
+        terms; they apply it at their next step boundary, and one that cannot fit a micro-batch of 1 leaves). A cap
+        that becomes unknown (the host stopped reporting its memory) leaves the one in force. Returns sharer -> the
+        size ordered (its own)."""
+        changed: dict[str, int] = {}
+        for agent in list(self.ledger.agents.values()):
+            beside = agent.beside
+            if beside is None or agent.job_id in ordered or agent.in_flight is not None or agent.report is None:
+                continue
+            host = jobs.get(beside.host)
+            cap = memory_cap_bytes(host, nodes) if host is not None else 0
+            old = beside.memory_cap_bytes
+            if cap == 0 or (old and abs(cap - old) < CAP_CHANGE * old):
+                continue
+            assert host is not None and host.memory_gib is not None  # a known cap needs both
+            how = "lowered" if old and cap < old else "raised" if old else "set"
+            reason = (
+                f"host job {beside.host} uses {host.memory_gib:.2f} GiB: the memory cap beside it is {how} to "
+                f"{cap / GIB:.2f} GiB"
+            )
+            renewed = dataclasses.replace(beside, memory_cap_bytes=cap)
+            self.actuator.send(self.ledger.order(agent, agent.report.target, reason, source, beside=renewed))
+            changed[agent.job_id] = agent.report.target
+        return changed
+
     def _unshare(self, agent: AgentRecord, beside: Beside, reason: str, source: str) -> int:
         """Order a sharer back to its own workers; the size ordered."""
         current = agent.report.target if agent.report is not None else agent.registration.min_workers
@@ -479,6 +512,11 @@ class LiveExecutor:
 
 #: Bytes in a GiB.
 GIB = 1 << 30
+
+
+#: The relative change of a sharer's memory cap (of the cap in force) that makes the daemon send it the new one: the
+#: host's reported peak moves a little from window to window, and a directive costs the sharer a step boundary.
+CAP_CHANGE = 0.05
 
 
 def memory_cap_bytes(host: JobInfo, nodes: Mapping[str, NodeInfo]) -> int:

@@ -281,6 +281,41 @@ def test_a_shares_directive_caps_the_sharers_memory_at_what_the_host_leaves_on_i
     assert sent.place_beside.status_path == str(host_status_path("10"))
 
 
+def test_a_sharers_cap_follows_its_hosts_memory_use_and_small_moves_or_an_unknown_use_leave_it() -> None:
+    ledger = Ledger(parse_config({}), DaemonMetrics(), lambda: NOW)
+    for job_id, mode in (("10", "guaranteed"), ("11", "opportunistic")):
+        ledger.register(registered(job_id, mode).registration, ME, "alice")
+    ledger.agents["10"].report = report(at=NOW)
+    ledger.agents["11"].report = report(size=2, at=NOW)
+    ledger.agents["11"].beside = Beside("10", "share", {"s1": 1}, "opportunistic", ME, "/x", memory_cap_bytes=50 * GIB)
+    actuator = RecordingActuator()
+    executor = LiveExecutor(ledger, actuator, DaemonMetrics(), sharing=SHARING)
+    nodes = {"s1": NodeInfo("s1", 4, 0, "share", 80.0), "s2": NodeInfo("s2", 4, 0, "share", 80.0)}
+
+    def round_with(host_gib: float | None) -> None:
+        host = info("10", 1, placement={"s1": 1}, low=1, high=2, memory_gib=host_gib)
+        jobs: dict[str, JobInfo] = {"10": host, "11": info("11", 2, placement={"s1": 1, "s2": 1}, low=1, high=2)}
+        executor.apply([], jobs, set(jobs), source="policy", now=NOW, nodes=nodes)
+
+    round_with(31.0)  # the cap would be 49 GiB: under 5 % of the 50 in force
+    assert actuator.sent == []
+    round_with(40.0)  # the host needs 10 GiB more: the sharer's cap is lowered, at its own size
+    (sent,) = actuator.sent
+    assert sent.target == 2 and sent.place_beside is not None and sent.place_beside.memory_cap_bytes == 40 * GIB
+    assert sent.place_beside.host == "10" and dict(sent.place_beside.nodes) == {"s1": 1}
+    assert sent.reason == "host job 10 uses 40.00 GiB: the memory cap beside it is lowered to 40.00 GiB"
+    beside = ledger.agents["11"].beside
+    assert beside is not None and beside.memory_cap_bytes == 40 * GIB, "the ledger (and the state file) keep it"
+    round_with(10.0)  # the directive is still in flight: nothing more until the sharer settles
+    assert len(actuator.sent) == 1
+    ledger.agents["11"].in_flight = None
+    round_with(None)  # the host's use is no longer known: the cap in force stays
+    assert len(actuator.sent) == 1
+    round_with(10.0)  # the host gives memory back: the cap is raised
+    assert actuator.sent[-1].place_beside is not None and actuator.sent[-1].place_beside.memory_cap_bytes == 70 * GIB
+    assert "is raised to 70.00 GiB" in actuator.sent[-1].reason
+
+
 def test_a_second_job_is_never_placed_beside_a_host_that_has_a_sharer_already() -> None:
     ledger = Ledger(parse_config({}), DaemonMetrics(), lambda: NOW)
     for job_id, mode in (("10", "guaranteed"), ("11", "opportunistic"), ("12", "opportunistic")):

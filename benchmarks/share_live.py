@@ -172,6 +172,7 @@ class LiveShare:
                 "enabled": True,
                 "partitions": {SHARE_PARTITION: 4},
                 "gpu_memory_gib": {SHARE_PARTITION: self.args.gpu_memory_gib},
+                "default_kept": self.args.default_kept,
             },
         }
         self.daemon = start_amoebad(config, self.work, self.env)
@@ -353,5 +354,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="--live: the fake GPUs' memory the daemon is told (sharing.gpu_memory_gib): what bounds the sharer's cap",
+    )
+    parser.add_argument(
+        "--default-kept",
+        type=float,
+        default=0.97,
+        help="--live: the daemon's prior (sharing.default_kept): a host that idles most of its steps loses little",
     )
     parser.add_argument("--quiet", action="store_true", help="--live: no progress lines on stderr")

@@ -96,6 +96,45 @@ def sharing_benefit(mine: float, partner: float, keep_mine: float, keep_partner:
     return sequential - (first + second)
 
 
+def growth_gain(workers: int, beside: int, keep: float) -> float:
+    """How many times faster a running data-parallel job trains once ``beside`` more workers run beside a host.
+
+    The runtime splits every step evenly over the workers, so a step takes as long as its slowest worker: with its
+    new workers at a fraction ``keep`` of a worker's exclusive speed, every worker steps at that pace.
+
+    Args:
+        workers: the job's workers now (on GPUs of its own).
+        beside: the workers it would add beside the host.
+        keep: the fraction of its exclusive speed each of those keeps (paced, sub-batch included).
+
+    Returns:
+        ``(workers + beside) * min(1, keep) / workers``; above 1 only when ``keep > workers / (workers + beside)``.
+    """
+    return (workers + beside) * min(1.0, keep) / workers
+
+
+def growth_benefit(mine: float, theirs: float, gain: float, keep_host: float) -> float:
+    """Seconds of summed completion time saved when a running job grows beside a host: it trains ``gain`` times as
+    fast (:func:`growth_gain`) and the host at ``keep_host`` of its speed until the first of them ends; the other
+    then runs as before.
+
+    Args:
+        mine: the growing job's remaining seconds at its size now.
+        theirs: the host's remaining seconds.
+        gain: the growing job's speed-up (below 1: it slows down).
+        keep_host: the host's fraction of its speed while shared.
+
+    Returns:
+        The saving against both going on apart; negative when the pair is worse.
+    """
+    t_mine, t_host = mine / gain, theirs / keep_host
+    if t_host <= t_mine:
+        mine_done = t_host + (mine - gain * t_host)
+        return mine + theirs - (t_host + mine_done)
+    host_done = t_mine + (theirs - keep_host * t_mine)
+    return mine + theirs - (t_mine + host_done)
+
+
 def paced_fractions(keep_host: float, keep_sharer: float, bound: float) -> tuple[float, float]:
     """The speeds a pair keeps when the sharer paces itself so that the host loses at most ``bound``.
 
@@ -219,7 +258,10 @@ def plan_pair(
     both keep-fractions are known (:func:`kept_fraction`). For each host every fitting micro-batch is tried; in
     ``BENEFIT`` mode the pair's :func:`sharing_benefit` must be positive and the largest wins, in
     ``OPPORTUNISTIC`` mode the sharer's paced speed (:func:`paced_fractions`) must be positive and the largest
-    wins. Ties go to the earlier host and the larger micro-batch.
+    wins. A running sharer that grows beside the host (``grows_beside``) must train faster than it does now
+    (:func:`growth_gain` above 1: its steps are split evenly, so the workers beside the host set every step's pace),
+    and in ``BENEFIT`` mode the pair's :func:`growth_benefit` must be positive. Ties go to the earlier host and the
+    larger micro-batch.
 
     Args:
         sharer: the waiting job.
@@ -232,7 +274,7 @@ def plan_pair(
         The plan.
     """
     nodes = {node.name: node for node in snapshot.nodes}
-    mine = remaining_seconds(sharer)
+    mine = remaining_seconds(sharer, sharer.workers if sharer.grows_beside else None)
     if mode is ShareMode.BENEFIT and mine is None:
         return None  # the benefit cannot be known without the sharer's remaining time
     best: PairPlan | None = None
@@ -250,7 +292,13 @@ def plan_pair(
             keep_host, keep_mine = paced_fractions(keep_host, keep_mine, pace_bound)
         for size, profile in sharer_options(sharer, memory_left(host, nodes)):
             keep = keep_mine * profile.speed
-            if mode is ShareMode.OPPORTUNISTIC or mine is None or theirs is None:  # both known under BENEFIT
+            if sharer.grows_beside:  # it runs already: it must train faster with the workers beside the host
+                gain = growth_gain(sharer.workers, sharer.requested_workers, keep)
+                if mode is ShareMode.OPPORTUNISTIC or mine is None or theirs is None:
+                    score = gain - 1.0
+                else:
+                    score = growth_benefit(mine, theirs, gain, keep_host)
+            elif mode is ShareMode.OPPORTUNISTIC or mine is None or theirs is None:  # both known under BENEFIT
                 score = keep
             else:
                 score = sharing_benefit(mine, theirs, keep, keep_host)

@@ -2,8 +2,9 @@
 
 The host (``amoeba-sbatch --share``) and the sharer (``--share=opportunistic``) each run their minimum worker on a
 GPU of the sharing partition. No operator asks for anything: once both report steadily, the ``antman`` policy pairs
-them in a round (their job names are not in the co-location table, so the prior is ``sharing.default_kept``, under
-which the paced sharer still makes progress), and the daemon's executor sends the sharer a directive to place one
+them in a round (their job names are not in the co-location table, so the prior is ``sharing.default_kept``, set
+to 0.97 by the shared setup: a worker beside the host keeps more than half of its speed, so the sharer trains faster
+with it), and the daemon's executor sends the sharer a directive to place one
 worker beside the host: its satellite of one shard lands on the host's GPU. When the host ends, the daemon takes the
 place back: the sharer goes back to its own worker.
 

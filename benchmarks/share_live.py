@@ -20,8 +20,12 @@ Phases of one run, each measured over ``--window`` seconds of wall clock from th
    memory cap the daemon computed from the host's reported use and ``sharing.gpu_memory_gib``):
    ``host_shared_samples_per_s``, ``sharer_shared_samples_per_s``;
 3. **owner grows back**: the host is resized to 2 workers (``amoebactl resize``, as its owner would); the daemon
-   takes the place back, the sharer's worker beside the host leaves at a step boundary and the sharer trains on its
-   own GPU alone: ``sharer_own_samples_per_s``.
+   takes the place back, the sharer's worker beside the host leaves at a step boundary, the sharer is pinned (so
+   that the policy places it nowhere else) and trains on its own GPU alone: ``sharer_own_samples_per_s``.
+
+Where the daemon measures, during phase 2, that the sharer trains slower with its worker beside the host than it did
+alone, it gives the place back by itself (``given_back_for_loss``; docs/admin.md section 8e); phase 2's window
+then ends there.
 
 Figures: ``guaranteed_ratio`` (host shared / alone), ``sharer_gain_beside`` (the sharer's throughput with its
 worker beside the host over its throughput on its own GPU alone), ``pair_gain`` (the shared GPU's normalised
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -58,6 +63,8 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("share_worker.py")
 #: The cluster's sharing partition (scripts/slurm-cluster's default).
 SHARE_PARTITION = "share"
+#: What the daemon logs when it gives a sharer's place back because the sharer trained slower for it.
+LOSS_LINE = "it grows beside no host again"
 #: Samples in one epoch of either job.
 DATASET = 4096
 T = TypeVar("T")
@@ -159,6 +166,14 @@ class LiveShare:
 
     def daemon_log(self) -> str:
         return (self.work / "amoebad.log").read_text(errors="replace")
+
+    def logged_at(self, *parts: str) -> float | None:
+        """When the daemon first logged a line holding every one of ``parts`` (its log's local time), or None."""
+        for line in self.daemon_log().splitlines():
+            if all(part in line for part in parts):
+                with contextlib.suppress(ValueError):
+                    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return None
 
     def start_daemon(self) -> None:
         config = {
@@ -274,11 +289,16 @@ class LiveShare:
         same_gpu = bool(beside) and set(beside) <= set(self.gpus_of(host))
         together = self.measure("the pair")
         directive = (self.history(sharer, "share_directive") or [{}])[-1]
+        lost_at = self.logged_at(f"job {sharer}: ", LOSS_LINE)
+        if lost_at is not None:  # the daemon measured the sharer slower with its worker beside the host
+            together = (together[0], min(together[1], lost_at))
+            self.log("the daemon gave the place back: the sharer trained slower with its worker beside the host")
         back_at = time.time()
         self.ask("resize", {"job_id": host, "target": 2, "reason": "bench-share: the owner grows back"})
         wait_for("the sharer's satellite beside the host to be released", lambda: not self.satellites(sharer), 180)
         wait_for("the sharer back at its own worker", lambda: self.sizes().get(sharer) == (1, 1), 180)
         takeback_s = time.time() - back_at
+        self.ask("pin", {"job_id": sharer, "pinned": True})  # alone from here: the policy places it nowhere again
         own = self.measure("the sharer alone on its own GPU")
         host_running = any(str(j.job_id) == host and j.state.is_active() for j in self.client.jobs())
         failures = sum(len(self.history(host, kind)) for kind in ("worker_lost", "restarting"))
@@ -291,7 +311,8 @@ class LiveShare:
             paired_by=paired_line.split("] ", 1)[-1][:300],
             beside_on_host_gpu=same_gpu,
             pairing_s=round(paired_s, 1),
-            takeback_s=round(takeback_s, 1),
+            takeback_s=round(takeback_s, 1) if lost_at is None else None,
+            given_back_for_loss=lost_at is not None,
             sharer_memory_cap_bytes=directive.get("memory_cap_bytes"),
             sharer_micro_beside=max((max(e["micro"], default=0) for e in shared_steps), default=0),
             sharer_cap_micro_beside=max((int(e.get("cap_micro", 0)) for e in shared_steps), default=0),

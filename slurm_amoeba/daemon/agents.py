@@ -431,6 +431,8 @@ class MeasuredRates:
         last_state: (workers, partner type or None) of the previous sample; None after one that could not be
             attributed.
         version: counts the changes of ``solo`` and ``shared`` (the snapshot cache's test).
+        grew_at_a_loss: the job once trained slower with workers beside a host than with its own alone
+            (:meth:`lost_by_growing`); it grows beside no host again.
     """
 
     solo: dict[int, float] = dataclasses.field(default_factory=dict)
@@ -438,6 +440,7 @@ class MeasuredRates:
     seen_at: float = -math.inf
     last_state: tuple[int, str | None] | None = None
     version: int = 0
+    grew_at_a_loss: bool = False
 
     def observe(self, report: Report, partner: str | None, settled: bool) -> bool:
         """Take ``report`` as a sample (once per report) beside ``partner`` (None: alone).
@@ -467,6 +470,24 @@ class MeasuredRates:
             self.shared[key] = _smoothed(self.shared.get(key), rate)
         self.version += 1
         return True
+
+    def lost_by_growing(self, own: int, size: int, margin: float) -> tuple[float, float] | None:
+        """Whether the job trains slower at ``size`` workers, some beside a host, than it did alone with its ``own``.
+
+        Args:
+            own: its workers on GPUs of its own.
+            size: its size with those beside the host.
+            margin: the share of its speed alone it may lose before it counts (the samples' noise).
+
+        Returns:
+            ``(rate beside, rate alone)`` when both were measured (settled samples) and the rate beside is below
+            ``(1 - margin)`` of the rate alone; None otherwise.
+        """
+        alone = self.solo.get(own)
+        beside = [rate for (workers, _), rate in self.shared.items() if workers == size]
+        if alone is None or not beside or min(beside) >= (1.0 - margin) * alone:
+            return None
+        return min(beside), alone
 
     def at(self, workers: int) -> tuple[float | None, dict[str, float]]:
         """The solo rate and the shared rates (partner type -> rate) measured at ``workers`` workers."""

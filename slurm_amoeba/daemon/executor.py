@@ -391,7 +391,8 @@ class LiveExecutor:
         """The owner needs its place back: every sharer whose host is resized or moved this round (by the policy, or
         by ``amoebactl resize`` since the last round), or is gone, is sent its own workers as the target (its agent
         lets the workers beside the host leave first). A sharer the policy preempts (a sharing policy's eviction)
-        goes back to its own workers the same way. Returns sharer -> the size ordered."""
+        goes back to its own workers the same way, and so does one that measurably trains slower with its workers
+        beside the host than it did alone (:meth:`_lost_by_growing`). Returns sharer -> the size ordered."""
         changing = {a.job_id for a in actions if isinstance(a, (act.Resize, act.Move, act.Preempt))}
         changing |= {job for job, agent in self.ledger.agents.items() if agent.in_flight is not None}
         evicted = {a.job_id for a in actions if isinstance(a, act.Preempt)}  # a sharing policy's eviction
@@ -406,10 +407,30 @@ class LiveExecutor:
                 why = f"host job {beside.host} is gone"
             elif beside.host in changing:
                 why = f"host job {beside.host} needs its GPUs back"
+            elif (lost := self._lost_by_growing(agent, beside)) is not None:
+                why = lost
             else:
                 continue
             ordered[agent.job_id] = self._unshare(agent, beside, why, source)
         return ordered
+
+    @staticmethod
+    def _lost_by_growing(agent: AgentRecord, beside: Beside) -> str | None:
+        """Why a settled sharer goes back to its own workers because it trains slower with those beside the host
+        than it did alone (:meth:`~.agents.MeasuredRates.lost_by_growing`, beyond :data:`GROWTH_LOSS_MARGIN`), or
+        None. Such a job grows beside no host again."""
+        report = agent.report
+        if report is None or agent.in_flight is not None or report.resizing:
+            return None
+        own = report.size - beside.workers
+        lost = agent.rates.lost_by_growing(own, report.size, GROWTH_LOSS_MARGIN) if own >= 1 else None
+        if lost is None:
+            return None
+        agent.rates.grew_at_a_loss = True
+        return (
+            f"it trains at {lost[0]:.1f} samples/s with {report.size} workers, {beside.workers} beside host job "
+            f"{beside.host}, below its {lost[1]:.1f} with its own {own} alone: it grows beside no host again"
+        )
 
     def _follow_host_memory(
         self, jobs: Mapping[str, JobInfo], nodes: Mapping[str, NodeInfo], source: str, ordered: Collection[str]
@@ -514,6 +535,9 @@ class LiveExecutor:
 GIB = 1 << 30
 
 
+#: The share of its speed alone a sharer may lose with workers beside a host before the daemon gives the place back
+#: (the measured rates' noise).
+GROWTH_LOSS_MARGIN = 0.05
 #: The relative change of a sharer's memory cap (of the cap in force) that makes the daemon send it the new one: the
 #: host's reported peak moves a little from window to window, and a directive costs the sharer a step boundary.
 CAP_CHANGE = 0.05

@@ -116,7 +116,9 @@ def test_bench_share_live_pairs_two_jobs_by_the_policy_and_gives_the_place_back_
     assert "(antman: beside" in figures["paired_by"] and figures["beside_on_host_gpu"] is True
     # the cap: the fake GPU's 1 GiB less what the host reported it peaked at
     assert 0 < figures["sharer_memory_cap_bytes"] < 1 << 30
-    assert min(figures["host_alone_samples_per_s"], figures["sharer_shared_samples_per_s"]) > 0
+    assert figures["host_alone_samples_per_s"] > 0
+    # the daemon may measure the sharer slower with its worker beside the host, and give the place back by itself
+    assert figures["given_back_for_loss"] or figures["sharer_shared_samples_per_s"] > 0
     assert figures["sharer_own_samples_per_s"] > 0, "the sharer trained on after the place was taken back"
 
 

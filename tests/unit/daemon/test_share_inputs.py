@@ -21,7 +21,7 @@ from slurm_amoeba.daemon.executor import GIB, LiveExecutor, memory_cap_bytes
 from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView
-from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot
+from slurm_amoeba.daemon.snapshot import SnapshotCache, build_snapshot, sharing_inputs
 from slurm_amoeba.policy import JobInfo, NodeInfo, Snapshot
 from slurm_amoeba.policy.colocation import packaged_gavel_table, read_colocation
 from slurm_amoeba.slurm import JobRecord
@@ -314,6 +314,37 @@ def test_a_sharers_cap_follows_its_hosts_memory_use_and_small_moves_or_an_unknow
     round_with(10.0)  # the host gives memory back: the cap is raised
     assert actuator.sent[-1].place_beside is not None and actuator.sent[-1].place_beside.memory_cap_bytes == 70 * GIB
     assert "is raised to 70.00 GiB" in actuator.sent[-1].reason
+
+
+def test_a_sharer_that_trains_slower_with_its_workers_beside_the_host_goes_back_to_its_own_and_grows_no_more() -> None:
+    ledger = Ledger(parse_config({}), DaemonMetrics(), lambda: NOW)
+    for job_id, mode in (("10", "guaranteed"), ("11", "opportunistic")):
+        ledger.register(registered(job_id, mode).registration, ME, "alice")
+    ledger.agents["10"].report = report(at=NOW)
+    sharer = ledger.agents["11"]
+    sharer.report = report(size=2, at=NOW)
+    sharer.beside = Beside("10", "share", {"s1": 1}, "opportunistic", ME, "/x")
+    actuator = RecordingActuator()
+    executor = LiveExecutor(ledger, actuator, DaemonMetrics(), sharing=SHARING)
+    jobs: dict[str, JobInfo] = {
+        "10": info("10", 1, placement={"s1": 1}, low=1, high=2),
+        "11": info("11", 2, placement={"s1": 1, "s2": 1}, low=1, high=2),
+    }
+    sharer.rates.solo[1] = 100.0
+    sharer.rates.shared[(2, "cifar10")] = 97.0  # within the noise: it stays
+    executor.apply([], jobs, set(jobs), source="policy", now=NOW)
+    assert actuator.sent == [] and sharer.beside is not None
+    sharer.rates.shared[(2, "cifar10")] = 60.0  # its worker beside the host sets a slow pace for both
+    executor.apply([], jobs, set(jobs), source="policy", now=NOW)
+    (sent,) = actuator.sent
+    assert sent.target == 1 and sharer.beside is None and sharer.rates.grew_at_a_loss
+    assert sent.reason == (
+        "it trains at 60.0 samples/s with 2 workers, 1 beside host job 10, below its 100.0 with its own 1 alone: "
+        "it grows beside no host again"
+    )
+    sharer.in_flight, sharer.report = None, report(size=1, at=NOW + 1)
+    inputs = sharing_inputs(sharer, "imagenet", 1, 1, None, sharing=SHARING, hosting=False)
+    assert not inputs.grows_beside, "measured: it is never offered as a sharer again"
 
 
 def test_a_second_job_is_never_placed_beside_a_host_that_has_a_sharer_already() -> None:

@@ -602,7 +602,8 @@ def sharing_inputs(
         memory_gib: the device memory one worker peaked at, from its fresh report (None: unknown).
         sharing: the site's sharing settings, None when sharing is off.
         hosting: another job runs beside it, or it must be left alone (resizing, pinned): it does not grow beside.
-            Nor does a job that once trained slower for it (``MeasuredRates.grew_at_a_loss``).
+            Nor does a job whose speed alone at its size is not measured yet (the daemon judges a loss beside a host
+            by it), or that once trained slower for it (``MeasuredRates.grew_at_a_loss``).
 
     Returns:
         Its inputs; empty ones for a job that did not opt in (or with sharing off). The rates are those at the
@@ -615,6 +616,7 @@ def sharing_inputs(
         reg.share == ShareRole.OPPORTUNISTIC.value
         and agent.beside is None
         and not agent.rates.grew_at_a_loss
+        and agent.rates.solo.get(workers) is not None  # its speed alone, which a loss beside a host is judged by
         and not hosting
         and workers + requested <= reg.max_workers
     )

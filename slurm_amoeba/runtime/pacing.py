@@ -81,9 +81,9 @@ class PacingConfig:
 
     Attributes:
         target: the share of its exclusive speed the guaranteed job must keep (0.95: at most 5 % slower).
-        margin: the controller aims this much above ``target``, so that noise does not cross it (not once gated:
-            the gate keeps the sharer out of the guaranteed job's compute, and the duty is cut only under
-            ``target``).
+        margin: the controller aims this much above ``target``, so that noise does not cross it. Once gated (the
+            gate keeps the sharer out of the guaranteed job's compute) the duty is cut only under ``target``: at
+            once more than ``margin`` under it, else on the second decision in a row under it.
         backoff: on a violation the duty is multiplied by this (0 < backoff < 1).
         increase: while the guaranteed job keeps its speed, the duty grows by this per decision.
         min_duty: the least duty (the sharer never stops entirely: it must measure its own step time).
@@ -162,6 +162,7 @@ class Pacer:
     ratio_mean: float | None = None
     gated: bool = False
     _last_seen: float = dataclasses.field(default=float("-inf"), repr=False)
+    _was_below: bool = dataclasses.field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.duty < 0:
@@ -223,11 +224,19 @@ class Pacer:
         if self.gated and (self.ratio > self.config.reprobe_ratio or self.decisions % self.config.reprobe_every == 0):
             self.baseline_s = None  # the next pause is a probe (pause_s); the duty stays
             return self.duty
-        if self.ratio < self.config.target + (0.0 if self.gated else self.config.margin):
-            if self.ratio < self.config.target:
-                self.violations += 1
-            self.duty = max(self.config.min_duty, self.duty * self.config.backoff)
+        below = self.ratio < self.config.target
+        if below:
+            self.violations += 1
+        if self.gated:
+            # the gate keeps the sharer out of the job's compute: a dip within the margin, once, is the machine's
+            # noise; the duty is cut on a deeper one, or on a second in a row
+            cut = self.ratio < self.config.target - self.config.margin or (below and self._was_below)
         else:
+            cut = self.ratio < self.config.target + self.config.margin
+        self._was_below = below
+        if cut:
+            self.duty = max(self.config.min_duty, self.duty * self.config.backoff)
+        elif not below:
             self.duty = min(1.0, self.duty + self.config.increase)
         return self.duty
 

@@ -138,6 +138,7 @@ def test_opted_in_jobs_carry_their_job_name_memory_and_rates_and_the_sharing_nod
     host.accept_report(report(memory_gib=30.0, at=NOW - 1))
     host.rates.solo[1], host.rates.shared[(1, "imagenet")] = 100.0, 90.0
     sharer.accept_report(report(at=NOW - 1))
+    sharer.rates.solo[1] = 100.0  # its speed alone now: what a loss beside a host would be judged by
     sharer.rates.solo[2] = 150.0  # its size once it grows beside a host
     plain.accept_report(report(memory_gib=5.0, at=NOW - 1))
     view = share_view(share_job(10, "cifar10"), share_job(11, "imagenet"), job(12, name="cifar10", gpus={"n1": 1}))
@@ -179,14 +180,24 @@ def test_the_snapshot_cache_builds_a_managed_job_again_when_its_measured_rates_o
         (lambda a: setattr(a, "beside", Beside("10", "share", {"s1": 1}, "opportunistic", ME, "/x")), False),
         (lambda a: setattr(a, "registration", dataclasses.replace(a.registration, max_workers=1)), False),
         (lambda a: setattr(a, "in_flight", InFlight(2, NOW, "policy", "r")), False),
+        (lambda a: a.rates.solo.clear(), False),
+        (lambda a: setattr(a.rates, "grew_at_a_loss", True), False),
     ],
-    ids=["below-its-maximum", "beside-a-host-already", "at-its-maximum", "resizing"],
+    ids=[
+        "below-its-maximum",
+        "beside-a-host-already",
+        "at-its-maximum",
+        "resizing",
+        "unmeasured-alone",
+        "grew-at-a-loss",
+    ],
 )
 def test_only_an_opportunistic_job_below_its_maximum_placed_beside_nobody_grows_beside_a_host(
     change: Any, grows: bool
 ) -> None:
     sharer = registered("11", "opportunistic")
     sharer.accept_report(report(at=NOW - 1))
+    sharer.rates.solo[1] = 100.0
     change(sharer)
     snap = observe_sharing(share_view(share_job(11, "imagenet")), {"11": sharer})
     assert snap.job("11").grows_beside is grows
@@ -394,8 +405,13 @@ def register_opted_in(d: Daemon, host: FakeAgent, sharer: FakeAgent, memory_gib:
     for job_id, agent, mode in (("10", host, "guaranteed"), ("11", sharer, "opportunistic")):
         body = {**register_body(job_id, agent.endpoint, 1, 2), "share": mode, "share_partition": "share"}
         assert ask(d, "register", body).body["ok"]
-        extra = {} if memory_gib is None else {"memory_gib": memory_gib}
-        assert ask(d, "report", {**report_body(job_id, 1), **extra}).body["ok"]
+    # two reports a round apart at one worker each: the daemon has their speeds alone (a sharer must have its own)
+    for again in (False, True):
+        if again:
+            assert d.run_round().ordered == {}, "nothing grows beside a host before its speed alone is measured"
+        for job_id in ("10", "11"):
+            extra = {} if memory_gib is None else {"memory_gib": memory_gib}
+            assert ask(d, "report", {**report_body(job_id, 1), **extra}).body["ok"]
 
 
 def test_antman_places_an_opted_in_opportunistic_job_beside_another_on_its_own_with_the_memory_cap(

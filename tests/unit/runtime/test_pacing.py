@@ -234,3 +234,19 @@ def test_a_gated_pacer_cuts_only_under_the_target_itself() -> None:
         pacer.learn_baseline([0.1] * 10)
         pacer.decide(steps(*((i, 0.1 / 0.96) for i in range(10))))  # 0.96: above 0.95, under 0.95 + the margin
     assert ungated.duty == 0.5 and gated.duty == 1.0
+
+
+def test_a_gated_pacer_cuts_at_once_on_a_deep_slowdown_but_on_a_shallow_one_only_when_it_comes_twice_in_a_row() -> None:
+    pacer = Pacer(PacingConfig(window=2))
+    pacer.engage_gate()
+    pacer.learn_baseline([0.1])
+    shallow, kept, deep = 0.1 / 0.94, 0.1, 0.1 / 0.90  # 0.94: under 0.95, within the 0.02 margin; 0.90: below it
+    pacer.decide(steps((1, shallow), (2, shallow)))
+    assert pacer.duty == 1.0 and pacer.violations == 1, "one shallow dip is the machine's noise"
+    pacer.decide(steps((3, kept), (4, kept)))
+    pacer.decide(steps((5, shallow), (6, shallow)))
+    assert pacer.duty == 1.0, "dips apart are still noise"
+    pacer.decide(steps((7, shallow), (8, shallow)))
+    assert pacer.duty == 0.5 and pacer.violations == 3, "the second in a row cuts"
+    pacer.decide(steps((9, deep), (10, deep)))
+    assert pacer.duty == 0.25, "a deep one cuts at once"

@@ -274,7 +274,7 @@ class LiveShare:
         self.log(f"host job {host} submitted")
         wait_for("the host's first steps", lambda: len(steps_of(self.work / "host")) >= 5, 180)
         alone = self.measure("the host alone")
-        sharer = self.submit("sharer", "opportunistic", 0.0)
+        sharer = self.submit("sharer", "opportunistic", self.args.sharer_idle)
         self.log(f"sharer job {sharer} submitted")
         wait_for("the sharer's first steps", lambda: len(steps_of(self.work / "sharer")) >= 3, 180)
         asked = time.time()
@@ -375,6 +375,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="--live: the fake GPUs' memory the daemon is told (sharing.gpu_memory_gib): what bounds the sharer's cap",
+    )
+    parser.add_argument(
+        "--sharer-idle",
+        type=float,
+        default=3.0,
+        help="--live: the sharer's idle time per step / compute (its input pipeline; AntMan's jobs idle their GPUs)",
     )
     parser.add_argument(
         "--default-kept",

@@ -393,16 +393,22 @@ class Bench:
                     self.client.cancel(job.job_id)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench-backfill", description=__doc__.split("\n\n")[0] if __doc__ else None)
+def add_cluster_arguments(parser: argparse.ArgumentParser, mode: str = "") -> None:
+    """The options of a benchmark that runs amoebad against the local cluster: ``--slurm-conf``, ``--daemon-host``
+    and ``--interval`` (their help prefixed with ``mode``, e.g. ``--live: ``, where a script has other modes)."""
     default_conf = os.environ.get("SLURM_CONF", "/tmp/slurm-amoeba-cluster/etc/slurm.conf")
-    parser.add_argument("--slurm-conf", type=Path, default=Path(default_conf), help="the cluster's slurm.conf")
+    parser.add_argument("--slurm-conf", type=Path, default=Path(default_conf), help=f"{mode}the cluster's slurm.conf")
     parser.add_argument(
         "--daemon-host",
         default=os.environ.get("AMOEBA_CLUSTER_SUBNET", "10.77.0") + ".1",
-        help="an address of this host the nodes reach (default: the cluster bridge, AMOEBA_CLUSTER_SUBNET + .1)",
+        help=f"{mode}an address of this host the nodes reach (default: the cluster bridge, AMOEBA_CLUSTER_SUBNET + .1)",
     )
-    parser.add_argument("--interval", type=float, default=2.0, help="the daemon's round interval (s)")
+    parser.add_argument("--interval", type=float, default=2.0, help=f"{mode}the daemon's round interval (s)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench-backfill", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add_cluster_arguments(parser)
     parser.add_argument("--policy", default="elastic-backfill")
     parser.add_argument("--regular-partition", default="batch")
     parser.add_argument("--elastic-partition", default="elastic")

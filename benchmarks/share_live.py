@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benchmarks.backfill import BenchError, free_port, start_amoebad
+from benchmarks.backfill import BenchError, add_cluster_arguments, free_port, start_amoebad
 from slurm_amoeba.core.messages import Message
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord
 from slurm_amoeba.transport.channel import ChannelError, request
@@ -359,14 +359,7 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The live run's options (``scripts/bench-share --live ...``)."""
-    default_conf = os.environ.get("SLURM_CONF", "/tmp/slurm-amoeba-cluster/etc/slurm.conf")
-    parser.add_argument("--slurm-conf", type=Path, default=Path(default_conf), help="--live: the cluster's slurm.conf")
-    parser.add_argument(
-        "--daemon-host",
-        default=os.environ.get("AMOEBA_CLUSTER_SUBNET", "10.77.0") + ".1",
-        help="--live: an address of this host the nodes reach (default: the cluster bridge)",
-    )
-    parser.add_argument("--interval", type=float, default=2.0, help="--live: the daemon's round interval (s)")
+    add_cluster_arguments(parser, "--live: ")
     parser.add_argument("--window", type=float, default=30.0, help="--live: measured seconds per phase")
     parser.add_argument("--settle", type=float, default=5.0, help="--live: seconds before each window")
     parser.add_argument("--pair-timeout", type=float, default=120.0, help="--live: seconds the policy may take to pair")

@@ -214,52 +214,108 @@ def _munge_answers() -> bool:
         return False
 
 
+def _munged_unavailable_reason() -> str | None:
+    """Why this process cannot start munged, or None when it can."""
+    if os.geteuid() != 0 or (shutil.which("munged") is None and not Path("/usr/sbin/munged").exists()):
+        return "these tests need munged, which is not running and cannot be started here (root and Debian's munge)"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _StartedMunged:
+    """A munge daemon this test process started on the default socket (as the cluster script does)."""
+
+    state: Path
+
+    @classmethod
+    def start(cls) -> _StartedMunged:
+        """Start munged and wait until it answers; fails the test (or the session) when it cannot."""
+        reason = _munged_unavailable_reason()
+        if reason is not None:
+            pytest.fail(reason)
+        # not under pytest's root-only tree: munged runs as munge
+        state = Path(tempfile.mkdtemp(prefix="amoeba-munge-"))
+        shutil.chown(state, "munge", "munge")
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        started = cls(state)
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                "/usr/sbin/munged",
+                f"--pid-file={started.pid_file}",
+                f"--log-file={state}/munged.log",
+                f"--seed-file={state}/munged.seed",
+                "--force",
+            ],
+            check=True,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 10
+        while not _munge_answers():
+            if time.monotonic() > deadline:
+                started.stop()
+                pytest.fail(f"munged did not answer within 10 s; see {state}/munged.log")
+            time.sleep(0.1)
+        return started
+
+    @property
+    def pid_file(self) -> Path:
+        """Where munged wrote its pid."""
+        return self.state / "munged.pid"
+
+    def stop(self) -> None:
+        """Stop this munged and remove its state."""
+        if self.pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(self.pid_file.read_text().strip()), signal.SIGTERM)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def munged() -> Iterator[None]:
     """A munge daemon on the default socket (the daemon's and the agents' credentials need one).
 
-    Reuses a running munged (the cluster's, or the machine's); otherwise starts one for the session, as the cluster
-    script does, and stops it afterwards.
+    Reuses a running munged (the cluster's, the machine's, or the one the pytest-xdist controller started for its
+    workers: see :func:`pytest_sessionstart`); otherwise starts one for the session and stops it afterwards.
     """
     if _munge_answers():
         yield
         return
-    if os.geteuid() != 0 or (shutil.which("munged") is None and not Path("/usr/sbin/munged").exists()):
-        pytest.fail(
-            "these tests need munged, which is not running and cannot be started here (root and Debian's munge)"
-        )
-    state = Path(tempfile.mkdtemp(prefix="amoeba-munge-"))  # not under pytest's root-only tree: munged runs as munge
-    shutil.chown(state, "munge", "munge")
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    pid_file = state / "munged.pid"
-    subprocess.run(
-        [
-            "runuser",
-            "-u",
-            "munge",
-            "--",
-            "/usr/sbin/munged",
-            f"--pid-file={pid_file}",
-            f"--log-file={state}/munged.log",
-            f"--seed-file={state}/munged.seed",
-            "--force",
-        ],
-        check=True,
-        timeout=30,
-    )
+    started = _StartedMunged.start()
     try:
-        deadline = time.monotonic() + 10
-        while not _munge_answers():
-            if time.monotonic() > deadline:
-                pytest.fail(f"munged did not answer within 10 s; see {state}/munged.log")
-            time.sleep(0.1)
         yield
     finally:
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-        shutil.rmtree(state, ignore_errors=True)
+        started.stop()
+
+
+#: The munged a pytest-xdist controller started for its workers.
+_CONTROLLER_MUNGED = pytest.StashKey[_StartedMunged]()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", 0)) and not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist (``-n``), the controller starts munged for all its workers when none answers.
+
+    A worker's session-scoped :func:`munged` would otherwise start one per worker on the same socket, and stop it
+    when that worker's session ends, while the other worker may still be running tests that need it.
+    """
+    config = session.config
+    if _is_xdist_controller(config) and not _munge_answers() and _munged_unavailable_reason() is None:
+        config.stash[_CONTROLLER_MUNGED] = _StartedMunged.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the munged that :func:`pytest_sessionstart` started (after every worker has finished)."""
+    started = session.config.stash.get(_CONTROLLER_MUNGED, None)
+    if started is not None:
+        started.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

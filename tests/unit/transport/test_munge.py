@@ -3,9 +3,11 @@ fixture reuses the cluster's or starts one)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -83,25 +85,36 @@ def test_the_replay_cache_refuses_a_second_use_and_forgets_old_ones() -> None:
     cache.check(b"b", now=23)
 
 
-def _serve(server: ChannelServer, count: int) -> threading.Thread:
+@contextlib.contextmanager
+def _serving(server: ChannelServer) -> Iterator[None]:
+    """Answer ``server``'s valid requests on a thread until the block ends.
+
+    A refused request is answered inside ``receive``, which then waits on for a valid one: the loop stops when the
+    test has its replies instead of waiting out a receive timeout.
+    """
+    stop = threading.Event()
+
     def run() -> None:
-        for _ in range(count):
-            req = server.receive(timeout_s=5)
+        while not stop.is_set():
+            req = server.receive(timeout_s=0.05)
             if req is not None:
                 server.answer(req, req.message.reply())
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def test_the_server_refuses_a_request_made_for_another_port_and_says_why(server: ChannelServer) -> None:
     assert server.destination == destination(server.endpoint) and server.destination.startswith("tcp port ")
     message = Message("status", {})
     payload = encode(message)
-    thread = _serve(server, 1)
-    credential, answer = send_raw(server.endpoint, [seal(payload, to="tcp port 6820"), payload])
-    thread.join(10)
+    with _serving(server):
+        credential, answer = send_raw(server.endpoint, [seal(payload, to="tcp port 6820"), payload])
     reply = decode(answer)
     unseal(credential, answer, to=reply_destination(message.id))  # the refusal answers that request
     assert reply.id == message.id and not reply.body["ok"]
@@ -111,10 +124,9 @@ def test_the_server_refuses_a_request_made_for_another_port_and_says_why(server:
 def test_the_server_takes_a_credential_once(server: ChannelServer) -> None:
     payload = encode(Message("status", {}))
     frames = [seal(payload, to=server.destination), payload]
-    thread = _serve(server, 2)
-    first = decode(send_raw(server.endpoint, frames)[1])
-    again = decode(send_raw(server.endpoint, frames)[1])
-    thread.join(10)
+    with _serving(server):
+        first = decode(send_raw(server.endpoint, frames)[1])
+        again = decode(send_raw(server.endpoint, frames)[1])
     assert first.body["ok"] and not again.body["ok"] and "eplayed" in again.body["error"]
 
 

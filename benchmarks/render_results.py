@@ -221,6 +221,20 @@ CATALOG: tuple[Entry, ...] = (
         needs="nothing but the package and torch (no Slurm); about 10 minutes on 2 cores",
     ),
     Entry(
+        "share-live",
+        "Two jobs on one GPU of the live cluster, paired by amoebad",
+        "Two opted-in elastic jobs on the local cluster's sharing partition under amoebad's `antman` policy (a site "
+        "prior of 0.97): the host (one worker) alone, then the sharer (one worker of its own) placed by the policy "
+        "with a second worker beside the host, then the host's owner growing it back. Fake GPUs stand in through "
+        "cores (each worker pinned to its GPU's core); the host idles as long as it computes each step, the sharer "
+        "3 x as long (their input pipelines). The host's "
+        "throughput while shared over alone, the sharer's with its worker beside the host over its own alone, "
+        "whether the daemon gave the place back because the sharer measurably trained slower, the memory cap it "
+        "sent, every sample of both jobs once (docs/admin.md section 8e).",
+        "scripts/bench-share --live --json docs/results/share-live.json",
+        needs=CLUSTER + "; about 2 minutes",
+    ),
+    Entry(
         "plans-cuda",
         "The plan chosen on a GPU",
         "The `plans` benchmark's small model on one CUDA GPU (one NCCL worker, size 1, a budget of about 5 MB): "

@@ -24,8 +24,8 @@ Phases of one run, each measured over ``--window`` seconds of wall clock from th
    that the policy places it nowhere else) and trains on its own GPU alone: ``sharer_own_samples_per_s``.
 
 Where the daemon measures, during phase 2, that the sharer trains slower with its worker beside the host than it did
-alone, it gives the place back by itself (``given_back_for_loss``; docs/admin.md section 8e); phase 2's window
-then ends there.
+alone, it gives the place back by itself (``given_back_for_loss``; docs/admin.md section 8e); phase 2's figures are
+then those of the sharer's steps with its worker beside the host (their span: ``shared_s``), however short.
 
 Figures: ``guaranteed_ratio`` (host shared / alone), ``sharer_gain_beside`` (the sharer's throughput with its
 worker beside the host over its throughput on its own GPU alone), ``pair_gain`` (the shared GPU's normalised
@@ -34,7 +34,7 @@ sharer's own gives: ``guaranteed_ratio + sharer_gain_beside - 1``), ``guaranteed
 that ended on a failure, and 1 if it did not run to the end), ``exactly_once`` (no sample twice in an epoch of
 either job, every completed epoch whole), ``beside_on_host_gpu`` (Slurm gave the sharer's satellite the host's
 GPU), ``paired_by`` (the daemon's log line of the decision), the memory cap the
-sharer's worker received and the micro-batch it ran, how long the pairing and the takeback took.
+sharer's worker received, how long the pairing and the takeback took.
 """
 
 from __future__ import annotations
@@ -105,13 +105,22 @@ def rate_between(out: Path, start: float, end: float) -> float:
     return samples / max(1e-9, float(inside[-1]["end"]) - float(inside[0]["end"]))
 
 
+def shared_interval(out: Path, until: float) -> tuple[float, float] | None:
+    """The span of the job's steps taken with more than one worker (its worker beside the host among them) that
+    ended before ``until``: from the first such step's end to the last's; None when it took fewer than two."""
+    ends = [float(e["end"]) for e in steps_of(out) if int(e["workers"]) > 1 and float(e["end"]) <= until]
+    return (ends[0], ends[-1]) if len(ends) >= 2 else None
+
+
 def once_so_far(out: Path, dataset: int) -> bool:
-    """No sample twice within an epoch, and every epoch before the last one seen holds every sample."""
+    """No sample twice within an epoch, and every epoch before the last one seen holds every sample (read once the
+    job ended: while it runs, one worker may have begun the next epoch before another wrote its last step)."""
     seen: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
     for path in out.glob("ledger-*.jsonl"):
         for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            seen[int(entry["epoch"])].update(int(i) for i in entry["indices"])
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut short by the job's cancellation
+                entry = json.loads(line)
+                seen[int(entry["epoch"])].update(int(i) for i in entry["indices"])
     if not seen:
         return False
     last = max(seen)
@@ -235,6 +244,16 @@ class LiveShare:
 
     def stop(self) -> None:
         """Cancel the benchmark's jobs (and their satellites) and stop the daemon."""
+        self.end_jobs()
+        if self.daemon is not None:
+            self.daemon.terminate()
+            try:
+                self.daemon.wait(20)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+
+    def end_jobs(self) -> None:
+        """Cancel the benchmark's jobs (and their satellites) and wait until Slurm ended them (at most 90 s)."""
         for job_id in self.jobs:
             with contextlib.suppress(Exception):
                 self.client.cancel(int(job_id))
@@ -250,12 +269,6 @@ class LiveShare:
                 ),
                 90,
             )
-        if self.daemon is not None:
-            self.daemon.terminate()
-            try:
-                self.daemon.wait(20)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
 
     # ------------------------------------------------------------------------------------------------ the run
 
@@ -291,7 +304,7 @@ class LiveShare:
         directive = (self.history(sharer, "share_directive") or [{}])[-1]
         lost_at = self.logged_at(f"job {sharer}: ", LOSS_LINE)
         if lost_at is not None:  # the daemon measured the sharer slower with its worker beside the host
-            together = (together[0], min(together[1], lost_at))
+            together = shared_interval(self.work / "sharer", lost_at) or together
             self.log("the daemon gave the place back: the sharer trained slower with its worker beside the host")
         back_at = time.time()
         self.ask("resize", {"job_id": host, "target": 2, "reason": "bench-share: the owner grows back"})
@@ -303,8 +316,9 @@ class LiveShare:
         host_running = any(str(j.job_id) == host and j.state.is_active() for j in self.client.jobs())
         failures = sum(len(self.history(host, kind)) for kind in ("worker_lost", "restarting"))
         host_out, sharer_out = self.work / "host", self.work / "sharer"
+        self.end_jobs()  # the ledgers are final: no worker is between two lines of one step
         figures = self._figures(host_out, sharer_out, alone, together, own)
-        shared_steps = [e for e in steps_of(sharer_out) if together[0] <= float(e["end"]) <= together[1]]
+        figures["shared_s"] = round(together[1] - together[0], 1)
         figures.update(
             guaranteed_failures=failures + (not host_running),
             exactly_once=once_so_far(host_out, DATASET) and once_so_far(sharer_out, DATASET),
@@ -314,8 +328,6 @@ class LiveShare:
             takeback_s=round(takeback_s, 1) if lost_at is None else None,
             given_back_for_loss=lost_at is not None,
             sharer_memory_cap_bytes=directive.get("memory_cap_bytes"),
-            sharer_micro_beside=max((max(e["micro"], default=0) for e in shared_steps), default=0),
-            sharer_cap_micro_beside=max((int(e.get("cap_micro", 0)) for e in shared_steps), default=0),
             host=host,
             sharer=sharer,
         )

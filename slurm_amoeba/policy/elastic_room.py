@@ -10,6 +10,7 @@ the policy's own hooks.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 from collections.abc import Callable, Sequence
@@ -98,6 +99,11 @@ class ElasticPass:
             if job.job_id in self.sizes and job.is_resizable and job.workers > rules.daemon_floor(job)
         ]
         self.fixed: dict[str, dict[str, int]] = {}
+        # while starts are placed: node -> the lenders placed there, lender -> its nodes, and what each node offers
+        # under the floors the placements use, kept up to date node by node (_Rooms)
+        self._on: dict[str, list[JobInfo]] = {}
+        self._nodes_of: dict[str, tuple[str, ...]] = {}
+        self._rooms: dict[Callable[[JobInfo], int], _Rooms] = {}
         self.free_by_node: dict[str, int] = {}
 
     def run(self, started: Sequence[JobInfo]) -> dict[str, dict[str, int]]:
@@ -157,6 +163,12 @@ class ElasticPass:
             if job.job_id in self.victims:
                 for name, count in job.placement.items():
                     self.free_by_node[name] = self.free_by_node.get(name, 0) + count * job.gpus_per_worker
+        self._on = {}
+        for lender in self.lenders:
+            for name in lender.placement:
+                self._on.setdefault(name, []).append(lender)
+        self._nodes_of = {lender.job_id: tuple(lender.placement) for lender in self.lenders}
+        self._rooms = {}
         compacted: set[str] = set()
         for job in started:
             gated = rules.held_for_admission(job, now)
@@ -231,44 +243,31 @@ class ElasticPass:
         Returns:
             The size it was placed at (``workers``, or less with ``fit``), or ``None`` when no placement was chosen.
         """
-        nodes, sizes, fixed = self.free_by_node, self.sizes, self.fixed
+        nodes, fixed = self.free_by_node, self.fixed
         per = job.gpus_per_worker
-        on: dict[str, list[JobInfo]] = {}
-        for lender in self.lenders:
-            for name in lender.placement:
-                on.setdefault(name, []).append(lender)
-
-        def offer(name: str, floor: Callable[[JobInfo], int]) -> int:
-            lent = sum(
-                min(fixed.get(o.job_id, o.placement).get(name, 0), max(sizes[o.job_id] - floor(o), 0))
-                * o.gpus_per_worker
-                for o in on.get(name, [])
-            )
-            return (nodes[name] + lent) // per
-
-        offers = {name: offer(name, keep) for name in nodes}
-        loans = {name: offer(name, lambda o: max(o.requested_workers, o.min_workers)) for name in nodes}
-        whole = [name for name in offers if offers[name] >= workers]
-        if whole:
-            # Best fit: a node with room free first, then one whose room is lent GPUs above requests, the smallest.
-            chosen = [min(whole, key=lambda n: (nodes[n] < workers * per, loans[n] < workers, offers[n], n))]
-        else:
+        on = self._on
+        rooms = self._rooms_under(keep)
+        chosen = rooms.whole(workers, per)
+        if chosen is None:
             if moves is not None and self._move_for_whole_node(job, workers, moves.on(on, fixed), keep, moves):
+                self._touched(nodes)  # lenders moved between nodes: every node may offer another amount now
                 return workers
-            best = max(offers, key=lambda n: (offers[n], nodes[n], n))
-            if fit is not None and workers * per <= fit[1] and fit[0] <= offers[best]:
-                workers = offers[best]  # ``compact_admissions``: smaller, on one node
+            classes = rooms.by_offer(per)
+            best = max(names[-1] for names in classes[0])  # the most offered, then most free, then the last name
+            if fit is not None and workers * per <= fit[1] and fit[0] <= rooms.offer(best, per):
+                workers = rooms.offer(best, per)  # ``compact_admissions``: smaller, on one node
                 chosen = [best]
             else:
                 chosen = []
                 total = 0
-                for name in sorted(offers, key=lambda name: (-offers[name], -nodes[name], name)):
+                for name in (name for lists in classes for name in heapq.merge(*lists)):
                     if total >= workers:
                         break
                     chosen.append(name)
-                    total += offers[name]
+                    total += rooms.offer(name, per)
                 if total < workers:
                     return None
+        offers = {name: rooms.offer(name, per) for name in chosen}
         placement: dict[str, int] = {}
         left = workers
         for name in chosen:
@@ -276,12 +275,40 @@ class ElasticPass:
             self._give_back_on(job, name, take * per, on.get(name, []), keep)
             take = min(take, nodes[name] // per)
             nodes[name] -= take * per
+            self._touched((name,))
             placement[name] = take
             left -= take
         if left == 0:
             fixed[job.job_id] = placement
             return workers
         return None
+
+    def _rooms_under(self, floor: Callable[[JobInfo], int]) -> _Rooms:
+        """What every node offers a start when no lender goes below ``floor``: kept across the starts of one
+        decision for the policy's own floors (``slurm_floor``, ``daemon_floor``) and the request floor, brought up
+        to date for the nodes touched since; built afresh for any other floor (an admission's)."""
+        rooms = self._rooms.get(floor)
+        if rooms is None:
+            loans = None if floor is _request_floor else self._rooms_under(_request_floor)
+            rooms = _Rooms(self, floor, loans)
+            if floor in (self.rules.slurm_floor, self.rules.daemon_floor, _request_floor):
+                self._rooms[floor] = rooms
+        rooms.refresh()
+        return rooms
+
+    def _touched(self, names: Sequence[str] | dict[str, int]) -> None:
+        """Nodes whose free GPUs, or lenders' sizes or placements, changed: every kept :class:`_Rooms` reads them
+        again before its next use."""
+        for rooms in self._rooms.values():
+            rooms.stale.update(names)
+
+    def lent_on(self, name: str, floor: Callable[[JobInfo], int]) -> int:
+        """GPUs the lenders on node ``name`` hold there above ``floor`` (what they would give back for a start)."""
+        sizes, fixed = self.sizes, self.fixed
+        return sum(
+            min(fixed.get(o.job_id, o.placement).get(name, 0), max(sizes[o.job_id] - floor(o), 0)) * o.gpus_per_worker
+            for o in self._on.get(name, [])
+        )
 
     def _give_back_on(
         self, job: JobInfo, name: str, need: int, lenders: Sequence[JobInfo], keep: Callable[[JobInfo], int]
@@ -301,6 +328,7 @@ class ElasticPass:
             fixed[giver.job_id] = {key: count for key, count in current.items() if count > 0}
             sizes[giver.job_id] -= 1
             nodes[name] += giver.gpus_per_worker
+            self._touched((name, *self._nodes_of.get(giver.job_id, ())))  # its extras elsewhere shrink with it
             self.reasons[giver.job_id] = f"slurm+elastic-backfill: gives extra GPUs back for job {job.job_id} on {name}"
 
     def _move_for_whole_node(
@@ -477,6 +505,82 @@ def compact_growth(action: SizeAction, job: JobInfo, node_gpus: int) -> SizeActi
     own = {name: count for name, count in action.placement.items() if name in job.placement}
     workers = sum(own.values())
     return dataclasses.replace(action, workers=workers, placement=own) if workers > job.workers else None
+
+
+def _request_floor(job: JobInfo) -> int:
+    """A lender's requested size (at least its minimum): extras above it are loans."""
+    return max(job.requested_workers, job.min_workers)
+
+
+class _Rooms:
+    """What every node offers a start under one floor, as GPUs (free, plus lenders' extras above the floor), kept in
+    an index so that a start finds its nodes without reading every node (a decision places thousands of starts on
+    ten thousand nodes).
+
+    ``stale`` holds the nodes to read again (:meth:`ElasticPass._touched`). The index groups nodes by (room, free
+    GPUs, loan room: the room under the request floor) and keeps each group's names sorted; every node of a group
+    ranks alike for any start, so the choices below are those of reading every node, in the same order.
+    """
+
+    def __init__(self, owner: ElasticPass, floor: Callable[[JobInfo], int], loans: _Rooms | None) -> None:
+        self.owner = owner
+        self.floor = floor
+        self.loans = loans or self  # the request floor's own index keys on itself
+        self.room: dict[str, int] = {}
+        self.key_of: dict[str, tuple[int, int, int]] = {}
+        self.groups: dict[tuple[int, int, int], list[str]] = {}
+        self.stale: set[str] = set(owner.free_by_node)
+
+    def refresh(self) -> None:
+        """Read the stale nodes again (the loans index first: a group's key holds its room)."""
+        if not self.stale:
+            return
+        if self.loans is not self:
+            self.loans.refresh()
+        owner, nodes = self.owner, self.owner.free_by_node
+        stale, self.stale = self.stale, set()
+        for name in stale:
+            self.room[name] = nodes[name] + owner.lent_on(name, self.floor)
+        for name in stale:
+            self._put(name, (self.room[name], nodes[name], self.loans.room[name]))
+
+    def _put(self, name: str, key: tuple[int, int, int]) -> None:
+        old = self.key_of.get(name)
+        if old == key:
+            return
+        if old is not None:
+            names = self.groups[old]
+            del names[bisect.bisect_left(names, name)]
+            if not names:
+                del self.groups[old]
+        self.key_of[name] = key
+        bisect.insort(self.groups.setdefault(key, []), name)
+
+    def offer(self, name: str, per: int) -> int:
+        """Workers of ``per`` GPUs node ``name`` offers."""
+        return self.room[name] // per
+
+    def whole(self, workers: int, per: int) -> list[str] | None:
+        """The node a start of ``workers`` x ``per`` GPUs takes whole, best fit first: one with the room free, then
+        one whose room is loans above requests, then the smallest offer, then the name; None when no node offers
+        it whole."""
+        need = workers * per
+        best: tuple[bool, bool, int, str] | None = None
+        for (room, free, loan), names in self.groups.items():
+            offer = room // per
+            if offer >= workers:
+                rank = (free < need, loan // per < workers, offer, names[0])
+                if best is None or rank < best:
+                    best = rank
+        return None if best is None else [best[3]]
+
+    def by_offer(self, per: int) -> list[list[list[str]]]:
+        """The nodes in classes of equal (offer, free GPUs), most offered first, then most free; each class as the
+        sorted name lists of its groups."""
+        classes: dict[tuple[int, int], list[list[str]]] = {}
+        for (room, free, _), names in self.groups.items():
+            classes.setdefault((room // per, free), []).append(names)
+        return [lists for _, lists in sorted(classes.items(), key=lambda item: (-item[0][0], -item[0][1]))]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -120,6 +120,22 @@ class Profile:
         self.times = [now]
         self.free = [free]
 
+    @classmethod
+    def with_releases(cls, now: float, free: int, releases: Sequence[tuple[float, int]]) -> Profile:
+        """The profile of ``free`` GPUs now, ``gpus`` more from each release's ``at`` on: what :meth:`add` of each
+        release until ``inf`` makes, built in one pass (sorted, then summed) instead of one pass per release; a
+        release at or before ``now`` counts now, one at ``inf`` never."""
+        gained: dict[float, int] = {}
+        for at, gpus in releases:
+            if not math.isinf(at):
+                key = max(at, now)
+                gained[key] = gained.get(key, 0) + gpus
+        profile = cls(now, free + gained.pop(now, 0))
+        for at in sorted(gained):
+            profile.times.append(at)
+            profile.free.append(profile.free[-1] + gained[at])
+        return profile
+
     def _split(self, at: float) -> int:
         """Index of the step that starts at ``at`` (made so when needed)."""
         index = bisect.bisect_right(self.times, at) - 1
@@ -397,10 +413,9 @@ class SlurmBaselinePolicy:
     ) -> Profile:
         """Free GPUs over time when each running job holds ``held(job)`` GPUs until its time limit (and its other
         GPUs count as free now)."""
-        profile = Profile(now, snapshot.free_gpus + sum(job.gpus - min(held(job), job.gpus) for job in running))
-        for job in running:
-            profile.add(now + self.time_left(job), math.inf, min(held(job), job.gpus))
-        return profile
+        free = snapshot.free_gpus + sum(job.gpus - min(held(job), job.gpus) for job in running)
+        releases = [(now + self.time_left(job), min(held(job), job.gpus)) for job in running]
+        return Profile.with_releases(now, free, releases)
 
     def _preempt_for(
         self,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from slurm_amoeba.policy import PolicyError, Snapshot, check_actions, make_policy
 from slurm_amoeba.policy.amoebad import AdmissionLayer, AmoebadPolicy, ElasticLayer, LasOrderLayer, WholeNodeLayer
-from slurm_amoeba.policy.slurm_baseline import SlurmBaselinePolicy, SlurmPartition
+from slurm_amoeba.policy.slurm_baseline import Profile, SlurmBaselinePolicy, SlurmPartition
 
 from .helpers import job, sized, sizes, snapshot
 from .strategies import snapshots
@@ -482,3 +484,17 @@ def test_max_hold_s_releases_a_held_elastic_job_to_start_at_its_minimum_as_the_l
     assert sizes(bound.decide(cluster, now=7200.0)) == {"p": 2}
     assert bound.decide(cluster, now=1800.0) == []
     check_actions(cluster, list(bound.decide(cluster, now=7200.0)))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_profile_built_from_releases_in_one_pass_is_the_one_adding_each_release_makes(seed: int) -> None:
+    rng = random.Random(seed)
+    now = 100.0
+    releases = [(rng.choice((50.0, now, now + rng.choice((0.5, 10.0, 10.0, 300.0)), math.inf)), rng.randint(0, 8))]
+    releases += [(now + rng.uniform(-20, 400), rng.randint(0, 8)) for _ in range(40)]
+    releases += [(now + 10.0, 4), (now + 10.0, 2)]  # two at one time: one step
+    one_by_one = Profile(now, 3)
+    for at, gpus in releases:
+        one_by_one.add(at, math.inf, gpus)
+    built = Profile.with_releases(now, 3, releases)
+    assert (built.times, built.free) == (one_by_one.times, one_by_one.free)

@@ -351,7 +351,7 @@ def bench_loop(
         ``status_p99_s`` (amoebactl's reply time while the agents report), ``uids``, ``processes``,
         ``raised_limits``, ``agents``, ``interval_s``, ``report_s``; ``errors`` from the simulated users; and, over
         the reporting window, ``daemon_cpu_share`` (the daemon's process CPU seconds per wall second: 1.0 is one
-        core), ``munged_cpu_share``, ``round_cpu_share`` (the rounds' wall time per wall second: an upper bound of
+        core), ``munged_cpu_share``, ``round_wall_share`` (the rounds' wall time per wall second: an upper bound of
         their CPU), ``daemon_cpu_per_report_s`` (the daemon's CPU, rounds included, per answered report: an upper
         bound of a report's cost) and ``reports_per_daemon_core_s`` (one core over that cost: what one core of its
         own would answer, rounds and all, at least).
@@ -439,7 +439,7 @@ def bench_loop(
         "errors": errors,
         "daemon_cpu_share": daemon_cpu / wall if wall else float("nan"),
         "munged_cpu_share": munged_cpu / wall if wall else float("nan"),
-        "round_cpu_share": round_share,
+        "round_wall_share": round_share,
         "daemon_cpu_per_report_s": per_report,
         "reports_per_daemon_core_s": 1.0 / per_report if per_report > 0 else float("nan"),
     }

@@ -536,9 +536,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             (
                 "daemon CPU",
-                f"{result['daemon_cpu_share']:.2f} cores (rounds {result['round_cpu_share']:.2f}), munged "
-                f"{result['munged_cpu_share']:.2f} cores; {result['daemon_cpu_per_report_s'] * 1e6:.0f} us per "
-                f"report: one core of its own answers {result['reports_per_daemon_core_s']:.0f} reports/s",
+                f"{result['daemon_cpu_share']:.2f} cores (rounds: {result['round_wall_share']:.2f} of the wall "
+                f"time), munged {result['munged_cpu_share']:.2f} cores; "
+                f"{result['daemon_cpu_per_report_s'] * 1e6:.0f} us per report: one core of its own answers "
+                f"{result['reports_per_daemon_core_s']:.0f} reports/s",
             ),
             (
                 "amoebactl status",

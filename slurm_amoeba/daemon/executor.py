@@ -409,6 +409,7 @@ class LiveExecutor:
                 why = f"host job {beside.host} needs its GPUs back"
             elif (lost := self._lost_by_growing(agent, beside)) is not None:
                 why = lost
+                agent.rates.grew_at_a_loss = True  # measured: it grows beside no host again
             else:
                 continue
             ordered[agent.job_id] = self._unshare(agent, beside, why, source)
@@ -418,7 +419,7 @@ class LiveExecutor:
     def _lost_by_growing(agent: AgentRecord, beside: Beside) -> str | None:
         """Why a settled sharer goes back to its own workers because it trains slower with those beside the host
         than it did alone (:meth:`~.agents.MeasuredRates.lost_by_growing`, beyond :data:`GROWTH_LOSS_MARGIN`), or
-        None. Such a job grows beside no host again."""
+        None."""
         report = agent.report
         if report is None or agent.in_flight is not None or report.resizing:
             return None
@@ -426,7 +427,6 @@ class LiveExecutor:
         lost = agent.rates.lost_by_growing(own, report.size, GROWTH_LOSS_MARGIN) if own >= 1 else None
         if lost is None:
             return None
-        agent.rates.grew_at_a_loss = True
         return (
             f"it trains at {lost[0]:.1f} samples/s with {report.size} workers, {beside.workers} beside host job "
             f"{beside.host}, below its {lost[1]:.1f} with its own {own} alone: it grows beside no host again"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from slurm_amoeba.policy.actions import Resize
@@ -296,7 +296,7 @@ class ElasticPass:
         rooms.refresh()
         return rooms
 
-    def _touched(self, names: Sequence[str] | dict[str, int]) -> None:
+    def _touched(self, names: Iterable[str]) -> None:
         """Nodes whose free GPUs, or lenders' sizes or placements, changed: every kept :class:`_Rooms` reads them
         again before its next use."""
         for rooms in self._rooms.values():

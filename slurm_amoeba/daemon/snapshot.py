@@ -206,11 +206,13 @@ def build_snapshot(
     nodes = show_released(placeable, releasing)
     others = [info for info in jobs if info.job_id not in managed]
     free_now = sum(node_info.gpus_free for node_info in nodes)
+    kept, left = cap_young_pending(jobs, free_now, now, make_room_after_s)
     return Observation(
         snapshot=Snapshot(
             nodes=nodes,
-            jobs=cap_young_pending(jobs, free_now, now, make_room_after_s),
+            jobs=kept,
             colocation=sharing.prior(job_types) if sharing is not None else {},
+            left_to_slurm=left,
         ),
         managed=managed,
         orphans=split.orphans,
@@ -420,7 +422,7 @@ def show_released(nodes: Sequence[NodeInfo], releasing: Mapping[str, int]) -> tu
 
 def cap_young_pending(
     jobs: Sequence[JobInfo], free_gpus: int, now: float, make_room_after_s: float
-) -> tuple[JobInfo, ...]:
+) -> tuple[tuple[JobInfo, ...], tuple[JobInfo, ...]]:
     """Pending jobs younger than ``make_room_after_s`` ask for at most the free GPUs; those that get none are left out.
 
     Args:
@@ -430,11 +432,14 @@ def cap_young_pending(
         make_room_after_s: how long a pending job is left to Slurm; 0 leaves every job as it is.
 
     Returns:
-        The jobs, in the same order; pending elastic jobs as they are (admission decides on their whole range).
+        The jobs kept, in the same order (pending elastic jobs as they are: admission decides on their whole range),
+        and the jobs left out, as they were (``Snapshot.left_to_slurm``: they still wait in Slurm's queue, and
+        queue ordering orders them).
     """
     if make_room_after_s <= 0:
-        return tuple(jobs)
+        return tuple(jobs), ()
     kept: list[JobInfo] = []
+    left: list[JobInfo] = []
     for info in jobs:
         if info.state is not JobPhase.PENDING or now - info.submit_time >= make_room_after_s or info.is_elastic:
             kept.append(info)
@@ -442,7 +447,9 @@ def cap_young_pending(
         capped = min(info.requested_workers, free_gpus)
         if capped > 0:
             kept.append(dataclasses.replace(info, requested_workers=capped, min_workers=capped, max_workers=capped))
-    return tuple(kept)
+        else:
+            left.append(info)
+    return tuple(kept), tuple(left)
 
 
 def _split_leaving(

@@ -215,8 +215,10 @@ class QueueOrderLayer(PolicyLayer):
     own_priorities: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def ordered(self, snapshot: Snapshot) -> list[JobInfo]:
-        """The pending jobs it orders (:func:`orders`), in 2D-LAS order."""
-        jobs = [job for job in snapshot.jobs if orders(job, self.partitions, self.users)]
+        """The pending jobs it orders (:func:`orders`), in 2D-LAS order: those of the snapshot's jobs and those it
+        left to Slurm (young jobs nobody makes room for yet still wait in Slurm's queue)."""
+        queued = itertools.chain(snapshot.jobs, snapshot.left_to_slurm)
+        jobs = [job for job in queued if orders(job, self.partitions, self.users)]
         return las_order(jobs, self.thresholds_gpu_s)
 
     def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:

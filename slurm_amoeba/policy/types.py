@@ -286,11 +286,16 @@ class Snapshot:
         jobs: every job that has been submitted and has not finished.
         colocation: ``(job_type, partner_type)`` -> fraction of its solo rate a job of ``job_type`` keeps while it
             shares GPUs with a job of ``partner_type`` (measured; empty when GPU sharing is not modelled).
+        left_to_slurm: pending jobs that are not in :attr:`jobs` because nobody is to make room for them yet (live:
+            regular jobs younger than ``make_room_after_s`` with no GPU free, which Slurm starts or preempts for by
+            itself). They still wait in Slurm's queue: a layer that orders the queue orders them too; placement and
+            resizing never see them.
     """
 
     nodes: tuple[NodeInfo, ...]
     jobs: tuple[JobInfo, ...]
     colocation: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    left_to_slurm: tuple[JobInfo, ...] = ()
     _by_id: dict[str, JobInfo] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property

@@ -104,7 +104,7 @@ class Ordering:
         ledger = Ledger(DaemonConfig(), queue.metrics, lambda: 0.0)
         self.executor = LiveExecutor(ledger, Actuator(1, 1.0, 0), queue.metrics, orderer=queue, revert_on_stop=False)
 
-    def apply(self, shown: ClusterView, now: float) -> QueueRound:
+    def apply(self, shown: ClusterView, now: float, make_room_after_s: float = 0.0) -> QueueRound:
         obs = build_snapshot(
             shown,
             {},
@@ -113,9 +113,10 @@ class Ordering:
             elastic_partition="elastic",
             stale_after_s=60.0,
             now=now,
+            make_room_after_s=make_room_after_s,
             service=self.book.update(shown, now),
         )
-        jobs = {info.job_id: info for info in obs.snapshot.jobs}
+        jobs = {info.job_id: info for info in (*obs.snapshot.jobs, *obs.snapshot.left_to_slurm)}
         self.executor.apply(self.layer.decide(obs.snapshot, now), jobs, (), source="policy", now=now)
         self.executor.wait()
         assert self.orderer.last is not None
@@ -441,3 +442,23 @@ def test_the_requeued_job_of_the_e2e_scenario_goes_behind_the_fresh_ones_once_it
     requeued = dataclasses.replace(requeued, state_reason="Resources")  # `scontrol update StartTime=now`
     done = queue.apply(view([requeued, blocker, *fresh], control), 1_006.0)
     assert done.changed == (("3", 100), ("4", 99), ("1", 98))
+
+
+def test_young_jobs_left_to_slurm_are_ordered_all_the_same() -> None:
+    # The e2e scenario as amoebad runs it: B and C were submitted 2 s ago while X holds every GPU, so the snapshot
+    # leaves them to Slurm (younger than make_room_after_s, nothing free): they are still in Slurm's queue, behind
+    # the requeued A, and queue ordering puts them first.
+    control = FakeControl()
+    queue = orderer(control, thresholds_gpu_s=(20.0,), users=("amoeba-las",))
+    whole = {"gpus_per_node": 4, "node_count": 4, "user": "amoeba-las"}
+    cluster = {f"n{i}": 4 for i in range(1, 5)}
+    queue.apply(view([job(1, gpus=cluster, user="amoeba-las")], control), 1_004.0, make_room_after_s=5.0)
+    blocker = job(2, gpus=cluster, submit_time=1_004, user="amoeba-las")
+    fresh = [
+        job(3, state=PENDING, submit_time=1_004, priority=99, reason="Priority", **whole),  # type: ignore[arg-type]
+        job(4, state=PENDING, submit_time=1_004, priority=98, reason="Priority", **whole),  # type: ignore[arg-type]
+    ]
+    requeued = job(1, state=PENDING, priority=100, reason="Resources", **whole)  # type: ignore[arg-type]
+    done = queue.apply(view([requeued, blocker, *fresh], control), 1_006.0, make_room_after_s=5.0)
+    assert done.changed == (("3", 100), ("4", 99), ("1", 98))
+    assert queue.orderer.touched == {"3": 99, "4": 98, "1": 100}  # their own priorities, for the revert

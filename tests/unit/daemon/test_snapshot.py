@@ -113,19 +113,19 @@ def test_show_released_frees_what_is_given_back_but_never_more_than_a_node_has()
     assert [n.gpus_free for n in shown] == [3, 4, 0]
 
 
-def test_cap_young_pending_asks_only_for_what_is_free_and_drops_a_young_job_that_would_get_nothing() -> None:
+def test_cap_young_pending_asks_only_for_what_is_free_and_leaves_a_young_job_that_would_get_nothing_to_slurm() -> None:
     jobs = [
         policy_job("young", 4, submit=NOW - 1),
         policy_job("old", 4, submit=NOW - 60),
         policy_job("run", 2, placement={"n0": 2}, submit=NOW - 1),
     ]
-    assert [(j.job_id, j.requested_workers) for j in cap_young_pending(jobs, 3, NOW, 5.0)] == [
-        ("young", 3),
-        ("old", 4),
-        ("run", 2),
-    ]
-    assert [j.job_id for j in cap_young_pending(jobs, 0, NOW, 5.0)] == ["old", "run"]
-    assert list(cap_young_pending(jobs, 0, NOW, 0.0)) == jobs
+    kept, left = cap_young_pending(jobs, 3, NOW, 5.0)
+    assert [(j.job_id, j.requested_workers) for j in kept] == [("young", 3), ("old", 4), ("run", 2)]
+    assert left == ()
+    kept, left = cap_young_pending(jobs, 0, NOW, 5.0)
+    assert [j.job_id for j in kept] == ["old", "run"]
+    assert left == (jobs[0],)  # as it was: it still waits in Slurm's queue
+    assert cap_young_pending(jobs, 0, NOW, 0.0) == (tuple(jobs), ())
 
 
 def planned_agent(min_workers: int, predicted: dict[str, float], size: int = 4) -> AgentRecord:

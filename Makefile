@@ -24,13 +24,14 @@ docs: bootstrap
 	$(PY) -m benchmarks.render_results --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# The unit tests (no Slurm) run on two processes (pytest-xdist; worksteal: an idle one takes queued tests from the
-# other, so neither waits out the other's last slow tests); the Slurm tests then run serially, in one session
-# around one cluster (the slurm_cluster fixture). Every test runs: the two split tests/ between them, and the second
-# runs even when the first failed (make test fails if either did).
+# The tests that need no Slurm (every unit test, and the integration tests not marked slurm) run on two processes
+# (pytest-xdist; worksteal: an idle one takes queued tests from the other, so neither waits out the other's last
+# slow tests); the Slurm tests then run serially, in one session around one cluster (the slurm_cluster fixture).
+# Every test runs: the marker splits tests/ between the two, and the second runs even when the first failed (make
+# test fails if either did).
 test: bootstrap lint typecheck docs
-	$(PY) -m pytest tests/unit -n 2 --dist worksteal --durations=25; unit=$$?; \
-	$(PY) -m pytest tests/integration tests/e2e --durations=25 && exit $$unit
+	$(PY) -m pytest tests -m "not slurm" -n 2 --dist worksteal --durations=25; unit=$$?; \
+	$(PY) -m pytest tests -m slurm --durations=25 && exit $$unit
 
 unit: bootstrap
 	$(PY) -m pytest tests/unit -n 2 --dist worksteal

@@ -11,6 +11,8 @@ munge, as at a site:
   ZeroMQ context is forked) and learn its endpoint through a pipe. Run as another user, every agent is that
   user's, in one process;
 - each process registers its agents, then reports each of them every ``report_s`` seconds, and answers directives;
+  with ``--seal ahead`` it signs the window's reports before the window starts (at a site each agent signs on its
+  own node: signing them here, during the window, takes cores the daemon and munged are measured on);
 - one more process of the first simulated user asks ``status`` twice a second, as ``amoebactl status`` does, and
   times the replies while the agents report;
 - the daemon's collector is set as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`);
@@ -49,7 +51,7 @@ from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterSource
 from slurm_amoeba.slurm import JobRecord
 from slurm_amoeba.transport.channel import ChannelError, ChannelServer, destination, request
-from slurm_amoeba.transport.munge import seal
+from slurm_amoeba.transport.munge import MAX_AGE_S, seal
 
 #: The first uid of the simulated users (unused on a site's machines: far above the usual ranges).
 UID_BASE = 200_000
@@ -205,10 +207,41 @@ def _fork_as(uid: int, work: Callable[[str], dict[str, Any]]) -> _Forked:
     os._exit(code)
 
 
+def report_message(job: Mapping[str, Any], now: float) -> Message:
+    """A simulated agent's report of ``job`` at ``now``: its size, throughput at every size up to one above it."""
+    size = job["size"]
+    body = {
+        "job_id": job["job_id"],
+        "size": size,
+        "generation": 1,
+        "target": size,
+        "throughput": {str(n): 100.0 * n**0.9 for n in range(1, size + 2)},
+        "history": [{"t": now, "event": "report"}],
+        "satellites": [],
+    }
+    return Message("report", body)
+
+
+def sealed_reports(spec: Sequence[Mapping[str, Any]], count: int, to: str, now: float) -> list[tuple[str, list[bytes]]]:
+    """The first ``count`` reports of the schedule (the jobs of ``spec`` in turn), each signed now: (message id,
+    frames to send)."""
+    out = []
+    for index in range(count):
+        message = report_message(spec[index % len(spec)], now)
+        payload = encode(message)
+        out.append((message.id, [b"", seal(payload, to=to), payload]))
+    return out
+
+
 def simulate_agents(
-    endpoint: str, spec: Sequence[Mapping[str, Any]], duration_s: float, report_s: float
+    endpoint: str, spec: Sequence[Mapping[str, Any]], duration_s: float, report_s: float, *, ahead: bool = False
 ) -> dict[str, Any]:
-    """One user's agents: register each job, answer directives, report every job every ``report_s`` seconds."""
+    """One user's agents: register each job, answer directives, report every job every ``report_s`` seconds.
+
+    With ``ahead`` every report of the window is signed before it starts (:func:`sealed_reports`; the window must
+    then fit in the credentials' age bound, ``MAX_AGE_S``), so that the window's CPU on this machine is the daemon's
+    and munged's checking of them, as at a site, where each agent signs on its own node; otherwise each report is
+    signed when it is sent."""
     directives = ChannelServer("tcp://127.0.0.1:*")
     stop = threading.Event()
     answered = [0]
@@ -248,6 +281,8 @@ def simulate_agents(
     latencies: list[float] = []
     errors = 0
     per_report = report_s / len(spec)
+    to = destination(endpoint)
+    signed = sealed_reports(spec, math.ceil(duration_s / per_report), to, time.time()) if ahead else []
     begin = time.time()
     end = begin + duration_s
     index = 0
@@ -266,21 +301,14 @@ def simulate_agents(
     while (now := time.time()) < end:
         due = begin + index * per_report
         if now >= due:
-            job = spec[index % len(spec)]
-            size = job["size"]
-            body = {
-                "job_id": job["job_id"],
-                "size": size,
-                "generation": 1,
-                "target": size,
-                "throughput": {str(n): 100.0 * n**0.9 for n in range(1, size + 2)},
-                "history": [{"t": now, "event": "report"}],
-                "satellites": [],
-            }
-            message = Message("report", body)
-            payload = encode(message)
-            sent[message.id] = time.perf_counter()
-            sock.send_multipart([b"", seal(payload, to=destination(endpoint)), payload])
+            if index < len(signed):
+                message_id, frames = signed[index]
+            else:  # signed as it goes (or the window outlasted what was signed ahead)
+                message = report_message(spec[index % len(spec)], now)
+                payload = encode(message)
+                message_id, frames = message.id, [b"", seal(payload, to=to), payload]
+            sent[message_id] = time.perf_counter()
+            sock.send_multipart(frames)
             index += 1
         collect(0 if now >= due else max(0, int((due - time.time()) * 1000)))
     drain_until = time.time() + 10
@@ -332,6 +360,7 @@ def bench_loop(
     policy_name: str,
     report_s: float,
     per_uid: int,
+    seal_ahead: bool = False,
 ) -> dict[str, Any]:
     """Run the daemon's loop with every elastic job's agent simulated (see the module docstring).
 
@@ -344,6 +373,11 @@ def bench_loop(
         policy_name: the daemon's policy.
         report_s: each agent reports every this many seconds.
         per_uid: elastic jobs per simulated user.
+        seal_ahead: the agents sign the window's reports before it starts (:func:`simulate_agents`); the window
+            must then be at most ``MAX_AGE_S``.
+
+    Raises:
+        ValueError: ``seal_ahead`` with a window longer than the credentials' age bound.
 
     Returns:
         ``loop_s`` (median round), ``loop_max_s``, ``late_max_s`` (how late the latest round started), ``rounds``,
@@ -356,6 +390,11 @@ def bench_loop(
         bound of a report's cost) and ``reports_per_daemon_core_s`` (one core over that cost: what one core of its
         own would answer, rounds and all, at least).
     """
+    if seal_ahead and duration_s > MAX_AGE_S:
+        raise ValueError(
+            f"a {duration_s:g} s window of reports signed ahead outlives their credentials ({MAX_AGE_S:g} s, "
+            "MAX_AGE_S): report for that long or less, or sign each report as it is sent"
+        )
     root = os.getuid() == 0
     if root:
         records, owner = spread_over_users(jobs, elastic, per_uid)
@@ -370,7 +409,10 @@ def bench_loop(
     seal(b"load libmunge before forking", to="bench")
     settle_s = 10.0 + len(elastic) / 200  # registrations before the reporting starts
     processes = [
-        _fork_as(uid, functools.partial(simulate_agents, spec=spec, duration_s=duration_s, report_s=report_s))
+        _fork_as(
+            uid,
+            functools.partial(simulate_agents, spec=spec, duration_s=duration_s, report_s=report_s, ahead=seal_ahead),
+        )
         for uid, spec in users.items()
     ]
     probe = _fork_as(next(iter(users), os.getuid()), lambda endpoint: probe_status(endpoint, duration_s + settle_s))
@@ -426,6 +468,7 @@ def bench_loop(
         "uids": len(users),
         "processes": len(processes) + 1,
         "raised_limits": raised,
+        "signed_ahead": seal_ahead,
         "reports_sent": sum(r["reports_sent"] for r in done),
         "reports_per_s": len(latencies) / duration_s,
         "reports_unanswered": sum(r["reports_unanswered"] for r in done),

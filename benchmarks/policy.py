@@ -52,7 +52,7 @@ from slurm_amoeba.daemon.observer import ClusterView, Observation
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import Policy, check_actions, make_policy, policy_names
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
-from slurm_amoeba.transport.munge import seal, unseal
+from slurm_amoeba.transport.munge import MAX_AGE_S, seal, unseal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,6 +427,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--agents-per-uid", type=int, default=64, help="elastic jobs per simulated user (run as root: one uid each)"
     )
+    parser.add_argument(
+        "--seal",
+        choices=("live", "ahead"),
+        default="live",
+        help="the simulated agents sign each report as they send it (live), or every report of the window before it "
+        "starts (ahead: at a site each agent signs on its own node; ahead keeps this machine's cores for the daemon "
+        "and munged, and needs --duration of at most 30 s)",
+    )
     parser.add_argument("--skip-loop", action="store_true", help="measure the decision time only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None, help="also write the result document here")
@@ -454,6 +462,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--decision-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(args_list)
+    if not args.skip_loop and args.seal == "ahead" and args.duration > MAX_AGE_S:
+        parser.error(
+            f"--duration {args.duration:g} with --seal ahead: reports signed before the window must be sent within "
+            f"their credentials' {MAX_AGE_S:g} s; use --duration {MAX_AGE_S:g} or less, or --seal live"
+        )
     if args.short:
         args.nodes, args.jobs, args.agents, args.repeats, args.interval, args.duration = 50, 100, 50, 3, 1.0, 5.0
     recording = Recording("policy-loop" if not args.skip_loop else "policy-decision", vars(args))
@@ -495,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy_name=args.policy,
             report_s=args.report_every,
             per_uid=args.agents_per_uid,
+            seal_ahead=args.seal == "ahead",
         )
         result.update({key: value for key, value in loop.items() if key not in ("agents",)})
     if args.out is not None:

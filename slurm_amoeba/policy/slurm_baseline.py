@@ -151,21 +151,28 @@ class Profile:
             return
         first = self._split(max(start, self.times[0]))
         last = len(self.times) if math.isinf(end) else self._split(end)
-        for index in range(first, last):
-            self.free[index] += gpus
+        free = self.free
+        free[first:last] = map(gpus.__add__, free[first:last])
 
     def earliest(self, need: int, duration: float, latest: float) -> float | None:
-        """The earliest time at or before ``latest`` from which ``need`` GPUs stay free for ``duration``."""
-        count = len(self.times)
-        for start in range(count):
-            at = self.times[start]
+        """The earliest time at or before ``latest`` from which ``need`` GPUs stay free for ``duration``.
+
+        One pass: a start whose window meets a step with too few GPUs fails, and so does every later start up to
+        that step (their windows hold it too), so the next start tried is the step after it."""
+        times, free = self.times, self.free
+        count = len(times)
+        start = 0
+        while start < count:
+            at = times[start]
             if at > latest:
                 return None
+            until = at + duration
             index = start
-            while index < count and self.times[index] < at + duration and self.free[index] >= need:
+            while index < count and times[index] < until and free[index] >= need:
                 index += 1
-            if index == count or self.times[index] >= at + duration:
+            if index == count or times[index] >= until:
                 return at
+            start = index + 1
         return None
 
     def copy(self) -> Profile:

@@ -297,11 +297,17 @@ class Snapshot:
     colocation: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     left_to_slurm: tuple[JobInfo, ...] = ()
     _by_id: dict[str, JobInfo] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    _total_gpus: int | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def total_gpus(self) -> int:
-        """GPUs on all nodes."""
-        return sum(node.gpus_total for node in self.nodes)
+        """GPUs on all nodes (summed once per snapshot, on the first call: decisions ask for it per job, and a
+        snapshot never changes)."""
+        total = self._total_gpus
+        if total is None:
+            total = sum(node.gpus_total for node in self.nodes)
+            object.__setattr__(self, "_total_gpus", total)
+        return total
 
     @property
     def free_gpus(self) -> int:

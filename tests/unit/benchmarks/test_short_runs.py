@@ -9,10 +9,19 @@ in ``tests/integration/test_benchmarks.py``.
 from __future__ import annotations
 
 import json
+import os
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import goodput, policy, share_sim, sim_speed, sim_study
+import pytest
+
+from benchmarks import goodput, loop, policy, share_sim, sim_speed, sim_study
+from slurm_amoeba.core.messages import decode
+from slurm_amoeba.daemon.observer import ClusterSource
+from slurm_amoeba.slurm import JobRecord
+from slurm_amoeba.transport.munge import unseal
 
 
 def _document(path: Path, benchmark: str) -> dict[str, Any]:
@@ -68,3 +77,30 @@ def test_the_sharing_benchmark_runs_short_on_one_workload_per_load(tmp_path: Pat
     assert by_row["sjf, no sharing"]["shared_jobs"] == 0, "without a co-location table nothing pairs"
     assert by_row["sjf-bsbf"]["shared_jobs"] > 0 and by_row["antman"]["shared_jobs"] > 0
     assert document["tables"]["sharing"].count("\n| 1.0x |") == len(share_sim.ROWS), "one line per policy"
+
+
+def _no_slurm(records: Sequence[JobRecord]) -> ClusterSource:
+    raise AssertionError("the window was refused before any Slurm was asked for")
+
+
+def test_the_loop_signs_ahead_only_a_window_its_credentials_outlive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        policy.main(["--seal", "ahead", "--duration", "40"])
+    assert stopped.value.code == 2
+    assert "--duration 40 with --seal ahead" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="outlives their credentials"):
+        loop.bench_loop([], {}, _no_slurm, interval_s=1.0, duration_s=31.0, policy_name="fifo", report_s=5.0,
+                        per_uid=1, seal_ahead=True)  # fmt: skip
+
+
+def test_reports_signed_ahead_each_open_for_the_daemon_in_turn(munged: None) -> None:
+    spec = [{"job_id": "7", "size": 2}, {"job_id": "8", "size": 1}]
+    signed = loop.sealed_reports(spec, 5, "tcp port 6820", time.time())
+    assert len({message_id for message_id, _ in signed}) == 5
+    jobs = []
+    for message_id, (empty, credential, payload) in signed:
+        assert empty == b"" and unseal(credential, payload, to="tcp port 6820").uid == os.getuid()
+        message = decode(payload)
+        assert message.id == message_id and message.kind == "report"
+        jobs.append(message.body["job_id"])
+    assert jobs == ["7", "8", "7", "8", "7"]

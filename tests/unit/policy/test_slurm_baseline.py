@@ -498,3 +498,28 @@ def test_a_profile_built_from_releases_in_one_pass_is_the_one_adding_each_releas
         one_by_one.add(at, math.inf, gpus)
     built = Profile.with_releases(now, 3, releases)
     assert (built.times, built.free) == (one_by_one.times, one_by_one.free)
+
+
+def _earliest_by_every_start(profile: Profile, need: int, duration: float, latest: float) -> float | None:
+    """The definition: the first step start from which ``need`` GPUs stay free for ``duration`` (each start tried)."""
+    for start, at in enumerate(profile.times):
+        if at > latest:
+            return None
+        ends = [i for i in range(start, len(profile.times)) if profile.times[i] < at + duration]
+        if all(profile.free[i] >= need for i in ends):
+            return at
+    return None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_earliest_start_in_one_pass_is_the_one_trying_every_start(seed: int) -> None:
+    rng = random.Random(seed)
+    profile = Profile(0.0, rng.randint(0, 16))
+    for _ in range(rng.randint(0, 60)):
+        start = rng.uniform(0, 500)
+        end = rng.choice((math.inf, start + rng.uniform(1, 200)))
+        profile.add(start, end, rng.randint(-6, 6))
+    for _ in range(40):
+        need, duration = rng.randint(0, 16), rng.choice((1.0, 30.0, 120.0, 600.0))
+        latest = rng.choice((math.inf, rng.uniform(0, 500)))
+        assert profile.earliest(need, duration, latest) == _earliest_by_every_start(profile, need, duration, latest)

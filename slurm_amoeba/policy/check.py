@@ -44,6 +44,8 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
     sized: dict[str, _Sized] = {}
     for action in actions:
         job = jobs.get(action.job_id)
+        if job is None and isinstance(action, act.SetPriority):  # a job left to Slurm still waits in its queue
+            job = next((left for left in snapshot.left_to_slurm if left.job_id == action.job_id), None)
         if job is None:
             raise PolicyError(
                 f"{act.action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot"

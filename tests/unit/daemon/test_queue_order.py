@@ -19,6 +19,7 @@ from slurm_amoeba.daemon.ledger import Ledger
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.observer import ClusterView, ServiceBook
 from slurm_amoeba.daemon.snapshot import build_snapshot
+from slurm_amoeba.policy import check_actions
 from slurm_amoeba.policy.fifo import FifoPolicy
 from slurm_amoeba.policy.queue_order import QueueOrderLayer
 from slurm_amoeba.slurm import CliSlurmClient, JobRecord, JobState, SlurmCommandError
@@ -117,7 +118,9 @@ class Ordering:
             service=self.book.update(shown, now),
         )
         jobs = {info.job_id: info for info in (*obs.snapshot.jobs, *obs.snapshot.left_to_slurm)}
-        self.executor.apply(self.layer.decide(obs.snapshot, now), jobs, (), source="policy", now=now)
+        actions = self.layer.decide(obs.snapshot, now)
+        check_actions(obs.snapshot, actions)  # as the daemon's round does before it applies them
+        self.executor.apply(actions, jobs, (), source="policy", now=now)
         self.executor.wait()
         assert self.orderer.last is not None
         return self.orderer.last

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import slurm_amoeba.policy.actions as act
@@ -88,3 +90,13 @@ def test_check_rejects_a_second_guest_on_one_host() -> None:
 def test_check_accepts_a_shrink_that_frees_room_for_a_start() -> None:
     snap = snapshot([4], [job("el", 2, low=2, high=4, placement={"n0": 4}), job("new", 2, submit=1)])
     check_actions(snap, [act.Start("new", 2, {"n0": 2}), act.Resize("el", 2, {"n0": 2})])
+
+
+def test_a_job_left_to_slurm_may_get_a_priority_but_nothing_else() -> None:
+    young = job("young", 4, submit=9)
+    snap = dataclasses.replace(_cluster(), left_to_slurm=(young,))
+    check_actions(snap, [act.SetPriority("young", 7)])
+    with pytest.raises(PolicyError, match="'young', which is not in the snapshot"):
+        check_actions(snap, [act.Start("young", 4)])
+    with pytest.raises(PolicyError, match="'young', which is not in the snapshot"):
+        check_actions(snap, [act.Hold("young")])

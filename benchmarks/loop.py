@@ -207,6 +207,19 @@ def _fork_as(uid: int, work: Callable[[str], dict[str, Any]]) -> _Forked:
     os._exit(code)
 
 
+def check_signing_window(duration_s: float, seal_ahead: bool) -> None:
+    """Refuse a window of reports signed ahead that outlives their credentials (``MAX_AGE_S``).
+
+    Raises:
+        ValueError: what was asked and what to do instead.
+    """
+    if seal_ahead and duration_s > MAX_AGE_S:
+        raise ValueError(
+            f"a {duration_s:g} s window of reports signed ahead outlives their credentials ({MAX_AGE_S:g} s, "
+            f"MAX_AGE_S): report for {MAX_AGE_S:g} s or less, or sign each report as it is sent"
+        )
+
+
 def report_message(job: Mapping[str, Any], now: float) -> Message:
     """A simulated agent's report of ``job`` at ``now``: its size, throughput at every size up to one above it."""
     size = job["size"]
@@ -390,11 +403,7 @@ def bench_loop(
         bound of a report's cost) and ``reports_per_daemon_core_s`` (one core over that cost: what one core of its
         own would answer, rounds and all, at least).
     """
-    if seal_ahead and duration_s > MAX_AGE_S:
-        raise ValueError(
-            f"a {duration_s:g} s window of reports signed ahead outlives their credentials ({MAX_AGE_S:g} s, "
-            "MAX_AGE_S): report for that long or less, or sign each report as it is sent"
-        )
+    check_signing_window(duration_s, seal_ahead)
     root = os.getuid() == 0
     if root:
         records, owner = spread_over_users(jobs, elastic, per_uid)

@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loop import bench_loop
+from benchmarks.loop import bench_loop, check_signing_window
 from benchmarks.record import Recording
 from slurm_amoeba.core.messages import Message, encode
 from slurm_amoeba.daemon.agents import AgentRecord, Registration, Report
@@ -52,7 +52,7 @@ from slurm_amoeba.daemon.observer import ClusterView, Observation
 from slurm_amoeba.daemon.snapshot import build_snapshot
 from slurm_amoeba.policy import Policy, check_actions, make_policy, policy_names
 from slurm_amoeba.slurm import JobRecord, JobState, NodeRecord
-from slurm_amoeba.transport.munge import MAX_AGE_S, seal, unseal
+from slurm_amoeba.transport.munge import seal, unseal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,11 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--decision-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(args_list)
-    if not args.skip_loop and args.seal == "ahead" and args.duration > MAX_AGE_S:
-        parser.error(
-            f"--duration {args.duration:g} with --seal ahead: reports signed before the window must be sent within "
-            f"their credentials' {MAX_AGE_S:g} s; use --duration {MAX_AGE_S:g} or less, or --seal live"
-        )
+    try:
+        check_signing_window(args.duration if not args.skip_loop else 0.0, args.seal == "ahead")
+    except ValueError as exc:
+        parser.error(f"--duration with --seal ahead: {exc}")
     if args.short:
         args.nodes, args.jobs, args.agents, args.repeats, args.interval, args.duration = 50, 100, 50, 3, 1.0, 5.0
     recording = Recording("policy-loop" if not args.skip_loop else "policy-decision", vars(args))

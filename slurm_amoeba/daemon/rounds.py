@@ -265,7 +265,7 @@ class RoundLoop:
 
     def act(self, plan: Plan, obs: Observation, now: float) -> Executed:
         """The act step: the plan's actions to the executor (a directive is in flight from then on)."""
-        jobs = {info.job_id: info for info in (*obs.snapshot.jobs, *obs.snapshot.left_to_slurm)}
+        jobs = obs.snapshot.queued_by_id()
         actions = (*plan.actions, *self.ledger.take_requested_shares())  # an operator's shares (amoebactl share)
         nodes = {node.name: node for node in obs.snapshot.nodes} if self.config.sharing.enabled else None
         return self.executor.apply(actions, jobs, obs.managed, source=plan.source, now=now, nodes=nodes)

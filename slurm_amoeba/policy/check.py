@@ -38,14 +38,13 @@ def check_actions(snapshot: Snapshot, actions: Sequence[act.Action]) -> None:
         PolicyError: the first broken invariant, named with the job and the numbers.
     """
     jobs = snapshot.by_id()
+    in_queue = snapshot.queued_by_id() if snapshot.left_to_slurm else jobs  # a priority may go to a job left to Slurm
     gpus = _GpuLedger(snapshot)
     placed: set[str] = set()
     queued: set[str] = set()
     sized: dict[str, _Sized] = {}
     for action in actions:
-        job = jobs.get(action.job_id)
-        if job is None and isinstance(action, act.SetPriority):  # a job left to Slurm still waits in its queue
-            job = next((left for left in snapshot.left_to_slurm if left.job_id == action.job_id), None)
+        job = (in_queue if isinstance(action, act.SetPriority) else jobs).get(action.job_id)
         if job is None:
             raise PolicyError(
                 f"{act.action_name(type(action))} for job {action.job_id!r}, which is not in the snapshot"

@@ -327,6 +327,11 @@ class Snapshot:
             object.__setattr__(self, "_by_id", index)
         return index
 
+    def queued_by_id(self) -> dict[str, JobInfo]:
+        """Job id -> job, for every job and every job left to Slurm (:attr:`left_to_slurm`): all that Slurm's queue
+        and nodes hold, as the daemon's executor applies a round to them (a fresh mapping on each call)."""
+        return {**self.by_id(), **{job.job_id: job for job in self.left_to_slurm}}
+
     def job(self, job_id: str) -> JobInfo:
         """The job with this id.
 

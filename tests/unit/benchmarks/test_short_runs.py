@@ -87,7 +87,7 @@ def test_the_loop_signs_ahead_only_a_window_its_credentials_outlive(capsys: pyte
     with pytest.raises(SystemExit) as stopped:
         policy.main(["--seal", "ahead", "--duration", "40"])
     assert stopped.value.code == 2
-    assert "--duration 40 with --seal ahead" in capsys.readouterr().err
+    assert "--duration with --seal ahead: a 40 s window" in capsys.readouterr().err
     with pytest.raises(ValueError, match="outlives their credentials"):
         loop.bench_loop([], {}, _no_slurm, interval_s=1.0, duration_s=31.0, policy_name="fifo", report_s=5.0,
                         per_uid=1, seal_ahead=True)  # fmt: skip

@@ -117,7 +117,7 @@ class Ordering:
             make_room_after_s=make_room_after_s,
             service=self.book.update(shown, now),
         )
-        jobs = {info.job_id: info for info in (*obs.snapshot.jobs, *obs.snapshot.left_to_slurm)}
+        jobs = obs.snapshot.queued_by_id()
         actions = self.layer.decide(obs.snapshot, now)
         check_actions(obs.snapshot, actions)  # as the daemon's round does before it applies them
         self.executor.apply(actions, jobs, (), source="policy", now=now)

@@ -136,7 +136,7 @@ def model_from_report(report: Mapping[str, Any]) -> GoodputModel | None:
     """The model of a job from its runtime's adaptive report (``progress["adaptive"]``), or ``None``.
 
     The step times measured per (world size, batch) are fitted to ``t = fixed + sync*(w>1) + sample * B / w`` by
-    least squares on ``B / w`` (fixed and sync merged when only one kind of size was measured).
+    least squares weighted by the steps each mean was measured over (:func:`fit_step_times`).
 
     Args:
         report: the report of :class:`slurm_amoeba.runtime.adaptive.AdaptiveBatch`.
@@ -147,28 +147,60 @@ def model_from_report(report: Mapping[str, Any]) -> GoodputModel | None:
     try:
         base, top = int(report["base_batch"]), int(report["max_batch"])
         phi = report.get("noise_scale")
-        points = [(int(w), int(b), float(t)) for w, b, t, _ in report["step_time_s"]]
+        points = [(int(w), int(b), float(t), int(n)) for w, b, t, n in report["step_time_s"]]
     except (KeyError, TypeError, ValueError):
         return None
     if not points:
         return None
-    xs = [b / w for w, b, _ in points]
-    ts = [t for _, _, t in points]
-    mean_x, mean_t = sum(xs) / len(xs), sum(ts) / len(ts)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts, strict=True)) / spread if spread > 0 else 0.0
-    if slope <= 0:
-        slope = 0.9 * mean_t / mean_x  # one size measured: 10 % of the step assumed fixed
-    constant = max(mean_t - slope * mean_x, 0.0)
-    multi = any(w > 1 for w, _, _ in points)
+    sample_s, fixed_s, sync_s = fit_step_times(points)
     return GoodputModel(
         base_batch=base,
         max_batch=top,
         noise_scale=None if phi is None else float(phi),
-        sample_s=slope,
-        fixed_s=0.0 if multi else constant,
-        sync_s=constant if multi else 0.0,
+        sample_s=sample_s,
+        fixed_s=fixed_s,
+        sync_s=sync_s,
     )
+
+
+def fit_step_times(points: Sequence[tuple[int, int, float, int]]) -> tuple[float, float, float]:
+    """``(sample_s, fixed_s, sync_s)`` of ``t = fixed + sync*(w>1) + sample * B / w`` fitted to measured step times.
+
+    The points split into one worker and more; each kind has its own intercept and both share the slope in
+    ``B / w`` (least squares with an indicator of ``w > 1``, weighted by the steps each mean was measured over).
+    One worker's intercept is the fixed time and the other's excess over it the all-reduce, so a job measured at
+    both kinds of size is not predicted to drop its fixed time at one worker. With one kind measured, its intercept
+    is the fixed time and no all-reduce is assumed (none was seen to vanish). A slope that comes out 0 or less
+    (one ``B / w`` measured, or noise) is replaced by 90 % of the mean step per sample (10 % of the step fixed).
+
+    Args:
+        points: ``(workers, global batch, mean seconds per step, steps measured)``; at least one.
+
+    Returns:
+        Seconds per sample on one worker (positive), and the fixed and all-reduce seconds per step (0 or more).
+    """
+    groups: dict[bool, list[tuple[float, float, float]]] = {}
+    for workers, batch, seconds, steps in points:
+        groups.setdefault(workers > 1, []).append((batch / workers, seconds, float(max(steps, 1))))
+    means: dict[bool, tuple[float, float]] = {}
+    covariance = spread = 0.0
+    for multi, group in groups.items():
+        weight = sum(w for _, _, w in group)
+        mean_x = sum(x * w for x, _, w in group) / weight
+        mean_t = sum(t * w for _, t, w in group) / weight
+        means[multi] = (mean_x, mean_t)
+        covariance += sum(w * (x - mean_x) * (t - mean_t) for x, t, w in group)
+        spread += sum(w * (x - mean_x) ** 2 for x, _, w in group)
+    slope = covariance / spread if spread > 0 else 0.0
+    if slope <= 0:
+        total = sum(w for group in groups.values() for _, _, w in group)
+        mean_x = sum(x * w for group in groups.values() for x, _, w in group) / total
+        mean_t = sum(t * w for group in groups.values() for _, t, w in group) / total
+        slope = 0.9 * mean_t / mean_x
+    intercepts = {multi: max(mean_t - slope * mean_x, 0.0) for multi, (mean_x, mean_t) in means.items()}
+    fixed = intercepts.get(False, intercepts.get(True, 0.0))
+    sync = max(intercepts[True] - fixed, 0.0) if len(intercepts) == 2 else 0.0
+    return slope, fixed, sync
 
 
 def _utility(speedup: float, fairness: float) -> float:
@@ -513,6 +545,7 @@ __all__ = [
     "GoodputModel",
     "GoodputPolicy",
     "efficiency",
+    "fit_step_times",
     "goodput_rates",
     "model_from_report",
 ]

@@ -14,6 +14,7 @@ from slurm_amoeba.policy.goodput import (
     GoodputModel,
     GoodputPolicy,
     efficiency,
+    fit_step_times,
     goodput_rates,
     model_from_report,
 )
@@ -105,10 +106,29 @@ def test_model_is_read_from_the_runtime_report() -> None:
     }
     model = model_from_report(report)
     assert model is not None
-    assert model.sample_s == pytest.approx(0.01) and model.sync_s == pytest.approx(0.1) and model.fixed_s == 0.0
+    # Only sizes above one measured: the constant time is fixed (nothing showed it vanish at one worker).
+    assert model.sample_s == pytest.approx(0.01) and model.fixed_s == pytest.approx(0.1) and model.sync_s == 0.0
     assert model.noise_scale == 500.0 and (model.base_batch, model.max_batch) == (8, 256)
     assert model_from_report({"base_batch": 8, "max_batch": 8, "step_time_s": []}) is None
     assert model_from_report({"noise_scale": 1.0}) is None
+
+
+def test_a_job_measured_at_one_worker_and_more_keeps_its_fixed_time_at_one_worker() -> None:
+    # A live job's report (CPU, gloo): most steps at one worker and batch 8, a few at two workers after a grow.
+    # Each kind of size has its own intercept and both share the slope, so one worker is not predicted to drop
+    # the step's fixed 20 ms, and two workers stay the better size.
+    fixed, sync, sample = 0.02, 0.001, 1e-4
+    sizes = [(1, 8, 4000), (1, 16, 13), (1, 32, 2), (2, 27, 3), (2, 38, 39)]
+    measured = [(w, b, fixed + (sync if w > 1 else 0.0) + sample * b / w, n) for w, b, n in sizes]
+    model = model_from_report({"base_batch": 8, "max_batch": 64, "noise_scale": 9.0, "step_time_s": measured})
+    assert model is not None
+    assert (model.fixed_s, model.sync_s, model.sample_s) == pytest.approx((fixed, sync, sample))
+    assert model.best(2)[1] > model.best(1)[1] and model.best(2)[0] > model.best(1)[0] > 8
+    # Weighted by the steps measured: a slow mean over one step moves the fit little, over 1,000 steps a lot.
+    once, often = fit_step_times([*measured, (1, 16, 0.03, 1)]), fit_step_times([*measured, (1, 16, 0.03, 1000)])
+    assert once[1] == pytest.approx(fixed, rel=0.02) and often[1] < 0.7 * fixed
+    # One B / w measured: the slope is assumed (90 % of the step per sample), the intercepts follow from it.
+    assert fit_step_times([(1, 8, 0.1, 10), (2, 16, 0.1, 10)]) == pytest.approx((0.9 * 0.1 / 8, 0.01, 0.0))
 
 
 def test_settings_are_checked_and_registered() -> None:

@@ -5,7 +5,7 @@ ledger line per applied step (generation, step, epoch, this rank's indices, the 
 the parameters. The batch is chosen either by the runtime (``--choose``) or by a fixed schedule of sizes that
 changes at every ``--adapt-every`` steps (the same on every worker, so a run can be compared with a fixed-size run).
 With ``--slow`` each step lasts at least the seconds the test writes in the store (a change lands at once, even in a
-step that is sleeping).
+step that is sleeping); ``--step-seconds`` adds a fixed sleep to every step.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", default="8,16,12,24", help="batch sizes in turn at each decision point")
     parser.add_argument("--choose", action="store_true", help="the runtime picks the batch (no schedule)")
     parser.add_argument("--slow", action="store_true", help=f"sleep the seconds in store key {DELAY_KEY} per step")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="sleep this long in every step: a fixed cost per step whatever its batch, as a GPU's kernel launches and "
+        "all-reduce latency are (a larger batch then costs about no more time, and the goodput model sees it)",
+    )
     parser.add_argument("--commit-every", type=int, default=4)
     args = parser.parse_args(argv)
 
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                         (loss_fn(model(x), y) * weight).backward()
                     if args.slow:  # the test slows the job down while it resizes it, then lets it finish
                         step_delay(runtime.store)
+                    if args.step_seconds > 0:
+                        time.sleep(args.step_seconds)
                     state.step()
                     entry = {
                         "generation": runtime.generation,

@@ -4,12 +4,14 @@ releases on a snapshot, the starvation bound counted from submission, reservatio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import fields
+from typing import Any, ClassVar
 
 from slurm_amoeba.policy.actions import Action, Hold, Release
 from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
+from slurm_amoeba.policy.amoebad import AmoebadPolicy
 from slurm_amoeba.policy.fifo import FifoPolicy
-from slurm_amoeba.policy.types import JobInfo
+from slurm_amoeba.policy.types import JobInfo, Snapshot
 from tests.unit.policy.helpers import job, snapshot
 
 NOW = 1_000.0
@@ -98,3 +100,21 @@ def test_a_hold_states_the_requested_size_the_job_waits_for_not_its_minimum() ->
     capped = AdmissionGate(FifoPolicy(), max_workers=3)
     (hold,) = verdicts([running("r", 6), elastic("e", 2, 16)], capped)
     assert isinstance(hold, Hold) and hold.wants_gpus == 3
+
+
+class CountingRule(AmoebadPolicy):
+    """Slurm's rule as the gate asks it (:func:`slurm_rule`), counting its decisions."""
+
+    asked: ClassVar[int] = 0
+
+    def decide(self, snapshot: Snapshot, now: float) -> Sequence[Action]:
+        CountingRule.asked += 1
+        return super().decide(snapshot, now)
+
+
+def test_the_rule_is_asked_only_when_a_pending_job_is_gated() -> None:
+    rule = slurm_rule()
+    gate = AdmissionGate(FifoPolicy(), CountingRule(**{f.name: getattr(rule, f.name) for f in fields(rule) if f.init}))
+    # Running jobs and a pending rigid job only (most rounds of a large site): no verdict to give, no model to run.
+    assert verdicts([running("r", 6), job("p", 4, submit=NOW - 5)], gate) == [] and CountingRule.asked == 0
+    assert named(verdicts([running("r", 6), elastic("e", 2, 4)], gate)) == [("Hold", "e")] and CountingRule.asked == 1

@@ -83,9 +83,15 @@ def test_the_goodput_policys_batch_is_applied_by_the_workers_exactly_once(
             return any(e["world_size"] == workers and e["step_samples"] == policy_batch for e in ledger_lines(out))
 
         wait_until(f"the workers to train with the batch {policy_batch}", applied, timeout=120)
-        chosen = [e for e in agent_history(state_dir) if e.get("event") == "batch_chosen"]
-        ordered = [e for e in chosen if e["batch"] == policy_batch and e["workers"] == workers]
-        assert len(ordered) == 1, chosen  # handed to the workers once
+
+        def handed() -> list[dict[str, Any]]:
+            """The agent's record of handing the policy's batch to the workers (its status file is written a
+            moment after the workers have it)."""
+            chosen = [e for e in agent_history(state_dir) if e.get("event") == "batch_chosen"]
+            return [e for e in chosen if e["batch"] == policy_batch and e["workers"] == workers]
+
+        ordered = wait_until(f"the agent's history to show the batch {policy_batch} handed over", handed, timeout=30)
+        assert len(ordered) == 1, ordered  # handed to the workers once
         # Exactly once: within each finished epoch of a generation, no sample index is applied twice.
         seen: dict[tuple[int, int], Counter[int]] = {}
         for entry in ledger_lines(out):

@@ -182,22 +182,19 @@ def fit_step_times(points: Sequence[tuple[int, int, float, int]]) -> tuple[float
     groups: dict[bool, list[tuple[float, float, float]]] = {}
     for workers, batch, seconds, steps in points:
         groups.setdefault(workers > 1, []).append((batch / workers, seconds, float(max(steps, 1))))
-    means: dict[bool, tuple[float, float]] = {}
+    means: dict[bool, tuple[float, float, float]] = {}  # kind -> (weight, mean B / w, mean seconds)
     covariance = spread = 0.0
     for multi, group in groups.items():
         weight = sum(w for _, _, w in group)
         mean_x = sum(x * w for x, _, w in group) / weight
         mean_t = sum(t * w for _, t, w in group) / weight
-        means[multi] = (mean_x, mean_t)
+        means[multi] = (weight, mean_x, mean_t)
         covariance += sum(w * (x - mean_x) * (t - mean_t) for x, t, w in group)
         spread += sum(w * (x - mean_x) ** 2 for x, _, w in group)
     slope = covariance / spread if spread > 0 else 0.0
-    if slope <= 0:
-        total = sum(w for group in groups.values() for _, _, w in group)
-        mean_x = sum(x * w for group in groups.values() for x, _, w in group) / total
-        mean_t = sum(t * w for group in groups.values() for _, t, w in group) / total
-        slope = 0.9 * mean_t / mean_x
-    intercepts = {multi: max(mean_t - slope * mean_x, 0.0) for multi, (mean_x, mean_t) in means.items()}
+    if slope <= 0:  # the weighted means of both kinds together
+        slope = 0.9 * sum(w * t for w, _, t in means.values()) / sum(w * x for w, x, _ in means.values())
+    intercepts = {multi: max(mean_t - slope * mean_x, 0.0) for multi, (_, mean_x, mean_t) in means.items()}
     fixed = intercepts.get(False, intercepts.get(True, 0.0))
     sync = max(intercepts[True] - fixed, 0.0) if len(intercepts) == 2 else 0.0
     return slope, fixed, sync

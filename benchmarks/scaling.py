@@ -20,9 +20,15 @@ it measures over successive rounds, as the daemon meets them:
   :func:`~slurm_amoeba.cli.amoebad.tune_gc` runs Python's defaults);
 - ``snapshot_cpu_s`` and ``decision_cpu_s``: the same medians in CPU time of the measuring thread, which a machine
   shared with other work inflates far less than the wall-clock time; ``load_1m``: the 1-minute load average when
-  the row was done.
+  the row was done;
+- ``one_pass_cpu_s``, the control (:func:`bench_one_pass`): one pass over every job and node record of a round's
+  view, each record read once and filed by its id, the least any round does. Its growth from one cluster size to
+  the next is what this machine's memory makes of a linear algorithm over that many Python objects (a pass over
+  five times as many records costs more than five times as much once they no longer fit the processor's caches),
+  so each figure's growth divided by the pass's (``beyond_pass`` in :func:`growth`) is what its algorithm adds to
+  linear: at most the growth of log n for an n log n algorithm.
 
-It prints a table and each CPU figure's growth from the smallest cluster beside n log n (:func:`growth`), writes its
+It prints a table and each CPU figure's growth from one size to the next beside n log n (:func:`growth`), writes its
 result document (``--json FILE``: :class:`benchmarks.record.Recording`, named
 ``scaling``, its rows as figures and the table in Markdown; ``docs/results.md#scaling``) and, with ``--plot FILE``,
 a log-log plot of time against nodes per policy (matplotlib). ``--short`` measures small clusters in seconds (the
@@ -129,6 +135,22 @@ def next_view(cluster: SyntheticCluster, rng: random.Random, now: float) -> Clus
     return ClusterView(tuple(jobs), tuple(copy.copy(node) for node in cluster.nodes), now)
 
 
+def bench_one_pass(cluster: SyntheticCluster, rounds: int) -> float:
+    """The control: median CPU seconds of one pass over a round's view, every job and node record read once and
+    filed by its id (:func:`next_view`'s views, ``rounds`` of them after one unmeasured)."""
+    rng = random.Random(3)
+    times = []
+    for index in range(rounds + 1):
+        view = next_view(cluster, rng, 5.0 * index)
+        start = time.thread_time()
+        jobs = {record.job_id: (record.state, record.gpus_per_node) for record in view.jobs}
+        nodes = {record.name: record.state for record in view.nodes}
+        spent = time.thread_time() - start
+        if index and jobs and nodes:
+            times.append(spent)
+    return statistics.median(times)
+
+
 def bench_rounds(cluster: SyntheticCluster, policy_name: str, rounds: int) -> dict[str, float]:
     """A policy's rounds on a cluster: the first snapshot, then ``rounds`` rounds of snapshot, decision and check.
 
@@ -197,6 +219,7 @@ def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_shar
         cluster = synthetic_cluster(count, 8, jobs, elastic_share)
         collector = _collect_as_the_daemon()
         parse = bench_parse(jobs, max(1, min(rounds, 3)))
+        one_pass = bench_one_pass(cluster, max(rounds, 5))
         for name in policies:
             figures = bench_rounds(cluster, name, rounds)
             rows.append(
@@ -207,6 +230,7 @@ def run(nodes: Sequence[int], policies: Sequence[str], rounds: int, elastic_shar
                     "elastic": len(cluster.elastic),
                     "policy": name,
                     **parse,
+                    "one_pass_cpu_s": one_pass,
                     **figures,
                     "load_1m": os.getloadavg()[0],
                 }
@@ -231,6 +255,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("snapshot CPU", "snapshot_cpu_s"),
     ("service CPU", "service_cpu_s"),
     ("decision CPU", "decision_cpu_s"),
+    ("one pass CPU", "one_pass_cpu_s"),
     ("load", "load_1m"),
 )
 
@@ -278,27 +303,46 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 #: The figures :func:`growth_table` compares across sizes (CPU time: what load inflates least).
 GROWTH_FIGURES = (
+    ("one pass", "one_pass_cpu_s"),
     ("parse", "parse_cpu_s"),
     ("service", "service_cpu_s"),
     ("snapshot", "snapshot_cpu_s"),
     ("decision", "decision_cpu_s"),
 )
+#: The figures whose growth :func:`growth` also gives beyond the control pass's (``beyond_pass``).
+BEYOND_PASS = ("parse", "service", "snapshot", "decision")
 
 
 def growth(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per policy and size beyond the smallest: each of :data:`GROWTH_FIGURES` divided by its value at the smallest
-    size, beside what n log n growth would give (``nlogn``: (N log N) / (N0 log N0), N in nodes)."""
+    """Per policy and size beyond the smallest: each of :data:`GROWTH_FIGURES` divided by its value at the next
+    smaller size measured (``from``), beside what n log n growth would give (``nlogn``: (N log N) / (N0 log N0), N
+    in nodes); ``logn`` (log N / log N0), what an n log n algorithm may add to the control pass's growth;
+    ``beyond_pass``: the growth of each of :data:`BEYOND_PASS` divided by the pass's (NaN in a document without
+    the pass)."""
     rows = result["rows"]
-    smallest = min((row["nodes"] for row in rows), default=0)
-    base = {row["policy"]: row for row in rows if row["nodes"] == smallest}
+    sizes = sorted({row["nodes"] for row in rows})
+    smaller = dict(zip(sizes[1:], sizes, strict=False))
+    by_size = {(row["policy"], row["nodes"]): row for row in rows}
     out = []
     for row in rows:
-        first = base.get(row["policy"])
-        if first is None or row["nodes"] == smallest or smallest < 2:
+        before = smaller.get(row["nodes"], 0)
+        first = by_size.get((row["policy"], before))
+        if first is None or before < 2:
             continue
-        ratio = row["nodes"] / smallest * math.log(row["nodes"]) / math.log(smallest)
+        logn = math.log(row["nodes"]) / math.log(before)
         grown = {name: _ratio(row.get(key), first.get(key)) for name, key in GROWTH_FIGURES}
-        out.append({"policy": row["policy"], "nodes": row["nodes"], "from": smallest, "nlogn": ratio, **grown})
+        beyond = {name: grown[name] / grown["one pass"] for name in BEYOND_PASS}
+        out.append(
+            {
+                "policy": row["policy"],
+                "nodes": row["nodes"],
+                "from": before,
+                "nlogn": row["nodes"] / before * logn,
+                "logn": logn,
+                **grown,
+                "beyond_pass": beyond,
+            }
+        )
     return out
 
 
@@ -307,15 +351,22 @@ def _ratio(value: float | None, base: float | None) -> float:
 
 
 def growth_table(result: dict[str, Any]) -> str:
-    """:func:`growth` as Markdown: a figure that grows by less than the n log n column grows no faster than that."""
+    """:func:`growth` as Markdown: a figure that grows by less than the n log n column grows no faster than that;
+    the last columns, each figure's growth over the control pass's, beside log n."""
     names = [name for name, _ in GROWTH_FIGURES]
     lines = [
-        "| policy | nodes | n log n | " + " | ".join(f"{name} CPU" for name in names) + " |",
-        "|" + "---|" * (3 + len(names)),
+        "| policy | nodes | n log n | "
+        + " | ".join(f"{name} CPU" for name in names)
+        + " | log n | "
+        + " | ".join(f"{name} / one pass" for name in BEYOND_PASS)
+        + " |",
+        "|" + "---|" * (4 + len(names) + len(BEYOND_PASS)),
     ]
     for row in growth(result):
         cells = [row["policy"], f"{row['from']} -> {row['nodes']}", f"x {row['nlogn']:.1f}"]
         cells += [f"x {row[name]:.1f}" for name in names]
+        cells.append(f"x {row['logn']:.2f}")
+        cells += [f"x {row['beyond_pass'][name]:.2f}" for name in BEYOND_PASS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -323,8 +374,10 @@ def growth_table(result: dict[str, Any]) -> str:
 def growth_title(result: dict[str, Any]) -> str:
     """What the growth table's figures are."""
     return (
-        "growth from the smallest cluster: each CPU-time median divided by its value there, beside n log n "
-        "(N log N / N0 log N0, N in nodes)"
+        "growth from the next smaller cluster: each CPU-time median divided by its value there, beside n log n "
+        "(N log N / N0 log N0, N in nodes); then each figure's growth divided by the control pass's (one read of "
+        "every record), beside log n (log N / log N0): what the algorithm adds to a linear pass "
+        "on this machine"
     )
 
 
@@ -347,6 +400,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes.plot(xs, [r["parse_cpu_s"] * 1e3 for r in first], "k:", marker="^", label="squeue --json read (incremental)")
     if all("service_cpu_s" in r for r in first):
         axes.plot(xs, [r["service_cpu_s"] * 1e3 for r in first], "k-.", marker="d", label="service book")
+    if all("one_pass_cpu_s" in r for r in first):
+        axes.plot(
+            xs, [r["one_pass_cpu_s"] * 1e3 for r in first], color="tab:gray", marker="x", label="one pass (control)"
+        )
     if xs and xs[0] > 1:
         start = first[0]["snapshot_cpu_s"] * 1e3
         reference = [start * x / xs[0] * math.log(x) / math.log(xs[0]) for x in xs]

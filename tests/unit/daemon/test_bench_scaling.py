@@ -67,3 +67,27 @@ def test_the_loop_raises_only_the_limits_its_agents_per_uid_meet_and_says_which(
     more, raised = loop.limits_for(400, 5.0, base)
     assert raised == {"agents_per_uid": 400.0, "requests_per_s": 210.0, "burst": 410.0}
     assert more.agents_per_uid == 400 and more.requests_per_s * AGENT_REPORT_S >= 400  # what amoebad.yaml accepts
+
+
+def test_growth_is_taken_from_the_next_smaller_size_and_divided_by_the_control_pass() -> None:
+    def row(nodes: int, one_pass: float, decision: float) -> dict[str, object]:
+        figures = dict.fromkeys(("parse_cpu_s", "service_cpu_s", "snapshot_cpu_s"), one_pass)
+        return {"policy": "fifo", "nodes": nodes, "one_pass_cpu_s": one_pass, "decision_cpu_s": decision, **figures}
+
+    result = {"rounds": 1, "rows": [row(10, 1.0, 2.0), row(100, 20.0, 40.0), row(1000, 400.0, 1600.0)]}
+    grown = {entry["nodes"]: entry for entry in scaling.growth(result)}
+    assert sorted(grown) == [100, 1000] and grown[1000]["from"] == 100, "each size against the next smaller one"
+    assert math.isclose(grown[100]["decision"], 20.0) and math.isclose(grown[1000]["decision"], 40.0)
+    assert math.isclose(grown[100]["beyond_pass"]["decision"], 1.0), "as fast as the pass: linear on this machine"
+    assert (
+        math.isclose(grown[1000]["beyond_pass"]["decision"], 2.0)
+        and grown[1000]["beyond_pass"]["decision"] > (grown[1000]["logn"])
+    ), "twice the pass's growth is more than n log n adds"
+    assert math.isclose(grown[1000]["logn"], 1.5) and math.isclose(grown[1000]["nlogn"], 15.0)
+    table = scaling.growth_table(result)
+    assert "| fifo | 100 -> 1000 | x 15.0 | x 20.0 |" in table
+    assert table.rstrip().endswith("| x 1.50 | x 1.00 | x 1.00 | x 1.00 | x 2.00 |"), "log n, then each over the pass"
+
+
+def test_the_control_pass_is_measured_on_a_rounds_view() -> None:
+    assert scaling.bench_one_pass(synthetic_cluster(nodes=50, jobs=100, elastic_share=0.1), 2) > 0

@@ -323,7 +323,9 @@ def simulate_agents(
             sent[message_id] = time.perf_counter()
             sock.send_multipart(frames)
             index += 1
-        collect(0 if now >= due else max(0, int((due - time.time()) * 1000)))
+        # until the next report is due, rounded up: a wait rounded down to 0 ms would spin on the cores the daemon
+        # is measured on for up to a millisecond before each report
+        collect(0 if now >= due else max(1, math.ceil((due - time.time()) * 1000)))
     drain_until = time.time() + 10
     while sent and time.time() < drain_until:
         collect(100)

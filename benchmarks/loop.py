@@ -51,6 +51,7 @@ from slurm_amoeba.daemon.daemon import Daemon
 from slurm_amoeba.daemon.observer import ClusterSource
 from slurm_amoeba.slurm import JobRecord
 from slurm_amoeba.transport.channel import ChannelError, ChannelServer, destination, request
+from slurm_amoeba.transport.front import FrontChannel
 from slurm_amoeba.transport.munge import MAX_AGE_S, seal
 
 #: The first uid of the simulated users (unused on a site's machines: far above the usual ranges).
@@ -63,32 +64,52 @@ REGISTER_TRIES = 60
 ROOM_PER_S = 10
 
 
+def _cpu_s(stat_text: str) -> float:
+    """utime + stime of a ``/proc/PID/stat`` text, in seconds (fields 14 and 15)."""
+    values = stat_text.rsplit(")", 1)[1].split()
+    return (int(values[11]) + int(values[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def munged_cpu_s() -> float:
     """CPU seconds (user + system) spent so far by every ``munged`` process this user may read (0 when none)."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)
-            if not fields[0].endswith("(munged"):
-                continue
-            values = fields[1].split()
-            total += (int(values[11]) + int(values[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+                text = stat.read()
+            if text.rsplit(")", 1)[0].endswith("(munged"):
+                total += _cpu_s(text)
         except (OSError, IndexError, ValueError):
             continue  # a process that ended while it was read
     return total
 
 
-class CpuSampler:
-    """Samples (wall clock, this process's CPU seconds, munged's CPU seconds) every ``every_s`` on a thread of its own,
-    so that the CPU spent inside any window of the run can be read afterwards (:meth:`spent`)."""
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) spent so far by process ``pid`` (0 for None or a process that ended)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return _cpu_s(stat.read())
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
-    def __init__(self, every_s: float = 0.25) -> None:
+
+class CpuSampler:
+    """Samples (wall clock, this process's CPU seconds, munged's, the front process's) every ``every_s`` on a
+    thread of its own, so that the CPU spent inside any window of the run can be read afterwards (:meth:`spent`).
+
+    Args:
+        every_s: seconds between samples.
+        front: the daemon's front process's pid, asked at each sample (None: no front).
+    """
+
+    def __init__(self, every_s: float = 0.25, front: Callable[[], int | None] = lambda: None) -> None:
         self.every_s = every_s
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._front = front
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -101,18 +122,19 @@ class CpuSampler:
 
     def _run(self) -> None:
         while True:
-            self.samples.append((time.time(), time.process_time(), munged_cpu_s()))
+            front = process_cpu_s(self._front())
+            self.samples.append((time.time(), time.process_time(), munged_cpu_s(), front))
             if self._stop.wait(self.every_s):
                 return
 
-    def spent(self, start: float, end: float) -> tuple[float, float, float]:
-        """(wall seconds, this process's CPU seconds, munged's CPU seconds) between the samples nearest inside
+    def spent(self, start: float, end: float) -> tuple[float, float, float, float]:
+        """(wall seconds, this process's CPU seconds, munged's, the front's) between the samples nearest inside
         [start, end]; zeros when fewer than two samples lie there."""
         inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, 0.0, 0.0
         first, last = inside[0], inside[-1]
-        return last[0] - first[0], last[1] - first[1], last[2] - first[2]
+        return last[0] - first[0], last[1] - first[1], last[2] - first[2], last[3] - first[3]
 
 
 def spread_over_users(
@@ -376,6 +398,7 @@ def bench_loop(
     report_s: float,
     per_uid: int,
     seal_ahead: bool = False,
+    front_process: bool = False,
 ) -> dict[str, Any]:
     """Run the daemon's loop with every elastic job's agent simulated (see the module docstring).
 
@@ -390,6 +413,8 @@ def bench_loop(
         per_uid: elastic jobs per simulated user.
         seal_ahead: the agents sign the window's reports before it starts (:func:`simulate_agents`); the window
             must then be at most ``MAX_AGE_S``.
+        front_process: the daemon checks credentials and signs replies in its front process (``front_process``
+            in amoebad.yaml); its CPU is sampled too.
 
     Raises:
         ValueError: ``seal_ahead`` with a window longer than the credentials' age bound.
@@ -433,13 +458,15 @@ def bench_loop(
         metrics_port=0,
         policy=policy_name,
         limits=limits,
+        front_process=front_process,
         agents=AgentSettings(timeout_s=2.0, retries=0, parallel=8, stale_after_s=report_s * 3, backoff_s=30.0),
     )
     daemon = Daemon(config, source_for(records))
     daemon.start()
     assert daemon.server is not None
     tune_gc()  # as amoebad once started
-    sampler = CpuSampler()
+    server = daemon.server
+    sampler = CpuSampler(front=lambda: server.pid if isinstance(server, FrontChannel) else None)
     sampler.start()
     stop = threading.Event()
     thread = threading.Thread(target=daemon.run, args=(stop,), name="amoebad-loop", daemon=True)
@@ -464,10 +491,11 @@ def bench_loop(
     durations = [r.duration_s for r in rounds]
     latencies = [lat for r in done for lat in r["latencies"]]
     status = [lat for at, lat, ok in probed.get("samples", []) if ok and start <= at <= end]
-    wall, daemon_cpu, munged_cpu = sampler.spent(start, end)
+    wall, daemon_cpu, munged_cpu, front_cpu = sampler.spent(start, end)
     answered = len(latencies) * wall / duration_s if duration_s else 0.0  # the reports answered within the samples
     round_share = sum(durations) / wall if wall else 0.0
-    per_report = daemon_cpu / answered if answered else float("nan")  # the rounds' CPU counted in: an upper bound
+    # the rounds' CPU and the front's counted in: an upper bound of what a report costs the daemon
+    per_report = (daemon_cpu + front_cpu) / answered if answered else float("nan")
     return {
         "loop_s": statistics.median(durations) if durations else float("nan"),
         "loop_max_s": max(durations, default=float("nan")),
@@ -493,6 +521,8 @@ def bench_loop(
         "errors": errors,
         "daemon_cpu_share": daemon_cpu / wall if wall else float("nan"),
         "munged_cpu_share": munged_cpu / wall if wall else float("nan"),
+        "front_process": front_process,
+        "front_cpu_share": front_cpu / wall if wall else float("nan"),
         "round_wall_share": round_share,
         "daemon_cpu_per_report_s": per_report,
         "reports_per_daemon_core_s": 1.0 / per_report if per_report > 0 else float("nan"),

@@ -435,6 +435,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "starts (ahead: at a site each agent signs on its own node; ahead keeps this machine's cores for the daemon "
         "and munged, and needs --duration of at most 30 s)",
     )
+    parser.add_argument(
+        "--front",
+        action="store_true",
+        help="the daemon checks credentials and signs replies in its front process (amoebad.yaml's front_process)",
+    )
     parser.add_argument("--skip-loop", action="store_true", help="measure the decision time only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None, help="also write the result document here")
@@ -508,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_s=args.report_every,
             per_uid=args.agents_per_uid,
             seal_ahead=args.seal == "ahead",
+            front_process=args.front,
         )
         result.update({key: value for key, value in loop.items() if key not in ("agents",)})
     if args.out is not None:

@@ -248,6 +248,9 @@ class DaemonConfig:
     Attributes:
         interval_s: seconds between two observe -> decide -> act rounds.
         listen: the ZeroMQ endpoint agents and ``amoebactl`` talk to (``tcp://HOST:PORT``).
+        front_process: check the requests' credentials and sign the replies in a process of the daemon's own
+            (:mod:`slurm_amoeba.transport.front`), so that the daemon's loop does not wait for munged on each
+            request: for sites with thousands of agents (docs/operations.md).
         metrics_address: address of the Prometheus HTTP endpoint.
         metrics_port: its port; 0 switches it off.
         policy: the registered policy name.
@@ -282,6 +285,7 @@ class DaemonConfig:
 
     interval_s: float = 5.0
     listen: str = "tcp://0.0.0.0:6820"
+    front_process: bool = False
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9820
     policy: str = DEFAULT_POLICY
@@ -374,6 +378,7 @@ def _section_defaults() -> dict[str, dict[str, object]]:
     top: dict[str, object] = {
         "interval_s": base.interval_s,
         "listen": base.listen,
+        "front_process": base.front_process,
         "metrics": nested["metrics"],
         "policy": nested["policy"],
         "partitions": nested["partitions"],
@@ -838,6 +843,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
     return DaemonConfig(
         interval_s=interval,
         listen=listen,
+        front_process=_flag(top, "front_process", defaults.front_process),
         metrics_address=metrics_address,
         metrics_port=metrics_port,
         policy=name,
@@ -871,6 +877,7 @@ def parse_config(data: Any, source: str = "<config>") -> DaemonConfig:
 #: ``whole_node_starts``, ``log_level``) apply from the next round.
 RESTART_ONLY: tuple[str, ...] = (
     "listen",
+    "front_process",
     "metrics_address",
     "metrics_port",
     "state_file",

@@ -50,7 +50,8 @@ from slurm_amoeba.policy import DrainPolicy, JobInfo, Policy, make_policy
 from slurm_amoeba.policy.admission import AdmissionGate, slurm_rule
 from slurm_amoeba.policy.moves import WholeNodeMoves
 from slurm_amoeba.policy.queue_order import QueueOrderLayer
-from slurm_amoeba.transport.channel import ChannelServer, Request
+from slurm_amoeba.transport.channel import ChannelServer, Request, RequestServer
+from slurm_amoeba.transport.front import FrontChannel
 from slurm_amoeba.transport.munge import Credential
 
 logger = logging.getLogger(__name__)
@@ -211,12 +212,12 @@ class Daemon:
     # ------------------------------------------------------------------ what the parts hold, for status and tests
 
     @property
-    def server(self) -> ChannelServer | None:
+    def server(self) -> RequestServer | None:
         """The API socket (None before :meth:`start`); tests may put their own in place."""
         return self.requests.server
 
     @server.setter
-    def server(self, server: ChannelServer | None) -> None:
+    def server(self, server: RequestServer | None) -> None:
         self.requests.server = server
 
     @property
@@ -318,9 +319,11 @@ class Daemon:
 
         Raises:
             zmq.ZMQError: the API address is taken or cannot be bound.
+            FrontError: with ``front_process``, the front process did not start or bind the API address.
             OSError: the metrics port is taken.
         """
-        self.server = ChannelServer(self.config.listen)
+        listen = self.config.listen
+        self.server = FrontChannel(listen) if self.config.front_process else ChannelServer(listen)
         logger.info(
             "[daemon/api] listening on %s (policy %s, every %g s, uid %d)",
             self.server.endpoint,

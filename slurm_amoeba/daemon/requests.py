@@ -60,7 +60,7 @@ from slurm_amoeba.daemon.limits import LimitError, RateLimiter, vet_registration
 from slurm_amoeba.daemon.metrics import DaemonMetrics
 from slurm_amoeba.daemon.rounds import RoundLoop
 from slurm_amoeba.policy import policy_knobs, policy_names
-from slurm_amoeba.transport.channel import ChannelServer, Request
+from slurm_amoeba.transport.channel import Request, RequestServer
 from slurm_amoeba.transport.munge import Credential
 
 logger = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ class RequestHandler:
         self.clock = clock
         self.order = order
         self.started_at = clock()
-        self.server: ChannelServer | None = None
+        self.server: RequestServer | None = None
         self.lease: Lease | None = None
         self.metrics_port = 0
         self.limiter = RateLimiter(config.limits.requests_per_s, config.limits.burst)

@@ -24,6 +24,8 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Sequence
+from typing import Protocol
 
 import zmq
 
@@ -33,7 +35,8 @@ from slurm_amoeba.transport.munge import Credential, MungeError, ReplayCache, se
 
 logger = logging.getLogger(__name__)
 
-_MAX_FRAME = MAX_MESSAGE_BYTES + 8192  # payload + credential; larger frames are dropped by ZeroMQ itself
+MAX_FRAME = MAX_MESSAGE_BYTES + 8192
+"""The largest frame a server takes: payload + credential; larger frames are dropped by ZeroMQ itself."""
 
 
 class ChannelError(AmoebaError):
@@ -102,7 +105,33 @@ def _open(frames: list[bytes], to: str, seen: ReplayCache | None = None) -> tupl
     return sender, decode(payload)
 
 
-def _request_id(body: list[bytes]) -> str:
+def refusal_for(reason: str, body: Sequence[bytes]) -> Message:
+    """The reply refusing a request whose frames after the routing envelope are ``body``, naming ``reason``."""
+    return Message("reply", {"ok": False, "error": f"refused: {reason}", "data": {}}, id=_request_id(body))
+
+
+class RequestServer(Protocol):
+    """What a daemon serves its requests with: :class:`ChannelServer`, or
+    :class:`~slurm_amoeba.transport.front.FrontChannel` (its credentials checked in a process of its own)."""
+
+    endpoint: str
+    destination: str
+    refusals: int
+
+    def receive(self, timeout_s: float) -> Request | None:
+        """Wait up to ``timeout_s`` for a valid request; None when none came."""
+
+    def answer(self, request: Request, reply: Message) -> None:
+        """Send ``reply`` to the sender of ``request``."""
+
+    def refuse(self, request: Request, reason: str) -> None:
+        """Answer ``request`` with a refusal naming ``reason``."""
+
+    def close(self) -> None:
+        """Stop serving."""
+
+
+def _request_id(body: Sequence[bytes]) -> str:
     """The id of a refused request when its payload is a readable message (its sender then gets a refusal it can
     read, e.g. that its credential was made for another port); a fresh id otherwise."""
     try:
@@ -124,7 +153,7 @@ class ChannelServer:
         self._context = context or zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
         self._socket.bind(endpoint)
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.destination = destination(self.endpoint)
@@ -163,8 +192,7 @@ class ChannelServer:
                 return Request(sender=sender, message=message, route=route)
             self.refusals += 1
             logger.warning("[channel] refused a message: %s", reason)
-            refusal = {"ok": False, "error": f"refused: {reason}", "data": {}}
-            self._send(route, Message("reply", refusal, id=_request_id(body)))
+            self._send(route, refusal_for(reason, body))
 
     def answer(self, request: Request, reply: Message) -> None:
         """Send ``reply`` to the sender of ``request``."""
@@ -262,7 +290,7 @@ def request_from(
             raise ChannelError(f"{message.kind} to {endpoint} not sent: {exc}") from None
         sock = ctx.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
         try:
             try:
                 sock.connect(endpoint)

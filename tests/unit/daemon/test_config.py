@@ -11,6 +11,7 @@ import pytest
 
 from slurm_amoeba.cli import amoebad
 from slurm_amoeba.daemon import ConfigError, DaemonConfig, load_config, parse_config
+from slurm_amoeba.daemon.config import RESTART_ONLY
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -25,6 +26,11 @@ def test_the_shipped_config_is_valid_and_asks_slurm_to_start_pending_jobs_itself
 
 def test_an_empty_document_means_every_default() -> None:
     assert parse_config(None) == DaemonConfig(source="<config>")
+
+
+def test_the_front_process_is_off_unless_the_site_switches_it_on_and_takes_a_restart() -> None:
+    assert parse_config(None).front_process is False and parse_config({"front_process": True}).front_process
+    assert "front_process" in RESTART_ONLY
 
 
 @pytest.mark.parametrize(
@@ -72,6 +78,7 @@ def test_an_unknown_key_lists_its_sections_valid_keys_with_their_defaults() -> N
         ({"log_level": "loud"}, "log_level", "'loud'"),
         ({"slurm": {"conf": "/nonexistent/slurm.conf"}}, "slurm.conf", "'/nonexistent/slurm.conf'"),
         ({"sharing": {"enabled": "yes"}}, "sharing.enabled", "'yes'"),
+        ({"front_process": "on"}, "front_process", "'on'"),
         ({"sharing": {"partitions": ["share"]}}, "sharing.partitions", "['share']"),
         ({"sharing": {"partitions": {"share": 65}}}, "sharing.partitions.share", "65"),
         ({"sharing": {"partitions": {"share": True}}}, "sharing.partitions.share", "True"),

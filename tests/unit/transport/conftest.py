@@ -1,4 +1,5 @@
-"""A channel server on loopback for the transport tests, and raw frames to it."""
+"""A channel server on loopback for the transport tests (each test that takes one runs twice: against the server
+that checks credentials on its own thread, and against the one whose front process does), and raw frames to it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from slurm_amoeba.transport.channel import ChannelServer
+from slurm_amoeba.transport.channel import ChannelServer, RequestServer
+from slurm_amoeba.transport.front import FrontChannel
 
 
-@pytest.fixture
-def server(munged: None) -> Iterator[ChannelServer]:
-    srv = ChannelServer("tcp://127.0.0.1:*")
+@pytest.fixture(params=["in-process", "front-process"])
+def server(munged: None, request: pytest.FixtureRequest) -> Iterator[RequestServer]:
+    srv: RequestServer = (
+        ChannelServer("tcp://127.0.0.1:*") if request.param == "in-process" else FrontChannel("tcp://127.0.0.1:*")
+    )
     try:
         yield srv
     finally:

@@ -10,7 +10,7 @@ import pytest
 
 from slurm_amoeba.core.messages import MAX_MESSAGE_BYTES, Message, decode
 from slurm_amoeba.transport import channel
-from slurm_amoeba.transport.channel import ChannelError, ChannelServer, request
+from slurm_amoeba.transport.channel import ChannelError, RequestServer, request
 from slurm_amoeba.transport.munge import MungeError, seal
 from tests.unit.transport.conftest import send_raw
 
@@ -28,7 +28,7 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("payload", HOSTILE, ids=["wide-kind", "huge-int", "deep", "not-utf8"])
-def test_a_hostile_request_gets_a_short_refusal_and_the_server_goes_on(server: ChannelServer, payload: bytes) -> None:
+def test_a_hostile_request_gets_a_short_refusal_and_the_server_goes_on(server: RequestServer, payload: bytes) -> None:
     answers: list[Message] = []
     thread = threading.Thread(target=lambda: _serve_one(server, answers))
     thread.start()
@@ -41,7 +41,7 @@ def test_a_hostile_request_gets_a_short_refusal_and_the_server_goes_on(server: C
     assert ok.body["ok"] is True and [m.kind for m in answers] == ["status"]
 
 
-def _serve_one(server: ChannelServer, seen: list[Message]) -> None:
+def _serve_one(server: RequestServer, seen: list[Message]) -> None:
     while True:
         req = server.receive(timeout_s=10)
         if req is None:
@@ -51,7 +51,7 @@ def _serve_one(server: ChannelServer, seen: list[Message]) -> None:
         return
 
 
-def test_a_reply_too_large_becomes_a_refusal_that_fits(server: ChannelServer) -> None:
+def test_a_reply_too_large_becomes_a_refusal_that_fits(server: RequestServer) -> None:
     def serve() -> None:
         req = server.receive(timeout_s=10)
         assert req is not None

@@ -10,17 +10,21 @@ munge, as at a site:
   per-uid limits meet what they meet at a site. The processes are forked before the daemon starts (no thread, no
   ZeroMQ context is forked) and learn its endpoint through a pipe. Run as another user, every agent is that
   user's, in one process;
-- each process registers its agents, then reports each of them every ``report_s`` seconds, and answers directives;
-  with ``--seal ahead`` it signs the window's reports before the window starts (at a site each agent signs on its
-  own node: signing them here, during the window, takes cores the daemon and munged are measured on);
+- each process registers its agents, then reports each of them every ``report_s`` seconds, and follows the
+  daemon's directives as an agent does (:class:`OrderedMoves`: it answers with its size, reports the target from
+  then on, shrinks at once and waits for satellites to grow), so that an order is given once, not each round; with
+  ``--seal ahead`` it signs the window's reports before the window starts (at a site each agent signs on its own
+  node: signing them here, during the window, takes cores the daemon and munged are measured on), all but those
+  of a job that moved since, which it signs as it sends them;
 - one more process of the first simulated user asks ``status`` twice a second, as ``amoebactl status`` does, and
   times the replies while the agents report;
 - the daemon's collector is set as amoebad sets it once started (:func:`~slurm_amoeba.cli.amoebad.tune_gc`);
-- the CPU the daemon's process (every thread of it: the loop, the observer, the actuator) and munged spend is
-  sampled while the agents report (:class:`CpuSampler`), so that a run on a machine where the simulated agents
-  take most of the cores still says what the daemon itself needs per report and how many reports one core of its
-  own would answer (``daemon_cpu_per_report_s``, ``reports_per_daemon_core_s``): at a site the agents run on the
-  job's nodes, not on the daemon's host.
+- with ``--front`` the daemon runs with ``front_process`` (:mod:`slurm_amoeba.transport.front`);
+- the CPU the daemon's process (every thread of it: the loop, the observer, the actuator), its front process and
+  munged spend is sampled while the agents report (:class:`CpuSampler`), so that a run on a machine where the
+  simulated agents take most of the cores still says what the daemon itself needs per report and how many reports
+  one core of its own would answer (``daemon_cpu_per_report_s``, the front's CPU counted in,
+  ``reports_per_daemon_core_s``): at a site the agents run on the job's nodes, not on the daemon's host.
 
 Where the daemon's defaults (:class:`~slurm_amoeba.daemon.config.Limits`: ``agents_per_uid``, ``requests_per_s``,
 ``burst``) would refuse the load, the benchmark raises them and reports which (``raised_limits``): a site with that
@@ -242,19 +246,53 @@ def check_signing_window(duration_s: float, seal_ahead: bool) -> None:
         )
 
 
-def report_message(job: Mapping[str, Any], now: float) -> Message:
-    """A simulated agent's report of ``job`` at ``now``: its size, throughput at every size up to one above it."""
-    size = job["size"]
+def report_message(job: Mapping[str, Any], now: float, size: int | None = None, target: int | None = None) -> Message:
+    """A simulated agent's report of ``job`` at ``now``: its size (``job["size"]`` unless given), the size it is
+    moving to (its size unless given), throughput at every size up to one above it."""
+    size = job["size"] if size is None else size
     body = {
         "job_id": job["job_id"],
         "size": size,
         "generation": 1,
-        "target": size,
+        "target": size if target is None else target,
         "throughput": {str(n): 100.0 * n**0.9 for n in range(1, size + 2)},
         "history": [{"t": now, "event": "report"}],
         "satellites": [],
     }
     return Message("report", body)
+
+
+#: Seconds from a shrink order to the simulated job's smaller size (``scripts/bench-grow`` measures about 0.1 s).
+SHRINK_LAG_S = 0.5
+
+
+class OrderedMoves:
+    """The sizes of one simulated user's jobs as their agents follow the daemon's orders, so that an order is
+    settled and not given again each round: an agent takes an order at once (its reports show the target from then
+    on); a shrink arrives :data:`SHRINK_LAG_S` later; a grow waits for satellites the synthetic Slurm never starts,
+    so its job reports itself growing for the rest of the run, as a real agent whose satellites wait in Slurm's
+    queue does (the daemon leaves such a job alone until ``resize_timeout_s``).
+
+    Shared by the directive thread and the reporting loop (each call one dictionary step under the GIL).
+
+    Args:
+        sizes: job id -> its size at the start.
+    """
+
+    def __init__(self, sizes: Mapping[str, int]) -> None:
+        self._moves: dict[str, tuple[int, int, float]] = {job: (size, size, 0.0) for job, size in sizes.items()}
+
+    def order(self, job_id: str, target: int, now: float) -> int:
+        """Take an order to resize ``job_id`` to ``target``; returns the job's size now (the directive's answer)."""
+        size, _ = self.position(job_id, now)
+        arrives = now + SHRINK_LAG_S if target < size else math.inf
+        self._moves[job_id] = (size, target, arrives)
+        return size
+
+    def position(self, job_id: str, now: float) -> tuple[int, int]:
+        """The job's size and target at ``now``."""
+        size, target, arrives = self._moves[job_id]
+        return (target, target) if now >= arrives else (size, target)
 
 
 def sealed_reports(spec: Sequence[Mapping[str, Any]], count: int, to: str, now: float) -> list[tuple[str, list[bytes]]]:
@@ -280,13 +318,16 @@ def simulate_agents(
     directives = ChannelServer("tcp://127.0.0.1:*")
     stop = threading.Event()
     answered = [0]
+    moves = OrderedMoves({str(job["job_id"]): int(job["size"]) for job in spec})
 
     def answer_directives() -> None:
         while not stop.is_set():
             req = directives.receive(0.1)
             if req is not None:
                 answered[0] += 1
-                directives.answer(req, req.message.reply(data={"size": 0, "target": int(req.message.body["target"])}))
+                job_id, target = str(req.message.body["job_id"]), int(req.message.body["target"])
+                size = moves.order(job_id, target, time.monotonic())
+                directives.answer(req, req.message.reply(data={"size": size, "target": target}))
 
     responder = threading.Thread(target=answer_directives, daemon=True)
     responder.start()
@@ -336,10 +377,12 @@ def simulate_agents(
     while (now := time.time()) < end:
         due = begin + index * per_report
         if now >= due:
-            if index < len(signed):
+            job = spec[index % len(spec)]
+            size, target = moves.position(str(job["job_id"]), time.monotonic())
+            if index < len(signed) and size == target == job["size"]:
                 message_id, frames = signed[index]
-            else:  # signed as it goes (or the window outlasted what was signed ahead)
-                message = report_message(spec[index % len(spec)], now)
+            else:  # signed as it goes (a job that moved since, or the window outlasted what was signed ahead)
+                message = report_message(job, now, size, target)
                 payload = encode(message)
                 message_id, frames = message.id, [b"", seal(payload, to=to), payload]
             sent[message_id] = time.perf_counter()

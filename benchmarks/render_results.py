@@ -142,14 +142,17 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "policy-loop",
         "The daemon's loop under thousands of reporting agents",
-        "The real daemon loop (`elastic-backfill`, a 5 s interval) on a ZeroMQ socket over a synthetic Slurm, with "
-        "every elastic job's agent simulated and signing its messages with munge: run as root, the agents belong "
-        "to many uids (`--agents-per-uid` each, one forked process per uid) and report every 5 s; the run raises "
+        "The real daemon loop (`elastic-backfill`, a 5 s interval; with `--front`, its credential checks and reply "
+        "signing in its front process) on a ZeroMQ socket over a synthetic Slurm, with every elastic job's agent "
+        "simulated, signing its messages with munge and following the daemon's orders: run as root, the agents "
+        "belong to many uids (`--agents-per-uid` each, one forked process per uid) and report every 5 s; the run "
+        "raises "
         "`limits.agents_per_uid`, `limits.requests_per_s` and `limits.burst` where the load needs it and names "
         "what it raised. It measures the round time (median and worst), how late rounds started, the reports "
         "answered per second and their reply time, and `amoebactl status`'s reply time meanwhile; the simulated "
         "agents, munged and the daemon share this 2-core machine.",
-        "scripts/bench-policy --agents-per-uid 250 --out docs/results/policy-loop.json (as root)",
+        "scripts/bench-policy --nodes 10000 --jobs 20000 --agents 10000 --agents-per-uid 250 --front "
+        "--out docs/results/policy-loop.json (as root)",
         needs="munged running (the local cluster's); root for the many uids",
     ),
     Entry(

@@ -52,6 +52,9 @@ START_TIMEOUT_S = 15.0
 RESTART_EVERY_S = 1.0
 #: Messages the front reads from one side before it looks at the other.
 BURST = 64
+#: Messages either process may queue for the other (ZeroMQ's high-water mark, 1,000 by default, would drop the
+#: replies of a burst while the front is busy checking requests).
+QUEUE = 100_000
 
 # Frames between the two processes (the first frame names the kind; the route comes last, as ZeroMQ gave it).
 _READY = b"ready"  # front -> server: [ready, bound endpoint] or [failed, reason]
@@ -106,6 +109,8 @@ class FrontChannel:
         self._back.close(linger=0)
         self._back = self._context.socket(zmq.PAIR)
         self._back.setsockopt(zmq.LINGER, 0)
+        self._back.setsockopt(zmq.SNDHWM, QUEUE)
+        self._back.setsockopt(zmq.RCVHWM, QUEUE)
         back = f"ipc://{self._dir}/back-{self.starts}"
         self._back.bind(back)
         argv = [self._python, "-m", "slurm_amoeba.transport.front", "--listen", endpoint, "--back", back]
@@ -235,6 +240,8 @@ class _Front:
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.back = self.context.socket(zmq.PAIR)
         self.back.setsockopt(zmq.LINGER, 2000)
+        self.back.setsockopt(zmq.SNDHWM, QUEUE)
+        self.back.setsockopt(zmq.RCVHWM, QUEUE)
         self.back.connect(back)
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)

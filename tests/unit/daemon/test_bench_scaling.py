@@ -91,3 +91,21 @@ def test_growth_is_taken_from_the_next_smaller_size_and_divided_by_the_control_p
 
 def test_the_control_pass_is_measured_on_a_rounds_view() -> None:
     assert scaling.bench_one_pass(synthetic_cluster(nodes=50, jobs=100, elastic_share=0.1), 2) > 0
+
+
+def test_a_simulated_agent_follows_its_orders_a_shrink_arrives_and_a_grow_waits_for_satellites() -> None:
+    moves = loop.OrderedMoves({"7": 2, "8": 4})
+    assert moves.position("7", 0.0) == (2, 2)
+    assert moves.order("7", 4, 10.0) == 2, "the directive's answer is the size now"
+    assert moves.position("7", 10.0) == (2, 4) and moves.position("7", 1e9) == (2, 4), "growing until the run ends"
+    assert moves.order("8", 1, 10.0) == 4
+    assert moves.position("8", 10.0 + loop.SHRINK_LAG_S / 2) == (4, 1)
+    assert moves.position("8", 10.0 + loop.SHRINK_LAG_S) == (1, 1)
+    assert moves.order("7", 1, 20.0) == 2 and moves.position("7", 21.0) == (1, 1), "a later order starts from now"
+
+
+def test_a_report_says_the_size_and_the_target_it_is_given() -> None:
+    job = {"job_id": "7", "size": 2}
+    assert loop.report_message(job, 1.0).body["size"] == 2 and loop.report_message(job, 1.0).body["target"] == 2
+    moving = loop.report_message(job, 1.0, 2, 4).body
+    assert moving["size"] == 2 and moving["target"] == 4 and sorted(moving["throughput"]) == ["1", "2", "3"]

@@ -10,7 +10,10 @@ into a child process (``python -m slurm_amoeba.transport.front``) that owns the 
   and answers what fails with the same refusal; what passes goes to the server process with the uid and gid munge
   vouches for, over a private socket (``ipc://`` in a directory only the server's user can enter);
 - the server process decodes each message, refuses what does not parse (a refusal the front signs), and answers
-  through the front, which signs every reply for the request it answers and sends it.
+  through the front, which signs every reply for the request it answers and sends it;
+- the front hands the server at most :data:`WINDOW` requests ahead of what the server says it took; the rest wait
+  in the public socket, which takes turns between its peers, so that a burst of one user's reports (or the backlog
+  of a long round) does not queue ahead of another peer's ``amoebactl status`` in the private queue.
 
 The two processes share no memory and pass only bytes (the message as it came, JSON; no pickle). The front ends
 within a second of its server's process (it checks its parent every second: ``PR_SET_PDEATHSIG`` would end it with
@@ -55,6 +58,12 @@ BURST = 64
 #: Messages either process may queue for the other (ZeroMQ's high-water mark, 1,000 by default, would drop the
 #: replies of a burst while the front is busy checking requests).
 QUEUE = 100_000
+#: Requests the front hands the server ahead of what it took. The rest wait in the public socket, which takes turns
+#: between its peers: one user's burst of reports does not queue ahead of another's ``amoebactl status``, as it
+#: would in the one private queue.
+WINDOW = 64
+#: The server says what it took at least every this many requests (and whenever it has taken all it was handed).
+CREDIT_EVERY = WINDOW // 4
 
 # Frames between the two processes (the first frame names the kind; the route comes last, as ZeroMQ gave it).
 _READY = b"ready"  # front -> server: [ready, bound endpoint] or [failed, reason]
@@ -62,6 +71,7 @@ _FAILED = b"failed"
 _REQUEST = b"request"  # front -> server: [request, uid, gid, sent_at, payload, *route]
 _REFUSED = b"refused"  # front -> server: [refused]: one request refused (counted in the server's refusals)
 _ANSWER = b"answer"  # server -> front: [answer, reply id, payload, *route]
+_TOOK = b"took"  # server -> front: [took, count]: requests the server took off its queue
 _STOP = b"stop"  # server -> front: [stop]
 
 
@@ -90,6 +100,7 @@ class FrontChannel:
         self._back = self._context.socket(zmq.PAIR)
         self.refusals = 0
         self.starts = 0
+        self._taken = 0  # requests taken since the server last said so
         self._process: subprocess.Popen[bytes] | None = None
         self._last_start = 0.0
         try:
@@ -106,6 +117,7 @@ class FrontChannel:
         and a front that died leaves its peer behind."""
         self._last_start = time.monotonic()
         self.starts += 1
+        self._taken = 0
         self._back.close(linger=0)
         self._back = self._context.socket(zmq.PAIR)
         self._back.setsockopt(zmq.LINGER, 0)
@@ -153,6 +165,8 @@ class FrontChannel:
         deadline = time.monotonic() + timeout_s
         while True:
             self._revive()
+            if self._taken and (self._taken >= CREDIT_EVERY or not self._back.poll(0)):
+                self._say_taken()
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._back.poll(int(min(remaining, RESTART_EVERY_S) * 1000)):
                 if time.monotonic() >= deadline:
@@ -164,6 +178,7 @@ class FrontChannel:
                 continue
             if frames[0] != _REQUEST or len(frames) < 6:
                 continue  # a front of another version: nothing to answer
+            self._taken += 1
             uid, gid, sent_at, payload = frames[1:5]
             route = tuple(frames[5:])
             try:
@@ -179,6 +194,15 @@ class FrontChannel:
             logger.warning("[channel] refused a message: %s", reason)
             refusal = refusal_for(reason, [payload])
             self._send(route, refusal)
+
+    def _say_taken(self) -> None:
+        """Tell the front how many requests were taken, so that it hands on as many more (see :data:`WINDOW`)."""
+        try:
+            self._back.send_multipart([_TOOK, str(self._taken).encode()], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.warning("[channel] could not tell the front process what was taken: %s", exc)
+            return
+        self._taken = 0
 
     def answer(self, request: Request, reply: Message) -> None:
         """Send ``reply`` to the sender of ``request`` (signed by the front)."""
@@ -249,6 +273,7 @@ class _Front:
         self.listen = listen
         self.seen = ReplayCache()
         self.parent = os.getppid()
+        self.handed = 0  # requests handed to the server and not yet taken by it
 
     def bind(self) -> bool:
         try:
@@ -266,6 +291,7 @@ class _Front:
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
         while os.getppid() == self.parent:
+            poller.modify(self.router, zmq.POLLIN if self.handed < WINDOW else 0)
             ready = dict(poller.poll(1000))
             if self.back in ready and not self._from_server():
                 return
@@ -281,6 +307,9 @@ class _Front:
                 return True
             if frames[0] == _STOP:
                 return False
+            if frames[0] == _TOOK and len(frames) == 2 and frames[1].isdigit():
+                self.handed = max(0, self.handed - int(frames[1]))
+                continue
             if frames[0] == _ANSWER and len(frames) >= 4:
                 reply_id, payload, route = frames[1].decode(errors="replace"), frames[2], frames[3:]
                 self._send(route, payload, reply_id)
@@ -298,8 +327,10 @@ class _Front:
             logger.warning("[channel] could not answer: %s", exc)
 
     def _from_clients(self) -> None:
-        """Check each request's credential: pass it to the server, or refuse it here."""
+        """Check each request's credential: pass it to the server (up to :data:`WINDOW` ahead), or refuse it."""
         for _ in range(BURST):
+            if self.handed >= WINDOW:
+                return
             try:
                 frames = self.router.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -323,6 +354,7 @@ class _Front:
             else:
                 ids = (str(sender.uid).encode(), str(sender.gid).encode(), repr(sender.sent_at).encode())
                 self.back.send_multipart([_REQUEST, *ids, body[1], *route])
+                self.handed += 1
                 continue
             self.back.send_multipart([_REFUSED])
             logger.warning("[channel] refused a message: %s", reason)

@@ -5,10 +5,12 @@ sent each request, is started again when it dies, cannot outlive its server, and
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,10 +19,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from slurm_amoeba.core.messages import Message
+from slurm_amoeba.core.messages import Message, encode
 from slurm_amoeba.daemon import Daemon, DaemonConfig
-from slurm_amoeba.transport.channel import request
+from slurm_amoeba.transport import front as front_module
+from slurm_amoeba.transport.channel import destination, request
 from slurm_amoeba.transport.front import FrontChannel, FrontError
+from slurm_amoeba.transport.munge import seal
 from tests.unit.daemon.fakes import FakeSlurm, job, node
 from tests.waiting import wait_until
 
@@ -159,3 +163,45 @@ def test_amoebad_with_front_process_answers_through_its_front(tmp_path: Path, mu
         stop.set()
         thread.join(10)
         daemon.close()
+
+
+def test_the_front_hands_the_server_a_window_of_requests_and_more_only_as_it_takes_them(munged: None) -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    back: zmq.Socket[bytes] = context.socket(zmq.PAIR)
+    back.setsockopt(zmq.LINGER, 0)
+    where = tempfile.mkdtemp(prefix="amoeba-front-test-")
+    back.bind(f"ipc://{where}/back")
+    front_side = front_module._Front("tcp://127.0.0.1:*", f"ipc://{where}/back")
+    assert front_side.bind()
+    kind, endpoint = back.recv_multipart()
+    assert kind == b"ready"
+    runner = threading.Thread(target=front_side.run, daemon=True)
+    runner.start()
+    client: zmq.Socket[bytes] = context.socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(endpoint.decode())
+    to = destination(endpoint.decode())
+    try:
+        for _ in range(front_module.WINDOW + 36):  # one user's burst, more than the window
+            payload = encode(Message("status", {}))
+            client.send_multipart([b"", seal(payload, to=to), payload])
+        handed: list[list[bytes]] = []
+
+        def count(at_least: int) -> bool:
+            while back.poll(0):
+                handed.append(back.recv_multipart())
+            return len(handed) >= at_least
+
+        wait_until("a window of requests", lambda: count(front_module.WINDOW), timeout=10)
+        back.send_multipart([b"took", b"16"])  # the server took 16 of them: the front may hand on 16 more
+        wait_until("16 more", lambda: count(front_module.WINDOW + 16), timeout=10)
+        back.send_multipart([b"stop"])  # read before the front looks at its clients again
+        runner.join(10)
+        count(0)
+        assert not runner.is_alive() and len(handed) == front_module.WINDOW + 16
+        assert all(frames[0] == b"request" and frames[1] == str(os.getuid()).encode() for frames in handed)
+    finally:
+        client.close(linger=0)
+        front_side.close()
+        back.close(linger=0)
+        shutil.rmtree(where, ignore_errors=True)

@@ -20,12 +20,12 @@ The job agent serves directives with it; the daemon (a layer below in DESIGN.md'
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Protocol
 
 import zmq
 
@@ -105,30 +105,32 @@ def _open(frames: list[bytes], to: str, seen: ReplayCache | None = None) -> tupl
     return sender, decode(payload)
 
 
+def refusal_reason(exc: Exception) -> str:
+    """What the refusal of a request that failed its checks says: munge's or the parser's words, quoted and cut;
+    for anything else a peer's bytes provoked, only the exception's type (never the bytes)."""
+    if isinstance(exc, (MungeError, ProtocolError)):
+        return quote(str(exc), 300)[1:-1]
+    return f"unreadable message ({type(exc).__name__})"
+
+
+def reply_payload(message: Message) -> bytes | None:
+    """``message`` encoded; a reply too large or malformed becomes a reply that says so, which always fits; None
+    (logged) when even that does not encode."""
+    try:
+        return encode(message)
+    except ProtocolError as exc:
+        logger.warning("[channel] could not encode the %s: %s", message.kind, exc)
+        error = f"the answer could not be sent: {quote(str(exc), 200)[1:-1]}"
+    try:
+        return encode(Message("reply", {"ok": False, "error": error, "data": {}}, id=message.id))
+    except ProtocolError as again:
+        logger.warning("[channel] could not answer: %s", again)
+        return None
+
+
 def refusal_for(reason: str, body: Sequence[bytes]) -> Message:
     """The reply refusing a request whose frames after the routing envelope are ``body``, naming ``reason``."""
     return Message("reply", {"ok": False, "error": f"refused: {reason}", "data": {}}, id=_request_id(body))
-
-
-class RequestServer(Protocol):
-    """What a daemon serves its requests with: :class:`ChannelServer`, or
-    :class:`~slurm_amoeba.transport.front.FrontChannel` (its credentials checked in a process of its own)."""
-
-    endpoint: str
-    destination: str
-    refusals: int
-
-    def receive(self, timeout_s: float) -> Request | None:
-        """Wait up to ``timeout_s`` for a valid request; None when none came."""
-
-    def answer(self, request: Request, reply: Message) -> None:
-        """Send ``reply`` to the sender of ``request``."""
-
-    def refuse(self, request: Request, reason: str) -> None:
-        """Answer ``request`` with a refusal naming ``reason``."""
-
-    def close(self) -> None:
-        """Stop serving."""
 
 
 def _request_id(body: Sequence[bytes]) -> str:
@@ -140,7 +142,46 @@ def _request_id(body: Sequence[bytes]) -> str:
         return uuid.uuid4().hex
 
 
-class ChannelServer:
+class RequestServer(abc.ABC):
+    """What a daemon serves its requests with: :class:`ChannelServer`, or
+    :class:`~slurm_amoeba.transport.front.FrontChannel` (its credentials checked in a process of its own). Both
+    answer and refuse the same way (a refusal counted in :attr:`refusals` and logged); each receives and sends its
+    own way.
+
+    Attributes:
+        endpoint: the endpoint bound.
+        destination: the name requests' credentials must give (:func:`destination` of the endpoint).
+        refusals: requests refused so far.
+    """
+
+    endpoint: str
+    destination: str
+    refusals: int
+
+    @abc.abstractmethod
+    def receive(self, timeout_s: float) -> Request | None:
+        """Wait up to ``timeout_s`` for a valid request; None when none came."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop serving."""
+
+    def answer(self, request: Request, reply: Message) -> None:
+        """Send ``reply`` to the sender of ``request``."""
+        self._send(request.route, reply)
+
+    def refuse(self, request: Request, reason: str) -> None:
+        """Answer ``request`` with a refusal naming ``reason``, and log it."""
+        self.refusals += 1
+        logger.warning("[channel] refused %s from uid %d: %s", request.message.kind, request.sender.uid, reason)
+        self.answer(request, request.message.reply(ok=False, error=reason))
+
+    @abc.abstractmethod
+    def _send(self, route: tuple[bytes, ...], message: Message) -> None:
+        """Sign ``message`` and send it along ``route``."""
+
+
+class ChannelServer(RequestServer):
     """A ROUTER socket that authenticates every request.
 
     Args:
@@ -184,43 +225,25 @@ class ChannelServer:
             route, body = tuple(frames[: split + 1]), frames[split + 1 :]
             try:
                 sender, message = _open(body, self.destination, self._seen)
-            except (MungeError, ProtocolError) as exc:
-                reason = quote(str(exc), 300)[1:-1]
             except Exception as exc:  # anything a peer's bytes can provoke is a refusal, never the end of the loop
-                reason = f"unreadable message ({type(exc).__name__})"
+                reason = refusal_reason(exc)
             else:
                 return Request(sender=sender, message=message, route=route)
             self.refusals += 1
             logger.warning("[channel] refused a message: %s", reason)
             self._send(route, refusal_for(reason, body))
 
-    def answer(self, request: Request, reply: Message) -> None:
-        """Send ``reply`` to the sender of ``request``."""
-        self._send(request.route, reply)
-
-    def refuse(self, request: Request, reason: str) -> None:
-        """Answer ``request`` with a refusal naming ``reason``, and log it."""
-        self.refusals += 1
-        logger.warning("[channel] refused %s from uid %d: %s", request.message.kind, request.sender.uid, reason)
-        self.answer(request, request.message.reply(ok=False, error=reason))
-
     def _send(self, route: tuple[bytes, ...], message: Message) -> None:
-        to = reply_destination(message.id)
+        payload = reply_payload(message)
+        if payload is None:
+            return
         try:
-            frames = frames_for(message, to)
-        except ProtocolError as exc:  # a reply too large or malformed: say so in a reply that always fits
-            logger.warning("[channel] could not encode the %s: %s", message.kind, exc)
-            error = f"the answer could not be sent: {quote(str(exc), 200)[1:-1]}"
-            try:
-                frames = frames_for(Message("reply", {"ok": False, "error": error, "data": {}}, id=message.id), to)
-            except (ProtocolError, MungeError) as again:
-                logger.warning("[channel] could not answer: %s", again)
-                return
+            credential = seal(payload, to=reply_destination(message.id))
         except MungeError as exc:
             logger.warning("[channel] could not sign an answer: %s", exc)
             return
         try:
-            self._socket.send_multipart([*route, *frames], flags=zmq.NOBLOCK)
+            self._socket.send_multipart([*route, credential, payload], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             logger.warning("[channel] could not answer: %s", exc)
 

@@ -19,7 +19,8 @@ The two processes share no memory and pass only bytes (the message as it came, J
 within a second of its server's process (it checks its parent every second: ``PR_SET_PDEATHSIG`` would end it with
 the *thread* that started it); a front that died is started again on the same endpoint by the server's next
 :meth:`FrontChannel.receive`, at most once a second. The server sees the
-same interface as :class:`~slurm_amoeba.transport.channel.ChannelServer` (:class:`RequestServer`).
+same interface as :class:`~slurm_amoeba.transport.channel.ChannelServer` (both are a
+:class:`~slurm_amoeba.transport.channel.RequestServer`).
 """
 
 from __future__ import annotations
@@ -37,13 +38,16 @@ from collections.abc import Sequence
 
 import zmq
 
-from slurm_amoeba.core.messages import Message, ProtocolError, decode, encode, quote
+from slurm_amoeba.core.messages import Message, ProtocolError, decode, encode
 from slurm_amoeba.transport.channel import (
     MAX_FRAME,
     Request,
+    RequestServer,
     destination,
     refusal_for,
+    refusal_reason,
     reply_destination,
+    reply_payload,
 )
 from slurm_amoeba.transport.munge import Credential, MungeError, ReplayCache, seal, unseal
 
@@ -79,7 +83,7 @@ class FrontError(RuntimeError):
     """The front process could not start or bind its endpoint."""
 
 
-class FrontChannel:
+class FrontChannel(RequestServer):
     """A :class:`~slurm_amoeba.transport.channel.ChannelServer` whose credential checks and reply signing run in a
     front process (see the module).
 
@@ -183,10 +187,8 @@ class FrontChannel:
             route = tuple(frames[5:])
             try:
                 message = decode(payload)
-            except ProtocolError as exc:
-                reason = quote(str(exc), 300)[1:-1]
             except Exception as exc:  # anything a peer's bytes can provoke is a refusal, never the end of the loop
-                reason = f"unreadable message ({type(exc).__name__})"
+                reason = refusal_reason(exc)
             else:
                 sender = Credential(uid=int(uid), gid=int(gid), sent_at=float(sent_at))
                 return Request(sender=sender, message=message, route=route)
@@ -204,27 +206,11 @@ class FrontChannel:
             return
         self._taken = 0
 
-    def answer(self, request: Request, reply: Message) -> None:
-        """Send ``reply`` to the sender of ``request`` (signed by the front)."""
-        self._send(request.route, reply)
-
-    def refuse(self, request: Request, reason: str) -> None:
-        """Answer ``request`` with a refusal naming ``reason``, and log it."""
-        self.refusals += 1
-        logger.warning("[channel] refused %s from uid %d: %s", request.message.kind, request.sender.uid, reason)
-        self.answer(request, request.message.reply(ok=False, error=reason))
-
     def _send(self, route: tuple[bytes, ...], message: Message) -> None:
-        try:
-            payload = encode(message)
-        except ProtocolError as exc:  # a reply too large or malformed: say so in a reply that always fits
-            logger.warning("[channel] could not encode the %s: %s", message.kind, exc)
-            error = f"the answer could not be sent: {quote(str(exc), 200)[1:-1]}"
-            try:
-                payload = encode(Message("reply", {"ok": False, "error": error, "data": {}}, id=message.id))
-            except ProtocolError as again:
-                logger.warning("[channel] could not answer: %s", again)
-                return
+        """Hand ``message`` to the front, which signs and sends it."""
+        payload = reply_payload(message)
+        if payload is None:
+            return
         try:
             self._back.send_multipart([_ANSWER, message.id.encode(), payload, *route], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
@@ -347,10 +333,8 @@ class _Front:
                     raise ProtocolError(f"expected 2 frames (credential, message), got {len(body)}")
                 sender = unseal(body[0], body[1], to=self.destination)
                 self.seen.check(body[0])
-            except (MungeError, ProtocolError) as exc:
-                reason = quote(str(exc), 300)[1:-1]
             except Exception as exc:  # anything a peer's bytes can provoke is a refusal, never the end of the loop
-                reason = f"unreadable message ({type(exc).__name__})"
+                reason = refusal_reason(exc)
             else:
                 ids = (str(sender.uid).encode(), str(sender.gid).encode(), repr(sender.sent_at).encode())
                 self.back.send_multipart([_REQUEST, *ids, body[1], *route])
